@@ -1,0 +1,114 @@
+"""The error hierarchy: one base class, each subclass keeps its facts as attributes."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._definition import Source
+
+
+class BackendRegistryError(Exception):
+    """Base class of every error this library raises."""
+
+
+class ManifestError(BackendRegistryError):
+    """A manifest cannot be used as written.
+
+    The message starts ``PATH:LINE: KEY: `` so that editors and CI logs can jump
+    to the offending place; the same facts are kept as attributes.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None,
+        line: int | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.path = path
+        self.line = line
+        self.key = key
+        self.message = message
+        super().__init__(self.location + message)
+
+    @property
+    def location(self) -> str:
+        """The ``PATH:LINE: KEY: `` prefix, leaving out what is unknown."""
+        parts = []
+        if self.path is not None:
+            parts.append(self.path if self.line is None else f"{self.path}:{self.line}")
+        if self.key:
+            parts.append(self.key)
+        return "".join(f"{part}: " for part in parts)
+
+
+class UnknownBackendError(BackendRegistryError, LookupError):
+    """No backend of that name is registered (or it is disabled)."""
+
+    def __init__(self, name: str, suggestions: Sequence[str] = (), *, note: str = "") -> None:
+        self.name = name
+        self.suggestions = tuple(suggestions)
+        message = f"unknown backend {name!r}"
+        if note:
+            message += f" ({note})"
+        if self.suggestions:
+            quoted = " or ".join(repr(s) for s in self.suggestions)
+            message += f". Did you mean {quoted}?"
+        message += (
+            ". Run 'torch-backends list --all' or call list_backends(exclude_tags=())"
+            " to see every name"
+        )
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        # LookupError/KeyError would repr() the message; keep it readable.
+        return str(self.args[0])
+
+
+class BackendLoadError(BackendRegistryError):
+    """A backend's target could not be imported or is not callable.
+
+    The original exception is chained as ``__cause__``. Failures are never
+    cached: once the code is fixed, looking the backend up again works.
+    """
+
+    def __init__(self, name: str, target: str | None, source: Source, reason: str) -> None:
+        self.name = name
+        self.target = target
+        self.source = source
+        self.reason = reason
+        where = source.describe()
+        what = f" (target {target!r})" if target else ""
+        super().__init__(f"{where}: cannot load backend {name!r}{what}: {reason}")
+
+
+class BackendChainError(BackendRegistryError):
+    """Every member of a fallback chain was skipped or failed.
+
+    ``failures`` holds one ``(member, reason)`` pair for each member, in order.
+    """
+
+    def __init__(self, name: str, failures: Sequence[tuple[str, str]]) -> None:
+        self.name = name
+        self.failures = tuple(failures)
+        details = "; ".join(f"{member!r}: {reason}" for member, reason in self.failures)
+        super().__init__(f"no member of fallback chain {name!r} could compile: {details}")
+
+
+class DuplicateBackendError(BackendRegistryError, ValueError):
+    """A name was registered twice at runtime (PyTorch refuses the same)."""
+
+    def __init__(self, name: str, existing: Source) -> None:
+        self.name = name
+        self.existing = existing
+        super().__init__(
+            f"backend {name!r} is already registered ({existing.describe()}); "
+            "pick another name"
+        )
+
+
+class ManifestWarning(UserWarning):
+    """A manifest, or one of its backends, was left out; the message says why."""

@@ -1,0 +1,457 @@
+"""The manifest model (schema version 1): reading, validating, locating errors.
+
+pydantic and tomllib are imported here only, and this module is imported only
+when a manifest is first read, so ``import torch_backend_registry`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ._definition import BackendDefinition, Source
+from ._errors import ManifestError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+SCHEMA_VERSION = 1
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*$"
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = rf"{_IDENT}(?:\.{_IDENT})*"
+TARGET_PATTERN = rf"^{_DOTTED}:{_DOTTED}$"
+MODULE_PATTERN = rf"^{_DOTTED}$"
+
+#: The table that holds the manifest inside ``pyproject.toml``.
+PYPROJECT_TABLE = ("tool", "torch-backends")
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+ModuleName = Annotated[str, Field(pattern=MODULE_PATTERN)]
+Target = Annotated[str, Field(pattern=TARGET_PATTERN)]
+
+# What a user should have written, keyed by the pattern pydantic reports.
+_PATTERN_HINTS = {
+    NAME_PATTERN: "a name of letters, digits, '_' and '-', starting with a letter or '_'"
+    " (e.g. 'my_backend')",
+    TARGET_PATTERN: "a target 'module.path:attribute.path' (e.g. 'my_pkg.compilers:compile')",
+    MODULE_PATTERN: "a dotted module name (e.g. 'tensorrt' or 'torch_tensorrt.dynamo')",
+}
+_TYPE_WORDS = {
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "int_type": "an integer",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class BackendEntry(BaseModel):
+    """One ``[backends.NAME]`` table."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, alias_generator=_kebab, title="Backend"
+    )
+
+    target: Target | None = Field(
+        default=None,
+        description="The compiler function to import on first lookup: 'module.path:attribute'.",
+    )
+    chain: list[Name] | None = Field(
+        default=None,
+        min_length=1,
+        description="Instead of target: backend names to try in order, first that works wins.",
+    )
+    tags: list[Name] = Field(default_factory=list, description="Labels, e.g. 'debug'.")
+    description: str | None = Field(default=None, description="One line for listings.")
+    aliases: list[Name] = Field(
+        default_factory=list, description="More names for the same backend."
+    )
+    requires: list[ModuleName] = Field(
+        default_factory=list,
+        description="Modules that must be importable (checked, never imported).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments bound to the target at load."
+    )
+    enabled: bool = Field(
+        default=True, description="false hides this name, also from lower sources."
+    )
+
+    @model_validator(mode="after")
+    def _target_or_chain(self) -> BackendEntry:
+        if self.enabled and (self.target is None) == (self.chain is None):
+            if self.target is None:
+                raise ValueError(
+                    "needs 'target' (\"module.path:attribute\") or 'chain' (a list of"
+                    " backend names), or 'enabled = false'"
+                )
+            raise ValueError("give exactly one of 'target' and 'chain', not both")
+        return self
+
+
+class Manifest(BaseModel):
+    """A ``backends.toml`` document, or the ``[tool.torch-backends]`` table of ``pyproject.toml``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        alias_generator=_kebab,
+        title="torch-backend-registry manifest",
+        json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
+    )
+
+    schema_version: int = Field(
+        default=SCHEMA_VERSION,
+        ge=1,
+        le=SCHEMA_VERSION,
+        description=f"The manifest format version; this release reads {SCHEMA_VERSION}.",
+    )
+    default: Name | None = Field(
+        default=None, description="The backend torch.compile uses when given none."
+    )
+    python_path: list[str] = Field(
+        default_factory=list,
+        description="Folders, relative to this file, on sys.path while importing its targets.",
+    )
+    backends: dict[Name, BackendEntry] = Field(
+        default_factory=dict, description="The backends this file declares, by name."
+    )
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a manifest, as committed in ``schemas/backends.schema.json``."""
+    return Manifest.model_json_schema(by_alias=True)
+
+
+# --------------------------------------------------------------------------- lines
+
+_BARE = r"[A-Za-z0-9_-]+"
+_BASIC = r'"(?:[^"\\]|\\.)*"'
+_LITERAL = r"'[^']*'"
+_PART = rf"(?:{_BARE}|{_BASIC}|{_LITERAL})"
+_DOTTED_KEY = rf"{_PART}(?:\s*\.\s*{_PART})*"
+_HEADER_RE = re.compile(rf"\s*\[\[?\s*({_DOTTED_KEY})\s*\]\]?")
+_KEY_RE = re.compile(rf"\s*({_DOTTED_KEY})\s*=")
+_PART_RE = re.compile(_PART)
+
+
+def _split_key(dotted: str) -> tuple[str, ...]:
+    parts = []
+    for match in _PART_RE.finditer(dotted):
+        part = match.group()
+        if part[0] in "\"'":
+            part = part[1:-1]
+        parts.append(part)
+    return tuple(parts)
+
+
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Map each table header and key path of a TOML text to its first line (1-based).
+
+    TOML parsers do not report positions, so this light scan supplies them; a
+    key inside an inline table maps to the line of the table's own key.
+    """
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    in_string: str | None = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if in_string is not None:
+            if in_string in line:
+                in_string = None
+            continue
+        header = _HEADER_RE.match(line)
+        if header and line.lstrip().startswith("["):
+            table = _split_key(header.group(1))
+            lines.setdefault(table, number)
+            continue
+        key = _KEY_RE.match(line)
+        if key:
+            lines.setdefault(table + _split_key(key.group(1)), number)
+            rest = line[key.end() :]
+            for quotes in ('"""', "'''"):
+                if rest.count(quotes) == 1:
+                    in_string = quotes
+    return lines
+
+
+def _line_of(lines: dict[tuple[str, ...], int], path: tuple[str, ...]) -> int | None:
+    while path:
+        if path in lines:
+            return lines[path]
+        path = path[:-1]
+    return None
+
+
+# ------------------------------------------------------------------------ reading
+
+
+class ManifestResult:
+    """What one manifest file yields: definitions, problems and its ``default``."""
+
+    __slots__ = ("path", "definitions", "problems", "default", "default_line")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.definitions: list[BackendDefinition] = []
+        self.problems: list[ManifestError] = []
+        self.default: str | None = None
+        self.default_line: int | None = None
+
+
+def _toml_error(path: str, text: str, exc: Exception) -> ManifestError:
+    line = getattr(exc, "lineno", None)
+    message = str(exc)
+    match = re.search(r"\(at line (\d+), column \d+\)", message)
+    if match:
+        line = line or int(match.group(1))
+        message = message[: match.start()].rstrip()
+    elif "(at end of document)" in message:
+        line = line or max(1, text.count("\n") + (not text.endswith("\n")))
+        message = message.replace("(at end of document)", "").rstrip()
+    message = getattr(exc, "msg", None) or message
+    key = None
+    if line is not None:
+        source_lines = text.splitlines()
+        if 0 < line <= len(source_lines):
+            found = _KEY_RE.match(source_lines[line - 1]) or _HEADER_RE.match(
+                source_lines[line - 1]
+            )
+            if found:
+                key = ".".join(_split_key(found.group(1)))
+    return ManifestError(f"invalid TOML: {message}", path=path, line=line, key=key)
+
+
+def read_text(path: str) -> str:
+    """Read a manifest's text, turning OS errors into :class:`ManifestError`."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except FileNotFoundError:
+        raise ManifestError("no such file", path=path) from None
+    except OSError as exc:
+        raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ManifestError("not valid UTF-8", path=path, line=line) from exc
+
+
+def read_manifest(path: str, kind: str, *, text: str | None = None) -> ManifestResult | None:
+    """Read and validate one manifest file.
+
+    A ``pyproject.toml`` is read from its ``[tool.torch-backends]`` table; if it
+    has none, ``None`` is returned. Errors of one backend are recorded on that
+    backend and in ``problems``; the file's other backends stay usable.
+    """
+    result = ManifestResult(path)
+    try:
+        if text is None:
+            text = read_text(path)
+        data: Any = tomllib.loads(text)
+    except ManifestError as exc:
+        result.problems.append(exc)
+        return result
+    except tomllib.TOMLDecodeError as exc:
+        result.problems.append(_toml_error(path, text or "", exc))
+        return result
+    prefix: tuple[str, ...] = ()
+    if os.path.basename(path) == "pyproject.toml":
+        prefix = PYPROJECT_TABLE
+        for part in prefix:
+            data = data.get(part) if isinstance(data, dict) else None
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            result.problems.append(
+                ManifestError("expected a table", path=path, line=None, key=".".join(prefix))
+            )
+            return result
+    lines = key_lines(text)
+    _validate(result, data, kind, prefix, lines)
+    return result
+
+
+def _validate(
+    result: ManifestResult,
+    data: dict[str, Any],
+    kind: str,
+    prefix: tuple[str, ...],
+    lines: dict[tuple[str, ...], int],
+) -> None:
+    path = result.path
+
+    def error(loc: tuple[str | int, ...], message: str) -> ManifestError:
+        keys = prefix + tuple(str(part) for part in loc if not isinstance(part, int))
+        return ManifestError(
+            message, path=path, line=_line_of(lines, keys) or _line_of(lines, prefix), key=".".join(keys)
+        )
+
+    version = data.get("schema-version", SCHEMA_VERSION)
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        result.problems.append(
+            error(
+                ("schema-version",),
+                f"schema version {version} is newer than this release supports"
+                f" ({SCHEMA_VERSION}); upgrade torch-backend-registry or write"
+                f" schema-version = {SCHEMA_VERSION}",
+            )
+        )
+        return
+
+    try:
+        manifest: Manifest | None = Manifest.model_validate(data)
+        broken: dict[str, list[ManifestError]] = {}
+    except ValidationError as exc:
+        manifest = None
+        broken = {}
+        for item in exc.errors():
+            loc = tuple(item["loc"])
+            problem = error(_error_loc(loc), _describe(item, loc))
+            if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
+                broken.setdefault(loc[1], []).append(problem)
+            result.problems.append(problem)
+
+    if manifest is not None:
+        header = manifest
+    else:
+        # Keep what is valid: the document's own keys and each sound backend.
+        header = _salvage_header(data)
+    result.default = header.default
+    result.default_line = _line_of(lines, (*prefix, "default"))
+    base = os.path.dirname(os.path.abspath(path))
+    python_path = tuple(os.path.normpath(os.path.join(base, p)) for p in header.python_path)
+
+    raw_backends = data.get("backends")
+    if not isinstance(raw_backends, dict):
+        return
+    seen: dict[str, str] = {}
+    for name, raw in raw_backends.items():
+        loc = (*prefix, "backends", name)
+        source = Source(kind, path=path, line=_line_of(lines, loc))
+        problems = broken.get(name)
+        entry: BackendEntry | None = None
+        if problems is None:
+            entry = (
+                manifest.backends[name]
+                if manifest is not None
+                else BackendEntry.model_validate(raw)
+            )
+            for alias in entry.aliases:
+                if alias in seen or alias in raw_backends or alias == name:
+                    problem = error(
+                        ("backends", name, "aliases"),
+                        f"alias {alias!r} is already used by backend {seen.get(alias, alias)!r}"
+                        " in this file; each name and alias must be unique",
+                    )
+                    result.problems.append(problem)
+                    problems = [problem]
+                seen.setdefault(alias, name)
+        if problems is not None or entry is None:
+            result.definitions.append(
+                BackendDefinition(name, source, enabled=True, error=problems[0] if problems else None)
+            )
+            continue
+        result.definitions.append(
+            BackendDefinition(
+                name,
+                source,
+                target=entry.target,
+                chain=tuple(entry.chain) if entry.chain is not None else None,
+                tags=tuple(entry.tags),
+                description=entry.description,
+                aliases=tuple(entry.aliases),
+                requires=tuple(entry.requires),
+                options=entry.options,
+                enabled=entry.enabled,
+                python_path=python_path,
+            )
+        )
+
+
+def _salvage_header(data: dict[str, Any]) -> Manifest:
+    """The document's own keys where they are valid, without its backends."""
+    values: dict[str, Any] = {}
+    for key in ("schema-version", "default", "python-path"):
+        if key in data:
+            try:
+                Manifest.model_validate({key: data[key]})
+            except ValidationError:
+                continue
+            values[key] = data[key]
+    return Manifest.model_validate(values)
+
+
+def _error_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    # pydantic reports a bad dict key as (..., key, "[key]") and a failed
+    # model validator on the model itself; both read better without the marker.
+    return tuple(part for part in loc if part != "[key]")
+
+
+def _fields_of(loc: tuple[str | int, ...]) -> list[str]:
+    strings = [part for part in loc if isinstance(part, str)]
+    model: type[BaseModel] = BackendEntry if len(strings) >= 3 and strings[0] == "backends" else Manifest
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def _describe(item: Any, loc: tuple[str | int, ...]) -> str:
+    kind = item["type"]
+    given = item.get("input")
+    index = next((part for part in reversed(loc) if isinstance(part, int)), None)
+    at = f"item {index}: " if index is not None else ""
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        known = _fields_of(loc)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
+        return f"unknown key {key!r}; {hint}"
+    if kind == "missing":
+        return f"missing required key {str(loc[-1])!r}"
+    if kind == "string_pattern_mismatch":
+        pattern = item.get("ctx", {}).get("pattern", "")
+        what = "key" if "[key]" in loc else "value"
+        return f"{at}invalid {what} {given!r}: expected {_PATTERN_HINTS.get(pattern, pattern)}"
+    if kind in _TYPE_WORDS:
+        return f"{at}expected {_TYPE_WORDS[kind]}, got {_toml_type(given)} {_short(given)}"
+    if kind == "value_error":
+        return str(item["msg"]).removeprefix("Value error, ")
+    if kind in ("less_than_equal", "greater_than_equal") and loc[-1] == "schema-version":
+        return f"unsupported schema version {given!r}; this release reads {SCHEMA_VERSION}"
+    if kind == "too_short":
+        return "must not be empty"
+    return f"{at}{item['msg']}"
+
+
+def _toml_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "table"
+    return type(value).__name__
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,211 @@
+"""Discovery sources: each reads one kind of input and returns definitions.
+
+Sources handle strings only; nothing here imports a backend's code.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+from ._definition import BackendDefinition, Source
+from ._errors import ManifestError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from ._manifest import ManifestResult
+
+#: The environment variable naming extra manifests (files or directories).
+ENV_VAR = "TORCH_BACKENDS_PATH"
+#: The entry-point group PyTorch itself reads.
+ENTRY_POINT_GROUP = "torch_dynamo_backends"
+PROJECT_FILES = ("backends.toml", "pyproject.toml")
+
+
+class Found:
+    """What one source yields."""
+
+    __slots__ = ("definitions", "problems", "default", "warnings")
+
+    def __init__(self) -> None:
+        self.definitions: list[BackendDefinition] = []
+        self.problems: list[ManifestError] = []
+        #: ``(name, path, line)`` of the first manifest ``default`` met.
+        self.default: tuple[str, str, int | None] | None = None
+        #: Manifests left out on purpose (untrusted), reported as warnings.
+        self.warnings: list[ManifestError] = []
+
+
+class Context:
+    """The inputs of a discovery: a working directory, an environment, runtime entries."""
+
+    __slots__ = ("cwd", "environ", "runtime")
+
+    def __init__(
+        self, cwd: str, environ: Mapping[str, str], runtime: Mapping[str, BackendDefinition]
+    ) -> None:
+        self.cwd = cwd
+        self.environ = environ
+        self.runtime = runtime
+
+
+def untrusted_reason(path: str) -> str | None:
+    """Why a manifest must not be used, or ``None``: the rule git applies (``safe.directory``)."""
+    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # reading it reports the problem
+    if info.st_mode & stat.S_IWOTH:
+        return "it is writable by every user"
+    if info.st_uid not in (0, os.getuid()):
+        return f"it is owned by another user (uid {info.st_uid})"
+    return None
+
+
+def _read(path: str, kind: str, found: Found) -> ManifestResult | None:
+    from ._manifest import read_manifest
+
+    reason = untrusted_reason(path)
+    if reason is not None:
+        found.warnings.append(
+            ManifestError(
+                f"manifest not used: {reason}; fix its owner or mode (as git's safe.directory)",
+                path=path,
+            )
+        )
+        return None
+    result = read_manifest(path, kind)
+    if result is None:
+        return None
+    found.definitions.extend(result.definitions)
+    found.problems.extend(result.problems)
+    if result.default is not None and found.default is None:
+        found.default = (result.default, path, result.default_line)
+    return result
+
+
+def runtime_source(ctx: Context) -> Found:
+    """``register_backend`` calls made in this process."""
+    found = Found()
+    found.definitions.extend(ctx.runtime.values())
+    return found
+
+
+def env_paths(ctx: Context) -> tuple[list[str], list[ManifestError]]:
+    """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first."""
+    files: list[str] = []
+    problems: list[ManifestError] = []
+    for entry in ctx.environ.get(ENV_VAR, "").split(os.pathsep):
+        if not entry.strip():
+            continue
+        path = os.path.join(ctx.cwd, os.path.expanduser(entry))
+        if os.path.isdir(path):
+            files.extend(
+                os.path.join(path, name)
+                for name in sorted(os.listdir(path))
+                if name.endswith(".toml") and os.path.isfile(os.path.join(path, name))
+            )
+        elif os.path.exists(path):
+            files.append(path)
+        else:
+            problems.append(
+                ManifestError(
+                    f"no such file or directory (named by {ENV_VAR}={entry!r}); remove the"
+                    " entry or create the file",
+                    path=entry,
+                )
+            )
+    return files, problems
+
+
+def env_source(ctx: Context) -> Found:
+    """Manifests named by ``TORCH_BACKENDS_PATH``, earlier entries first."""
+    found = Found()
+    files, found.problems = env_paths(ctx)
+    for path in files:
+        result = _read(path, "env", found)
+        if result is None and os.path.basename(path) == "pyproject.toml":
+            found.problems.append(
+                ManifestError(
+                    f"has no [tool.torch-backends] table (named by {ENV_VAR})", path=path
+                )
+            )
+    return found
+
+
+def project_manifest(cwd: str) -> str | None:
+    """The nearest ``backends.toml``, else ``pyproject.toml`` with our table, at or above ``cwd``."""
+    directory = os.path.abspath(cwd)
+    while True:
+        candidate = os.path.join(directory, PROJECT_FILES[0])
+        if os.path.isfile(candidate):
+            return candidate
+        candidate = os.path.join(directory, PROJECT_FILES[1])
+        if os.path.isfile(candidate) and _declares_table(candidate):
+            return candidate
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+
+
+def _declares_table(pyproject: str) -> bool:
+    # A cheap text test first: most pyproject.toml files have no such table,
+    # and parsing every one met on the way up would cost more than reading.
+    try:
+        with open(pyproject, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return False
+    return "torch-backends" in text
+
+
+def project_source(ctx: Context) -> Found:
+    """The nearest project manifest."""
+    found = Found()
+    path = project_manifest(ctx.cwd)
+    if path is not None:
+        _read(path, "project", found)
+    return found
+
+
+def entry_point_source(ctx: Context) -> Found:
+    """Installed distributions' ``torch_dynamo_backends`` entry points."""
+    from importlib.metadata import entry_points
+
+    found = Found()
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        dist = ep.dist
+        source = Source(
+            "entry-point",
+            distribution=dist.name if dist is not None else None,
+            version=dist.version if dist is not None else None,
+        )
+        target = ep.value.split("[", 1)[0].strip()
+        found.definitions.append(BackendDefinition(ep.name, source, target=target))
+    return found
+
+
+def torch_source(ctx: Context) -> Found:
+    """PyTorch's own backends, where torch is installed."""
+    from ._torch import torch_definitions
+
+    found = Found()
+    found.definitions.extend(torch_definitions())
+    return found
+
+
+#: The single source of truth for precedence: highest first. The registry
+#: folds these in this order; a name resolves to the first source defining it.
+SOURCES: tuple[tuple[str, Callable[[Context], Found]], ...] = (
+    ("runtime", runtime_source),
+    ("env", env_source),
+    ("project", project_source),
+    ("entry-point", entry_point_source),
+    ("torch", torch_source),
+)
