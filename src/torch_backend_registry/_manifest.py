@@ -13,6 +13,8 @@ import sys
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from ._definition import BackendDefinition, Source
 from ._errors import ManifestError
@@ -132,9 +134,22 @@ class Manifest(BaseModel):
     )
 
 
+class _TomlJsonSchema(GenerateJsonSchema):
+    """TOML has no null: an optional key is simply left out, so say nothing of null."""
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        return self.generate_inner(schema["schema"])
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        result = super().default_schema(schema)
+        if result.get("default", 0) is None:
+            del result["default"]
+        return result
+
+
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a manifest, as committed in ``schemas/backends.schema.json``."""
-    return Manifest.model_json_schema(by_alias=True)
+    return Manifest.model_json_schema(by_alias=True, schema_generator=_TomlJsonSchema)
 
 
 # --------------------------------------------------------------------------- lines
@@ -180,7 +195,10 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
             continue
         key = _KEY_RE.match(line)
         if key:
-            lines.setdefault(table + _split_key(key.group(1)), number)
+            parts = _split_key(key.group(1))
+            # `b.target = ...` also defines the table `b` on this line.
+            for end in range(1, len(parts) + 1):
+                lines.setdefault(table + parts[:end], number)
             rest = line[key.end() :]
             for quotes in ('"""', "'''"):
                 if rest.count(quotes) == 1:
@@ -224,14 +242,19 @@ def _toml_error(path: str, text: str, exc: Exception) -> ManifestError:
         message = message.replace("(at end of document)", "").rstrip()
     message = getattr(exc, "msg", None) or message
     key = None
-    if line is not None:
-        source_lines = text.splitlines()
-        if 0 < line <= len(source_lines):
-            found = _KEY_RE.match(source_lines[line - 1]) or _HEADER_RE.match(
-                source_lines[line - 1]
-            )
-            if found:
-                key = ".".join(_split_key(found.group(1)))
+    source_lines = text.splitlines()
+    if line is not None and 0 < line <= len(source_lines):
+        table: tuple[str, ...] = ()
+        for before in source_lines[: line - 1]:
+            header = _HEADER_RE.match(before)
+            if header and before.lstrip().startswith("["):
+                table = _split_key(header.group(1))
+        here = source_lines[line - 1]
+        header = _HEADER_RE.match(here)
+        if header and here.lstrip().startswith("["):
+            key = ".".join(_split_key(header.group(1)))
+        elif found := _KEY_RE.match(here):
+            key = ".".join(table + _split_key(found.group(1)))
     return ManifestError(f"invalid TOML: {message}", path=path, line=line, key=key)
 
 

@@ -162,7 +162,17 @@ def _declares_table(pyproject: str) -> bool:
             text = handle.read()
     except OSError:
         return False
-    return "torch-backends" in text
+    if "torch-backends" not in text:
+        return False
+    from ._manifest import PYPROJECT_TABLE, tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return True  # reading it reports the syntax error with its line
+    for part in PYPROJECT_TABLE:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data is not None
 
 
 def project_source(ctx: Context) -> Found:

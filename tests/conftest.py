@@ -1,0 +1,99 @@
+"""Shared fixtures: real manifests in tmp_path, real dist-info folders on sys.path."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import torch_backend_registry as tbr
+from torch_backend_registry import Registry
+from torch_backend_registry._api import default_registry
+
+NO_TORCH = ("runtime", "env", "project", "entry-point")
+
+WriteFn = Callable[..., Path]
+
+
+@pytest.fixture
+def write(tmp_path: Path) -> WriteFn:
+    """Write a dedented text file under tmp_path and return its path."""
+
+    def _write(relative: str, text: str) -> Path:
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+        return path
+
+    return _write
+
+
+@pytest.fixture
+def module_name() -> str:
+    """A fresh importable module name, so tests never share sys.modules entries."""
+    return f"tbr_test_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., str]]:
+    """Write a real module into a folder on sys.path; forget it afterwards."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    made: list[str] = []
+
+    def _make(name: str, source: str) -> str:
+        (root / f"{name}.py").write_text(textwrap.dedent(source), encoding="utf-8")
+        importlib.invalidate_caches()
+        made.append(name)
+        return name
+
+    yield _make
+    for name in made:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Path]:
+    """Install a distribution the way pip leaves it: a real ``*.dist-info`` on sys.path."""
+    site = tmp_path / "dists"
+    site.mkdir(exist_ok=True)
+    monkeypatch.syspath_prepend(str(site))
+
+    def _make(name: str, version: str, entry_points: dict[str, str]) -> Path:
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
+        )
+        lines = "".join(f"{key} = {value}\n" for key, value in entry_points.items())
+        (info / "entry_points.txt").write_text(
+            f"[torch_dynamo_backends]\n{lines}", encoding="utf-8"
+        )
+        importlib.invalidate_caches()
+        return info
+
+    return _make
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Registry:
+    """An isolated registry: tmp_path as working directory, an empty environment, no torch."""
+    return Registry(cwd=tmp_path, environ={}, sources=NO_TORCH)
+
+
+@pytest.fixture
+def clean_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
+    """The module-level registry, pointed at tmp_path and emptied before and after."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TORCH_BACKENDS_PATH", raising=False)
+    default_registry._runtime.clear()
+    tbr.refresh()
+    yield default_registry
+    default_registry._runtime.clear()
+    tbr.refresh()

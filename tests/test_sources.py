@@ -1,0 +1,176 @@
+"""Sources and precedence: runtime > env > project > entry-point > torch."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
+
+from .conftest import NO_TORCH, WriteFn
+
+
+def make(
+    tmp_path: Path,
+    env: str = "",
+    cwd: Path | None = None,
+    sources: tuple[str, ...] = ("runtime", "env", "project"),
+) -> Registry:
+    environ = {"TORCH_BACKENDS_PATH": env} if env else {}
+    return Registry(cwd=cwd or tmp_path, environ=environ, sources=sources)
+
+
+def test_precedence_runtime_env_project_entry_point(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    make_dist("plugin-dist", "1.2", {"fast": "plugin_pkg:fast", "only_ep": "plugin_pkg:x"})
+    project = write("proj/backends.toml", '[backends.fast]\ntarget = "proj:fast"\n')
+    env = write("env/extra.toml", '[backends.fast]\ntarget = "env:fast"\n')
+    registry = make(tmp_path, env=str(env), cwd=project.parent, sources=NO_TORCH)
+
+    info = registry.backend_info("fast")
+    assert (info.source.kind, info.target) == ("env", "env:fast")
+    assert [(d.source.kind, d.target) for d in info.shadowed] == [
+        ("project", "proj:fast"),
+        ("entry-point", "plugin_pkg:fast"),
+    ]
+
+    def fast(gm: object, inputs: object) -> object:
+        return gm
+
+    registry.register_backend(fast)
+    info = registry.backend_info("fast")
+    assert info.source.kind == "runtime"
+    assert info.source.module == __name__
+    assert [d.source.kind for d in info.shadowed] == ["env", "project", "entry-point"]
+    assert registry.lookup_backend("fast") is fast
+
+    ep = registry.backend_info("only_ep")
+    assert (ep.source.distribution, ep.source.version) == ("plugin-dist", "1.2")
+    assert ep.source.path is None and ep.source.line is None
+
+
+def test_env_entries_in_order_and_directories_sorted(tmp_path: Path, write: WriteFn) -> None:
+    write("dir/b.toml", '[backends.x]\ntarget = "b:x"\n[backends.y]\ntarget = "b:y"\n')
+    write("dir/a.toml", '[backends.x]\ntarget = "a:x"\n')
+    write("dir/notes.txt", "not a manifest")
+    first = write("first.toml", '[backends.y]\ntarget = "first:y"\n')
+    registry = make(tmp_path, env=os.pathsep.join([str(first), str(tmp_path / "dir")]))
+    assert registry.backend_info("x").target == "a:x"
+    assert [d.target for d in registry.backend_info("x").shadowed] == ["b:x"]
+    assert registry.backend_info("y").target == "first:y"
+
+
+def test_env_relative_entries_resolve_against_the_working_directory(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("conf/extra.toml", '[backends.rel]\ntarget = "m:f"\n')
+    registry = make(tmp_path, env="conf/extra.toml")
+    assert registry.backend_info("rel").source.path == str(tmp_path / "conf/extra.toml")
+
+
+def test_missing_env_entry_is_a_manifest_error_never_ignored(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", '[backends.fine]\ntarget = "m:f"\n')
+    registry = make(tmp_path, env=str(tmp_path / "typo.toml"))
+    with pytest.warns(ManifestWarning, match="typo.toml: no such file or directory"):
+        problems = registry.problems()
+    assert len(problems) == 1 and isinstance(problems[0], ManifestError)
+    assert problems[0].path == str(tmp_path / "typo.toml")
+    # The other manifests still work, and an unknown name points at the problem.
+    assert registry.backend_info("fine").target == "m:f"
+    with pytest.raises(UnknownBackendError, match="1 manifest problem"):
+        registry.lookup_backend("from_typo")
+
+
+def test_nearest_project_manifest_from_a_subdirectory(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.top]\ntarget = "m:top"\n')
+    write("pkg/pyproject.toml", '[tool.torch-backends.backends.near]\ntarget = "m:near"\n')
+    deep = tmp_path / "pkg" / "src" / "deeper"
+    deep.mkdir(parents=True)
+    registry = make(tmp_path, cwd=deep)
+    assert registry.list_backends() == ["near"]
+    assert registry.backend_info("near").source.line == 1
+
+
+def test_backends_toml_wins_over_pyproject_in_the_same_folder(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("pyproject.toml", '[tool.torch-backends.backends.py]\ntarget = "m:py"\n')
+    write("backends.toml", '[backends.bt]\ntarget = "m:bt"\n')
+    assert make(tmp_path).list_backends() == ["bt"]
+
+
+def test_pyproject_without_table_is_skipped_on_the_way_up(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.top]\ntarget = "m:top"\n')
+    write("sub/pyproject.toml", '[project]\nname = "torch-backends-like-name"\n')
+    assert make(tmp_path, cwd=tmp_path / "sub").list_backends() == ["top"]
+
+
+def test_disabled_hides_lower_sources(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    make_dist("noisy", "0.1", {"noisy": "noisy:compile"})
+    write("backends.toml", "[backends.noisy]\nenabled = false\n")
+    registry = make(tmp_path, sources=NO_TORCH)
+    assert "noisy" not in registry.list_backends(exclude_tags=())
+    with pytest.raises(UnknownBackendError, match=r"disabled by .*backends.toml:1"):
+        registry.lookup_backend("noisy")
+
+
+def test_aliases_resolve_and_follow_precedence(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.fast]\ntarget = "m:fast"\naliases = ["f", "quick"]\n')
+    env = write("env.toml", '[backends.quick]\ntarget = "env:quick"\n')
+    registry = make(tmp_path, env=str(env))
+    assert registry.backend_info("f").name == "fast"
+    assert registry.backend_info("quick").target == "env:quick"
+    assert registry.list_backends() == ["fast", "quick"]
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="no file ownership")
+def test_world_writable_manifest_is_not_used(tmp_path: Path, write: WriteFn) -> None:
+    path = write("backends.toml", '[backends.x]\ntarget = "m:f"\n')
+    path.chmod(0o666)
+    registry = make(tmp_path)
+    with pytest.warns(ManifestWarning, match="manifest not used: it is writable by every user"):
+        assert registry.list_backends() == []
+    path.chmod(0o644)
+    registry.refresh()
+    assert registry.list_backends() == ["x"]
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to chown")
+def test_manifest_of_another_user_is_not_used(tmp_path: Path, write: WriteFn) -> None:
+    path = write("backends.toml", '[backends.x]\ntarget = "m:f"\n')
+    os.chown(path, 12345, -1)
+    registry = make(tmp_path)
+    with pytest.warns(ManifestWarning, match=r"owned by another user \(uid 12345\)"):
+        assert registry.list_backends() == []
+    assert any("owned by another user" in str(p) for p in registry.problems())
+
+
+def test_entry_point_with_extras_and_two_distributions(
+    tmp_path: Path, make_dist: Callable[..., Path]
+) -> None:
+    make_dist("first-dist", "1.0", {"dup": "first_mod:fn [extra]"})
+    make_dist("second-dist", "2.0", {"dup": "second_mod:fn"})
+    info = make(tmp_path, sources=NO_TORCH).backend_info("dup")
+    assert info.target in ("first_mod:fn", "second_mod:fn")
+    assert len(info.shadowed) == 1
+    assert {info.source.distribution, info.shadowed[0].source.distribution} == {
+        "first-dist",
+        "second-dist",
+    }
+
+
+def test_registry_rejects_unknown_source_kinds() -> None:
+    with pytest.raises(ValueError, match="unknown source kind 'pip'"):
+        Registry(sources=("pip",))
+
+
+def test_sources_given_in_any_order_keep_the_documented_precedence() -> None:
+    assert Registry(sources=("torch", "runtime", "env")).sources == ("runtime", "env", "torch")
