@@ -83,8 +83,8 @@ def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Registry:
-    """An isolated registry: tmp_path as working directory, an empty environment, no torch."""
-    return Registry(cwd=tmp_path, environ={}, sources=NO_TORCH)
+    """An isolated registry: tmp_path as working directory, an empty environment, manifests only."""
+    return Registry(cwd=tmp_path, environ={}, sources=("runtime", "env", "project"))
 
 
 @pytest.fixture

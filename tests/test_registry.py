@@ -1,0 +1,370 @@
+"""The registry: lookup, lazy loading, errors, runtime registration, import cost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torch_backend_registry as tbr
+from torch_backend_registry import (
+    BackendLoadError,
+    DuplicateBackendError,
+    ManifestError,
+    Registry,
+    UnknownBackendError,
+)
+
+from .conftest import WriteFn
+
+MakeModule = Callable[..., str]
+
+COMPILER = """
+CALLS = []
+def compile(gm, example_inputs, **options):
+    CALLS.append(options)
+    return ("compiled", gm, options)
+not_callable = 42
+class Namespace:
+    @staticmethod
+    def nested(gm, example_inputs):
+        return "nested"
+"""
+
+
+def manifest(write: WriteFn, body: str) -> Registry:
+    path = write("backends.toml", body)
+    return Registry(cwd=path.parent, environ={}, sources=("runtime", "env", "project"))
+
+
+def test_lookup_imports_on_first_use_once_and_caches(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(write, f'[backends.fast]\ntarget = "{module_name}:compile"\n')
+    assert registry.list_backends() == ["fast"]
+    assert module_name not in sys.modules  # listing imported nothing
+    assert registry.backend_info("fast").target == f"{module_name}:compile"
+    assert module_name not in sys.modules  # nor did backend_info
+    fn = registry.lookup_backend("fast")
+    assert module_name in sys.modules
+    assert fn is registry.lookup_backend("fast")
+    assert fn("gm", []) == ("compiled", "gm", {})
+
+
+def test_options_are_bound_as_keyword_arguments(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(
+        write,
+        f'[backends.fast]\ntarget = "{module_name}:compile"\noptions = {{ fp16 = true, n = 2 }}\n',
+    )
+    fn = registry.lookup_backend("fast")
+    assert fn("gm", []) == ("compiled", "gm", {"fp16": True, "n": 2})
+    assert registry.is_registered_backend(fn)
+
+
+def test_dotted_attribute_path(write: WriteFn, make_module: MakeModule, module_name: str) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(write, f'[backends.n]\ntarget = "{module_name}:Namespace.nested"\n')
+    assert registry.lookup_backend("n")(None, []) == "nested"
+
+
+def test_alias_returns_the_same_backend(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(
+        write, f'[backends.fast]\ntarget = "{module_name}:compile"\naliases = ["f"]\n'
+    )
+    assert registry.lookup_backend("f")("g", []) == ("compiled", "g", {})
+    assert registry.backend_info("f").name == "fast"
+
+
+def test_python_path_is_on_sys_path_only_while_importing(
+    write: WriteFn, module_name: str, tmp_path: Path
+) -> None:
+    write(f"src/{module_name}.py", "def compile(gm, inputs):\n    return 'from src'\n")
+    registry = manifest(
+        write, f'python-path = ["src"]\n[backends.local]\ntarget = "{module_name}:compile"\n'
+    )
+    try:
+        assert registry.lookup_backend("local")(None, []) == "from src"
+        assert str(tmp_path / "src") not in sys.path
+    finally:
+        sys.modules.pop(module_name, None)
+
+
+@pytest.mark.parametrize(
+    ("target", "reason"),
+    [
+        ("{m}_missing:compile", "import of '{m}_missing' failed: ModuleNotFoundError"),
+        ("{m}:nothing_here", "has no attribute 'nothing_here'"),
+        ("{m}:not_callable", "is a int, not callable"),
+    ],
+    ids=["module missing", "attribute missing", "not callable"],
+)
+def test_load_errors_name_file_line_and_chain_the_cause(
+    write: WriteFn, make_module: MakeModule, module_name: str, target: str, reason: str
+) -> None:
+    make_module(module_name, COMPILER)
+    target = target.format(m=module_name)
+    registry = manifest(write, f'# first line\n[backends.broken]\ntarget = "{target}"\n')
+    with pytest.raises(BackendLoadError) as caught:
+        registry.lookup_backend("broken")
+    error = caught.value
+    assert (error.name, error.target) == ("broken", target)
+    assert error.source.line == 2
+    assert str(error).startswith(f"{error.source.path}:2: cannot load backend 'broken'")
+    assert reason.format(m=module_name) in str(error)
+    assert error.__cause__ is not None
+
+
+def test_load_error_is_not_cached_fixing_the_code_works(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    registry = manifest(write, f'[backends.later]\ntarget = "{module_name}:compile"\n')
+    with pytest.raises(BackendLoadError):
+        registry.lookup_backend("later")
+    make_module(module_name, COMPILER)
+    assert registry.lookup_backend("later")("g", [])[0] == "compiled"
+
+
+def test_unmet_requirement_is_a_load_error_without_importing(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(
+        write,
+        f'[backends.trt]\ntarget = "{module_name}:compile"\nrequires = ["no_such_mod_xyz"]\n',
+    )
+    with pytest.raises(BackendLoadError, match="requires 'no_such_mod_xyz', which cannot be found"):
+        registry.lookup_backend("trt")
+    assert module_name not in sys.modules
+
+
+def test_met_requirement_is_looked_for_not_imported(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    needed = make_module(module_name + "_dep", "raise RuntimeError('must not be imported')\n")
+    registry = manifest(
+        write, f'[backends.ok]\ntarget = "{module_name}:compile"\nrequires = ["{needed}"]\n'
+    )
+    registry.lookup_backend("ok")
+    assert needed not in sys.modules
+
+
+def test_broken_definition_raises_its_manifest_error_others_work(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(
+        write,
+        f'[backends.bad]\ntarget = "nocolon"\n[backends.good]\ntarget = "{module_name}:compile"\n',
+    )
+    with pytest.warns(tbr.ManifestWarning, match="backends.bad.target"):
+        assert registry.list_backends() == ["good"]
+    with pytest.raises(ManifestError) as caught:
+        registry.lookup_backend("bad")
+    assert (caught.value.line, caught.value.key) == (2, "backends.bad.target")
+    assert registry.lookup_backend("good")("g", [])[0] == "compiled"
+
+
+def test_unknown_name_suggests_close_names(write: WriteFn) -> None:
+    registry = manifest(write, '[backends.fast_compile]\ntarget = "m:f"\n')
+    with pytest.raises(UnknownBackendError) as caught:
+        registry.lookup_backend("fast_compil")
+    assert caught.value.name == "fast_compil"
+    assert caught.value.suggestions == ("fast_compile",)
+    assert "Did you mean 'fast_compile'?" in str(caught.value)
+    assert "torch-backends list --all" in str(caught.value)
+    assert isinstance(caught.value, LookupError)
+
+
+def test_callables_pass_through(registry: Registry) -> None:
+    def fn(gm: Any, inputs: Any) -> Any:
+        return gm
+
+    assert registry.lookup_backend(fn) is fn
+
+
+def test_list_backends_excludes_tags_like_pytorch(write: WriteFn) -> None:
+    registry = manifest(
+        write,
+        """
+        [backends.plain]
+        target = "m:a"
+        [backends.dbg]
+        target = "m:b"
+        tags = ["debug"]
+        [backends.exp]
+        target = "m:c"
+        tags = ["experimental", "gpu"]
+        """,
+    )
+    assert registry.list_backends() == ["plain"]
+    assert registry.list_backends(exclude_tags=()) == ["dbg", "exp", "plain"]
+    assert registry.list_backends(exclude_tags=None) == ["dbg", "exp", "plain"]
+    assert registry.list_backends(exclude_tags=("gpu",)) == ["dbg", "plain"]
+
+
+def test_register_backend_bare_called_and_tagged(registry: Registry) -> None:
+    @registry.register_backend
+    def bare(gm: Any, inputs: Any) -> Any:
+        return gm
+
+    @registry.register_backend(name="called", tags=("debug",))
+    def other(gm: Any, inputs: Any) -> Any:
+        return gm
+
+    assert registry.lookup_backend("bare") is bare
+    assert registry.lookup_backend("called") is other
+    assert registry.backend_info("called").tags == ("debug",)
+    assert other._tags == ("debug",)  # type: ignore[attr-defined]  # as PyTorch sets it
+    assert registry.list_backends() == ["bare"]
+    assert registry.is_registered_backend(bare)
+    assert not registry.is_registered_backend(lambda gm, inputs: gm)
+
+
+def test_registering_twice_is_a_duplicate_error(registry: Registry) -> None:
+    def one(gm: Any, inputs: Any) -> Any:
+        return gm
+
+    registry.register_backend(one, name="same")
+    with pytest.raises(DuplicateBackendError) as caught:
+        registry.register_backend(one, name="same")
+    assert caught.value.name == "same"
+    assert caught.value.existing.kind == "runtime"
+
+
+def test_register_rejects_non_callables(registry: Registry) -> None:
+    with pytest.raises(TypeError, match="must be callable"):
+        registry.register_backend(42, name="x")  # type: ignore[arg-type]
+
+
+def test_runtime_registration_shadows_a_loaded_manifest_backend(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(write, f'[backends.fast]\ntarget = "{module_name}:compile"\n')
+    registry.lookup_backend("fast")
+
+    def replacement(gm: Any, inputs: Any) -> Any:
+        return "runtime"
+
+    registry.register_backend(replacement, name="fast")
+    assert registry.lookup_backend("fast") is replacement
+
+
+def test_refresh_rereads_manifests_and_keeps_runtime(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(write, f'[backends.a]\ntarget = "{module_name}:compile"\n')
+
+    @registry.register_backend
+    def kept(gm: Any, inputs: Any) -> Any:
+        return gm
+
+    assert registry.list_backends() == ["a", "kept"]
+    write("backends.toml", f'[backends.b]\ntarget = "{module_name}:compile"\n')
+    assert registry.list_backends() == ["a", "kept"]  # discovery is cached
+    registry.refresh()
+    assert registry.list_backends() == ["b", "kept"]
+
+
+def test_threads_looking_up_one_name_import_it_once(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(
+        module_name,
+        """
+        import time
+        IMPORTS = []
+        IMPORTS.append(1)
+        time.sleep(0.2)  # a slow import widens the window for a race
+        def compile(gm, inputs):
+            return gm
+        """,
+    )
+    registry = manifest(write, f'[backends.slow]\ntarget = "{module_name}:compile"\n')
+    results: list[Any] = []
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        results.append(registry.lookup_backend("slow"))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 8 and all(r is results[0] for r in results)
+    assert sys.modules[module_name].IMPORTS == [1]
+
+
+def test_module_level_api_acts_on_the_default_registry(
+    clean_default: Registry, write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    write("backends.toml", f'[backends.proj]\ntarget = "{module_name}:compile"\n')
+
+    @tbr.register_debug_backend
+    def dbg(gm: Any, inputs: Any) -> Any:
+        return gm
+
+    @tbr.register_experimental_backend(name="exp")
+    def experimental(gm: Any, inputs: Any) -> Any:
+        return gm
+
+    names = tbr.list_backends(exclude_tags=())
+    assert {"proj", "dbg", "exp"} <= set(names)
+    assert "dbg" not in tbr.list_backends() and "exp" not in tbr.list_backends()
+    assert tbr.backend_info("exp").tags == ("experimental",)
+    assert tbr.lookup_backend("dbg") is dbg
+    assert tbr.is_registered_backend(tbr.lookup_backend("proj"))
+
+
+def run_python(code: str, cwd: Path | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=cwd
+    )
+    return done.stdout.strip()
+
+
+def test_import_costs_no_torch_pydantic_or_metadata() -> None:
+    out = run_python(
+        "import sys, torch_backend_registry as t\n"
+        "print(sorted(m for m in ('torch', 'pydantic', 'importlib.metadata', 'tomllib')"
+        " if m in sys.modules))"
+    )
+    assert out == "[]"
+
+
+def test_version_is_served_lazily() -> None:
+    out = run_python("import torch_backend_registry as t; print(t.__version__)")
+    assert out and out[0].isdigit()
+
+
+def test_listing_and_backend_info_import_no_backend_code(tmp_path: Path, write: WriteFn) -> None:
+    write(
+        "backends.toml",
+        '[backends.a]\ntarget = "tbr_never_imported_a:f"\n'
+        '[backends.b]\nchain = ["a"]\n',
+    )
+    out = run_python(
+        "import sys, torch_backend_registry as t\n"
+        "r = t.Registry(sources=('project', 'entry-point'))\n"
+        "r.list_backends(); r.backend_info('a'); r.backend_info('b')\n"
+        "print([m for m in sys.modules if m.startswith(('tbr_never', 'openvino'))])",
+        cwd=tmp_path,
+    )
+    assert out == "[]"

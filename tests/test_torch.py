@@ -1,0 +1,290 @@
+"""The torch bridge: PyTorch's backends as a source, install(), default, fallback chains.
+
+These tests run real torch.compile on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torch_backend_registry import (
+    BackendChainError,
+    ManifestError,
+    Registry,
+    UnknownBackendError,
+)
+
+from .conftest import WriteFn
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+MakeModule = Callable[..., str]
+
+COMPILERS = """
+CALLS = []
+
+def passthrough(gm, example_inputs, **options):
+    CALLS.append(("passthrough", options))
+    return gm.forward
+
+def doubling(gm, example_inputs, factor=2):
+    CALLS.append(("doubling", factor))
+    def run(*args):
+        return tuple(out * factor for out in gm(*args))
+    return run
+
+def explode(gm, example_inputs):
+    CALLS.append(("explode", None))
+    raise RuntimeError("no GPU here")
+"""
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo() -> Iterator[None]:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    torch.compiler.set_default_backend(None)
+
+
+@pytest.fixture
+def uid() -> str:
+    """A suffix keeping backend names unique: PyTorch's registry is process-wide."""
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def compilers(make_module: MakeModule, module_name: str) -> str:
+    return make_module(module_name, COMPILERS)
+
+
+def project(write: WriteFn, body: str) -> Registry:
+    path = write("backends.toml", body)
+    return Registry(cwd=path.parent, environ={})
+
+
+def model() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+
+
+def test_pytorch_backends_are_the_lowest_source(registry: Registry, write: WriteFn) -> None:
+    full = project(write, '[backends.eager]\ntarget = "m:mine"\n')
+    names = full.list_backends(exclude_tags=())
+    assert {"inductor", "aot_eager", "openvino"} <= set(names)
+    assert "aot_eager" not in full.list_backends()  # tagged debug, as in PyTorch
+    inductor = full.backend_info("inductor")
+    assert inductor.source.kind == "torch"
+    assert inductor.tags == ()
+    eager = full.backend_info("eager")
+    assert eager.source.kind == "project"
+    assert [(d.source.kind, d.tags) for d in eager.shadowed] == [("torch", ("debug",))]
+    assert full.lookup_backend("aot_eager") is torch._dynamo.lookup_backend("aot_eager")
+
+
+def test_without_torch_the_source_is_empty(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import torch_backend_registry as t\n"
+        "r = t.Registry(sources=('torch',))\n"
+        "print(r.list_backends(exclude_tags=()))\n"
+        "try:\n"
+        "    r.lookup_backend('eager')\n"
+        "except t.UnknownBackendError as e:\n"
+        "    print('unknown')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert done.stdout.split() == ["[]", "unknown"]
+
+
+def test_install_makes_manifest_backends_compile_without_importing_them(
+    write: WriteFn, compilers: str, uid: str
+) -> None:
+    fast, hidden, alias = f"fast_{uid}", f"exp_{uid}", f"f_{uid}"
+    registry = project(
+        write,
+        f"""
+        [backends.{fast}]
+        target = "{compilers}:doubling"
+        options = {{ factor = 3 }}
+        aliases = ["{alias}"]
+
+        [backends.{hidden}]
+        target = "{compilers}:passthrough"
+        tags = ["experimental"]
+        """,
+    )
+    registry.install()
+    registry.install()  # idempotent
+    assert fast in torch._dynamo.list_backends()
+    assert alias in torch._dynamo.list_backends()
+    assert hidden not in torch._dynamo.list_backends()  # tags reached PyTorch
+    assert hidden in torch._dynamo.list_backends(exclude_tags=())
+    compiled = torch.compile(model(), backend=fast)
+    assert compilers not in sys.modules  # nothing imported until torch.compile calls it
+
+    x = torch.ones(2, 4)
+    assert torch.allclose(compiled(x), model()(x) * 3)
+    assert compilers in sys.modules
+    assert sys.modules[compilers].CALLS == [("doubling", 3)]
+
+    by_alias = torch.compile(model(), backend=alias)
+    assert torch.allclose(by_alias(x), model()(x) * 3)
+
+
+def test_default_backend_is_applied_on_install(write: WriteFn, compilers: str, uid: str) -> None:
+    name = f"default_{uid}"
+    registry = project(
+        write, f'default = "{name}"\n[backends.{name}]\ntarget = "{compilers}:passthrough"\n'
+    )
+    registry.install()
+    assert torch.compiler.get_default_backend() == name
+    compiled = torch.compile(model())
+    compiled(torch.ones(1, 4))
+    assert sys.modules[compilers].CALLS == [("passthrough", {})]
+
+
+def test_default_naming_no_backend_is_not_applied(write: WriteFn, uid: str) -> None:
+    registry = project(write, f'default = "missing_{uid}"\n')
+    with pytest.warns(UserWarning, match=f"default: not applied: unknown backend 'missing_{uid}'"):
+        registry.install()
+    assert torch.compiler.get_default_backend() == "inductor"
+    assert any(p.key == "default" for p in registry.problems() if isinstance(p, ManifestError))
+
+
+def test_runtime_registrations_after_install_reach_torch(registry: Registry, uid: str) -> None:
+    registry.install()
+    name = f"late_{uid}"
+
+    @registry.register_backend(name=name)
+    def late(gm: Any, inputs: Any) -> Any:
+        return gm.forward
+
+    assert name in torch._dynamo.list_backends()
+    out = torch.compile(model(), backend=name)(torch.ones(1, 4))
+    assert torch.allclose(out, model()(torch.ones(1, 4)))
+
+
+def test_chain_falls_back_past_missing_requirement_and_a_raising_compiler(
+    write: WriteFn, compilers: str, uid: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    chain = f"portable_{uid}"
+    registry = project(
+        write,
+        f"""
+        [backends.needs_gpu_{uid}]
+        target = "{compilers}:passthrough"
+        requires = ["tensorrt_not_installed_{uid}"]
+
+        [backends.explode_{uid}]
+        target = "{compilers}:explode"
+
+        [backends.{chain}]
+        chain = ["needs_gpu_{uid}", "explode_{uid}", "eager"]
+        """,
+    )
+    registry.install()
+    caplog.set_level(logging.INFO, logger="torch_backend_registry")
+    x = torch.ones(2, 4)
+    out = torch.compile(model(), backend=chain)(x)
+    assert torch.allclose(out, model()(x))
+    assert sys.modules[compilers].CALLS == [("explode", None)]
+    messages = [r.getMessage() for r in caplog.records if r.name == "torch_backend_registry"]
+    assert any(f"skipping 'needs_gpu_{uid}'" in m and "cannot be found" in m for m in messages)
+    assert any(f"skipping 'explode_{uid}'" in m and "no GPU here" in m for m in messages)
+    assert any("compiled with 'eager'" in m for m in messages)
+
+
+def test_chain_where_nothing_works_names_every_failure(
+    write: WriteFn, compilers: str, uid: str
+) -> None:
+    chain = f"hopeless_{uid}"
+    registry = project(
+        write,
+        f"""
+        [backends.explode_{uid}]
+        target = "{compilers}:explode"
+
+        [backends.{chain}]
+        chain = ["explode_{uid}", "nowhere_{uid}"]
+        """,
+    )
+    backend = registry.lookup_backend(chain)
+    gm = torch.fx.symbolic_trace(model())
+    with pytest.raises(BackendChainError) as caught:
+        backend(gm, [torch.ones(1, 4)])
+    failures = dict(caught.value.failures)
+    assert "no GPU here" in failures[f"explode_{uid}"]
+    assert "unknown backend" in failures[f"nowhere_{uid}"]
+    assert str(caught.value).startswith(f"no member of fallback chain {chain!r} could compile")
+
+
+def test_chain_through_torch_compile_reports_every_member(
+    write: WriteFn, compilers: str, uid: str
+) -> None:
+    chain = f"hopeless_tc_{uid}"
+    registry = project(
+        write,
+        f'[backends.x_{uid}]\ntarget = "{compilers}:explode"\n'
+        f'[backends.{chain}]\nchain = ["x_{uid}"]\n',
+    )
+    registry.install()
+    with pytest.raises(Exception, match=rf"x_{uid}'.*no GPU here"):
+        torch.compile(model(), backend=chain)(torch.ones(1, 4))
+
+
+def test_chain_that_names_itself_is_a_manifest_error(write: WriteFn) -> None:
+    registry = project(
+        write,
+        """
+        [backends.a]
+        chain = ["b", "eager"]
+
+        [backends.b]
+        chain = ["c"]
+
+        [backends.c]
+        chain = ["a"]
+        """,
+    )
+    with pytest.raises(ManifestError) as caught:
+        registry.lookup_backend("a")
+    assert (caught.value.line, caught.value.key) == (1, "backends.a.chain")
+    assert "a -> b -> c -> a" in str(caught.value)
+    assert {p.line for p in registry.problems() if isinstance(p, ManifestError)} == {1, 4, 7}
+
+
+def test_install_skips_names_pytorch_already_owns(write: WriteFn) -> None:
+    registry = project(write, '[backends.inductor]\ntarget = "m:f"\n')
+    with pytest.warns(UserWarning, match="PyTorch already has a backend of that name"):
+        registry.install()
+    assert torch._dynamo.lookup_backend("inductor") is not None
+
+
+def test_unknown_name_lists_close_torch_names(write: WriteFn) -> None:
+    with pytest.raises(UnknownBackendError) as caught:
+        project(write, "").lookup_backend("indctor")
+    assert "inductor" in caught.value.suggestions
+
+
+def test_openvino_entry_point_compiles_on_the_cpu(registry: Registry) -> None:
+    pytest.importorskip("openvino")
+    full = Registry(sources=("entry-point",))
+    info = full.backend_info("openvino")
+    assert info.source.kind == "entry-point"
+    assert info.source.distribution == "openvino"
+    assert info.source.version
+    x = torch.ones(2, 4)
+    compiled = torch.compile(model(), backend=full.lookup_backend("openvino"))
+    assert torch.allclose(compiled(x), model()(x), atol=1e-2)
