@@ -33,7 +33,9 @@ def trace_shapes(gm: Any, example_inputs: list[Any]) -> Any:
     """Print each input's shape and dtype, then run the graph eagerly."""
     for position, tensor in enumerate(example_inputs):
         shape = tuple(getattr(tensor, "shape", ()))
-        print(f"[trace_shapes] input {position}: shape={shape} dtype={getattr(tensor, 'dtype', '?')}")
+        print(
+            f"[trace_shapes] input {position}: shape={shape} dtype={getattr(tensor, 'dtype', '?')}"
+        )
     return gm.forward
 
 

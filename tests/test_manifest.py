@@ -10,13 +10,13 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torch_backend_registry import ManifestError
+from torch_backend_registry import BackendDefinition, ManifestError
 from torch_backend_registry._manifest import key_lines, read_manifest
 
 from .conftest import WriteFn
 
 
-def read(path: Path) -> tuple[dict[str, object], list[ManifestError]]:
+def read(path: Path) -> tuple[dict[str, BackendDefinition], list[ManifestError]]:
     result = read_manifest(str(path), "project")
     assert result is not None
     return {d.name: d for d in result.definitions}, result.problems
@@ -40,7 +40,8 @@ def test_reads_every_key_of_a_backend(write: WriteFn) -> None:
         """,
     )
     result = read_manifest(str(path), "project")
-    assert result is not None and result.problems == []
+    assert result is not None
+    assert result.problems == []
     (fast,) = result.definitions
     assert fast.name == "fast"
     assert fast.target == "my_pkg.compilers:fast_compile"
@@ -62,9 +63,9 @@ def test_definitions_are_immutable(write: WriteFn) -> None:
     defs, _ = read(path)
     a = defs["a"]
     with pytest.raises(AttributeError):
-        a.target = "other:f"  # type: ignore[misc]
+        a.target = "other:f"
     with pytest.raises(TypeError):
-        a.options["x"] = 2  # type: ignore[attr-defined, index]
+        a.options["x"] = 2  # type: ignore[index]
 
 
 def test_chain_and_disabled_entries(write: WriteFn) -> None:
@@ -80,8 +81,8 @@ def test_chain_and_disabled_entries(write: WriteFn) -> None:
     )
     defs, problems = read(path)
     assert problems == []
-    assert defs["portable"].chain == ("tensorrt", "eager")  # type: ignore[attr-defined]
-    assert defs["hidden"].enabled is False  # type: ignore[attr-defined]
+    assert defs["portable"].chain == ("tensorrt", "eager")
+    assert defs["hidden"].enabled is False
 
 
 def test_dotted_keys_and_inline_tables_get_lines(write: WriteFn) -> None:
@@ -96,7 +97,7 @@ def test_dotted_keys_and_inline_tables_get_lines(write: WriteFn) -> None:
     )
     defs, problems = read(path)
     assert problems == []
-    assert [defs[n].source.line for n in "abc"] == [2, 3, 4]  # type: ignore[attr-defined]
+    assert [defs[n].source.line for n in "abc"] == [2, 3, 4]
 
 
 def test_pyproject_table(write: WriteFn) -> None:
@@ -114,7 +115,8 @@ def test_pyproject_table(write: WriteFn) -> None:
         """,
     )
     result = read_manifest(str(path), "project")
-    assert result is not None and result.problems == []
+    assert result is not None
+    assert result.problems == []
     assert result.definitions[0].source.line == 7
     assert result.default == "fast"
 
@@ -254,7 +256,7 @@ BROKEN = {
         "invalid TOML: Cannot declare",
     ),
     "toml bad value on a key line": (
-        '[backends.a]\ntarget = m:f\n',
+        "[backends.a]\ntarget = m:f\n",
         2,
         "backends.a.target",
         "invalid TOML",
@@ -297,15 +299,16 @@ def test_one_broken_backend_keeps_the_others(write: WriteFn) -> None:
     )
     defs, problems = read(path)
     assert [p.key for p in problems] == ["backends.bad.tag"]
-    assert defs["good"].usable and defs["also_good"].usable  # type: ignore[attr-defined]
-    assert defs["bad"]._error is problems[0]  # type: ignore[attr-defined]
+    assert defs["good"].usable
+    assert defs["also_good"].usable
+    assert defs["bad"]._error is problems[0]
 
 
 def test_top_level_problem_keeps_the_backends(write: WriteFn) -> None:
     path = write("backends.toml", 'python-path = "src"\n[backends.a]\ntarget = "m:f"\n')
     defs, problems = read(path)
     assert [(p.line, p.key) for p in problems] == [(1, "python-path")]
-    assert defs["a"].usable  # type: ignore[attr-defined]
+    assert defs["a"].usable
 
 
 def test_every_problem_is_reported_not_only_the_first(write: WriteFn) -> None:
@@ -356,13 +359,18 @@ ENTRIES = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(backends=st.dictionaries(NAMES, ENTRIES, min_size=1, max_size=5))
-def test_any_valid_manifest_round_trips(tmp_path: Path, backends: dict[str, dict[str, object]]) -> None:
+def test_any_valid_manifest_round_trips(
+    tmp_path: Path, backends: dict[str, dict[str, object]]
+) -> None:
     path = tmp_path / "roundtrip.toml"
     path.write_text(tomli_w.dumps({"backends": backends}), encoding="utf-8")
     result = read_manifest(str(path), "env")
-    assert result is not None and result.problems == []
+    assert result is not None
+    assert result.problems == []
     by_name = {d.name: d for d in result.definitions}
     assert set(by_name) == set(backends)
     text_lines = path.read_text(encoding="utf-8").splitlines()
@@ -377,7 +385,9 @@ def test_any_valid_manifest_round_trips(tmp_path: Path, backends: dict[str, dict
         assert name in text_lines[got.source.line - 1]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     name=NAMES,
     key=st.sampled_from(["target", "tags", "aliases", "requires", "enabled", "chain"]),
@@ -393,11 +403,14 @@ def test_any_invalid_value_is_located(tmp_path: Path, name: str, key: str, value
     result = read_manifest(str(path), "env")
     assert result is not None
     if not result.problems:  # a string can be a valid target; then it must parse as one
-        assert key == "target" and isinstance(value, str) and ":" in value
+        assert key == "target"
+        assert isinstance(value, str)
+        assert ":" in value
         return
     problem = result.problems[0]
     assert problem.path == str(path)
-    assert problem.key is not None and problem.key.startswith(f"backends.{name}")
+    assert problem.key is not None
+    assert problem.key.startswith(f"backends.{name}")
     assert problem.line is not None
     assert problem.line <= len(path.read_text(encoding="utf-8").splitlines())
 
@@ -407,3 +420,17 @@ def test_any_invalid_value_is_located(tmp_path: Path, name: str, key: str, value
 def test_key_lines_never_crashes_and_stays_in_range(text: str) -> None:
     lines = key_lines(text)
     assert all(1 <= line <= max(1, len(text.splitlines())) for line in lines.values())
+
+
+def test_quotes_inside_strings_do_not_hide_later_tables() -> None:
+    text = "[backends.a]\noptions = { q = \"'''\" }\nnote = '\"\"\"'\n[backends.b]\ntarget = 'm:f'\n"
+    lines = key_lines(text)
+    assert lines[("backends", "b")] == 4
+    assert lines[("backends", "b", "target")] == 5
+
+
+def test_multiline_strings_are_skipped() -> None:
+    text = 'description = """\n[backends.fake]\n"""\n[backends.real]\n'
+    lines = key_lines(text)
+    assert ("backends", "fake") not in lines
+    assert lines[("backends", "real")] == 4

@@ -246,7 +246,7 @@ def test_registering_twice_is_a_duplicate_error(registry: Registry) -> None:
 
 def test_register_rejects_non_callables(registry: Registry) -> None:
     with pytest.raises(TypeError, match="must be callable"):
-        registry.register_backend(42, name="x")  # type: ignore[arg-type]
+        registry.register_backend(42, name="x")  # type: ignore[call-overload]
 
 
 def test_runtime_registration_shadows_a_loaded_manifest_backend(
@@ -307,7 +307,8 @@ def test_threads_looking_up_one_name_import_it_once(
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(results) == 8 and all(r is results[0] for r in results)
+    assert len(results) == 8
+    assert all(r is results[0] for r in results)
     assert sys.modules[module_name].IMPORTS == [1]
 
 
@@ -327,7 +328,8 @@ def test_module_level_api_acts_on_the_default_registry(
 
     names = tbr.list_backends(exclude_tags=())
     assert {"proj", "dbg", "exp"} <= set(names)
-    assert "dbg" not in tbr.list_backends() and "exp" not in tbr.list_backends()
+    assert "dbg" not in tbr.list_backends()
+    assert "exp" not in tbr.list_backends()
     assert tbr.backend_info("exp").tags == ("experimental",)
     assert tbr.lookup_backend("dbg") is dbg
     assert tbr.is_registered_backend(tbr.lookup_backend("proj"))
@@ -351,14 +353,14 @@ def test_import_costs_no_torch_pydantic_or_metadata() -> None:
 
 def test_version_is_served_lazily() -> None:
     out = run_python("import torch_backend_registry as t; print(t.__version__)")
-    assert out and out[0].isdigit()
+    assert out
+    assert out[0].isdigit()
 
 
 def test_listing_and_backend_info_import_no_backend_code(tmp_path: Path, write: WriteFn) -> None:
     write(
         "backends.toml",
-        '[backends.a]\ntarget = "tbr_never_imported_a:f"\n'
-        '[backends.b]\nchain = ["a"]\n',
+        '[backends.a]\ntarget = "tbr_never_imported_a:f"\n[backends.b]\nchain = ["a"]\n',
     )
     out = run_python(
         "import sys, torch_backend_registry as t\n"

@@ -50,7 +50,8 @@ def test_precedence_runtime_env_project_entry_point(
 
     ep = registry.backend_info("only_ep")
     assert (ep.source.distribution, ep.source.version) == ("plugin-dist", "1.2")
-    assert ep.source.path is None and ep.source.line is None
+    assert ep.source.path is None
+    assert ep.source.line is None
 
 
 def test_env_entries_in_order_and_directories_sorted(tmp_path: Path, write: WriteFn) -> None:
@@ -79,7 +80,8 @@ def test_missing_env_entry_is_a_manifest_error_never_ignored(
     registry = make(tmp_path, env=str(tmp_path / "typo.toml"))
     with pytest.warns(ManifestWarning, match="typo.toml: no such file or directory"):
         problems = registry.problems()
-    assert len(problems) == 1 and isinstance(problems[0], ManifestError)
+    assert len(problems) == 1
+    assert isinstance(problems[0], ManifestError)
     assert problems[0].path == str(tmp_path / "typo.toml")
     # The other manifests still work, and an unknown name points at the problem.
     assert registry.backend_info("fine").target == "m:f"

@@ -9,7 +9,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any, TypeVar, overload
 
-
     F = TypeVar("F", bound=Callable[..., Any])
 
 #: The registry the module-level functions act on. Building it reads nothing:
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
     ) -> Callable[[F], F]: ...
 
 
-def register_backend(  # type: ignore[misc]
+def register_backend(
     compiler_fn: Callable[..., Any] | None = None,
     name: str | None = None,
     tags: Sequence[str] = (),
@@ -44,11 +43,31 @@ def register_backend(  # type: ignore[misc]
     return default_registry.register_backend(compiler_fn, name=name, tags=tags)
 
 
+if TYPE_CHECKING:
+
+    @overload
+    def register_debug_backend(compiler_fn: F, name: str | None = None) -> F: ...
+    @overload
+    def register_debug_backend(
+        compiler_fn: None = None, name: str | None = None
+    ) -> Callable[[F], F]: ...
+
+
 def register_debug_backend(
     compiler_fn: Callable[..., Any] | None = None, name: str | None = None
 ) -> Any:
     """:func:`register_backend` with the tag ``debug``."""
     return default_registry.register_backend(compiler_fn, name=name, tags=("debug",))
+
+
+if TYPE_CHECKING:
+
+    @overload
+    def register_experimental_backend(compiler_fn: F, name: str | None = None) -> F: ...
+    @overload
+    def register_experimental_backend(
+        compiler_fn: None = None, name: str | None = None
+    ) -> Callable[[F], F]: ...
 
 
 def register_experimental_backend(
@@ -61,4 +80,3 @@ def register_experimental_backend(
 def list_backends(exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
     """Sorted backend names without those tagged ``exclude_tags``; imports no backend code."""
     return default_registry.list_backends(exclude_tags)
-

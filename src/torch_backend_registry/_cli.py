@@ -13,7 +13,7 @@ from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any, TextIO
+    from typing import Any
 
     from ._definition import BackendDefinition, Source
 
@@ -122,7 +122,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; return its exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
-    _route_warnings()
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        code, error = _run(args)
+    for warning in caught:
+        message = str(warning.message)
+        # The error below says the same thing; one line is enough.
+        if error is None or not message.startswith(error):
+            print(f"{PROG}: warning: {message}", file=sys.stderr)
+    if error is not None:
+        _error(error)
+    return code
+
+
+def _run(args: argparse.Namespace) -> tuple[int, str | None]:
     handler = {
         "list": _list,
         "explain": _explain,
@@ -131,43 +146,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "init": _init,
     }[args.command]
     try:
-        return handler(args)
+        return handler(args), None
     except BackendRegistryError as exc:
         if args.debug:
             raise
-        _error(str(exc))
-        return EXIT_PROBLEMS
+        return EXIT_PROBLEMS, str(exc)
     except BrokenPipeError:
         # `torch-backends list | head`: the reader left; that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return EXIT_OK, None
     except KeyboardInterrupt:
-        return 130
+        return 130, None
     except Exception as exc:
         if args.debug:
             raise
-        _error(f"{type(exc).__name__}: {exc} (run with --debug for a traceback)")
-        return EXIT_PROBLEMS
+        return EXIT_PROBLEMS, f"{type(exc).__name__}: {exc} (run with --debug for a traceback)"
 
 
 def _error(message: str) -> None:
     print(f"{PROG}: error: {message}", file=sys.stderr)
-
-
-def _route_warnings() -> None:
-    import warnings
-
-    def show(
-        message: Warning | str,
-        category: type[Warning],
-        filename: str,
-        lineno: int,
-        file: TextIO | None = None,
-        line: str | None = None,
-    ) -> None:
-        print(f"{PROG}: warning: {message}", file=sys.stderr)
-
-    warnings.showwarning = show
 
 
 def _registry(no_torch: bool = False) -> Registry:
@@ -254,7 +251,7 @@ def _what(d: BackendDefinition) -> str:
     return d.target or ""
 
 
-def _print_table(rows: list[tuple[str, ...]]) -> None:
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     limit = None
     if sys.stdout.isatty():
@@ -262,7 +259,7 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 
         limit = shutil.get_terminal_size().columns
     for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths)]
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
         line = "  ".join([*cells, row[-1]]).rstrip()
         if limit is not None and len(line) > limit:
             line = line[: max(limit - 1, 0)] + "…"

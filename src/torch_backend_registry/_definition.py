@@ -38,7 +38,7 @@ class _Frozen:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self._key() == other._key()  # type: ignore[attr-defined]
+        return self._key() == other._key()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, repr(self._key())))
@@ -61,7 +61,7 @@ class Source(_Frozen):
     ``module`` a ``register_backend`` call. What does not apply is ``None``.
     """
 
-    __slots__ = ("kind", "path", "line", "distribution", "version", "module")
+    __slots__ = ("distribution", "kind", "line", "module", "path", "version")
 
     kind: str
     path: str | None
@@ -109,20 +109,20 @@ class BackendDefinition(_Frozen):
     """
 
     __slots__ = (
-        "name",
-        "target",
-        "chain",
-        "tags",
-        "description",
-        "aliases",
-        "requires",
-        "options",
-        "source",
-        "shadowed",
-        "enabled",
-        "_python_path",
-        "_obj",
         "_error",
+        "_obj",
+        "_python_path",
+        "aliases",
+        "chain",
+        "description",
+        "enabled",
+        "name",
+        "options",
+        "requires",
+        "shadowed",
+        "source",
+        "tags",
+        "target",
     )
 
     name: str

@@ -105,8 +105,7 @@ class DuplicateBackendError(BackendRegistryError, ValueError):
         self.name = name
         self.existing = existing
         super().__init__(
-            f"backend {name!r} is already registered ({existing.describe()}); "
-            "pick another name"
+            f"backend {name!r} is already registered ({existing.describe()}); pick another name"
         )
 
 

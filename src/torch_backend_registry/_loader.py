@@ -64,15 +64,16 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
             obj = getattr(obj, part)
         except AttributeError as exc:
             raise _error(
-                definition, f"{type(obj).__name__} {getattr(obj, '__name__', obj)!r} has no attribute {part!r}"
+                definition,
+                f"{type(obj).__name__} {getattr(obj, '__name__', obj)!r} has no attribute {part!r}",
             ) from exc
     if not callable(obj):
-        raise _error(definition, f"{target!r} is a {type(obj).__name__}, not callable") from TypeError(
-            f"{type(obj).__name__} object is not callable"
-        )
+        raise _error(
+            definition, f"{target!r} is a {type(obj).__name__}, not callable"
+        ) from TypeError(f"{type(obj).__name__} object is not callable")
     if definition.options:
         bound = functools.partial(obj, **definition.options)
-        functools.update_wrapper(bound, obj)  # type: ignore[arg-type]
+        functools.update_wrapper(bound, obj)
         return bound
     return obj  # type: ignore[no-any-return]
 
@@ -89,7 +90,7 @@ class _on_sys_path:
     """Put a manifest's ``python-path`` folders on ``sys.path`` for one import only."""
 
     def __init__(self, folders: tuple[str, ...]) -> None:
-        self._folders = [f for f in folders]
+        self._folders = list(folders)
 
     def __enter__(self) -> None:
         if self._folders:

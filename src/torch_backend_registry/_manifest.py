@@ -64,7 +64,20 @@ class BackendEntry(BaseModel):
     """One ``[backends.NAME]`` table."""
 
     model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, alias_generator=_kebab, title="Backend"
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        alias_generator=_kebab,
+        title="Backend",
+        # What _target_or_chain checks, said so editors can check it too.
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["target"]},
+                {"required": ["chain"]},
+                {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
+            ],
+            "not": {"required": ["target", "chain"]},
+        },
     )
 
     target: Target | None = Field(
@@ -105,7 +118,7 @@ class BackendEntry(BaseModel):
 
 
 class Manifest(BaseModel):
-    """A ``backends.toml`` document, or the ``[tool.torch-backends]`` table of ``pyproject.toml``."""
+    """A ``backends.toml`` document (or ``[tool.torch-backends]`` in ``pyproject.toml``)."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -130,7 +143,9 @@ class Manifest(BaseModel):
         description="Folders, relative to this file, on sys.path while importing its targets.",
     )
     backends: dict[Name, BackendEntry] = Field(
-        default_factory=dict, description="The backends this file declares, by name."
+        default_factory=dict,
+        description="The backends this file declares, by name.",
+        json_schema_extra={"additionalProperties": False},
     )
 
 
@@ -199,11 +214,34 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
             # `b.target = ...` also defines the table `b` on this line.
             for end in range(1, len(parts) + 1):
                 lines.setdefault(table + parts[:end], number)
-            rest = line[key.end() :]
-            for quotes in ('"""', "'''"):
-                if rest.count(quotes) == 1:
-                    in_string = quotes
+            in_string = _opens_multiline(line[key.end() :])
     return lines
+
+
+def _opens_multiline(value: str) -> str | None:
+    """The quotes of a multi-line string that ``value`` opens and leaves open, if any."""
+    i, end = 0, len(value)
+    while i < end:
+        char = value[i]
+        if char == "#":
+            return None
+        if value.startswith(('"""', "'''"), i):
+            quotes = value[i : i + 3]
+            close = value.find(quotes, i + 3)
+            if close == -1:
+                return quotes
+            i = close + 3
+        elif char == '"':
+            i += 1
+            while i < end and value[i] != '"':
+                i += 2 if value[i] == "\\" else 1
+            i += 1
+        elif char == "'":
+            close = value.find("'", i + 1)
+            i = end if close == -1 else close + 1
+        else:
+            i += 1
+    return None
 
 
 def _line_of(lines: dict[tuple[str, ...], int], path: tuple[str, ...]) -> int | None:
@@ -220,7 +258,7 @@ def _line_of(lines: dict[tuple[str, ...], int], path: tuple[str, ...]) -> int | 
 class ManifestResult:
     """What one manifest file yields: definitions, problems and its ``default``."""
 
-    __slots__ = ("path", "definitions", "problems", "default", "default_line")
+    __slots__ = ("default", "default_line", "definitions", "path", "problems")
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -256,6 +294,11 @@ def _toml_error(path: str, text: str, exc: Exception) -> ManifestError:
         elif found := _KEY_RE.match(here):
             key = ".".join(table + _split_key(found.group(1)))
     return ManifestError(f"invalid TOML: {message}", path=path, line=line, key=key)
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """Parse TOML text (tomllib, or tomli before Python 3.11)."""
+    return tomllib.loads(text)
 
 
 def read_text(path: str) -> str:
@@ -321,7 +364,10 @@ def _validate(
     def error(loc: tuple[str | int, ...], message: str) -> ManifestError:
         keys = prefix + tuple(str(part) for part in loc if not isinstance(part, int))
         return ManifestError(
-            message, path=path, line=_line_of(lines, keys) or _line_of(lines, prefix), key=".".join(keys)
+            message,
+            path=path,
+            line=_line_of(lines, keys) or _line_of(lines, prefix),
+            key=".".join(keys),
         )
 
     version = data.get("schema-version", SCHEMA_VERSION)
@@ -349,11 +395,8 @@ def _validate(
                 broken.setdefault(loc[1], []).append(problem)
             result.problems.append(problem)
 
-    if manifest is not None:
-        header = manifest
-    else:
-        # Keep what is valid: the document's own keys and each sound backend.
-        header = _salvage_header(data)
+    # On errors, keep what is valid: the document's own keys and each sound backend.
+    header = manifest if manifest is not None else _salvage_header(data)
     result.default = header.default
     result.default_line = _line_of(lines, (*prefix, "default"))
     base = os.path.dirname(os.path.abspath(path))
@@ -364,8 +407,8 @@ def _validate(
         return
     seen: dict[str, str] = {}
     for name, raw in raw_backends.items():
-        loc = (*prefix, "backends", name)
-        source = Source(kind, path=path, line=_line_of(lines, loc))
+        header_path = (*prefix, "backends", str(name))
+        source = Source(kind, path=path, line=_line_of(lines, header_path))
         problems = broken.get(name)
         entry: BackendEntry | None = None
         if problems is None:
@@ -386,7 +429,9 @@ def _validate(
                 seen.setdefault(alias, name)
         if problems is not None or entry is None:
             result.definitions.append(
-                BackendDefinition(name, source, enabled=True, error=problems[0] if problems else None)
+                BackendDefinition(
+                    name, source, enabled=True, error=problems[0] if problems else None
+                )
             )
             continue
         result.definitions.append(
@@ -427,7 +472,9 @@ def _error_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
 
 def _fields_of(loc: tuple[str | int, ...]) -> list[str]:
     strings = [part for part in loc if isinstance(part, str)]
-    model: type[BaseModel] = BackendEntry if len(strings) >= 3 and strings[0] == "backends" else Manifest
+    model: type[BaseModel] = (
+        BackendEntry if len(strings) >= 3 and strings[0] == "backends" else Manifest
+    )
     return [field.alias or name for name, field in model.model_fields.items()]
 
 

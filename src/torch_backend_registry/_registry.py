@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -17,7 +18,7 @@ from ._errors import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
-    from typing import Any, TypeVar
+    from typing import Any, TypeVar, overload
 
     from ._sources import Found
 
@@ -156,6 +157,17 @@ class Registry:
 
     # ------------------------------------------------------------------ public API
 
+    if TYPE_CHECKING:
+
+        @overload
+        def register_backend(
+            self, compiler_fn: F, name: str | None = None, tags: Sequence[str] = ()
+        ) -> F: ...
+        @overload
+        def register_backend(
+            self, compiler_fn: None = None, name: str | None = None, tags: Sequence[str] = ()
+        ) -> Callable[[F], F]: ...
+
     def register_backend(
         self,
         compiler_fn: CompilerFn | None = None,
@@ -171,7 +183,7 @@ class Registry:
         if compiler_fn is None:
 
             def decorator(fn: F) -> F:
-                return self.register_backend(fn, name=name, tags=tags)  # type: ignore[no-any-return]
+                return self.register_backend(fn, name=name, tags=tags)
 
             return decorator
         if not callable(compiler_fn):
@@ -184,10 +196,9 @@ class Registry:
             self._runtime[name] = BackendDefinition(
                 name, source, tags=tuple(tags), obj=compiler_fn, target=_target_of(compiler_fn)
             )
-            try:
+            # As PyTorch does; a builtin or slotted callable keeps its tags in the definition.
+            with contextlib.suppress(AttributeError, TypeError):
                 compiler_fn._tags = tuple(tags)  # type: ignore[attr-defined]
-            except (AttributeError, TypeError):
-                pass  # a builtin or slotted callable; the tags live in the definition
             self._indexes.clear()
             self._loaded.pop(name, None)
             if self._installed:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 
 from ._definition import BackendDefinition, Source
 from ._errors import ManifestError
@@ -15,6 +14,7 @@ from ._errors import ManifestError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from typing import Any
 
     from ._manifest import ManifestResult
 
@@ -28,7 +28,7 @@ PROJECT_FILES = ("backends.toml", "pyproject.toml")
 class Found:
     """What one source yields."""
 
-    __slots__ = ("definitions", "problems", "default", "warnings")
+    __slots__ = ("default", "definitions", "problems", "warnings")
 
     def __init__(self) -> None:
         self.definitions: list[BackendDefinition] = []
@@ -131,15 +131,13 @@ def env_source(ctx: Context) -> Found:
         result = _read(path, "env", found)
         if result is None and os.path.basename(path) == "pyproject.toml":
             found.problems.append(
-                ManifestError(
-                    f"has no [tool.torch-backends] table (named by {ENV_VAR})", path=path
-                )
+                ManifestError(f"has no [tool.torch-backends] table (named by {ENV_VAR})", path=path)
             )
     return found
 
 
 def project_manifest(cwd: str) -> str | None:
-    """The nearest ``backends.toml``, else ``pyproject.toml`` with our table, at or above ``cwd``."""
+    """The nearest ``backends.toml``, else ``pyproject.toml`` with our table, from ``cwd`` up."""
     directory = os.path.abspath(cwd)
     while True:
         candidate = os.path.join(directory, PROJECT_FILES[0])
@@ -164,11 +162,11 @@ def _declares_table(pyproject: str) -> bool:
         return False
     if "torch-backends" not in text:
         return False
-    from ._manifest import PYPROJECT_TABLE, tomllib
+    from ._manifest import PYPROJECT_TABLE, parse_toml
 
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
+        data: Any = parse_toml(text)
+    except ValueError:  # tomllib.TOMLDecodeError
         return True  # reading it reports the syntax error with its line
     for part in PYPROJECT_TABLE:
         data = data.get(part) if isinstance(data, dict) else None

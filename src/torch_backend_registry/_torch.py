@@ -170,9 +170,7 @@ def _apply_default(registry: Registry) -> None:
     try:
         registry.backend_info(name)
     except BackendRegistryError as exc:
-        warnings.warn(
-            f"{path}:{line}: default: not applied: {exc}", ManifestWarning, stacklevel=3
-        )
+        warnings.warn(f"{path}:{line}: default: not applied: {exc}", ManifestWarning, stacklevel=3)
         return
     import torch.compiler
 

@@ -1,0 +1,318 @@
+"""The torch-backends command, driven as a user would: a subprocess on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from torch_backend_registry._cli import STARTER, schema_text
+
+from .conftest import WriteFn
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, check: int | None = 0
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    environ.update(env or {})
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environ,
+    )
+    if check is not None:
+        assert done.returncode == check, done.stdout + done.stderr
+    return done
+
+
+PROJECT = """
+[backends.fast]
+target = "my_pkg.compilers:fast"
+description = "Fast one"
+aliases = ["f"]
+
+[backends.dbg]
+target = "my_pkg.compilers:dbg"
+tags = ["debug"]
+
+[backends.trt]
+target = "my_pkg.compilers:trt"
+requires = ["no_such_module_xyz"]
+
+[backends.portable]
+chain = ["trt", "fast"]
+"""
+
+
+def test_help_and_version(tmp_path: Path) -> None:
+    done = run("--help", cwd=tmp_path)
+    for command in ("list", "explain", "check", "schema", "init"):
+        assert command in done.stdout
+    version = run("--version", cwd=tmp_path).stdout
+    assert version.startswith("torch-backends ")
+    assert version.split()[1][0].isdigit()
+
+
+def test_console_script_is_installed(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("torch-backends")
+    if not script.exists():
+        pytest.skip("console script not installed next to this interpreter")
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0
+    assert "usage: torch-backends" in done.stdout
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    assert "invalid choice" in run("frobnicate", cwd=tmp_path, check=2).stderr
+    assert "required" in run(cwd=tmp_path, check=2).stderr
+
+
+def test_list_table(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", PROJECT)
+    out = run("list", "--no-torch", cwd=tmp_path).stdout.splitlines()
+    assert out[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET"]
+    rows = {line.split()[0]: line for line in out[1:]}
+    assert "dbg" not in rows  # hidden like list_backends()
+    assert "project backends.toml:1" in rows["fast"]
+    assert rows["fast"].rstrip().endswith("my_pkg.compilers:fast")
+    assert "chain: trt -> fast" in rows["portable"]
+    # Columns line up: every row starts its SOURCE cell where the header does.
+    column = out[0].index("SOURCE")
+    assert all(line[column:].startswith(("project", "entry-point")) for line in out[1:])
+
+
+def test_list_filters(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", PROJECT)
+
+    def names(*args: str) -> list[str]:
+        out = run("list", "--no-torch", *args, cwd=tmp_path).stdout.splitlines()[1:]
+        return [line.split()[0] for line in out if not line.startswith("openvino")]
+
+    assert names() == ["fast", "portable", "trt"]
+    assert names("--all") == ["dbg", "fast", "portable", "trt"]
+    assert names("--tag", "debug") == ["dbg"]
+    assert names("--exclude-tag", "nothing", "--available") == ["fast", "portable"]
+
+
+def test_list_json(tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]) -> None:
+    write("backends.toml", PROJECT)
+    info = make_dist("cli-plugin", "3.1", {"plugged": "cli_plugin:compile"})
+    env = {"PYTHONPATH": str(info.parent)}
+    rows = json.loads(run("list", "--json", "--all", "--no-torch", cwd=tmp_path, env=env).stdout)
+    by_name = {row["name"]: row for row in rows}
+    fast = by_name["fast"]
+    assert set(fast) == {
+        "name",
+        "target",
+        "chain",
+        "tags",
+        "description",
+        "aliases",
+        "source",
+        "available",
+    }
+    assert fast["source"] == {
+        "kind": "project",
+        "path": str(tmp_path / "backends.toml"),
+        "line": 1,
+        "distribution": None,
+        "version": None,
+    }
+    assert (fast["aliases"], fast["available"], fast["chain"]) == (["f"], True, None)
+    assert by_name["trt"]["available"] is False
+    assert by_name["portable"]["chain"] == ["trt", "fast"]
+    plugged = by_name["plugged"]["source"]
+    assert (plugged["kind"], plugged["distribution"], plugged["version"]) == (
+        "entry-point",
+        "cli-plugin",
+        "3.1",
+    )
+
+
+def test_list_no_torch_does_not_import_torch(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", PROJECT)
+    code = (
+        "import sys\n"
+        "from torch_backend_registry._cli import main\n"
+        "main(['list', '--no-torch'])\n"
+        "print('torch' in sys.modules, 'my_pkg' in sys.modules, file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
+    )
+    assert done.stderr.strip().endswith("False False")
+
+
+def test_list_includes_torch_backends(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out = run("list", cwd=tmp_path).stdout
+    assert any(line.split()[:2] == ["inductor", "torch"] for line in out.splitlines())
+
+
+def test_list_warns_about_broken_manifests_on_stderr(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.ok]\ntarget = "m:f"\n[backends.bad]\ntarget = 1\n')
+    done = run("list", "--no-torch", cwd=tmp_path)
+    assert "ok" in done.stdout
+    assert "bad" not in done.stdout
+    assert "torch-backends: warning: " in done.stderr
+    assert "backends.toml:4: backends.bad.target: expected a string" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_explain_shows_winner_then_shadowed(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    write("backends.toml", PROJECT)
+    info = make_dist("shadowed-dist", "0.9", {"fast": "shadowed:compile"})
+    env_manifest = write("env/extra.toml", '[backends.fast]\ntarget = "env_pkg:fast"\n')
+    env = {"PYTHONPATH": str(info.parent), "TORCH_BACKENDS_PATH": str(env_manifest)}
+    out = run("explain", "fast", "--no-torch", cwd=tmp_path, env=env).stdout
+    winner, _, shadows = out.partition("shadows (lower precedence, not used):")
+    assert f"env: {env_manifest}:1" in winner
+    assert "env_pkg:fast" in winner
+    project_at = shadows.index(f"project: {tmp_path / 'backends.toml'}:1")
+    dist_at = shadows.index("entry-point: distribution 'shadowed-dist' 0.9")
+    assert project_at < dist_at
+
+
+def test_explain_requirements_and_alias(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", PROJECT)
+    out = run("explain", "trt", "--no-torch", cwd=tmp_path).stdout
+    assert "no_such_module_xyz (missing)" in out
+    assert "available:   no: missing no_such_module_xyz" in out
+    assert run("explain", "f", "--no-torch", cwd=tmp_path).stdout.startswith("f (alias of fast)")
+
+
+def test_explain_unknown_name_exits_1_with_suggestions(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", PROJECT)
+    done = run("explain", "fsat", "--no-torch", cwd=tmp_path, check=1)
+    assert done.stdout == ""
+    assert done.stderr.startswith("torch-backends: error: unknown backend 'fsat'")
+    assert "Did you mean 'fast'?" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_check_clean_project(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", PROJECT)
+    done = run("check", cwd=tmp_path)
+    assert done.stdout == ""
+    assert "no problems" in done.stderr
+
+
+def test_check_reports_every_problem_of_every_file(tmp_path: Path, write: WriteFn) -> None:
+    one = write("one.toml", '[backends.a]\ntarget = "nocolon"\ntagz = []\n')
+    two = write("two.toml", "[backends.b]\nchain = [\n")
+    three = write("three.toml", '[backends.c]\nchain = ["c"]\n')
+    done = run("check", str(one), str(two), str(three), "missing.toml", cwd=tmp_path, check=1)
+    lines = done.stdout.splitlines()
+    assert "missing.toml: no such file" in lines
+    assert any(line.startswith(f"{one}:2: backends.a.target: ") for line in lines)
+    assert any(line.startswith(f"{one}:3: backends.a.tagz: unknown key 'tagz'") for line in lines)
+    assert any(line.startswith(f"{two}:2: ") and "invalid TOML" in line for line in lines)
+    assert any(line.startswith(f"{three}:1: ") and "names itself" in line for line in lines)
+    assert len(lines) == 5
+    assert "5 problem(s)" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_import_finds_uncallable_and_missing_targets(
+    tmp_path: Path, write: WriteFn, make_module: Callable[..., str], module_name: str
+) -> None:
+    make_module(module_name, "def ok(gm, inputs):\n    return gm\nvalue = 1\n")
+    write(
+        "backends.toml",
+        f'[backends.ok]\ntarget = "{module_name}:ok"\n'
+        f'[backends.value]\ntarget = "{module_name}:value"\n'
+        '[backends.gone]\ntarget = "gone_module_xyz:f"\n',
+    )
+    env = {"PYTHONPATH": os.pathsep.join(sys.path)}
+    assert run("check", cwd=tmp_path, env=env).returncode == 0  # without --import: fine
+    done = run("check", "--import", cwd=tmp_path, env=env, check=1)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2
+    assert any(
+        ":3: cannot load backend 'value'" in line and "not callable" in line for line in lines
+    )
+    assert any(":5: cannot load backend 'gone'" in line for line in lines)
+
+
+def test_check_without_any_manifest(tmp_path: Path) -> None:
+    done = run("check", cwd=tmp_path, check=1)
+    assert "no manifest found" in done.stderr
+    assert "torch-backends init" in done.stderr
+
+
+def test_check_untrusted_manifest_is_a_problem(tmp_path: Path, write: WriteFn) -> None:
+    path = write("backends.toml", '[backends.a]\ntarget = "m:f"\n')
+    path.chmod(0o666)
+    done = run("check", cwd=tmp_path, check=1)
+    assert "writable by every user" in done.stdout
+
+
+def test_schema_matches_the_committed_file(tmp_path: Path) -> None:
+    committed = (ROOT / "schemas" / "backends.schema.json").read_text(encoding="utf-8")
+    assert schema_text() == committed, (
+        "regenerate: torch-backends schema > schemas/backends.schema.json"
+    )
+    assert run("schema", cwd=tmp_path).stdout == committed
+
+
+def test_manifests_of_this_project_carry_the_schema_line_and_validate() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    import tomllib
+
+    schema = json.loads((ROOT / "schemas" / "backends.schema.json").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    manifests = [ROOT / "backends.toml", *sorted((ROOT / "examples").rglob("*.toml"))]
+    for manifest in manifests:
+        text = manifest.read_text(encoding="utf-8")
+        first = text.splitlines()[0]
+        assert first.startswith("#:schema ")
+        assert first.endswith("schemas/backends.schema.json")
+        relative = first.split(" ", 1)[1]
+        assert (manifest.parent / relative).resolve() == ROOT / "schemas" / "backends.schema.json"
+        jsonschema.validate(tomllib.loads(text), schema)
+
+
+def test_schema_rejects_what_the_model_rejects() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(schema_text())
+    for bad in (
+        {"backends": {"a": {"target": "nocolon"}}},
+        {"backends": {"a": {"target": "m:f", "tag": []}}},
+        {"backends": {"9": {"target": "m:f"}}},
+        {"schema-version": 2},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_init_writes_a_valid_starter_and_never_overwrites(tmp_path: Path) -> None:
+    done = run("init", cwd=tmp_path)
+    assert "wrote backends.toml" in done.stdout
+    assert (tmp_path / "backends.toml").read_text(encoding="utf-8") == STARTER
+    assert run("check", cwd=tmp_path).returncode == 0
+    (tmp_path / "backends.toml").write_text("# mine\n", encoding="utf-8")
+    again = run("init", cwd=tmp_path, check=1)
+    assert "already exists; not overwritten" in again.stderr
+    assert (tmp_path / "backends.toml").read_text(encoding="utf-8") == "# mine\n"
+
+
+def test_errors_are_one_line_unless_debug(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.bad]\ntarget = "nocolon"\n')
+    done = run("explain", "bad", "--no-torch", cwd=tmp_path, check=1)
+    assert done.stderr.count("\n") == 1
+    assert "Traceback" not in done.stderr
+    assert "backends.toml:2: backends.bad.target:" in done.stderr
+    debug = run("--debug", "explain", "bad", "--no-torch", cwd=tmp_path, check=1)
+    assert "Traceback" in debug.stderr
