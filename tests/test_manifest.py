@@ -423,7 +423,9 @@ def test_key_lines_never_crashes_and_stays_in_range(text: str) -> None:
 
 
 def test_quotes_inside_strings_do_not_hide_later_tables() -> None:
-    text = "[backends.a]\noptions = { q = \"'''\" }\nnote = '\"\"\"'\n[backends.b]\ntarget = 'm:f'\n"
+    text = (
+        "[backends.a]\noptions = { q = \"'''\" }\nnote = '\"\"\"'\n[backends.b]\ntarget = 'm:f'\n"
+    )
     lines = key_lines(text)
     assert lines[("backends", "b")] == 4
     assert lines[("backends", "b", "target")] == 5

@@ -214,7 +214,10 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
             # `b.target = ...` also defines the table `b` on this line.
             for end in range(1, len(parts) + 1):
                 lines.setdefault(table + parts[:end], number)
-            in_string = _opens_multiline(line[key.end() :])
+            rest = line[key.end() :]
+            # Most values hold no triple quotes; only those need the careful scan.
+            if '"""' in rest or "'''" in rest:
+                in_string = _opens_multiline(rest)
     return lines
 
 
