@@ -213,13 +213,13 @@ def test_check_reports_every_problem_of_every_file(tmp_path: Path, write: WriteF
     one = write("one.toml", '[backends.a]\ntarget = "nocolon"\ntagz = []\n')
     two = write("two.toml", "[backends.b]\nchain = [\n")
     three = write("three.toml", '[backends.c]\nchain = ["c"]\n')
-    done = run("check", str(one), str(two), str(three), "missing.toml", cwd=tmp_path, check=1)
+    done = run("check", one.name, str(two), str(three), "missing.toml", cwd=tmp_path, check=1)
     lines = done.stdout.splitlines()
     assert "missing.toml: no such file" in lines
-    assert any(line.startswith(f"{one}:2: backends.a.target: ") for line in lines)
-    assert any(line.startswith(f"{one}:3: backends.a.tagz: unknown key 'tagz'") for line in lines)
-    assert any(line.startswith(f"{two}:2: ") and "invalid TOML" in line for line in lines)
-    assert any(line.startswith(f"{three}:1: ") and "names itself" in line for line in lines)
+    assert any(line.startswith(f"{one.name}:2: backends.a.target: ") for line in lines)
+    assert any(line.startswith(f"{one.name}:3: backends.a.tagz: unknown key 'tagz'") for line in lines)
+    assert any(line.startswith(f"{two.name}:2: ") and "invalid TOML" in line for line in lines)
+    assert any(line.startswith(f"{three.name}:1: ") and "names itself" in line for line in lines)
     assert len(lines) == 5
     assert "5 problem(s)" in done.stderr
     assert "Traceback" not in done.stderr

@@ -320,7 +320,26 @@ def _describe(d: BackendDefinition, missing: list[str]) -> list[str]:
 # --------------------------------------------------------------------------- check
 
 
+def _display(problem: BackendRegistryError) -> str:
+    """A problem as ``PATH:LINE: ...`` with PATH relative to here when below it."""
+    if isinstance(problem, ManifestError) and problem.path is not None:
+        shown = _relative(problem.path)
+        return str(ManifestError(problem.message, path=shown, line=problem.line, key=problem.key))
+    return str(problem)
+
+
 def _check(args: argparse.Namespace) -> int:
+    import warnings
+
+    from ._errors import ManifestWarning
+
+    # Every problem is printed below as a line of its own; no need to warn too.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ManifestWarning)
+        return _check_quietly(args)
+
+
+def _check_quietly(args: argparse.Namespace) -> int:
     from ._sources import ENV_VAR
 
     if args.files:
@@ -349,7 +368,7 @@ def _check(args: argparse.Namespace) -> int:
                 )
                 return EXIT_PROBLEMS
     for problem in problems:
-        print(problem)
+        print(_display(problem))
     backends = registry.definitions(())
     if args.import_targets:
         for d in backends:
@@ -359,7 +378,7 @@ def _check(args: argparse.Namespace) -> int:
                 registry.lookup_backend(d.name)
             except BackendRegistryError as exc:
                 count += 1
-                print(exc)
+                print(_display(exc))
     checked = f"{len(backends)} backend(s)" + (" imported" if args.import_targets else "")
     if count:
         print(f"{count} problem(s); {checked} usable", file=sys.stderr)

@@ -61,7 +61,7 @@ class Source(_Frozen):
     ``module`` a ``register_backend`` call. What does not apply is ``None``.
     """
 
-    __slots__ = ("distribution", "kind", "line", "module", "path", "version")
+    __slots__ = ("kind", "path", "line", "distribution", "version", "module")  # noqa: RUF023
 
     kind: str
     path: str | None
@@ -108,21 +108,21 @@ class BackendDefinition(_Frozen):
     highest first (filled in on the winning definition only).
     """
 
-    __slots__ = (
-        "_error",
-        "_obj",
-        "_python_path",
-        "aliases",
-        "chain",
-        "description",
-        "enabled",
+    __slots__ = (  # noqa: RUF023 - the order of repr() and of the spec
         "name",
-        "options",
-        "requires",
-        "shadowed",
-        "source",
-        "tags",
         "target",
+        "chain",
+        "tags",
+        "description",
+        "aliases",
+        "requires",
+        "options",
+        "source",
+        "shadowed",
+        "enabled",
+        "_python_path",
+        "_obj",
+        "_error",
     )
 
     name: str
