@@ -217,7 +217,9 @@ def test_check_reports_every_problem_of_every_file(tmp_path: Path, write: WriteF
     lines = done.stdout.splitlines()
     assert "missing.toml: no such file" in lines
     assert any(line.startswith(f"{one.name}:2: backends.a.target: ") for line in lines)
-    assert any(line.startswith(f"{one.name}:3: backends.a.tagz: unknown key 'tagz'") for line in lines)
+    assert any(
+        line.startswith(f"{one.name}:3: backends.a.tagz: unknown key 'tagz'") for line in lines
+    )
     assert any(line.startswith(f"{two.name}:2: ") and "invalid TOML" in line for line in lines)
     assert any(line.startswith(f"{three.name}:1: ") and "names itself" in line for line in lines)
     assert len(lines) == 5
@@ -316,3 +318,40 @@ def test_errors_are_one_line_unless_debug(tmp_path: Path, write: WriteFn) -> Non
     assert "backends.toml:2: backends.bad.target:" in done.stderr
     debug = run("--debug", "explain", "bad", "--no-torch", cwd=tmp_path, check=1)
     assert "Traceback" in debug.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_list_fits_the_terminal_and_is_plain_when_piped(tmp_path: Path, write: WriteFn) -> None:
+    import pty
+
+    long_target = "a_rather_long_package_name.with_submodules.compilers:some_compile_function"
+    write("backends.toml", f'[backends.long_one]\ntarget = "{long_target}"\n')
+    piped = run("list", "--no-torch", cwd=tmp_path).stdout
+    assert long_target in piped  # piped: nothing cut
+
+    leader, follower = pty.openpty()
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    environ["COLUMNS"] = "60"
+    subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", "list", "--no-torch"],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=environ,
+        check=True,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: the terminal's other side is gone
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    lines = b"".join(chunks).decode("utf-8").splitlines()
+    row = next(line for line in lines if line.startswith("long_one"))
+    assert all(len(line) <= 60 for line in lines)
+    assert row.endswith("…")

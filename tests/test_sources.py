@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
 
@@ -176,3 +180,79 @@ def test_registry_rejects_unknown_source_kinds() -> None:
 
 def test_sources_given_in_any_order_keep_the_documented_precedence() -> None:
     assert Registry(sources=("torch", "runtime", "env")).sources == ("runtime", "env", "torch")
+
+
+def test_pyproject_problems_name_the_full_key(tmp_path: Path, write: WriteFn) -> None:
+    write(
+        "pyproject.toml",
+        """
+        [tool.torch-backends]
+        default = "nowhere"
+
+        [tool.torch-backends.backends.loop]
+        chain = ["loop"]
+
+        [tool.torch-backends.backends.typo]
+        target = "m:f"
+        tag = []
+        """,
+    )
+    registry = make(tmp_path)
+    with pytest.warns(ManifestWarning):
+        problems = [p for p in registry.problems() if isinstance(p, ManifestError)]
+    assert sorted((p.line, p.key) for p in problems) == [
+        (2, "tool.torch-backends.default"),
+        (4, "tool.torch-backends.backends.loop.chain"),
+        (9, "tool.torch-backends.backends.typo.tag"),
+    ]
+
+
+LAYERS = ("env", "project", "entry-point")
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    placement=st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.sets(st.sampled_from(LAYERS), min_size=1),
+        min_size=1,
+    )
+)
+def test_any_placement_resolves_to_the_highest_source(
+    tmp_path_factory: pytest.TempPathFactory, placement: dict[str, set[str]]
+) -> None:
+    root = tmp_path_factory.mktemp("placement")
+    env_lines, project_lines, entry_points = [], [], []
+    for name, layers in placement.items():
+        if "env" in layers:
+            env_lines.append(f'[backends.{name}]\ntarget = "env_mod:{name}"\n')
+        if "project" in layers:
+            project_lines.append(f'[backends.{name}]\ntarget = "project_mod:{name}"\n')
+        if "entry-point" in layers:
+            entry_points.append(f"{name} = ep_mod:{name}\n")
+    (root / "env.toml").write_text("".join(env_lines), encoding="utf-8")
+    (root / "backends.toml").write_text("".join(project_lines), encoding="utf-8")
+    info = root / "dists" / "placed-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: placed\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch_dynamo_backends]\n" + "".join(entry_points))
+    sys.path.insert(0, str(root / "dists"))
+    importlib.invalidate_caches()
+    try:
+        registry = Registry(
+            cwd=root,
+            environ={"TORCH_BACKENDS_PATH": str(root / "env.toml")},
+            sources=("env", "project", "entry-point"),
+        )
+        # Other installed distributions may add names; ours are single letters.
+        assert [n for n in registry.list_backends() if len(n) == 1] == sorted(placement)
+        for name, layers in placement.items():
+            expected = [kind for kind in LAYERS if kind in layers]
+            info_ = registry.backend_info(name)
+            got = [info_.source.kind] + [d.source.kind for d in info_.shadowed]
+            assert got == expected
+    finally:
+        sys.path.remove(str(root / "dists"))
+        importlib.invalidate_caches()

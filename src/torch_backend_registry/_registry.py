@@ -324,7 +324,9 @@ class Registry:
             try:
                 self._winner(name, index.by_key.get(name))
             except UnknownBackendError as exc:
-                problems.append(ManifestError(str(exc), path=path, line=line, key="default"))
+                problems.append(
+                    ManifestError(str(exc), path=path, line=line, key=_key_in(path, "default"))
+                )
             except BackendRegistryError:
                 pass  # the backend's own problem is reported already
         for key, candidates in index.by_key.items():
@@ -353,7 +355,7 @@ class Registry:
                         f"chain {definition.name!r} names itself ({trail}); remove the loop",
                         path=source.path,
                         line=source.line,
-                        key=f"backends.{definition.name}.chain",
+                        key=_key_in(source.path, f"backends.{definition.name}.chain"),
                     )
                 if nxt.chain is not None and nxt.name not in path:
                     path.append(nxt.name)
@@ -361,6 +363,13 @@ class Registry:
                     path.pop()
 
         visit(definition)
+
+
+def _key_in(path: str | None, key: str) -> str:
+    """A manifest key as written in its file: under ``tool.torch-backends`` in pyproject.toml."""
+    if path is not None and os.path.basename(path) == "pyproject.toml":
+        return f"tool.torch-backends.{key}"
+    return key
 
 
 def _target_of(fn: Callable[..., Any]) -> str | None:
