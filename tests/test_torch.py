@@ -5,7 +5,9 @@ These tests run real torch.compile on the CPU.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 import subprocess
 import sys
 import uuid
@@ -288,3 +290,26 @@ def test_openvino_entry_point_compiles_on_the_cpu(registry: Registry) -> None:
     x = torch.ones(2, 4)
     compiled = torch.compile(model(), backend=full.lookup_backend("openvino"))
     assert torch.allclose(compiled(x), model()(x), atol=1e-2)
+
+
+def test_example_session_runs_as_the_readme_shows() -> None:
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "examples/compile_session.py"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"},
+        check=True,
+        timeout=600,
+    )
+    out = done.stdout
+    assert "declared here: ['op_counts', 'portable']" in out
+    assert "imported yet? False" in out
+    assert "[op_counts] 3 ops: linear x2, relu x1" in out
+    assert "op_counts matches eager: True" in out
+    assert "portable matches eager: True" in out
+    assert "skipping 'tensorrt': requires 'torch_tensorrt'" in done.stderr
+    if importlib.util.find_spec("openvino") is not None:
+        assert "compiled with 'openvino'" in done.stderr
+        assert "openvino comes from: distribution 'openvino'" in out
