@@ -242,6 +242,8 @@ def _short_source(source: Source) -> str:
         return f"{source.kind} {where}"
     if source.distribution is not None:
         return f"{source.kind} {source.distribution} {source.version or ''}".rstrip()
+    if source.module is not None:
+        return f"{source.kind} {source.module}"
     return source.kind
 
 
@@ -290,9 +292,11 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def _describe(d: BackendDefinition, missing: list[str]) -> list[str]:
-    fields: list[tuple[str, str]] = [("source", f"{d.source.kind}: {d.source.describe()}")]
-    if d.source.module is not None and d.source.kind == "runtime":
-        fields[0] = ("source", f"runtime: registered in module {d.source.module!r}")
+    source = d.source
+    where = source.describe()
+    if source.path is not None:
+        where = _relative(source.path) + ("" if source.line is None else f":{source.line}")
+    fields: list[tuple[str, str]] = [("source", f"{source.kind}: {where}")]
     if not d.enabled:
         fields.append(("enabled", "false (hides this name)"))
     if d._error is not None:

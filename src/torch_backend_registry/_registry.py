@@ -107,6 +107,9 @@ class Registry:
         if index is not None:
             return index
         with self._lock:
+            index = self._indexes.get(with_torch)
+            if index is not None:  # another thread merged while this one waited
+                return index
             index = _Index()
             by_key = index.by_key
             for kind in self._kinds:
