@@ -436,3 +436,10 @@ def test_multiline_strings_are_skipped() -> None:
     lines = key_lines(text)
     assert ("backends", "fake") not in lines
     assert lines[("backends", "real")] == 4
+
+
+def test_options_on_a_chain_are_refused_not_lost(write: WriteFn) -> None:
+    path = write("backends.toml", '[backends.c]\nchain = ["eager"]\noptions = { fp16 = true }\n')
+    _, problems = read(path)
+    assert [(p.line, p.key) for p in problems] == [(1, "backends.c")]
+    assert "'options' go with a 'target'" in problems[0].message

@@ -370,3 +370,9 @@ def test_listing_and_backend_info_import_no_backend_code(tmp_path: Path, write: 
         cwd=tmp_path,
     )
     assert out == "[]"
+
+
+def test_chain_with_unmet_requirement_is_a_load_error(write: WriteFn) -> None:
+    registry = manifest(write, '[backends.c]\nchain = ["x"]\nrequires = ["no_such_mod_xyz"]\n')
+    with pytest.raises(BackendLoadError, match="requires 'no_such_mod_xyz'"):
+        registry.lookup_backend("c")

@@ -40,6 +40,16 @@ def _findable(module: str) -> bool:
         return False
 
 
+def check_requirements(definition: BackendDefinition) -> None:
+    """Raise :class:`BackendLoadError` if a ``requires`` module cannot be found."""
+    missing = missing_requirements(definition)
+    if missing:
+        names = ", ".join(repr(m) for m in missing)
+        raise _error(definition, f"requires {names}, which cannot be found; install it") from (
+            ModuleNotFoundError(f"No module named {missing[0]!r}")
+        )
+
+
 def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     """Import ``module:attr.path``, check it is callable, bind ``options``.
 
@@ -47,12 +57,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     """
     target = definition.target
     assert target is not None
-    missing = missing_requirements(definition)
-    if missing:
-        names = ", ".join(repr(m) for m in missing)
-        raise _error(definition, f"requires {names}, which cannot be found; install it") from (
-            ModuleNotFoundError(f"No module named {missing[0]!r}")
-        )
+    check_requirements(definition)
     module_name, _, attr_path = target.partition(":")
     try:
         with _on_sys_path(definition._python_path):

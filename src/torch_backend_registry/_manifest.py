@@ -76,7 +76,9 @@ class BackendEntry(BaseModel):
                 {"required": ["chain"]},
                 {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
             ],
-            "not": {"required": ["target", "chain"]},
+            "not": {
+                "anyOf": [{"required": ["target", "chain"]}, {"required": ["chain", "options"]}]
+            },
         },
     )
 
@@ -114,6 +116,9 @@ class BackendEntry(BaseModel):
                     " backend names), or 'enabled = false'"
                 )
             raise ValueError("give exactly one of 'target' and 'chain', not both")
+        if self.chain is not None and self.options:
+            # A chain calls its members as they are declared; options here would be lost.
+            raise ValueError("'options' go with a 'target'; set them on the chain's members")
         return self
 
 

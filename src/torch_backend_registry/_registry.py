@@ -235,8 +235,10 @@ class Registry:
                 fn = definition._obj
             elif definition.chain is not None:
                 from ._chain import ChainBackend
+                from ._loader import check_requirements
 
                 self._check_cycle(definition)
+                check_requirements(definition)
                 fn = ChainBackend(self, definition)
             else:
                 from ._loader import load_target
