@@ -376,3 +376,10 @@ def test_chain_with_unmet_requirement_is_a_load_error(write: WriteFn) -> None:
     registry = manifest(write, '[backends.c]\nchain = ["x"]\nrequires = ["no_such_mod_xyz"]\n')
     with pytest.raises(BackendLoadError, match="requires 'no_such_mod_xyz'"):
         registry.lookup_backend("c")
+
+
+def test_warnings_point_at_the_callers_line(write: WriteFn) -> None:
+    registry = manifest(write, "[backends.bad]\ntarget = 1\n")
+    with pytest.warns(tbr.ManifestWarning) as caught:
+        registry.list_backends()
+    assert caught[0].filename == __file__

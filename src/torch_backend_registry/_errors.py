@@ -111,3 +111,17 @@ class DuplicateBackendError(BackendRegistryError, ValueError):
 
 class ManifestWarning(UserWarning):
     """A manifest, or one of its backends, was left out; the message says why."""
+
+
+def warn(message: str) -> None:
+    """Issue a :class:`ManifestWarning` attributed to the first caller outside this package."""
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    level, frame = 1, sys._getframe(0)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, ManifestWarning, stacklevel=level)

@@ -11,8 +11,8 @@ from ._errors import (
     BackendRegistryError,
     DuplicateBackendError,
     ManifestError,
-    ManifestWarning,
     UnknownBackendError,
+    warn,
 )
 
 TYPE_CHECKING = False
@@ -388,9 +388,7 @@ def _target_of(fn: Callable[..., Any]) -> str | None:
 def _warn(found: Found) -> None:
     if not (found.problems or found.warnings):
         return
-    import warnings
-
     for skipped in found.warnings:
-        warnings.warn(str(skipped), ManifestWarning, stacklevel=4)
+        warn(str(skipped))
     for problem in found.problems:
-        warnings.warn(f"{problem} (left out)", ManifestWarning, stacklevel=4)
+        warn(f"{problem} (left out)")

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-import warnings
 
 from ._definition import BackendDefinition, Source
-from ._errors import BackendRegistryError, ManifestWarning
+from ._errors import BackendRegistryError, warn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,11 +61,7 @@ def torch_definitions() -> list[BackendDefinition]:
     try:
         import torch._dynamo as dynamo
     except Exception as exc:  # a broken torch must not break manifest backends
-        warnings.warn(
-            f"PyTorch's backends are left out: importing torch failed: {exc}",
-            ManifestWarning,
-            stacklevel=2,
-        )
+        warn(f"PyTorch's backends are left out: importing torch failed: {exc}")
         return []
     from importlib.metadata import entry_points
 
@@ -152,11 +147,9 @@ def install_names(registry: Registry, names: Iterable[str]) -> None:
             except AssertionError:
                 # PyTorch raises AssertionError("duplicate name") for a name it
                 # has already loaded, such as its own "inductor".
-                warnings.warn(
+                warn(
                     f"{definition.source.describe()}: backend {name!r} is not installed into"
-                    " torch.compile: PyTorch already has a backend of that name; rename it",
-                    ManifestWarning,
-                    stacklevel=3,
+                    " torch.compile: PyTorch already has a backend of that name; rename it"
                 )
                 continue
             _INSTALLED[name] = proxy
@@ -170,17 +163,15 @@ def _apply_default(registry: Registry) -> None:
     try:
         registry.backend_info(name)
     except BackendRegistryError as exc:
-        warnings.warn(f"{path}:{line}: default: not applied: {exc}", ManifestWarning, stacklevel=3)
+        warn(f"{path}:{line}: default: not applied: {exc}")
         return
     import torch.compiler
 
     setter = getattr(torch.compiler, "set_default_backend", None)
     if setter is None:
-        warnings.warn(
+        warn(
             f"{path}:{line}: default backend {name!r} not applied: this PyTorch has no"
-            " torch.compiler.set_default_backend (added in a later release)",
-            ManifestWarning,
-            stacklevel=3,
+            " torch.compiler.set_default_backend (added in a later release)"
         )
         return
     setter(name)
