@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -197,6 +196,8 @@ def _list(args: argparse.Namespace) -> int:
     if args.available:
         rows = [d for d in rows if available[d.name]]
     if args.json:
+        import json
+
         json.dump([_as_json(d, available[d.name]) for d in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_OK
@@ -396,6 +397,8 @@ def _check_quietly(args: argparse.Namespace) -> int:
 
 def schema_text() -> str:
     """The JSON Schema as written to ``schemas/backends.schema.json``."""
+    import json
+
     from ._manifest import json_schema
 
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
