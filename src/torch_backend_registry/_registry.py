@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
+
+# The C lock itself: `threading` would add milliseconds to `import torch_backend_registry`.
+from _thread import RLock
 
 from ._definition import SOURCE_KINDS, BackendDefinition, Source
 from ._errors import (
@@ -65,7 +66,7 @@ class Registry:
         self._kinds = tuple(kind for kind in SOURCE_KINDS if kind in kinds)
         self._cwd = None if cwd is None else os.fspath(cwd)
         self._environ = environ
-        self._lock = threading.RLock()
+        self._lock = RLock()
         self._runtime: dict[str, BackendDefinition] = {}
         # Named caches, all cleared by refresh(): what each source found, the
         # merges built from them, and the loaded callables (the hot path).
@@ -200,8 +201,11 @@ class Registry:
                 name, source, tags=tuple(tags), obj=compiler_fn, target=_target_of(compiler_fn)
             )
             # As PyTorch does; a builtin or slotted callable keeps its tags in the definition.
-            with contextlib.suppress(AttributeError, TypeError):
+            # (try/except rather than contextlib.suppress: contextlib costs import time.)
+            try:  # noqa: SIM105
                 compiler_fn._tags = tuple(tags)  # type: ignore[attr-defined]
+            except (AttributeError, TypeError):
+                pass
             self._indexes.clear()
             self._loaded.pop(name, None)
             if self._installed:
