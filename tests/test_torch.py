@@ -110,6 +110,21 @@ def test_without_torch_the_source_is_empty(tmp_path: Path) -> None:
     assert done.stdout.split() == ["[]", "unknown"]
 
 
+def test_install_without_torch_is_a_clear_error(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import torch_backend_registry as t\n"
+        "try:\n"
+        "    t.Registry(sources=('runtime',)).install()\n"
+        "except t.BackendRegistryError as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    assert done.stdout.startswith("install() needs PyTorch")
+
+
 def test_install_makes_manifest_backends_compile_without_importing_them(
     write: WriteFn, compilers: str, uid: str
 ) -> None:
