@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -18,6 +19,13 @@ from torch_backend_registry._api import default_registry
 NO_TORCH = ("runtime", "env", "project", "entry-point")
 
 WriteFn = Callable[..., Path]
+
+
+def run_python(code: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (a clean ``sys.modules``); fail if it fails."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=cwd
+    )
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from torch_backend_registry._cli import STARTER, schema_text
 
-from .conftest import WriteFn
+from .conftest import WriteFn, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,9 +147,7 @@ def test_list_no_torch_does_not_import_torch(tmp_path: Path, write: WriteFn) -> 
         "main(['list', '--no-torch'])\n"
         "print('torch' in sys.modules, 'my_pkg' in sys.modules, file=sys.stderr)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True
-    )
+    done = run_python(code, cwd=tmp_path)
     assert done.stderr.strip().endswith("False False")
 
 

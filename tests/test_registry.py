@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from torch_backend_registry import (
     UnknownBackendError,
 )
 
-from .conftest import WriteFn
+from .conftest import WriteFn, run_python
 
 MakeModule = Callable[..., str]
 
@@ -335,24 +334,17 @@ def test_module_level_api_acts_on_the_default_registry(
     assert tbr.is_registered_backend(tbr.lookup_backend("proj"))
 
 
-def run_python(code: str, cwd: Path | None = None) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=cwd
-    )
-    return done.stdout.strip()
-
-
 def test_import_costs_no_torch_pydantic_or_metadata() -> None:
     out = run_python(
         "import sys, torch_backend_registry as t\n"
         "print(sorted(m for m in ('torch', 'pydantic', 'importlib.metadata', 'tomllib')"
         " if m in sys.modules))"
-    )
+    ).stdout.strip()
     assert out == "[]"
 
 
 def test_version_is_served_lazily() -> None:
-    out = run_python("import torch_backend_registry as t; print(t.__version__)")
+    out = run_python("import torch_backend_registry as t; print(t.__version__)").stdout.strip()
     assert out
     assert out[0].isdigit()
 
@@ -368,7 +360,7 @@ def test_listing_and_backend_info_import_no_backend_code(tmp_path: Path, write: 
         "r.list_backends(); r.backend_info('a'); r.backend_info('b')\n"
         "print([m for m in sys.modules if m.startswith(('tbr_never', 'openvino'))])",
         cwd=tmp_path,
-    )
+    ).stdout.strip()
     assert out == "[]"
 
 

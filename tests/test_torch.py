@@ -24,7 +24,7 @@ from torch_backend_registry import (
     UnknownBackendError,
 )
 
-from .conftest import WriteFn
+from .conftest import WriteFn, run_python
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -104,9 +104,7 @@ def test_without_torch_the_source_is_empty(tmp_path: Path) -> None:
         "except t.UnknownBackendError as e:\n"
         "    print('unknown')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
-    )
+    done = run_python(code, cwd=tmp_path)
     assert done.stdout.split() == ["[]", "unknown"]
 
 
@@ -119,9 +117,7 @@ def test_install_without_torch_is_a_clear_error(tmp_path: Path) -> None:
         "except t.BackendRegistryError as e:\n"
         "    print(e)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
-    )
+    done = run_python(code, cwd=tmp_path)
     assert done.stdout.startswith("install() needs PyTorch")
 
 

@@ -167,7 +167,7 @@ def _error(message: str) -> None:
 
 
 def _registry(no_torch: bool = False) -> Registry:
-    from ._definition import SOURCE_KINDS
+    from ._sources import SOURCE_KINDS
 
     kinds = [kind for kind in SOURCE_KINDS if not (no_torch and kind == "torch")]
     return Registry(sources=kinds)

@@ -11,9 +11,6 @@ if TYPE_CHECKING:
 
     from ._errors import ManifestError
 
-#: The source kinds, highest precedence first (see ``_sources.SOURCES``).
-SOURCE_KINDS = ("runtime", "env", "project", "entry-point", "torch")
-
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -50,6 +47,15 @@ class _Frozen:
             if not slot.startswith("_") and getattr(self, slot) not in (None, (), _EMPTY)
         )
         return f"{type(self).__name__}({fields})"
+
+
+def target_of(fn: object) -> str | None:
+    """``module:qualname`` of a function, or ``None`` where that names nothing importable."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
+        return f"{module}:{qualname}"
+    return None
 
 
 class Source(_Frozen):

@@ -325,7 +325,7 @@ def read_text(path: str) -> str:
         raise ManifestError("not valid UTF-8", path=path, line=line) from exc
 
 
-def read_manifest(path: str, kind: str, *, text: str | None = None) -> ManifestResult | None:
+def read_manifest(path: str, kind: str) -> ManifestResult | None:
     """Read and validate one manifest file.
 
     A ``pyproject.toml`` is read from its ``[tool.torch-backends]`` table; if it
@@ -333,15 +333,15 @@ def read_manifest(path: str, kind: str, *, text: str | None = None) -> ManifestR
     backend and in ``problems``; the file's other backends stay usable.
     """
     result = ManifestResult(path)
+    text = ""
     try:
-        if text is None:
-            text = read_text(path)
+        text = read_text(path)
         data: Any = tomllib.loads(text)
     except ManifestError as exc:
         result.problems.append(exc)
         return result
     except tomllib.TOMLDecodeError as exc:
-        result.problems.append(_toml_error(path, text or "", exc))
+        result.problems.append(_toml_error(path, text, exc))
         return result
     prefix: tuple[str, ...] = ()
     if os.path.basename(path) == "pyproject.toml":

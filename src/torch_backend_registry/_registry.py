@@ -7,7 +7,7 @@ import os
 # The C lock itself: `threading` would add milliseconds to `import torch_backend_registry`.
 from _thread import RLock
 
-from ._definition import SOURCE_KINDS, BackendDefinition, Source
+from ._definition import BackendDefinition, Source, target_of
 from ._errors import (
     BackendRegistryError,
     DuplicateBackendError,
@@ -15,6 +15,7 @@ from ._errors import (
     UnknownBackendError,
     warn,
 )
+from ._sources import SOURCE_KINDS, SOURCES, Context
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -88,8 +89,6 @@ class Registry:
     def _source(self, kind: str) -> Found:
         found = self._found.get(kind)
         if found is None:
-            from ._sources import SOURCES, Context
-
             ctx = Context(
                 self._cwd if self._cwd is not None else os.getcwd(),
                 self._environ if self._environ is not None else os.environ,
@@ -198,7 +197,7 @@ class Registry:
                 raise DuplicateBackendError(name, self._runtime[name].source)
             source = Source("runtime", module=getattr(compiler_fn, "__module__", None))
             self._runtime[name] = BackendDefinition(
-                name, source, tags=tuple(tags), obj=compiler_fn, target=_target_of(compiler_fn)
+                name, source, tags=tuple(tags), obj=compiler_fn, target=target_of(compiler_fn)
             )
             # As PyTorch does; a builtin or slotted callable keeps its tags in the definition.
             # (try/except rather than contextlib.suppress: contextlib costs import time.)
@@ -379,14 +378,6 @@ def _key_in(path: str | None, key: str) -> str:
     if path is not None and os.path.basename(path) == "pyproject.toml":
         return f"tool.torch-backends.{key}"
     return key
-
-
-def _target_of(fn: Callable[..., Any]) -> str | None:
-    module = getattr(fn, "__module__", None)
-    qualname = getattr(fn, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
-        return f"{module}:{qualname}"
-    return None
 
 
 def _warn(found: Found) -> None:

@@ -217,3 +217,5 @@ SOURCES: tuple[tuple[str, Callable[[Context], Found]], ...] = (
     ("entry-point", entry_point_source),
     ("torch", torch_source),
 )
+#: The source kinds, highest precedence first, as SOURCES orders them.
+SOURCE_KINDS = tuple(kind for kind, _reader in SOURCES)

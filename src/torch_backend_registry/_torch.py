@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import threading
 
-from ._definition import BackendDefinition, Source
+from ._definition import BackendDefinition, Source, target_of
 from ._errors import BackendRegistryError, warn
 
 TYPE_CHECKING = False
@@ -81,18 +81,12 @@ def torch_definitions() -> list[BackendDefinition]:
             BackendDefinition(
                 name,
                 source,
-                target=_target_of(fn),
+                target=target_of(fn),
                 tags=tuple(getattr(fn, "_tags", ())),
                 obj=fn,
             )
         )
     return definitions
-
-
-def _target_of(fn: Any) -> str | None:
-    from ._registry import _target_of as target_of
-
-    return target_of(fn)
 
 
 def _dynamo() -> Any:
