@@ -185,6 +185,9 @@ _PART_RE = re.compile(_PART)
 
 
 def _split_key(dotted: str) -> tuple[str, ...]:
+    if '"' not in dotted and "'" not in dotted:
+        # Bare keys (nearly all of them) hold no dots or quotes of their own.
+        return tuple(part.strip() for part in dotted.split("."))
     parts = []
     for match in _PART_RE.finditer(dotted):
         part = match.group()
@@ -208,11 +211,12 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
             if in_string in line:
                 in_string = None
             continue
-        header = _HEADER_RE.match(line)
-        if header and line.lstrip().startswith("["):
-            table = _split_key(header.group(1))
-            lines.setdefault(table, number)
-            continue
+        if line.lstrip().startswith("["):
+            header = _HEADER_RE.match(line)
+            if header:
+                table = _split_key(header.group(1))
+                lines.setdefault(table, number)
+                continue
         key = _KEY_RE.match(line)
         if key:
             parts = _split_key(key.group(1))
