@@ -373,7 +373,7 @@ def test_any_valid_manifest_round_trips(
     assert result.problems == []
     by_name = {d.name: d for d in result.definitions}
     assert set(by_name) == set(backends)
-    text_lines = path.read_text(encoding="utf-8").splitlines()
+    text_lines = path.read_text(encoding="utf-8").split("\n")  # TOML lines end at LF only
     for name, entry in backends.items():
         got = by_name[name]
         assert got.target == entry["target"]
@@ -412,14 +412,14 @@ def test_any_invalid_value_is_located(tmp_path: Path, name: str, key: str, value
     assert problem.key is not None
     assert problem.key.startswith(f"backends.{name}")
     assert problem.line is not None
-    assert problem.line <= len(path.read_text(encoding="utf-8").splitlines())
+    assert problem.line <= path.read_text(encoding="utf-8").count("\n") + 1
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=200))
 def test_key_lines_never_crashes_and_stays_in_range(text: str) -> None:
     lines = key_lines(text)
-    assert all(1 <= line <= max(1, len(text.splitlines())) for line in lines.values())
+    assert all(1 <= line <= text.count("\n") + 1 for line in lines.values())
 
 
 def test_quotes_inside_strings_do_not_hide_later_tables() -> None:
@@ -436,6 +436,17 @@ def test_multiline_strings_are_skipped() -> None:
     lines = key_lines(text)
     assert ("backends", "fake") not in lines
     assert lines[("backends", "real")] == 4
+
+
+def test_unicode_line_separators_inside_strings_do_not_shift_lines(write: WriteFn) -> None:
+    # TOML ends lines at LF only; str.splitlines() would also split at these.
+    path = write(
+        "backends.toml",
+        '[backends.a]\ntarget = "m:f"\ndescription = "x\u2028y\x85z"\n[backends.b]\ntags = 1\n',
+    )
+    definitions, problems = read(path)
+    assert [(d.name, d.source.line) for d in definitions.values()] == [("a", 1), ("b", 4)]
+    assert [(p.line, p.key) for p in problems] == [(5, "backends.b.tags")]
 
 
 def test_options_on_a_chain_are_refused_not_lost(write: WriteFn) -> None:

@@ -1,6 +1,6 @@
 """The manifest model (schema version 1): reading, validating, locating errors.
 
-pydantic and tomllib are imported here only, and this module is imported only
+pydantic and tomli are imported here only, and this module is imported only
 when a manifest is first read, so ``import torch_backend_registry`` stays cheap.
 """
 
@@ -9,20 +9,15 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import sys
 from typing import Annotated, Any
 
+import tomli
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from ._definition import BackendDefinition, Source
 from ._errors import ManifestError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 SCHEMA_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -197,6 +192,15 @@ def _split_key(dotted: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
+def _physical_lines(text: str) -> list[str]:
+    # Lines as TOML counts them: str.splitlines() also splits at \f, \x1c, \u2028 and
+    # others, which TOML allows inside comments and strings, and would shift every line.
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def key_lines(text: str) -> dict[tuple[str, ...], int]:
     """Map each table header and key path of a TOML text to its first line (1-based).
 
@@ -206,7 +210,7 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
     lines: dict[tuple[str, ...], int] = {}
     table: tuple[str, ...] = ()
     in_string: str | None = None
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(_physical_lines(text), start=1):
         if in_string is not None:
             if in_string in line:
                 in_string = None
@@ -280,20 +284,12 @@ class ManifestResult:
         self.default_line: int | None = None
 
 
-def _toml_error(path: str, text: str, exc: Exception) -> ManifestError:
-    line = getattr(exc, "lineno", None)
-    message = str(exc)
-    match = re.search(r"\(at line (\d+), column \d+\)", message)
-    if match:
-        line = line or int(match.group(1))
-        message = message[: match.start()].rstrip()
-    elif "(at end of document)" in message:
-        line = line or max(1, text.count("\n") + (not text.endswith("\n")))
-        message = message.replace("(at end of document)", "").rstrip()
-    message = getattr(exc, "msg", None) or message
+def _toml_error(path: str, text: str, exc: tomli.TOMLDecodeError) -> ManifestError:
+    source_lines = _physical_lines(text)
+    # Past the last line is the end of the document: point at the last line.
+    line = max(1, min(exc.lineno, len(source_lines)))
     key = None
-    source_lines = text.splitlines()
-    if line is not None and 0 < line <= len(source_lines):
+    if source_lines:
         table: tuple[str, ...] = ()
         for before in source_lines[: line - 1]:
             header = _HEADER_RE.match(before)
@@ -305,12 +301,12 @@ def _toml_error(path: str, text: str, exc: Exception) -> ManifestError:
             key = ".".join(_split_key(header.group(1)))
         elif found := _KEY_RE.match(here):
             key = ".".join(table + _split_key(found.group(1)))
-    return ManifestError(f"invalid TOML: {message}", path=path, line=line, key=key)
+    return ManifestError(f"invalid TOML: {exc.msg}", path=path, line=line, key=key)
 
 
 def parse_toml(text: str) -> dict[str, Any]:
-    """Parse TOML text (tomllib, or tomli before Python 3.11)."""
-    return tomllib.loads(text)
+    """Parse TOML text."""
+    return tomli.loads(text)
 
 
 def read_text(path: str) -> str:
@@ -340,11 +336,11 @@ def read_manifest(path: str, kind: str) -> ManifestResult | None:
     text = ""
     try:
         text = read_text(path)
-        data: Any = tomllib.loads(text)
+        data: Any = tomli.loads(text)
     except ManifestError as exc:
         result.problems.append(exc)
         return result
-    except tomllib.TOMLDecodeError as exc:
+    except tomli.TOMLDecodeError as exc:
         result.problems.append(_toml_error(path, text, exc))
         return result
     prefix: tuple[str, ...] = ()

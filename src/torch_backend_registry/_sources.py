@@ -166,7 +166,7 @@ def _declares_table(pyproject: str) -> bool:
 
     try:
         data: Any = parse_toml(text)
-    except ValueError:  # tomllib.TOMLDecodeError
+    except ValueError:  # tomli.TOMLDecodeError
         return True  # reading it reports the syntax error with its line
     for part in PYPROJECT_TABLE:
         data = data.get(part) if isinstance(data, dict) else None
