@@ -337,7 +337,7 @@ def test_module_level_api_acts_on_the_default_registry(
 def test_import_costs_no_torch_pydantic_or_metadata() -> None:
     out = run_python(
         "import sys, torch_backend_registry as t\n"
-        "print(sorted(m for m in ('torch', 'pydantic', 'importlib.metadata', 'tomllib')"
+        "print(sorted(m for m in ('torch', 'pydantic', 'importlib.metadata', 'tomli')"
         " if m in sys.modules))"
     ).stdout.strip()
     assert out == "[]"
