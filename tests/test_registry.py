@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -277,38 +276,6 @@ def test_refresh_rereads_manifests_and_keeps_runtime(
     assert registry.list_backends() == ["a", "kept"]  # discovery is cached
     registry.refresh()
     assert registry.list_backends() == ["b", "kept"]
-
-
-def test_threads_looking_up_one_name_import_it_once(
-    write: WriteFn, make_module: MakeModule, module_name: str
-) -> None:
-    make_module(
-        module_name,
-        """
-        import time
-        IMPORTS = []
-        IMPORTS.append(1)
-        time.sleep(0.2)  # a slow import widens the window for a race
-        def compile(gm, inputs):
-            return gm
-        """,
-    )
-    registry = manifest(write, f'[backends.slow]\ntarget = "{module_name}:compile"\n')
-    results: list[Any] = []
-    barrier = threading.Barrier(8)
-
-    def worker() -> None:
-        barrier.wait()
-        results.append(registry.lookup_backend("slow"))
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(results) == 8
-    assert all(r is results[0] for r in results)
-    assert sys.modules[module_name].IMPORTS == [1]
 
 
 def test_module_level_api_acts_on_the_default_registry(

@@ -13,12 +13,11 @@ from ._errors import BackendLoadError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+    from typing import Any, ClassVar
 
     from ._definition import BackendDefinition
 
-# sys.path is process-wide: two threads must not interleave their additions.
-_PATH_LOCK = threading.RLock()
+_PATH_LOCK = threading.Lock()
 
 
 def missing_requirements(definition: BackendDefinition) -> list[str]:
@@ -62,7 +61,9 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     try:
         with _on_sys_path(definition._python_path):
             obj: Any = importlib.import_module(module_name)
-    except Exception as exc:
+    # SystemExit too: a backend module that exits while imported must not end the
+    # process that merely looked the backend up.
+    except (Exception, SystemExit) as exc:
         raise _error(definition, f"import of {module_name!r} failed: {_why(exc)}") from exc
     for part in attr_path.split(".") if attr_path else ():
         try:
@@ -92,21 +93,35 @@ def _error(definition: BackendDefinition, reason: str) -> BackendLoadError:
 
 
 class _on_sys_path:
-    """Put a manifest's ``python-path`` folders on ``sys.path`` for one import only."""
+    """Put a manifest's ``python-path`` folders on ``sys.path`` for one import only.
+
+    sys.path is process-wide and imports may run in several threads at once: a
+    folder stays while any import that needs it runs, counted under a lock that
+    is never held during an import itself (a slow import must not stall others).
+    """
+
+    _users: ClassVar[dict[str, int]] = {}
 
     def __init__(self, folders: tuple[str, ...]) -> None:
-        self._folders = list(folders)
+        self._folders = folders
 
     def __enter__(self) -> None:
-        if self._folders:
-            _PATH_LOCK.acquire()
-            sys.path[:0] = self._folders
+        if not self._folders:
+            return
+        with _PATH_LOCK:
+            added = [f for f in self._folders if not self._users.get(f)]
+            for folder in self._folders:
+                self._users[folder] = self._users.get(folder, 0) + 1
+            sys.path[:0] = added
 
     def __exit__(self, *exc: object) -> None:
-        if self._folders:
-            try:
-                for folder in self._folders:
+        if not self._folders:
+            return
+        with _PATH_LOCK:
+            for folder in self._folders:
+                self._users[folder] -= 1
+                if not self._users[folder]:
+                    del self._users[folder]
+                    # The target may have put its own copy in front; remove one, ours.
                     if folder in sys.path:
                         sys.path.remove(folder)
-            finally:
-                _PATH_LOCK.release()

@@ -33,12 +33,13 @@ DEFAULT_EXCLUDE_TAGS = ("debug", "experimental")
 class _Index:
     """The merge of some sources: every name and alias to its definitions, highest first."""
 
-    __slots__ = ("by_key", "default", "problems")
+    __slots__ = ("by_key", "default", "problems", "warnings")
 
     def __init__(self) -> None:
         self.by_key: dict[str, list[BackendDefinition]] = {}
         self.default: tuple[str, str, int | None] | None = None
         self.problems: list[ManifestError] = []
+        self.warnings: list[ManifestError] = []
 
 
 class Registry:
@@ -70,10 +71,15 @@ class Registry:
         self._lock = RLock()
         self._runtime: dict[str, BackendDefinition] = {}
         # Named caches, all cleared by refresh(): what each source found, the
-        # merges built from them, and the loaded callables (the hot path).
+        # merges built from them, and the loaded callables by name (the hot path)
+        # and by definition (so that a name and its aliases give one object).
         self._found: dict[str, Found] = {}
         self._indexes: dict[bool, _Index] = {}
         self._loaded: dict[str, CompilerFn] = {}
+        self._by_definition: dict[BackendDefinition, CompilerFn] = {}
+        # Bumped (under the lock) whenever the caches are cleared, so a load that
+        # began before never stores a callable into the state that follows.
+        self._generation = 0
         self._installed = False
 
     def __repr__(self) -> str:
@@ -89,10 +95,12 @@ class Registry:
     def _source(self, kind: str) -> Found:
         found = self._found.get(kind)
         if found is None:
+            try:
+                cwd: str | None = os.path.abspath(self._cwd or os.getcwd())
+            except OSError:  # the working directory was removed under the process
+                cwd = None
             ctx = Context(
-                self._cwd if self._cwd is not None else os.getcwd(),
-                self._environ if self._environ is not None else os.environ,
-                self._runtime,
+                cwd, self._environ if self._environ is not None else os.environ, self._runtime
             )
             reader = dict(SOURCES)[kind]
             found = reader(ctx)
@@ -117,6 +125,7 @@ class Registry:
                     continue
                 found = self._source(kind)
                 index.problems.extend(found.problems)
+                index.warnings.extend(found.warnings)
                 if index.default is None and found.default is not None:
                     index.default = found.default
                 for definition in found.definitions:
@@ -207,6 +216,7 @@ class Registry:
                 pass
             self._indexes.clear()
             self._loaded.pop(name, None)
+            self._generation += 1
             if self._installed:
                 from ._torch import install_names
 
@@ -229,25 +239,30 @@ class Registry:
         return self._load(name_or_fn)
 
     def _load(self, name: str) -> CompilerFn:
+        # No registry lock is held while importing: a slow or hanging import must
+        # not stall lookups of other names, listing, or refresh(). Python's own
+        # per-module import lock makes threads that import one target wait for
+        # each other, so it runs once; the first callable stored is what all get.
+        generation = self._generation
+        definition = self._winner(name, self._candidates(name))
+        if definition._obj is not None:
+            fn = definition._obj
+        elif definition.chain is not None:
+            from ._chain import ChainBackend
+            from ._loader import check_requirements
+
+            self._check_cycle(definition)
+            check_requirements(definition)
+            fn = ChainBackend(self, definition)
+        else:
+            from ._loader import load_target
+
+            fn = load_target(definition)
         with self._lock:
-            fn = self._loaded.get(name)
-            if fn is not None:
-                return fn
-            definition = self._winner(name, self._candidates(name))
-            if definition._obj is not None:
-                fn = definition._obj
-            elif definition.chain is not None:
-                from ._chain import ChainBackend
-                from ._loader import check_requirements
-
-                self._check_cycle(definition)
-                check_requirements(definition)
-                fn = ChainBackend(self, definition)
-            else:
-                from ._loader import load_target
-
-                fn = load_target(definition)
-            self._loaded[name] = fn
+            if generation != self._generation:
+                return fn  # found before a refresh(): right for this call, not to keep
+            # One callable a definition, whichever of its names was asked for first.
+            fn = self._loaded[name] = self._by_definition.setdefault(definition, fn)
             return fn
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
@@ -285,8 +300,9 @@ class Registry:
 
     def is_registered_backend(self, compiler_fn: CompilerFn) -> bool:
         """Whether ``compiler_fn`` is (or wraps) a backend of this registry, as PyTorch's check."""
-        known = [d._obj for d in self._runtime.values()]
-        known.extend(self._loaded.values())
+        with self._lock:  # other threads may be adding to both
+            known = [d._obj for d in self._runtime.values()]
+            known.extend(self._loaded.values())
         if any(fn is compiler_fn for fn in known):
             return True
         compiler_name = getattr(compiler_fn, "compiler_name", None)
@@ -306,6 +322,8 @@ class Registry:
             self._found.clear()
             self._indexes.clear()
             self._loaded.clear()
+            self._by_definition.clear()
+            self._generation += 1
 
     def install(self) -> None:
         """Make every backend usable as ``torch.compile(backend="name")``, importing no target.
@@ -323,10 +341,7 @@ class Registry:
     def problems(self, *, with_torch: bool = True) -> list[BackendRegistryError]:
         """Every problem of the discovered manifests, and chains that loop."""
         index = self._index(with_torch)
-        problems: list[BackendRegistryError] = list(index.problems)
-        for kind in self._kinds:
-            if kind in self._found:
-                problems.extend(self._found[kind].warnings)
+        problems: list[BackendRegistryError] = [*index.problems, *index.warnings]
         if index.default is not None:
             name, path, line = index.default
             try:
