@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(warning.message)
         # The error below says the same thing; one line is enough.
         if error is None or not message.startswith(error):
-            print(f"{PROG}: warning: {message}", file=sys.stderr)
+            print(f"{PROG}: warning: {_printable(message)}", file=sys.stderr)
     if error is not None:
         _error(error)
     return code
@@ -163,7 +163,18 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
 
 
 def _error(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print(f"{PROG}: error: {_printable(message)}", file=sys.stderr)
+
+
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped: one line, no control sequences.
+
+    A manifest may hold any character in a description or a file name; printed raw,
+    an escape sequence or a bidi override would be obeyed by the terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _registry(no_torch: bool = False) -> Registry:
@@ -255,6 +266,7 @@ def _what(d: BackendDefinition) -> str:
 
 
 def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    rows = [tuple(_printable(cell) for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     limit = None
     if sys.stdout.isatty():
@@ -279,6 +291,7 @@ def _explain(args: argparse.Namespace) -> int:
     info = registry.backend_info(args.name)
     out: list[str] = []
     heading = info.name if info.name == args.name else f"{args.name} (alias of {info.name})"
+    heading = _printable(heading)
     out.append(heading)
     out.extend(_describe(info, missing_requirements(info)))
     if info.shadowed:
@@ -319,7 +332,7 @@ def _describe(d: BackendDefinition, missing: list[str]) -> list[str]:
         fields.append(("requires", status))
     if d.enabled and d._error is None:
         fields.append(("available", "no: missing " + ", ".join(missing) if missing else "yes"))
-    return [f"  {key + ':':<13}{value}" for key, value in fields]
+    return [f"  {key + ':':<13}{_printable(value)}" for key, value in fields]
 
 
 # --------------------------------------------------------------------------- check
@@ -329,8 +342,8 @@ def _display(problem: BackendRegistryError) -> str:
     """A problem as ``PATH:LINE: ...`` with PATH relative to here when below it."""
     if isinstance(problem, ManifestError) and problem.path is not None:
         shown = _relative(problem.path)
-        return str(ManifestError(problem.message, path=shown, line=problem.line, key=problem.key))
-    return str(problem)
+        problem = ManifestError(problem.message, path=shown, line=problem.line, key=problem.key)
+    return _printable(str(problem))
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -350,7 +363,7 @@ def _check_quietly(args: argparse.Namespace) -> int:
     if args.files:
         missing = [f for f in args.files if not os.path.exists(f)]
         for path in missing:
-            print(f"{path}: no such file")
+            print(_printable(f"{path}: no such file"))
         # The given files, read as the environment source would read them.
         registry = Registry(
             sources=("env",),
