@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -21,11 +22,23 @@ NO_TORCH = ("runtime", "env", "project", "entry-point")
 WriteFn = Callable[..., Path]
 
 
-def run_python(code: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (a clean ``sys.modules``); fail if it fails."""
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=cwd
+def run_python(
+    code: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (a clean ``sys.modules``); fail if it fails.
+
+    ``env`` adds to this process's environment, less ``TORCH_BACKENDS_PATH``.
+    """
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**environ, **(env or {})},
     )
+    assert done.returncode == 0, done.stderr
+    return done
 
 
 @pytest.fixture

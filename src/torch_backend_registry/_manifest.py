@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import stat
 from typing import Annotated, Any
 
 import tomli
@@ -186,10 +187,47 @@ def _split_key(dotted: str) -> tuple[str, ...]:
     parts = []
     for match in _PART_RE.finditer(dotted):
         part = match.group()
-        if part[0] in "\"'":
+        if part[0] == '"' and "\\" in part:
+            part = _unescape(part)
+        elif part[0] in "\"'":
             part = part[1:-1]
         parts.append(part)
     return tuple(parts)
+
+
+def _unescape(quoted: str) -> str:
+    # Escapes are rare in keys; the parser itself reads them exactly as TOML does.
+    try:
+        return next(iter(tomli.loads(f"{quoted} = 0")))
+    except (tomli.TOMLDecodeError, StopIteration):
+        return quoted[1:-1]
+
+
+_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def toml_key(parts: tuple[str, ...]) -> str:
+    """A dotted key as TOML writes it: bare parts as they are, the others quoted.
+
+    Quoting also keeps a hostile key (a newline, a terminal escape, a bidi
+    override) from breaking the one line an error is printed on.
+    """
+    return ".".join(part if _BARE_KEY_RE.fullmatch(part) else _quote(part) for part in parts)
+
+
+def _quote(part: str) -> str:
+    out = ['"']
+    for char in part:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        elif ord(char) <= 0xFFFF:
+            out.append(f"\\u{ord(char):04X}")
+        else:
+            out.append(f"\\U{ord(char):08X}")
+    out.append('"')
+    return "".join(out)
 
 
 def _physical_lines(text: str) -> list[str]:
@@ -219,7 +257,9 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
             header = _HEADER_RE.match(line)
             if header:
                 table = _split_key(header.group(1))
-                lines.setdefault(table, number)
+                # `[a.b.c]` also defines `a` and `a.b` here, unless they came before.
+                for end in range(1, len(table) + 1):
+                    lines.setdefault(table[:end], number)
                 continue
         key = _KEY_RE.match(line)
         if key:
@@ -274,7 +314,7 @@ def _line_of(lines: dict[tuple[str, ...], int], path: tuple[str, ...]) -> int | 
 class ManifestResult:
     """What one manifest file yields: definitions, problems and its ``default``."""
 
-    __slots__ = ("default", "default_line", "definitions", "path", "problems")
+    __slots__ = ("default", "default_line", "definitions", "path", "problems", "skipped")
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -282,47 +322,132 @@ class ManifestResult:
         self.problems: list[ManifestError] = []
         self.default: str | None = None
         self.default_line: int | None = None
+        #: Why the file was left out on purpose (the trust rule), or ``None``.
+        self.skipped: ManifestError | None = None
 
 
-def _toml_error(path: str, text: str, exc: tomli.TOMLDecodeError) -> ManifestError:
-    source_lines = _physical_lines(text)
-    # Past the last line is the end of the document: point at the last line.
-    line = max(1, min(exc.lineno, len(source_lines)))
-    key = None
-    if source_lines:
-        table: tuple[str, ...] = ()
-        for before in source_lines[: line - 1]:
-            header = _HEADER_RE.match(before)
-            if header and before.lstrip().startswith("["):
-                table = _split_key(header.group(1))
-        here = source_lines[line - 1]
-        header = _HEADER_RE.match(here)
-        if header and here.lstrip().startswith("["):
-            key = ".".join(_split_key(header.group(1)))
-        elif found := _KEY_RE.match(here):
-            key = ".".join(table + _split_key(found.group(1)))
-    return ManifestError(f"invalid TOML: {exc.msg}", path=path, line=line, key=key)
+#: Far above any real manifest (10,000 backends take about 1 MB); a guard against a
+#: TORCH_BACKENDS_PATH entry naming the wrong file, read whole into memory otherwise.
+MAX_BYTES = 16 * 1024 * 1024
+
+# A FIFO named like a manifest would block open() until a writer comes; with
+# O_NONBLOCK it opens at once and fstat tells it is not a regular file.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def parse_toml(text: str) -> dict[str, Any]:
-    """Parse TOML text."""
-    return tomli.loads(text)
+class _Untrusted(ManifestError):
+    """A manifest left out by the trust rule: reported as a warning, not a problem."""
+
+
+def _untrusted_reason(info: os.stat_result) -> str | None:
+    """Why a manifest must not be used, or ``None``: the rule git applies (``safe.directory``)."""
+    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
+        return None
+    if info.st_mode & stat.S_IWOTH:
+        return "it is writable by every user"
+    if info.st_uid not in (0, os.getuid()):
+        return f"it is owned by another user (uid {info.st_uid})"
+    return None
 
 
 def read_text(path: str) -> str:
-    """Read a manifest's text, turning OS errors into :class:`ManifestError`."""
+    """Read a manifest's text; raise :class:`ManifestError` if it cannot or must not be used.
+
+    The checks are made on the opened file, so the file judged is the file read.
+    """
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
         raise ManifestError("no such file", path=path) from None
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     try:
-        return data.decode("utf-8")
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ManifestError("is a directory, not a manifest; name a .toml file", path=path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ManifestError("is not a regular file; name a .toml file", path=path)
+        reason = _untrusted_reason(info)
+        if reason is not None:
+            raise _Untrusted(
+                f"manifest not used: {reason}; fix its owner or mode (as git's safe.directory)",
+                path=path,
+            )
+        # One byte more than allowed tells a file that grew since fstat.
+        data = _read_up_to(fd, MAX_BYTES + 1)
+    except OSError as exc:
+        raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise ManifestError(
+            f"is larger than {MAX_BYTES // 2**20} MiB, too large for a manifest; is it the"
+            " right file?",
+            path=path,
+        )
+    try:
+        # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        lines = _physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
         line = data[: exc.start].count(b"\n") + 1
-        raise ManifestError("not valid UTF-8", path=path, line=line) from exc
+        raise ManifestError(
+            f"not valid UTF-8 (byte {data[exc.start]:#04x}); save the file as UTF-8",
+            path=path,
+            line=line,
+            key=_key_at(lines, line),
+        ) from exc
+
+
+def _read_up_to(fd: int, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = os.read(fd, min(limit - size, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _key_at(lines: list[str], line: int) -> str | None:
+    """The key (or table) written on ``line`` of ``lines``, dotted and quoted as TOML writes it."""
+    table: tuple[str, ...] = ()
+    for before in lines[: line - 1]:
+        if before.lstrip().startswith("[") and (header := _HEADER_RE.match(before)):
+            table = _split_key(header.group(1))
+    if line > len(lines):
+        return None
+    here = lines[line - 1]
+    if here.lstrip().startswith("[") and (header := _HEADER_RE.match(here)):
+        return toml_key(_split_key(header.group(1)))
+    if found := _KEY_RE.match(here):
+        return toml_key(table + _split_key(found.group(1)))
+    return None
+
+
+def _toml_error(path: str, text: str, exc: tomli.TOMLDecodeError) -> ManifestError:
+    lines = _physical_lines(text)
+    # Past the last line is the end of the document: point at the last line.
+    line = max(1, min(exc.lineno, len(lines)))
+    return ManifestError(f"invalid TOML: {exc.msg}", path=path, line=line, key=_key_at(lines, line))
+
+
+def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
+    # The parser gives no position here; the line with the most openings and dots
+    # is where such nesting is written in any file that reaches the limits.
+    lines = _physical_lines(text) or [""]
+    line = 1 + max(range(len(lines)), key=lambda i: sum(map(lines[i].count, "[{.")))
+    key = _key_at(lines, line)
+    if key is not None and len(key) > 200:
+        key = None  # the key is the problem: a thousand parts help no one read the line
+    return ManifestError(f"invalid TOML: {exc}; nest less deeply", path=path, line=line, key=key)
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """Parse TOML text."""
+    return tomli.loads(text)
 
 
 def read_manifest(path: str, kind: str) -> ManifestResult | None:
@@ -337,11 +462,17 @@ def read_manifest(path: str, kind: str) -> ManifestResult | None:
     try:
         text = read_text(path)
         data: Any = tomli.loads(text)
+    except _Untrusted as exc:
+        result.skipped = exc
+        return result
     except ManifestError as exc:
         result.problems.append(exc)
         return result
     except tomli.TOMLDecodeError as exc:
         result.problems.append(_toml_error(path, text, exc))
+        return result
+    except RecursionError as exc:  # tomli's own limits on nesting and key parts
+        result.problems.append(_too_deep(path, text, exc))
         return result
     prefix: tuple[str, ...] = ()
     if os.path.basename(path) == "pyproject.toml":
@@ -352,7 +483,7 @@ def read_manifest(path: str, kind: str) -> ManifestResult | None:
             return None
         if not isinstance(data, dict):
             result.problems.append(
-                ManifestError("expected a table", path=path, line=None, key=".".join(prefix))
+                ManifestError("expected a table", path=path, line=None, key=toml_key(prefix))
             )
             return result
     lines = key_lines(text)
@@ -375,7 +506,7 @@ def _validate(
             message,
             path=path,
             line=_line_of(lines, keys) or _line_of(lines, prefix),
-            key=".".join(keys),
+            key=toml_key(keys),
         )
 
     version = data.get("schema-version", SCHEMA_VERSION)

@@ -6,7 +6,6 @@ Sources handle strings only; nothing here imports a backend's code.
 from __future__ import annotations
 
 import os
-import stat
 
 from ._definition import BackendDefinition, Source
 from ._errors import ManifestError
@@ -45,43 +44,25 @@ class Context:
     __slots__ = ("cwd", "environ", "runtime")
 
     def __init__(
-        self, cwd: str, environ: Mapping[str, str], runtime: Mapping[str, BackendDefinition]
+        self,
+        cwd: str | None,
+        environ: Mapping[str, str],
+        runtime: Mapping[str, BackendDefinition],
     ) -> None:
+        #: An absolute path, or ``None`` when the working directory no longer exists.
         self.cwd = cwd
         self.environ = environ
         self.runtime = runtime
 
 
-def untrusted_reason(path: str) -> str | None:
-    """Why a manifest must not be used, or ``None``: the rule git applies (``safe.directory``)."""
-    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
-        return None
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None  # reading it reports the problem
-    if info.st_mode & stat.S_IWOTH:
-        return "it is writable by every user"
-    if info.st_uid not in (0, os.getuid()):
-        return f"it is owned by another user (uid {info.st_uid})"
-    return None
-
-
 def _read(path: str, kind: str, found: Found) -> ManifestResult | None:
     from ._manifest import read_manifest
 
-    reason = untrusted_reason(path)
-    if reason is not None:
-        found.warnings.append(
-            ManifestError(
-                f"manifest not used: {reason}; fix its owner or mode (as git's safe.directory)",
-                path=path,
-            )
-        )
-        return None
     result = read_manifest(path, kind)
     if result is None:
         return None
+    if result.skipped is not None:
+        found.warnings.append(result.skipped)
     found.definitions.extend(result.definitions)
     found.problems.extend(result.problems)
     if result.default is not None and found.default is None:
@@ -103,8 +84,18 @@ def env_paths(ctx: Context) -> tuple[list[str], list[ManifestError]]:
     for entry in ctx.environ.get(ENV_VAR, "").split(os.pathsep):
         if not entry.strip():
             continue
-        path = os.path.join(ctx.cwd, os.path.expanduser(entry))
-        if os.path.isdir(path):
+        path = os.path.expanduser(entry)
+        if ctx.cwd is not None:
+            path = os.path.join(ctx.cwd, path)
+        if not os.path.isabs(path):
+            problems.append(
+                ManifestError(
+                    f"relative entry of {ENV_VAR} and the working directory no longer exists;"
+                    " use an absolute path",
+                    path=entry,
+                )
+            )
+        elif os.path.isdir(path):
             files.extend(
                 os.path.join(path, name)
                 for name in sorted(os.listdir(path))
@@ -141,7 +132,9 @@ def project_manifest(cwd: str) -> str | None:
     directory = os.path.abspath(cwd)
     while True:
         candidate = os.path.join(directory, PROJECT_FILES[0])
-        if os.path.isfile(candidate):
+        # Not isfile(): a backends.toml that is a directory or unreadable is
+        # meant as the manifest, and reading it says what is wrong.
+        if os.path.lexists(candidate):
             return candidate
         candidate = os.path.join(directory, PROJECT_FILES[1])
         if os.path.isfile(candidate) and _declares_table(candidate):
@@ -176,6 +169,13 @@ def _declares_table(pyproject: str) -> bool:
 def project_source(ctx: Context) -> Found:
     """The nearest project manifest."""
     found = Found()
+    if ctx.cwd is None:
+        found.warnings.append(
+            ManifestError(
+                "the working directory no longer exists; no project manifest read", path=None
+            )
+        )
+        return found
     path = project_manifest(ctx.cwd)
     if path is not None:
         _read(path, "project", found)
