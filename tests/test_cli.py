@@ -225,6 +225,16 @@ def test_check_reports_every_problem_of_every_file(tmp_path: Path, write: WriteF
     assert "Traceback" not in done.stderr
 
 
+def test_check_takes_file_names_holding_the_path_separator(tmp_path: Path, write: WriteFn) -> None:
+    odd = write(f"a{os.pathsep}b.toml", "[backends.a]\ntarget = 1\n")
+    good = write("good.toml", '[backends.g]\ntarget = "m:f"\n')
+    done = run("check", odd.name, good.name, cwd=tmp_path, check=1)
+    assert done.stdout.splitlines() == [
+        f"{odd.name}:2: backends.a.target: expected a string, got integer 1"
+    ]
+    assert "1 problem(s); 1 backend(s) usable" in done.stderr
+
+
 def test_check_import_finds_uncallable_and_missing_targets(
     tmp_path: Path, write: WriteFn, make_module: Callable[..., str], module_name: str
 ) -> None:

@@ -364,11 +364,9 @@ def _check_quietly(args: argparse.Namespace) -> int:
         missing = [f for f in args.files if not os.path.exists(f)]
         for path in missing:
             print(_printable(f"{path}: no such file"))
-        # The given files, read as the environment source would read them.
-        registry = Registry(
-            sources=("env",),
-            environ={ENV_VAR: os.pathsep.join(f for f in args.files if f not in missing)},
-        )
+        # The given files, read as the environment source reads its entries.
+        registry = Registry(sources=("env",))
+        registry._env_files = tuple(f for f in args.files if f not in missing)
         problems: list[BackendRegistryError] = list(registry.problems(with_torch=False))
         count = len(missing) + len(problems)
     else:

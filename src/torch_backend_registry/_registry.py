@@ -15,7 +15,7 @@ from ._errors import (
     UnknownBackendError,
     warn,
 )
-from ._sources import SOURCE_KINDS, SOURCES, Context
+from ._sources import ENV_VAR, SOURCE_KINDS, SOURCES, Context
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -68,6 +68,9 @@ class Registry:
         self._kinds = tuple(kind for kind in SOURCE_KINDS if kind in kinds)
         self._cwd = None if cwd is None else os.fspath(cwd)
         self._environ = environ
+        # Files given one by one (`torch-backends check FILE...`): a name may hold
+        # os.pathsep, so they cannot go through TORCH_BACKENDS_PATH.
+        self._env_files: tuple[str, ...] | None = None
         self._lock = RLock()
         self._runtime: dict[str, BackendDefinition] = {}
         # Named caches, all cleared by refresh(): what each source found, the
@@ -99,9 +102,12 @@ class Registry:
                 cwd: str | None = os.path.abspath(self._cwd or os.getcwd())
             except OSError:  # the working directory was removed under the process
                 cwd = None
-            ctx = Context(
-                cwd, self._environ if self._environ is not None else os.environ, self._runtime
-            )
+            if self._env_files is not None:
+                entries: Sequence[str] = self._env_files
+            else:
+                environ = self._environ if self._environ is not None else os.environ
+                entries = environ.get(ENV_VAR, "").split(os.pathsep)
+            ctx = Context(cwd, entries, self._runtime)
             reader = dict(SOURCES)[kind]
             found = reader(ctx)
             if kind != "runtime":

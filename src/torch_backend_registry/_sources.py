@@ -12,7 +12,7 @@ from ._errors import ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from ._manifest import ManifestResult
@@ -39,19 +39,20 @@ class Found:
 
 
 class Context:
-    """The inputs of a discovery: a working directory, an environment, runtime entries."""
+    """The inputs of a discovery: a working directory, the env entries, runtime entries."""
 
-    __slots__ = ("cwd", "environ", "runtime")
+    __slots__ = ("cwd", "env_entries", "runtime")
 
     def __init__(
         self,
         cwd: str | None,
-        environ: Mapping[str, str],
+        env_entries: Sequence[str],
         runtime: Mapping[str, BackendDefinition],
     ) -> None:
         #: An absolute path, or ``None`` when the working directory no longer exists.
         self.cwd = cwd
-        self.environ = environ
+        #: The manifest files and directories of the env source, highest first.
+        self.env_entries = env_entries
         self.runtime = runtime
 
 
@@ -81,7 +82,7 @@ def env_paths(ctx: Context) -> tuple[list[str], list[ManifestError]]:
     """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first."""
     files: list[str] = []
     problems: list[ManifestError] = []
-    for entry in ctx.environ.get(ENV_VAR, "").split(os.pathsep):
+    for entry in ctx.env_entries:
         if not entry.strip():
             continue
         path = os.path.expanduser(entry)
