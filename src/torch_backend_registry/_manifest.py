@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import stat
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import tomli
@@ -246,9 +247,19 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
     key inside an inline table maps to the line of the table's own key.
     """
     lines: dict[tuple[str, ...], int] = {}
+    for number, table, parts in _scan(_physical_lines(text)):
+        # `[a.b.c]` also defines `a` and `a.b`, and `b.target = ...` the table `b`,
+        # on this line, unless they came before.
+        for end in range(1, len(parts) + 1):
+            lines.setdefault(table + parts[:end], number)
+    return lines
+
+
+def _scan(lines: list[str]) -> Iterator[tuple[int, tuple[str, ...], tuple[str, ...]]]:
+    """Each table header and key line as ``(number, table, parts)``; a header has no table."""
     table: tuple[str, ...] = ()
     in_string: str | None = None
-    for number, line in enumerate(_physical_lines(text), start=1):
+    for number, line in enumerate(lines, start=1):
         if in_string is not None:
             if in_string in line:
                 in_string = None
@@ -257,21 +268,15 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
             header = _HEADER_RE.match(line)
             if header:
                 table = _split_key(header.group(1))
-                # `[a.b.c]` also defines `a` and `a.b` here, unless they came before.
-                for end in range(1, len(table) + 1):
-                    lines.setdefault(table[:end], number)
+                yield number, (), table
                 continue
         key = _KEY_RE.match(line)
         if key:
-            parts = _split_key(key.group(1))
-            # `b.target = ...` also defines the table `b` on this line.
-            for end in range(1, len(parts) + 1):
-                lines.setdefault(table + parts[:end], number)
+            yield number, table, _split_key(key.group(1))
             rest = line[key.end() :]
             # Most values hold no triple quotes; only those need the careful scan.
             if '"""' in rest or "'''" in rest:
                 in_string = _opens_multiline(rest)
-    return lines
 
 
 def _opens_multiline(value: str) -> str | None:
@@ -373,8 +378,9 @@ def read_text(path: str) -> str:
                 f"manifest not used: {reason}; fix its owner or mode (as git's safe.directory)",
                 path=path,
             )
-        # One byte more than allowed tells a file that grew since fstat.
-        data = _read_up_to(fd, MAX_BYTES + 1)
+        with open(fd, "rb", closefd=False) as handle:
+            # One byte more than allowed tells a file that grew since fstat.
+            data = handle.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     finally:
@@ -399,31 +405,11 @@ def read_text(path: str) -> str:
         ) from exc
 
 
-def _read_up_to(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = os.read(fd, min(limit - size, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
-
-
 def _key_at(lines: list[str], line: int) -> str | None:
     """The key (or table) written on ``line`` of ``lines``, dotted and quoted as TOML writes it."""
-    table: tuple[str, ...] = ()
-    for before in lines[: line - 1]:
-        if before.lstrip().startswith("[") and (header := _HEADER_RE.match(before)):
-            table = _split_key(header.group(1))
-    if line > len(lines):
-        return None
-    here = lines[line - 1]
-    if here.lstrip().startswith("[") and (header := _HEADER_RE.match(here)):
-        return toml_key(_split_key(header.group(1)))
-    if found := _KEY_RE.match(here):
-        return toml_key(table + _split_key(found.group(1)))
+    for number, table, parts in _scan(lines[:line]):
+        if number == line:
+            return toml_key(table + parts)
     return None
 
 
