@@ -378,19 +378,20 @@ def read_text(path: str) -> str:
                 f"manifest not used: {reason}; fix its owner or mode (as git's safe.directory)",
                 path=path,
             )
+        if info.st_size > MAX_BYTES:
+            raise _too_large(path)
         with open(fd, "rb", closefd=False) as handle:
-            # One byte more than allowed tells a file that grew since fstat.
-            data = handle.read(MAX_BYTES + 1)
+            # A buffer of the size fstat gave, plus one byte that tells a file that grew
+            # since; such a file is read on, up to the limit.
+            data = handle.read(info.st_size + 1)
+            if len(data) > info.st_size:
+                data += handle.read(MAX_BYTES + 1 - len(data))
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     finally:
         os.close(fd)
     if len(data) > MAX_BYTES:
-        raise ManifestError(
-            f"is larger than {MAX_BYTES // 2**20} MiB, too large for a manifest; is it the"
-            " right file?",
-            path=path,
-        )
+        raise _too_large(path)
     try:
         # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
         return data.decode("utf-8-sig")
@@ -403,6 +404,13 @@ def read_text(path: str) -> str:
             line=line,
             key=_key_at(lines, line),
         ) from exc
+
+
+def _too_large(path: str) -> ManifestError:
+    return ManifestError(
+        f"is larger than {MAX_BYTES // 2**20} MiB, too large for a manifest; is it the right file?",
+        path=path,
+    )
 
 
 def _key_at(lines: list[str], line: int) -> str | None:
