@@ -6,11 +6,13 @@ broken implementation gets wrong, and a hang shows as the test never passing.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import random
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,27 @@ def gate(make_module: MakeModule, module_name: str) -> Iterator[Any]:
     module.release.set()  # never leave a thread waiting
 
 
+@contextlib.contextmanager
+def releasing_soon(gate: Any) -> Iterator[None]:
+    """Let the first import started wait a moment, so that the other threads pile up on it.
+
+    The moment only makes races likelier; no assertion depends on its length.
+    """
+
+    def release() -> None:
+        gate.started.wait(PATIENCE)
+        time.sleep(0.1)
+        gate.release.set()
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    try:
+        yield
+    finally:
+        gate.release.set()
+        releaser.join()
+
+
 def slow_target(gate: Any, body: str = "") -> str:
     return f"""
 import {gate.__name__} as gate
@@ -101,14 +124,14 @@ def test_first_lookups_from_many_threads_import_each_target_once_and_share_objec
         target = "{modules[2]}:compile"
         """,
     )
-    gate.release.set()  # slow enough to overlap, not waiting for anything
     names = ["plain", "p", "bound", "b", "other"]
 
     def look_up_all(i: int) -> dict[str, Any]:
         order = random.Random(i).sample(names, len(names))
         return {name: registry.lookup_backend(name) for name in order}
 
-    results = run_threads(16, look_up_all)
+    with releasing_soon(gate):
+        results = run_threads(16, look_up_all)
     assert sorted(gate.imports) == sorted(modules)  # each target imported exactly once
     for name in names:
         assert all(r[name] is results[0][name] for r in results), name
@@ -173,8 +196,8 @@ def test_a_slow_import_that_fails_fails_every_waiter_and_a_later_lookup_retries(
             return exc
         return None
 
-    gate.release.set()
-    errors = run_threads(4, look_up)
+    with releasing_soon(gate):
+        errors = run_threads(4, look_up)
     for error in errors:
         assert isinstance(error, BackendLoadError)
         assert str(error).startswith(f"{tmp_path / 'backends.toml'}:1: cannot load backend")
