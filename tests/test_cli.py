@@ -191,6 +191,29 @@ def test_explain_requirements_and_alias(tmp_path: Path, write: WriteFn) -> None:
     assert run("explain", "f", "--no-torch", cwd=tmp_path).stdout.startswith("f (alias of fast)")
 
 
+def test_a_chain_is_available_when_one_of_its_members_is(tmp_path: Path, write: WriteFn) -> None:
+    write(
+        "backends.toml",
+        PROJECT
+        + """
+[backends.hopeless]
+chain = ["trt", "nowhere", "loop"]
+[backends.loop]
+chain = ["hopeless"]
+[backends.nested]
+chain = ["hopeless", "portable"]
+""",
+    )
+    rows = json.loads(run("list", "--json", "--no-torch", cwd=tmp_path).stdout)
+    available = {row["name"]: row["available"] for row in rows}
+    assert available["portable"] is True  # trt is missing a module, fast is fine
+    assert available["hopeless"] is False  # trt missing, nowhere unknown, loop back to itself
+    assert available["loop"] is False
+    assert available["nested"] is True  # through portable
+    out = run("explain", "hopeless", "--no-torch", cwd=tmp_path).stdout
+    assert "available:   no: no member of the chain can be used" in out
+
+
 def test_explain_unknown_name_exits_1_with_suggestions(tmp_path: Path, write: WriteFn) -> None:
     write("backends.toml", PROJECT)
     done = run("explain", "fsat", "--no-torch", cwd=tmp_path, check=1)

@@ -187,10 +187,34 @@ def _registry(no_torch: bool = False) -> Registry:
 # ---------------------------------------------------------------------------- list
 
 
-def _available(definition: BackendDefinition) -> bool:
+def _availability(registry: Registry, definition: BackendDefinition) -> str | None:
+    """Why ``definition`` cannot be used here, or ``None`` when it can, as far as can be
+    told without importing: its ``requires``, and for a chain, a member that can be used.
+    """
+    return _why_unavailable(registry, definition, frozenset())
+
+
+def _why_unavailable(
+    registry: Registry, definition: BackendDefinition, seen: frozenset[str]
+) -> str | None:
     from ._loader import missing_requirements
 
-    return not missing_requirements(definition)
+    missing = missing_requirements(definition)
+    if missing:
+        return "missing " + ", ".join(missing)
+    if definition.chain is None:
+        return None
+    seen = seen | {definition.name}
+    for member in definition.chain:
+        if member in seen:
+            continue
+        try:
+            info = registry.backend_info(member)
+        except BackendRegistryError:
+            continue
+        if _why_unavailable(registry, info, seen) is None:
+            return None
+    return "no member of the chain can be used"
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -203,7 +227,7 @@ def _list(args: argparse.Namespace) -> int:
     if args.tag:
         wanted = set(args.tag)
         rows = [d for d in rows if wanted.issubset(d.tags)]
-    available = {d.name: _available(d) for d in rows}
+    available = {d.name: _availability(registry, d) is None for d in rows}
     if args.available:
         rows = [d for d in rows if available[d.name]]
     if args.json:
@@ -285,27 +309,28 @@ def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from ._loader import missing_requirements
-
     registry = _registry(args.no_torch)
     info = registry.backend_info(args.name)
     out: list[str] = []
     heading = info.name if info.name == args.name else f"{args.name} (alias of {info.name})"
     heading = _printable(heading)
     out.append(heading)
-    out.extend(_describe(info, missing_requirements(info)))
+    out.extend(_describe(registry, info))
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
             out.append(f"  {lower.name}")
-            out.extend("  " + line for line in _describe(lower, missing_requirements(lower)))
+            out.extend("  " + line for line in _describe(registry, lower))
     else:
         out.append("shadows nothing")
     print("\n".join(out))
     return EXIT_OK
 
 
-def _describe(d: BackendDefinition, missing: list[str]) -> list[str]:
+def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
+    from ._loader import missing_requirements
+
+    missing = missing_requirements(d)
     source = d.source
     where = source.describe()
     if source.path is not None:
@@ -331,7 +356,8 @@ def _describe(d: BackendDefinition, missing: list[str]) -> list[str]:
         status = ", ".join(f"{r} ({'missing' if r in missing else 'found'})" for r in d.requires)
         fields.append(("requires", status))
     if d.enabled and d._error is None:
-        fields.append(("available", "no: missing " + ", ".join(missing) if missing else "yes"))
+        why = _availability(registry, d)
+        fields.append(("available", "yes" if why is None else f"no: {why}"))
     return [f"  {key + ':':<13}{_printable(value)}" for key, value in fields]
 
 
