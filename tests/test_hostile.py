@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import importlib
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -252,6 +254,30 @@ def test_an_unreadable_file_is_a_clear_error() -> None:
         )
     finally:
         shutil.rmtree(folder)
+
+
+def test_a_broken_installed_distribution_spares_the_others(
+    tmp_path: Path, make_dist: Callable[..., Path]
+) -> None:
+    make_dist("good-dist", "1.0", {"good": "good_mod:fn"})
+    site = tmp_path / "dists"
+    garbled = site / "garbled-2.0.dist-info"  # entry_points.txt that is not INI
+    garbled.mkdir()
+    (garbled / "METADATA").write_text("Metadata-Version: 2.1\nName: garbled\nVersion: 2.0\n")
+    (garbled / "entry_points.txt").write_text("[torch_dynamo_backends]\nno equals sign\n")
+    binary = site / "binary-3.0.dist-info"  # neither file is UTF-8
+    binary.mkdir()
+    (binary / "METADATA").write_bytes(b"\xff\xfe")
+    (binary / "entry_points.txt").write_bytes(b"\xff[torch_dynamo_backends]\nx = m:f\n")
+    importlib.invalidate_caches()
+    registry = Registry(cwd=tmp_path, environ={}, sources=("entry-point",))
+    with pytest.warns(ManifestWarning) as caught:
+        names = registry.list_backends()
+    assert "good" in names
+    assert registry.backend_info("good").source.distribution == "good-dist"
+    messages = sorted(str(w.message) for w in caught)
+    assert any("distribution 'garbled' cannot be read (TypeError" in m for m in messages)
+    assert any(f"distribution in {site} cannot be read (UnicodeDecodeError" in m for m in messages)
 
 
 # ------------------------------------------------------------ generated documents

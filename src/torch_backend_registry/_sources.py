@@ -12,7 +12,8 @@ from ._errors import ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from importlib.metadata import Distribution, EntryPoint
     from typing import Any
 
     from ._manifest import ManifestResult
@@ -188,16 +189,53 @@ def entry_point_source(ctx: Context) -> Found:
     from importlib.metadata import entry_points
 
     found = Found()
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist
-        source = Source(
-            "entry-point",
-            distribution=dist.name if dist is not None else None,
-            version=dist.version if dist is not None else None,
-        )
+    try:
+        eps: Iterable[EntryPoint] = entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # a broken *.dist-info: read them one by one to spare the others
+        eps = _entry_points_one_by_one(found)
+    for ep in eps:
+        name, version = _name_and_version(ep.dist)
+        source = Source("entry-point", distribution=name, version=version)
         target = ep.value.split("[", 1)[0].strip()
         found.definitions.append(BackendDefinition(ep.name, source, target=target))
     return found
+
+
+def _entry_points_one_by_one(found: Found) -> list[EntryPoint]:
+    import re
+    from importlib.metadata import distributions
+
+    eps: list[EntryPoint] = []
+    seen: set[str] = set()
+    for dist in distributions():
+        name, _version = _name_and_version(dist)
+        if name is not None:
+            # As entry_points() does: the first distribution of a name on sys.path wins.
+            key = re.sub(r"[-_.]+", "-", name).lower()
+            if key in seen:
+                continue
+            seen.add(key)
+        try:
+            eps.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
+        except Exception as exc:
+            where = repr(name) if name is not None else f"in {dist.locate_file('')}"
+            found.problems.append(
+                ManifestError(
+                    f"the entry points of distribution {where} cannot be read"
+                    f" ({type(exc).__name__}: {exc}); reinstall it",
+                    path=None,
+                )
+            )
+    return eps
+
+
+def _name_and_version(dist: Distribution | None) -> tuple[str | None, str | None]:
+    if dist is None:
+        return None, None
+    try:
+        return dist.name, dist.version
+    except Exception:  # unreadable METADATA: the entry point itself may still be fine
+        return None, None
 
 
 def torch_source(ctx: Context) -> Found:
