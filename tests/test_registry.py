@@ -193,6 +193,14 @@ def test_callables_pass_through(registry: Registry) -> None:
     assert registry.lookup_backend(fn) is fn
 
 
+@pytest.mark.parametrize("wrong", [None, 42, ["eager"]], ids=["None", "int", "list"])
+def test_neither_a_name_nor_a_callable_is_a_type_error(registry: Registry, wrong: Any) -> None:
+    with pytest.raises(
+        TypeError, match=f"expected a backend name or a callable, got {type(wrong).__name__}"
+    ):
+        registry.lookup_backend(wrong)
+
+
 def test_list_backends_excludes_tags_like_pytorch(write: WriteFn) -> None:
     registry = manifest(
         write,

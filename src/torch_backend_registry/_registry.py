@@ -240,9 +240,13 @@ class Registry:
             return self._loaded[name_or_fn]  # type: ignore[index]
         except (KeyError, TypeError):
             pass
-        if not isinstance(name_or_fn, str):
+        if isinstance(name_or_fn, str):
+            return self._load(name_or_fn)
+        if callable(name_or_fn):
             return name_or_fn
-        return self._load(name_or_fn)
+        raise TypeError(
+            f"expected a backend name or a callable, got {type(name_or_fn).__name__} {name_or_fn!r}"
+        )
 
     def _load(self, name: str) -> CompilerFn:
         # No registry lock is held while importing: a slow or hanging import must
