@@ -108,6 +108,30 @@ def test_without_torch_the_source_is_empty(tmp_path: Path) -> None:
     assert done.stdout.split() == ["[]", "unknown"]
 
 
+def test_a_broken_distribution_breaks_pytorchs_registry_not_ours(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # torch._dynamo reads every entry point itself and fails on this one; the other
+    # distributions' backends must still be there. (No manifest here: pydantic reads
+    # every entry point for its plugins and fails on this one as well.)
+    write("site/garbled-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: garbled\n")
+    write("site/garbled-1.0.dist-info/entry_points.txt", "[torch_dynamo_backends]\nno pair\n")
+    code = (
+        "import warnings, torch_backend_registry as t\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    print(t.Registry(sources=('entry-point', 'torch')).list_backends())\n"
+        "for w in caught: print(w.message)\n"
+    )
+    out = run_python(code, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")}).stdout
+    names, *warnings = out.splitlines()
+    assert "'openvino'" in names
+    assert any(
+        w.startswith("PyTorch's backends are left out: torch._dynamo failed") for w in warnings
+    )
+    assert any("distribution 'garbled' cannot be read" in w for w in warnings)
+
+
 def test_install_without_torch_is_a_clear_error(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"

@@ -186,14 +186,8 @@ def project_source(ctx: Context) -> Found:
 
 def entry_point_source(ctx: Context) -> Found:
     """Installed distributions' ``torch_dynamo_backends`` entry points."""
-    from importlib.metadata import entry_points
-
     found = Found()
-    try:
-        eps: Iterable[EntryPoint] = entry_points(group=ENTRY_POINT_GROUP)
-    except Exception:  # a broken *.dist-info: read them one by one to spare the others
-        eps = _entry_points_one_by_one(found)
-    for ep in eps:
+    for ep in read_entry_points(found.problems):
         name, version = _name_and_version(ep.dist)
         source = Source("entry-point", distribution=name, version=version)
         target = ep.value.split("[", 1)[0].strip()
@@ -201,7 +195,17 @@ def entry_point_source(ctx: Context) -> Found:
     return found
 
 
-def _entry_points_one_by_one(found: Found) -> list[EntryPoint]:
+def read_entry_points(problems: list[ManifestError]) -> Iterable[EntryPoint]:
+    """The entry points of our group; a distribution that cannot be read goes to ``problems``."""
+    from importlib.metadata import entry_points
+
+    try:
+        return entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # a broken *.dist-info: read them one by one to spare the others
+        return _entry_points_one_by_one(problems)
+
+
+def _entry_points_one_by_one(problems: list[ManifestError]) -> list[EntryPoint]:
     import re
     from importlib.metadata import distributions
 
@@ -219,7 +223,7 @@ def _entry_points_one_by_one(found: Found) -> list[EntryPoint]:
             eps.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
         except Exception as exc:
             where = repr(name) if name is not None else f"in {dist.locate_file('')}"
-            found.problems.append(
+            problems.append(
                 ManifestError(
                     f"the entry points of distribution {where} cannot be read"
                     f" ({type(exc).__name__}: {exc}); reinstall it",

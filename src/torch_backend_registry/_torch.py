@@ -60,17 +60,18 @@ def torch_definitions() -> list[BackendDefinition]:
         return []
     try:
         import torch._dynamo as dynamo
+
+        names = dynamo.list_backends(exclude_tags=())
     except Exception as exc:  # a broken torch must not break manifest backends
-        warn(f"PyTorch's backends are left out: importing torch failed: {exc}")
+        warn(f"PyTorch's backends are left out: torch._dynamo failed: {type(exc).__name__}: {exc}")
         return []
-    from importlib.metadata import entry_points
+    from ._sources import read_entry_points
 
-    from ._sources import ENTRY_POINT_GROUP
-
-    from_entry_points = set(entry_points(group=ENTRY_POINT_GROUP).names)
+    # Their problems are the entry-point source's to report.
+    from_entry_points = {ep.name for ep in read_entry_points([])}
     definitions = []
     source = Source("torch")
-    for name in dynamo.list_backends(exclude_tags=()):
+    for name in names:
         if name in from_entry_points or name in _INSTALLED:
             continue
         # Entry points are skipped above, so this is a dict hit: nothing imported.
