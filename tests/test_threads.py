@@ -259,7 +259,7 @@ def test_refresh_while_threads_look_up_shows_the_old_or_the_new_state_never_an_e
     stop = threading.Event()
 
     def edit_and_refresh() -> None:
-        for text in [new, old] * 50:
+        for text in [new, old] * 30:
             _replace(manifest, text)
             registry.refresh()
         stop.set()
