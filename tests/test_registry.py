@@ -309,6 +309,23 @@ def test_module_level_api_acts_on_the_default_registry(
     assert tbr.is_registered_backend(tbr.lookup_backend("proj"))
 
 
+def test_a_hot_lookup_reads_one_dict_and_nothing_else(
+    write: WriteFn, make_module: MakeModule, module_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(write, f'[backends.fast]\ntarget = "{module_name}:compile"\n')
+    fn = registry.lookup_backend("fast")
+
+    def no_second_load(name: str) -> Any:
+        raise AssertionError(f"{name!r} was resolved again")
+
+    # Once loaded, neither the sources, the merge, nor any lock is consulted again.
+    monkeypatch.setattr(registry, "_load", no_second_load)
+    monkeypatch.setattr(registry, "_index", no_second_load)
+    monkeypatch.setattr(registry, "_lock", None)
+    assert registry.lookup_backend("fast") is fn
+
+
 def test_import_costs_no_torch_pydantic_or_metadata() -> None:
     out = run_python(
         "import sys, torch_backend_registry as t\n"
