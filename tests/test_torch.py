@@ -213,6 +213,23 @@ def test_runtime_registrations_after_install_reach_torch(registry: Registry, uid
     assert torch.allclose(out, model()(torch.ones(1, 4)))
 
 
+def test_backends_added_to_a_manifest_reach_torch_after_refresh(
+    write: WriteFn, compilers: str, uid: str
+) -> None:
+    registry = project(write, f'[backends.first_{uid}]\ntarget = "{compilers}:passthrough"\n')
+    registry.install()
+    assert f"second_{uid}" not in torch._dynamo.list_backends()
+    write(
+        "backends.toml",
+        f'[backends.first_{uid}]\ntarget = "{compilers}:passthrough"\n'
+        f'[backends.second_{uid}]\ntarget = "{compilers}:passthrough"\n',
+    )
+    registry.refresh()
+    assert f"second_{uid}" in torch._dynamo.list_backends()
+    out = torch.compile(model(), backend=f"second_{uid}")(torch.ones(1, 4))
+    assert torch.allclose(out, model()(torch.ones(1, 4)))
+
+
 def test_chain_falls_back_past_missing_requirement_and_a_raising_compiler(
     write: WriteFn, compilers: str, uid: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -326,7 +326,9 @@ class Registry:
     def refresh(self) -> None:
         """Forget discovered definitions and loaded callables; re-read on next need.
 
-        Runtime registrations are kept.
+        Runtime registrations are kept. After :meth:`install`, PyTorch's registry
+        needs the names now: the manifests are re-read at once and backends new
+        to them are installed too.
         """
         with self._lock:
             self._found.clear()
@@ -334,6 +336,8 @@ class Registry:
             self._loaded.clear()
             self._by_definition.clear()
             self._generation += 1
+        if self._installed:
+            self.install()
 
     def install(self) -> None:
         """Make every backend usable as ``torch.compile(backend="name")``, importing no target.
