@@ -79,6 +79,11 @@ def model() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
 
 
+def assert_compiles_like_eager(backend: str, x: Any) -> None:
+    """torch.compile with ``backend`` gives what the model gives uncompiled."""
+    assert torch.allclose(torch.compile(model(), backend=backend)(x), model()(x))
+
+
 def test_pytorch_backends_are_the_lowest_source(registry: Registry, write: WriteFn) -> None:
     full = project(write, '[backends.eager]\ntarget = "m:mine"\n')
     names = full.list_backends(exclude_tags=())
@@ -209,8 +214,7 @@ def test_runtime_registrations_after_install_reach_torch(registry: Registry, uid
         return gm.forward
 
     assert name in torch._dynamo.list_backends()
-    out = torch.compile(model(), backend=name)(torch.ones(1, 4))
-    assert torch.allclose(out, model()(torch.ones(1, 4)))
+    assert_compiles_like_eager(name, torch.ones(1, 4))
 
 
 def test_backends_added_to_a_manifest_reach_torch_after_refresh(
@@ -226,8 +230,7 @@ def test_backends_added_to_a_manifest_reach_torch_after_refresh(
     )
     registry.refresh()
     assert f"second_{uid}" in torch._dynamo.list_backends()
-    out = torch.compile(model(), backend=f"second_{uid}")(torch.ones(1, 4))
-    assert torch.allclose(out, model()(torch.ones(1, 4)))
+    assert_compiles_like_eager(f"second_{uid}", torch.ones(1, 4))
 
 
 def test_chain_falls_back_past_missing_requirement_and_a_raising_compiler(
@@ -250,9 +253,7 @@ def test_chain_falls_back_past_missing_requirement_and_a_raising_compiler(
     )
     registry.install()
     caplog.set_level(logging.INFO, logger="torch_backend_registry")
-    x = torch.ones(2, 4)
-    out = torch.compile(model(), backend=chain)(x)
-    assert torch.allclose(out, model()(x))
+    assert_compiles_like_eager(chain, torch.ones(2, 4))
     assert sys.modules[compilers].CALLS == [("explode", None)]
     messages = [r.getMessage() for r in caplog.records if r.name == "torch_backend_registry"]
     assert any(f"skipping 'needs_gpu_{uid}'" in m and "cannot be found" in m for m in messages)
