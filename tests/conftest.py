@@ -113,8 +113,14 @@ def clean_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[R
     """The module-level registry, pointed at tmp_path and emptied before and after."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TORCH_BACKENDS_PATH", raising=False)
-    default_registry._runtime.clear()
+    _forget_runtime(default_registry)
     tbr.refresh()
     yield default_registry
-    default_registry._runtime.clear()
+    _forget_runtime(default_registry)
     tbr.refresh()
+
+
+def _forget_runtime(registry: Registry) -> None:
+    for definition in registry.definitions(exclude_tags=(), with_torch=False):
+        if definition.source.kind == "runtime":
+            registry.unregister_backend(definition.name)

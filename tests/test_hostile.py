@@ -30,7 +30,8 @@ from torch_backend_registry import (
     ManifestWarning,
     Registry,
 )
-from torch_backend_registry._manifest import MAX_BYTES, read_manifest
+from torch_backend_registry._files import MAX_BYTES
+from torch_backend_registry._manifest import read_manifest
 
 from .conftest import WriteFn, run_python
 

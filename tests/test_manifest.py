@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torch_backend_registry import BackendDefinition, ManifestError
-from torch_backend_registry._manifest import key_lines, read_manifest
+from torch_backend_registry._manifest import read_manifest
+from torch_backend_registry._positions import key_lines
 
 from .conftest import WriteFn
 
@@ -54,8 +55,9 @@ def test_reads_every_key_of_a_backend(write: WriteFn) -> None:
     assert fast.source.kind == "project"
     assert fast.source.path == str(path)
     assert fast.source.line == 5  # the [backends.fast] header
-    assert fast._python_path == (str(path.parent / "src"),)
-    assert (result.default, result.default_line) == ("fast", 2)
+    assert fast.python_path == (str(path.parent / "src"),)
+    assert result.default is not None
+    assert (result.default.name, result.default.line) == ("fast", 2)
 
 
 def test_definitions_are_immutable(write: WriteFn) -> None:
@@ -118,7 +120,8 @@ def test_pyproject_table(write: WriteFn) -> None:
     assert result is not None
     assert result.problems == []
     assert result.definitions[0].source.line == 7
-    assert result.default == "fast"
+    assert result.default is not None
+    assert result.default.name == "fast"
 
 
 def test_pyproject_without_the_table_is_not_a_manifest(write: WriteFn) -> None:
@@ -301,7 +304,7 @@ def test_one_broken_backend_keeps_the_others(write: WriteFn) -> None:
     assert [p.key for p in problems] == ["backends.bad.tag"]
     assert defs["good"].usable
     assert defs["also_good"].usable
-    assert defs["bad"]._error is problems[0]
+    assert defs["bad"].problem is problems[0]
 
 
 def test_top_level_problem_keeps_the_backends(write: WriteFn) -> None:

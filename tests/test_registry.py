@@ -104,7 +104,7 @@ def test_python_path_is_on_sys_path_only_while_importing(
     [
         ("{m}_missing:compile", "import of '{m}_missing' failed: ModuleNotFoundError"),
         ("{m}:nothing_here", "has no attribute 'nothing_here'"),
-        ("{m}:not_callable", "is a int, not callable"),
+        ("{m}:not_callable", "is an int, which is not callable"),
     ],
     ids=["module missing", "attribute missing", "not callable"],
 )

@@ -216,9 +216,9 @@ def test_a_slow_import_that_fails_fails_every_waiter_and_a_later_lookup_retries(
     [
         ("raise ImportError('a dependency is missing')", "ImportError: a dependency is missing"),
         ("import sys; sys.exit(3)", "SystemExit: 3"),
-        ("compile = 42", "is a int, not callable"),
-        ("compile = None", "is a NoneType, not callable"),
-        ("def make():\n    return None\ncompile = make()", "is a NoneType, not callable"),
+        ("compile = 42", "is an int, which is not callable"),
+        ("compile = None", "is a NoneType, which is not callable"),
+        ("def make():\n    return None\ncompile = make()", "is a NoneType, which is not callable"),
     ],
     ids=["raises", "exits", "an int", "None", "a factory's result"],
 )

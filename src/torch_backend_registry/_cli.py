@@ -1,4 +1,4 @@
-"""The ``torch-backends`` command: list, explain, check, schema, init."""
+"""The ``torch-backends`` command: parses arguments, asks the registry, prints its answers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from ._definition import BackendDefinition, Source
+    from ._definition import BackendDefinition, SourceKind
 
 PROG = "torch-backends"
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -31,17 +31,19 @@ schema-version = 1
 # The backend torch.compile uses when given none, once install() has run.
 # default = "my_backend"
 
-# Folders, relative to this file, put on sys.path only while importing the targets below.
+# Folders, relative to this file, searched (after every installed module) while
+# importing the targets below.
 # python-path = ["src"]
 
 [backends.my_backend]
 # Required (or `chain`): the compiler function, "module.path:attribute". It is
 # imported on first use only; it takes (graph_module, example_inputs).
 target = "my_package.compilers:my_compiler"
-# Optional: labels; list_backends() hides "debug" and "experimental" by default.
-tags = ["experimental"]
-# Optional: one line shown by `torch-backends list`.
+# Optional: one line, shown by `torch-backends explain my_backend` (and by `list`
+# on a terminal wide enough).
 description = "My compiler"
+# Optional: labels; `list` and list_backends() hide "debug" and "experimental".
+# tags = ["experimental"]
 # Optional: more names for the same backend.
 # aliases = ["mine"]
 # Optional: modules that must be importable (looked for, never imported).
@@ -55,6 +57,15 @@ description = "My compiler"
 # compiles without raising is used.
 # [backends.portable]
 # chain = ["tensorrt", "inductor", "eager"]
+"""
+
+EXAMPLES = f"""\
+examples:
+  {PROG} list --no-torch              the backends of this project, without PyTorch's
+  {PROG} explain inductor             where a name is defined and what it shadows
+  {PROG} check --import               validate the manifests and import every target
+
+Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} separated).
 """
 
 
@@ -71,19 +82,31 @@ class _VersionAction(argparse.Action):
 
 
 def _parser() -> argparse.ArgumentParser:
+    # Global options are accepted before and after the command, as users type them;
+    # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the traceback of an error (for bug reports)",
+    )
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Declare, list and check torch.compile backends.",
-        epilog=f"Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r}"
-        " separated). Run 'torch-backends COMMAND --help' for a command's options.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
     )
     parser.add_argument("--version", action=_VersionAction)
-    parser.add_argument(
-        "--debug", action="store_true", help="show tracebacks of errors (for bug reports)"
-    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    lister = commands.add_parser("list", help="list backends (NAME, TAGS, SOURCE, TARGET)")
+    def command(name: str, help: str, handler: Any) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, parents=[common])
+        sub.set_defaults(handler=handler)
+        return sub
+
+    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET", _list)
     lister.add_argument("--all", action="store_true", help="include debug and experimental")
     lister.add_argument(
         "--tag", action="append", default=[], metavar="T", help="only backends tagged T"
@@ -94,17 +117,24 @@ def _parser() -> argparse.ArgumentParser:
     lister.add_argument(
         "--available", action="store_true", help="only backends whose requirements are met"
     )
-    lister.add_argument("--json", action="store_true", help="print a JSON array")
+    lister.add_argument("--json", action="store_true", help="print a JSON array of objects")
     lister.add_argument(
-        "--no-torch", action="store_true", help="leave out PyTorch's own backends (fast)"
+        "--no-torch",
+        action="store_true",
+        help="leave out PyTorch's own backends (skips importing torch, which takes seconds)",
     )
 
-    explain = commands.add_parser("explain", help="where a backend is defined and what it shadows")
-    explain.add_argument("name", metavar="NAME")
-    explain.add_argument("--no-torch", action="store_true", help="leave out PyTorch's backends")
+    explain = command("explain", "where a backend is defined and what it shadows", _explain)
+    explain.add_argument("name", metavar="NAME", help="a backend name or alias")
+    explain.add_argument("--no-torch", action="store_true", help="leave out PyTorch's own backends")
 
-    check = commands.add_parser("check", help="validate manifests (the discovered or the given)")
-    check.add_argument("files", nargs="*", metavar="FILE")
+    check = command("check", "validate manifests (the discovered ones, or those given)", _check)
+    check.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="manifests to check instead of the project's and TORCH_BACKENDS_PATH's",
+    )
     check.add_argument(
         "--import",
         dest="import_targets",
@@ -112,13 +142,14 @@ def _parser() -> argparse.ArgumentParser:
         help="also import every target and check that it is callable",
     )
 
-    commands.add_parser("schema", help="print the JSON Schema of a manifest")
-    commands.add_parser("init", help="write a starter backends.toml here (never overwrites)")
+    command("schema", "print the JSON Schema of a manifest", _schema)
+    command("init", "write a starter backends.toml here (never overwrites)", _init)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; return its exit code."""
+    _printable_streams()
     parser = _parser()
     args = parser.parse_args(argv)
     import warnings
@@ -130,24 +161,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(warning.message)
         # The error below says the same thing; one line is enough.
         if error is None or not message.startswith(error):
-            print(f"{PROG}: warning: {_printable(message)}", file=sys.stderr)
+            print(f"{PROG}: warning: {printable(message)}", file=sys.stderr)
     if error is not None:
         _error(error)
     return code
 
 
+def _printable_streams() -> None:
+    # A description may hold characters the terminal's encoding lacks (a C locale,
+    # PYTHONIOENCODING=ascii): print them escaped rather than fail.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def _run(args: argparse.Namespace) -> tuple[int, str | None]:
-    handler = {
-        "list": _list,
-        "explain": _explain,
-        "check": _check,
-        "schema": _schema,
-        "init": _init,
-    }[args.command]
+    debug = getattr(args, "debug", False)
     try:
-        return handler(args), None
+        return args.handler(args), None
     except BackendRegistryError as exc:
-        if args.debug:
+        if debug:
             raise
         return EXIT_PROBLEMS, str(exc)
     except BrokenPipeError:
@@ -157,16 +191,16 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
     except KeyboardInterrupt:
         return 130, None
     except Exception as exc:
-        if args.debug:
+        if debug:
             raise
         return EXIT_PROBLEMS, f"{type(exc).__name__}: {exc} (run with --debug for a traceback)"
 
 
 def _error(message: str) -> None:
-    print(f"{PROG}: error: {_printable(message)}", file=sys.stderr)
+    print(f"{PROG}: error: {printable(message)}", file=sys.stderr)
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` with what a terminal would act on escaped: one line, no control sequences.
 
     A manifest may hold any character in a description or a file name; printed raw,
@@ -177,44 +211,21 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _registry(no_torch: bool = False) -> Registry:
-    from ._sources import SOURCE_KINDS
+def _here() -> str | None:
+    """The working directory, or ``None`` where it was removed."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
-    kinds = [kind for kind in SOURCE_KINDS if not (no_torch and kind == "torch")]
-    return Registry(sources=kinds)
+
+def _registry(no_torch: bool = False) -> Registry:
+    from ._definition import SOURCE_KINDS
+
+    return Registry(sources=[k for k in SOURCE_KINDS if not (no_torch and k == "torch")])
 
 
 # ---------------------------------------------------------------------------- list
-
-
-def _availability(registry: Registry, definition: BackendDefinition) -> str | None:
-    """Why ``definition`` cannot be used here, or ``None`` when it can, as far as can be
-    told without importing: its ``requires``, and for a chain, a member that can be used.
-    """
-    return _why_unavailable(registry, definition, frozenset())
-
-
-def _why_unavailable(
-    registry: Registry, definition: BackendDefinition, seen: frozenset[str]
-) -> str | None:
-    from ._loader import missing_requirements
-
-    missing = missing_requirements(definition)
-    if missing:
-        return "missing " + ", ".join(missing)
-    if definition.chain is None:
-        return None
-    seen = seen | {definition.name}
-    for member in definition.chain:
-        if member in seen:
-            continue
-        try:
-            info = registry.backend_info(member)
-        except BackendRegistryError:
-            continue
-        if _why_unavailable(registry, info, seen) is None:
-            return None
-    return "no member of the chain can be used"
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -223,11 +234,12 @@ def _list(args: argparse.Namespace) -> int:
         exclude: list[str] = list(args.exclude_tag)
     else:
         exclude = [*DEFAULT_EXCLUDE_TAGS, *args.exclude_tag]
-    rows = registry.definitions(exclude)
+    with _Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
+        rows = registry.definitions(exclude)
     if args.tag:
         wanted = set(args.tag)
         rows = [d for d in rows if wanted.issubset(d.tags)]
-    available = {d.name: _availability(registry, d) is None for d in rows}
+    available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
         rows = [d for d in rows if available[d.name]]
     if args.json:
@@ -236,11 +248,31 @@ def _list(args: argparse.Namespace) -> int:
         json.dump([_as_json(d, available[d.name]) for d in rows], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_OK
-    table = [("NAME", "TAGS", "SOURCE", "TARGET")]
+    here = _here()
+    table = [("NAME", "TAGS", "SOURCE", "TARGET", "DESCRIPTION")]
     for d in rows:
-        table.append((d.name, ",".join(d.tags), _short_source(d.source), _what(d)))
+        source = f"{d.source.kind} {d.source.short(here)}".rstrip()
+        table.append((d.name, ",".join(d.tags), source, _what(d), d.description or ""))
     _print_table(table)
     return EXIT_OK
+
+
+class _Waiting:
+    """A line on a terminal's stderr while something slow runs, erased when it is done."""
+
+    def __init__(self, message: str, slow: bool) -> None:
+        self.shown = slow and sys.stderr.isatty()
+        self.message = message
+
+    def __enter__(self) -> None:
+        if self.shown:
+            sys.stderr.write(f"{PROG}: {self.message}...")
+            sys.stderr.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def _as_json(d: BackendDefinition, available: bool) -> dict[str, Any]:
@@ -263,26 +295,6 @@ def _as_json(d: BackendDefinition, available: bool) -> dict[str, Any]:
     }
 
 
-def _relative(path: str) -> str:
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # pragma: no cover - another drive on Windows
-        return path
-    return path if relative.startswith("..") else relative
-
-
-def _short_source(source: Source) -> str:
-    if source.path is not None:
-        where = _relative(source.path)
-        where = where if source.line is None else f"{where}:{source.line}"
-        return f"{source.kind} {where}"
-    if source.distribution is not None:
-        return f"{source.kind} {source.distribution} {source.version or ''}".rstrip()
-    if source.module is not None:
-        return f"{source.kind} {source.module}"
-    return source.kind
-
-
 def _what(d: BackendDefinition) -> str:
     if d.chain is not None:
         return "chain: " + " -> ".join(d.chain)
@@ -290,13 +302,17 @@ def _what(d: BackendDefinition) -> str:
 
 
 def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
-    rows = [tuple(_printable(cell) for cell in row) for row in rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    """Aligned columns; the last (DESCRIPTION) only on a terminal wide enough to hold it."""
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
     limit = None
     if sys.stdout.isatty():
         import shutil
 
         limit = shutil.get_terminal_size().columns
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    if limit is None or sum(widths) + 2 * (len(widths) - 1) > limit:
+        rows = [row[:-1] for row in rows]
+        widths = widths[:-1]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
         line = "  ".join([*cells, row[-1]]).rstrip()
@@ -312,9 +328,10 @@ def _explain(args: argparse.Namespace) -> int:
     registry = _registry(args.no_torch)
     info = registry.backend_info(args.name)
     out: list[str] = []
-    heading = info.name if info.name == args.name else f"{args.name} (alias of {info.name})"
-    heading = _printable(heading)
-    out.append(heading)
+    if info.name == args.name:
+        out.append(info.name)
+    else:
+        out.append(f"{args.name} (alias of {info.name}: resolves to whatever {info.name} does)")
     out.extend(_describe(registry, info))
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
@@ -323,7 +340,7 @@ def _explain(args: argparse.Namespace) -> int:
             out.extend("  " + line for line in _describe(registry, lower))
     else:
         out.append("shadows nothing")
-    print("\n".join(out))
+    print("\n".join(printable(line) for line in out))
     return EXIT_OK
 
 
@@ -331,15 +348,12 @@ def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
     from ._loader import missing_requirements
 
     missing = missing_requirements(d)
-    source = d.source
-    where = source.describe()
-    if source.path is not None:
-        where = _relative(source.path) + ("" if source.line is None else f":{source.line}")
-    fields: list[tuple[str, str]] = [("source", f"{source.kind}: {where}")]
+    where = d.source.describe(_here())
+    fields: list[tuple[str, str]] = [("source", f"{d.source.kind}: {where}")]
     if not d.enabled:
         fields.append(("enabled", "false (hides this name)"))
-    if d._error is not None:
-        fields.append(("error", d._error.message))
+    if d.problem is not None:
+        fields.append(("error", d.problem.message))
     if d.target is not None:
         fields.append(("target", d.target))
     if d.chain is not None:
@@ -355,21 +369,16 @@ def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
     if d.requires:
         status = ", ".join(f"{r} ({'missing' if r in missing else 'found'})" for r in d.requires)
         fields.append(("requires", status))
-    if d.enabled and d._error is None:
-        why = _availability(registry, d)
+    if d.usable:
+        why = registry.why_unavailable(d)
         fields.append(("available", "yes" if why is None else f"no: {why}"))
-    return [f"  {key + ':':<13}{_printable(value)}" for key, value in fields]
+    return [f"  {key + ':':<13}{value}" for key, value in fields]
 
 
 # --------------------------------------------------------------------------- check
 
-
-def _display(problem: BackendRegistryError) -> str:
-    """A problem as ``PATH:LINE: ...`` with PATH relative to here when below it."""
-    if isinstance(problem, ManifestError) and problem.path is not None:
-        shown = _relative(problem.path)
-        problem = ManifestError(problem.message, path=shown, line=problem.line, key=problem.key)
-    return _printable(str(problem))
+#: The sources whose manifests `check` validates; the others only resolve chain members.
+_CHECKED: tuple[SourceKind, ...] = ("env", "project")
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -380,53 +389,59 @@ def _check(args: argparse.Namespace) -> int:
     # Every problem is printed below as a line of its own; no need to warn too.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ManifestWarning)
-        return _check_quietly(args)
+        registry = _check_registry(args.files)
+        if registry is None:
+            return EXIT_PROBLEMS
+        return _report(registry, args.import_targets)
 
 
-def _check_quietly(args: argparse.Namespace) -> int:
-    from ._sources import ENV_VAR
+def _check_registry(files: Sequence[str]) -> Registry | None:
+    """The registry `check` reads: the given files, or the discovered manifests."""
+    sources: tuple[SourceKind, ...] = ("env", "project", "entry-point", "torch")
+    if files:
+        return Registry(files=files, sources=("env", "entry-point", "torch"))
+    from ._sources import ENV_VAR, project_manifest
 
-    if args.files:
-        missing = [f for f in args.files if not os.path.exists(f)]
-        for path in missing:
-            print(_printable(f"{path}: no such file"))
-        # The given files, read as the environment source reads its entries.
-        registry = Registry(sources=("env",))
-        registry._env_files = tuple(f for f in args.files if f not in missing)
-        problems: list[BackendRegistryError] = list(registry.problems(with_torch=False))
-        count = len(missing) + len(problems)
-    else:
-        registry = Registry(sources=("env", "project"))
-        problems = list(registry.problems(with_torch=False))
-        count = len(problems)
-        if not registry.definitions(()) and not problems:
-            from ._sources import project_manifest
+    here = _here()
+    if (here is None or project_manifest(here) is None) and not os.environ.get(ENV_VAR):
+        _error(
+            "no manifest found: no backends.toml here or above, no"
+            f" [tool.torch-backends] in pyproject.toml, and {ENV_VAR} is unset;"
+            " create one with 'torch-backends init'"
+        )
+        return None
+    return Registry(sources=sources)
 
-            if project_manifest(os.getcwd()) is None and not os.environ.get(ENV_VAR):
-                _error(
-                    "no manifest found: no backends.toml here or above, no"
-                    f" [tool.torch-backends] in pyproject.toml, and {ENV_VAR} is unset;"
-                    " create one with 'torch-backends init'"
-                )
-                return EXIT_PROBLEMS
+
+def _report(registry: Registry, import_targets: bool) -> int:
+    here = _here()
+    problems = registry.problems(with_torch=False)
     for problem in problems:
-        print(_display(problem))
-    backends = registry.definitions(())
-    if args.import_targets:
-        for d in backends:
-            if d.target is None:
-                continue
+        print(_shown(problem, here))
+    checked = [d for d in registry.definitions((), with_torch=False) if d.source.kind in _CHECKED]
+    usable = len(checked)
+    if import_targets:
+        for d in checked:
             try:
                 registry.lookup_backend(d.name)
             except BackendRegistryError as exc:
-                count += 1
-                print(_display(exc))
-    checked = f"{len(backends)} backend(s)" + (" imported" if args.import_targets else "")
+                usable -= 1
+                problems.append(exc)
+                print(_shown(exc, here))
+    what = "imported and usable" if import_targets else "usable"
+    count = len(problems)
+    summary = f"{usable} of {len(checked)} backend(s) {what}"
     if count:
-        print(f"{count} problem(s); {checked} usable", file=sys.stderr)
+        print(f"{count} problem(s); {summary}", file=sys.stderr)
         return EXIT_PROBLEMS
-    print(f"no problems; {checked}", file=sys.stderr)
+    print(f"no problems; {summary}", file=sys.stderr)
     return EXIT_OK
+
+
+def _shown(problem: BackendRegistryError, here: str | None) -> str:
+    if isinstance(problem, ManifestError):
+        return printable(problem.shown(here))
+    return printable(str(problem))
 
 
 # ------------------------------------------------------------------- schema, init
@@ -436,7 +451,7 @@ def schema_text() -> str:
     """The JSON Schema as written to ``schemas/backends.schema.json``."""
     import json
 
-    from ._manifest import json_schema
+    from ._schema import json_schema
 
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
 
@@ -455,5 +470,5 @@ def _init(args: argparse.Namespace) -> int:
         raise ManifestError(
             "already exists; not overwritten (edit it, or remove it first)", path="backends.toml"
         ) from None
-    print(f"wrote {_relative(path)}; check it with 'torch-backends check'")
+    print(f"wrote {os.path.basename(path)}; check it with 'torch-backends check'")
     return EXIT_OK

@@ -1,4 +1,4 @@
-"""Immutable values describing a backend and where it was declared."""
+"""The values of discovery: a backend's definition, its source, a default, what a source found."""
 
 from __future__ import annotations
 
@@ -7,9 +7,15 @@ from types import MappingProxyType
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from typing import Any
+    from typing import Any, Literal, TypeAlias
 
     from ._errors import ManifestError
+
+    #: Where a definition comes from; SOURCE_KINDS orders them by precedence.
+    SourceKind: TypeAlias = Literal["runtime", "env", "project", "entry-point", "torch"]
+
+#: The source kinds, highest precedence first: the single source of truth for precedence.
+SOURCE_KINDS: tuple[SourceKind, ...] = ("runtime", "env", "project", "entry-point", "torch")
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -49,6 +55,17 @@ class _Frozen:
         return f"{type(self).__name__}({fields})"
 
 
+def shown_path(path: str, folder: str) -> str:
+    """``path`` relative to ``folder`` when it lies below it, else as it is."""
+    import os
+
+    try:
+        relative = os.path.relpath(path, folder)
+    except ValueError:  # pragma: no cover - another drive on Windows
+        return path
+    return path if relative.startswith("..") else relative
+
+
 def target_of(fn: object) -> str | None:
     """``module:qualname`` of a function, or ``None`` where that names nothing importable."""
     module = getattr(fn, "__module__", None)
@@ -69,7 +86,7 @@ class Source(_Frozen):
 
     __slots__ = ("kind", "path", "line", "distribution", "version", "module")  # noqa: RUF023
 
-    kind: str
+    kind: SourceKind
     path: str | None
     line: int | None
     distribution: str | None
@@ -78,7 +95,7 @@ class Source(_Frozen):
 
     def __init__(
         self,
-        kind: str,
+        kind: SourceKind,
         *,
         path: str | None = None,
         line: int | None = None,
@@ -95,16 +112,28 @@ class Source(_Frozen):
             module=module,
         )
 
-    def describe(self) -> str:
-        """A short human location: ``PATH:LINE``, a distribution, or a module."""
+    def describe(self, relative_to: str | None = None) -> str:
+        """A short human location: ``PATH:LINE``, a distribution, or a module.
+
+        With ``relative_to``, a path below that folder is shown relative to it.
+        """
         if self.path is not None:
-            return self.path if self.line is None else f"{self.path}:{self.line}"
+            path = self.path if relative_to is None else shown_path(self.path, relative_to)
+            return path if self.line is None else f"{path}:{self.line}"
         if self.distribution is not None:
             version = f" {self.version}" if self.version else ""
             return f"distribution {self.distribution!r}{version}"
         if self.module is not None:
             return f"register_backend in module {self.module!r}"
         return "PyTorch" if self.kind == "torch" else self.kind
+
+    def short(self, relative_to: str | None = None) -> str:
+        """The location for a table column: ``PATH:LINE``, ``DIST VERSION``, a module, or ""."""
+        if self.path is not None:
+            return self.describe(relative_to)
+        if self.distribution is not None:
+            return f"{self.distribution} {self.version or ''}".rstrip()
+        return self.module or ""
 
 
 class BackendDefinition(_Frozen):
@@ -126,9 +155,9 @@ class BackendDefinition(_Frozen):
         "source",
         "shadowed",
         "enabled",
-        "_python_path",
-        "_obj",
-        "_error",
+        "python_path",
+        "compiler_fn",
+        "problem",
     )
 
     name: str
@@ -142,9 +171,12 @@ class BackendDefinition(_Frozen):
     source: Source
     shadowed: tuple[BackendDefinition, ...]
     enabled: bool
-    _python_path: tuple[str, ...]
-    _obj: Callable[..., Any] | None
-    _error: ManifestError | None
+    #: The manifest's ``python-path`` folders, absolute.
+    python_path: tuple[str, ...]
+    #: The callable itself, where the source holds one (runtime, PyTorch).
+    compiler_fn: Callable[..., Any] | None
+    #: Why this definition cannot be used as declared, or ``None``.
+    problem: ManifestError | None
 
     def __init__(
         self,
@@ -161,8 +193,8 @@ class BackendDefinition(_Frozen):
         shadowed: tuple[BackendDefinition, ...] = (),
         enabled: bool = True,
         python_path: tuple[str, ...] = (),
-        obj: Callable[..., Any] | None = None,
-        error: ManifestError | None = None,
+        compiler_fn: Callable[..., Any] | None = None,
+        problem: ManifestError | None = None,
     ) -> None:
         super().__init__(
             name=name,
@@ -176,9 +208,9 @@ class BackendDefinition(_Frozen):
             options=MappingProxyType(dict(options)) if options else _EMPTY,
             shadowed=shadowed,
             enabled=enabled,
-            _python_path=python_path,
-            _obj=obj,
-            _error=error,
+            python_path=python_path,
+            compiler_fn=compiler_fn,
+            problem=problem,
         )
 
     def _key(self) -> tuple[Any, ...]:
@@ -186,14 +218,59 @@ class BackendDefinition(_Frozen):
         key[self.__slots__.index("options")] = tuple(sorted(self.options.items(), key=repr))
         return tuple(key)
 
+    def __hash__(self) -> int:
+        # The identifying fields only: options may be large, and equal definitions
+        # agree on these anyway.
+        return hash((self.name, self.target, self.chain, self.source))
+
     @property
     def usable(self) -> bool:
-        """Whether this definition can be looked up (enabled and without errors)."""
-        return self.enabled and self._error is None
+        """Whether this definition can be looked up (enabled and without a problem)."""
+        return self.enabled and self.problem is None
 
-    def _replace_shadowed(self, shadowed: tuple[BackendDefinition, ...]) -> BackendDefinition:
+    def with_shadowed(self, shadowed: tuple[BackendDefinition, ...]) -> BackendDefinition:
+        """A copy of this definition with ``shadowed`` set."""
         clone = object.__new__(BackendDefinition)
         for slot in self.__slots__:
             object.__setattr__(clone, slot, getattr(self, slot))
         object.__setattr__(clone, "shadowed", shadowed)
         return clone
+
+
+class DefaultDeclaration(_Frozen):
+    """A manifest's ``default = "NAME"``, with where it is written."""
+
+    __slots__ = ("name", "path", "line", "key")  # noqa: RUF023
+
+    name: str
+    path: str
+    line: int | None
+    #: The key as written in the file (``tool.torch-backends.default`` in pyproject.toml).
+    key: str
+
+    def __init__(self, name: str, path: str, line: int | None, key: str) -> None:
+        super().__init__(name=name, path=path, line=line, key=key)
+
+
+class Discovery:
+    """What reading some input found: definitions in precedence order, problems, a default.
+
+    One file, one source and the fold of all sources are each a ``Discovery``.
+    ``warnings`` hold what was left out on purpose (the trust rule).
+    """
+
+    __slots__ = ("default", "definitions", "problems", "warnings")
+
+    def __init__(self) -> None:
+        self.definitions: list[BackendDefinition] = []
+        self.problems: list[ManifestError] = []
+        self.warnings: list[ManifestError] = []
+        self.default: DefaultDeclaration | None = None
+
+    def add(self, other: Discovery) -> None:
+        """Fold in ``other``, which ranks below everything already here."""
+        self.definitions.extend(other.definitions)
+        self.problems.extend(other.problems)
+        self.warnings.extend(other.warnings)
+        if self.default is None:
+            self.default = other.default

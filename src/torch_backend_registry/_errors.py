@@ -37,12 +37,24 @@ class ManifestError(BackendRegistryError):
     @property
     def location(self) -> str:
         """The ``PATH:LINE: KEY: `` prefix, leaving out what is unknown."""
+        return self._location(self.path)
+
+    def _location(self, path: str | None) -> str:
         parts = []
-        if self.path is not None:
-            parts.append(self.path if self.line is None else f"{self.path}:{self.line}")
+        if path is not None:
+            parts.append(path if self.line is None else f"{path}:{self.line}")
         if self.key:
             parts.append(self.key)
         return "".join(f"{part}: " for part in parts)
+
+    def shown(self, relative_to: str | None) -> str:
+        """The message with its path relative to ``relative_to`` where it lies below it."""
+        from ._definition import shown_path
+
+        path = self.path
+        if path is not None and relative_to is not None:
+            path = shown_path(path, relative_to)
+        return self._location(path) + self.message
 
 
 class UnknownBackendError(BackendRegistryError, LookupError):

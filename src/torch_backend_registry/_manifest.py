@@ -1,660 +1,314 @@
-"""The manifest model (schema version 1): reading, validating, locating errors.
-
-pydantic and tomli are imported here only, and this module is imported only
-when a manifest is first read, so ``import torch_backend_registry`` stays cheap.
-"""
+"""Reading one manifest file into definitions, each problem located at its file, line and key."""
 
 from __future__ import annotations
 
-import difflib
 import os
-import re
-import stat
-from collections.abc import Iterator
-from typing import Annotated, Any
 
-import tomli
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
-from pydantic_core import core_schema
-
-from ._definition import BackendDefinition, Source
+from ._definition import BackendDefinition, DefaultDeclaration, Discovery, Source
 from ._errors import ManifestError
+from ._files import Untrusted, parse_toml, read_text
+from ._positions import key_lines, table_prefix, toml_key
 
-SCHEMA_VERSION = 1
-NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*$"
-_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_DOTTED = rf"{_IDENT}(?:\.{_IDENT})*"
-TARGET_PATTERN = rf"^{_DOTTED}:{_DOTTED}$"
-MODULE_PATTERN = rf"^{_DOTTED}$"
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
-#: The table that holds the manifest inside ``pyproject.toml``.
-PYPROJECT_TABLE = ("tool", "torch-backends")
+    from ._definition import SourceKind
+    from ._positions import KeyLines
+    from ._schema import BackendEntry, Manifest
 
-Name = Annotated[str, Field(pattern=NAME_PATTERN)]
-ModuleName = Annotated[str, Field(pattern=MODULE_PATTERN)]
-Target = Annotated[str, Field(pattern=TARGET_PATTERN)]
+#: How deeply an option's value may nest (arrays and tables inside it). Far beyond
+#: any real option, and far enough below Python's recursion limit that comparing,
+#: hashing, copying or printing the value is always safe.
+MAX_VALUE_DEPTH = 100
 
-# What a user should have written, keyed by the pattern pydantic reports.
-_PATTERN_HINTS = {
-    NAME_PATTERN: "a name of letters, digits, '_' and '-', starting with a letter or '_'"
-    " (e.g. 'my_backend')",
-    TARGET_PATTERN: "a target 'module.path:attribute.path' (e.g. 'my_pkg.compilers:compile')",
-    MODULE_PATTERN: "a dotted module name (e.g. 'tensorrt' or 'torch_tensorrt.dynamo')",
-}
-_TYPE_WORDS = {
-    "string_type": "a string",
-    "bool_type": "true or false",
-    "int_type": "an integer",
-    "list_type": "an array",
-    "dict_type": "a table",
-    "model_type": "a table",
-    "model_attributes_type": "a table",
-}
 
+def manifest_table(data: dict[str, Any], prefix: tuple[str, ...]) -> object:
+    """The manifest's table inside a parsed document (``None`` where it has none)."""
+    table: object = data
+    for part in prefix:
+        table = table.get(part) if isinstance(table, dict) else None
+    return table
 
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
 
-
-class BackendEntry(BaseModel):
-    """One ``[backends.NAME]`` table."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        frozen=True,
-        alias_generator=_kebab,
-        title="Backend",
-        # What _target_or_chain checks, said so editors can check it too.
-        json_schema_extra={
-            "anyOf": [
-                {"required": ["target"]},
-                {"required": ["chain"]},
-                {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
-            ],
-            "not": {
-                "anyOf": [{"required": ["target", "chain"]}, {"required": ["chain", "options"]}]
-            },
-        },
-    )
-
-    target: Target | None = Field(
-        default=None,
-        description="The compiler function to import on first lookup: 'module.path:attribute'.",
-    )
-    chain: list[Name] | None = Field(
-        default=None,
-        min_length=1,
-        description="Instead of target: backend names to try in order, first that works wins.",
-    )
-    tags: list[Name] = Field(default_factory=list, description="Labels, e.g. 'debug'.")
-    description: str | None = Field(default=None, description="One line for listings.")
-    aliases: list[Name] = Field(
-        default_factory=list, description="More names for the same backend."
-    )
-    requires: list[ModuleName] = Field(
-        default_factory=list,
-        description="Modules that must be importable (checked, never imported).",
-    )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments bound to the target at load."
-    )
-    enabled: bool = Field(
-        default=True, description="false hides this name, also from lower sources."
-    )
-
-    @model_validator(mode="after")
-    def _target_or_chain(self) -> BackendEntry:
-        if self.enabled and (self.target is None) == (self.chain is None):
-            if self.target is None:
-                raise ValueError(
-                    "needs 'target' (\"module.path:attribute\") or 'chain' (a list of"
-                    " backend names), or 'enabled = false'"
-                )
-            raise ValueError("give exactly one of 'target' and 'chain', not both")
-        if self.chain is not None and self.options:
-            # A chain calls its members as they are declared; options here would be lost.
-            raise ValueError("'options' go with a 'target'; set them on the chain's members")
-        return self
-
-
-class Manifest(BaseModel):
-    """A ``backends.toml`` document (or ``[tool.torch-backends]`` in ``pyproject.toml``)."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        frozen=True,
-        alias_generator=_kebab,
-        title="torch-backend-registry manifest",
-        json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
-    )
-
-    schema_version: int = Field(
-        default=SCHEMA_VERSION,
-        ge=1,
-        le=SCHEMA_VERSION,
-        description=f"The manifest format version; this release reads {SCHEMA_VERSION}.",
-    )
-    default: Name | None = Field(
-        default=None, description="The backend torch.compile uses when given none."
-    )
-    python_path: list[str] = Field(
-        default_factory=list,
-        description="Folders, relative to this file, on sys.path while importing its targets.",
-    )
-    backends: dict[Name, BackendEntry] = Field(
-        default_factory=dict,
-        description="The backends this file declares, by name.",
-        json_schema_extra={"additionalProperties": False},
-    )
-
-
-class _TomlJsonSchema(GenerateJsonSchema):
-    """TOML has no null: an optional key is simply left out, so say nothing of null."""
-
-    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
-        return self.generate_inner(schema["schema"])
-
-    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
-        result = super().default_schema(schema)
-        if result.get("default", 0) is None:
-            del result["default"]
-        return result
-
-
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema of a manifest, as committed in ``schemas/backends.schema.json``."""
-    return Manifest.model_json_schema(by_alias=True, schema_generator=_TomlJsonSchema)
-
-
-# --------------------------------------------------------------------------- lines
-
-_BARE = r"[A-Za-z0-9_-]+"
-_BASIC = r'"(?:[^"\\]|\\.)*"'
-_LITERAL = r"'[^']*'"
-_PART = rf"(?:{_BARE}|{_BASIC}|{_LITERAL})"
-_DOTTED_KEY = rf"{_PART}(?:\s*\.\s*{_PART})*"
-_HEADER_RE = re.compile(rf"\s*\[\[?\s*({_DOTTED_KEY})\s*\]\]?")
-_KEY_RE = re.compile(rf"\s*({_DOTTED_KEY})\s*=")
-_PART_RE = re.compile(_PART)
-
-
-def _split_key(dotted: str) -> tuple[str, ...]:
-    if '"' not in dotted and "'" not in dotted:
-        # Bare keys (nearly all of them) hold no dots or quotes of their own.
-        return tuple(part.strip() for part in dotted.split("."))
-    parts = []
-    for match in _PART_RE.finditer(dotted):
-        part = match.group()
-        if part[0] == '"' and "\\" in part:
-            part = _unescape(part)
-        elif part[0] in "\"'":
-            part = part[1:-1]
-        parts.append(part)
-    return tuple(parts)
-
-
-def _unescape(quoted: str) -> str:
-    # Escapes are rare in keys; the parser itself reads them exactly as TOML does.
-    try:
-        return next(iter(tomli.loads(f"{quoted} = 0")))
-    except (tomli.TOMLDecodeError, StopIteration):
-        return quoted[1:-1]
-
-
-_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def toml_key(parts: tuple[str, ...]) -> str:
-    """A dotted key as TOML writes it: bare parts as they are, the others quoted.
-
-    Quoting also keeps a hostile key (a newline, a terminal escape, a bidi
-    override) from breaking the one line an error is printed on.
-    """
-    return ".".join(part if _BARE_KEY_RE.fullmatch(part) else _quote(part) for part in parts)
-
-
-def _quote(part: str) -> str:
-    out = ['"']
-    for char in part:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char.isprintable():
-            out.append(char)
-        elif ord(char) <= 0xFFFF:
-            out.append(f"\\u{ord(char):04X}")
-        else:
-            out.append(f"\\U{ord(char):08X}")
-    out.append('"')
-    return "".join(out)
-
-
-def _physical_lines(text: str) -> list[str]:
-    # Lines as TOML counts them: str.splitlines() also splits at \f, \x1c, \u2028 and
-    # others, which TOML allows inside comments and strings, and would shift every line.
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
-
-
-def key_lines(text: str) -> dict[tuple[str, ...], int]:
-    """Map each table header and key path of a TOML text to its first line (1-based).
-
-    TOML parsers do not report positions, so this light scan supplies them; a
-    key inside an inline table maps to the line of the table's own key.
-    """
-    lines: dict[tuple[str, ...], int] = {}
-    for number, table, parts in _scan(_physical_lines(text)):
-        # `[a.b.c]` also defines `a` and `a.b`, and `b.target = ...` the table `b`,
-        # on this line, unless they came before.
-        for end in range(1, len(parts) + 1):
-            lines.setdefault(table + parts[:end], number)
-    return lines
-
-
-def _scan(lines: list[str]) -> Iterator[tuple[int, tuple[str, ...], tuple[str, ...]]]:
-    """Each table header and key line as ``(number, table, parts)``; a header has no table."""
-    table: tuple[str, ...] = ()
-    in_string: str | None = None
-    for number, line in enumerate(lines, start=1):
-        if in_string is not None:
-            if in_string in line:
-                in_string = None
-            continue
-        if line.lstrip().startswith("["):
-            header = _HEADER_RE.match(line)
-            if header:
-                table = _split_key(header.group(1))
-                yield number, (), table
-                continue
-        key = _KEY_RE.match(line)
-        if key:
-            yield number, table, _split_key(key.group(1))
-            rest = line[key.end() :]
-            # Most values hold no triple quotes; only those need the careful scan.
-            if '"""' in rest or "'''" in rest:
-                in_string = _opens_multiline(rest)
-
-
-def _opens_multiline(value: str) -> str | None:
-    """The quotes of a multi-line string that ``value`` opens and leaves open, if any."""
-    i, end = 0, len(value)
-    while i < end:
-        char = value[i]
-        if char == "#":
-            return None
-        if value.startswith(('"""', "'''"), i):
-            quotes = value[i : i + 3]
-            close = value.find(quotes, i + 3)
-            if close == -1:
-                return quotes
-            i = close + 3
-        elif char == '"':
-            i += 1
-            while i < end and value[i] != '"':
-                i += 2 if value[i] == "\\" else 1
-            i += 1
-        elif char == "'":
-            close = value.find("'", i + 1)
-            i = end if close == -1 else close + 1
-        else:
-            i += 1
-    return None
-
-
-def _line_of(lines: dict[tuple[str, ...], int], path: tuple[str, ...]) -> int | None:
-    while path:
-        if path in lines:
-            return lines[path]
-        path = path[:-1]
-    return None
-
-
-# ------------------------------------------------------------------------ reading
-
-
-class ManifestResult:
-    """What one manifest file yields: definitions, problems and its ``default``."""
-
-    __slots__ = ("default", "default_line", "definitions", "path", "problems", "skipped")
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.definitions: list[BackendDefinition] = []
-        self.problems: list[ManifestError] = []
-        self.default: str | None = None
-        self.default_line: int | None = None
-        #: Why the file was left out on purpose (the trust rule), or ``None``.
-        self.skipped: ManifestError | None = None
-
-
-#: Far above any real manifest (10,000 backends take about 1 MB); a guard against a
-#: TORCH_BACKENDS_PATH entry naming the wrong file, read whole into memory otherwise.
-MAX_BYTES = 16 * 1024 * 1024
-
-# A FIFO named like a manifest would block open() until a writer comes; with
-# O_NONBLOCK it opens at once and fstat tells it is not a regular file.
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-
-
-class _Untrusted(ManifestError):
-    """A manifest left out by the trust rule: reported as a warning, not a problem."""
-
-
-def _untrusted_reason(info: os.stat_result) -> str | None:
-    """Why a manifest must not be used, or ``None``: the rule git applies (``safe.directory``)."""
-    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
-        return None
-    if info.st_mode & stat.S_IWOTH:
-        return "it is writable by every user"
-    if info.st_uid not in (0, os.getuid()):
-        return f"it is owned by another user (uid {info.st_uid})"
-    return None
-
-
-def read_text(path: str) -> str:
-    """Read a manifest's text; raise :class:`ManifestError` if it cannot or must not be used.
-
-    The checks are made on the opened file, so the file judged is the file read.
-    """
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except FileNotFoundError:
-        raise ManifestError("no such file", path=path) from None
-    except OSError as exc:
-        raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise ManifestError("is a directory, not a manifest; name a .toml file", path=path)
-        if not stat.S_ISREG(info.st_mode):
-            raise ManifestError("is not a regular file; name a .toml file", path=path)
-        reason = _untrusted_reason(info)
-        if reason is not None:
-            raise _Untrusted(
-                f"manifest not used: {reason}; fix its owner or mode (as git's safe.directory)",
-                path=path,
-            )
-        if info.st_size > MAX_BYTES:
-            raise _too_large(path)
-        with open(fd, "rb", closefd=False) as handle:
-            # A buffer of the size fstat gave, plus one byte that tells a file that grew
-            # since; such a file is read on, up to the limit.
-            data = handle.read(info.st_size + 1)
-            if len(data) > info.st_size:
-                data += handle.read(MAX_BYTES + 1 - len(data))
-    except OSError as exc:
-        raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
-        raise _too_large(path)
-    try:
-        # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        lines = _physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
-        line = data[: exc.start].count(b"\n") + 1
-        raise ManifestError(
-            f"not valid UTF-8 (byte {data[exc.start]:#04x}); save the file as UTF-8",
-            path=path,
-            line=line,
-            key=_key_at(lines, line),
-        ) from exc
-
-
-def _too_large(path: str) -> ManifestError:
-    return ManifestError(
-        f"is larger than {MAX_BYTES // 2**20} MiB, too large for a manifest; is it the right file?",
-        path=path,
-    )
-
-
-def _key_at(lines: list[str], line: int) -> str | None:
-    """The key (or table) written on ``line`` of ``lines``, dotted and quoted as TOML writes it."""
-    for number, table, parts in _scan(lines[:line]):
-        if number == line:
-            return toml_key(table + parts)
-    return None
-
-
-def _toml_error(path: str, text: str, exc: tomli.TOMLDecodeError) -> ManifestError:
-    lines = _physical_lines(text)
-    # Past the last line is the end of the document: point at the last line.
-    line = max(1, min(exc.lineno, len(lines)))
-    return ManifestError(f"invalid TOML: {exc.msg}", path=path, line=line, key=_key_at(lines, line))
-
-
-def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
-    # The parser gives no position here; the line with the most openings and dots
-    # is where such nesting is written in any file that reaches the limits.
-    lines = _physical_lines(text) or [""]
-    line = 1 + max(range(len(lines)), key=lambda i: sum(map(lines[i].count, "[{.")))
-    key = _key_at(lines, line)
-    if key is not None and len(key) > 200:
-        key = None  # the key is the problem: a thousand parts help no one read the line
-    return ManifestError(f"invalid TOML: {exc}; nest less deeply", path=path, line=line, key=key)
-
-
-def parse_toml(text: str) -> dict[str, Any]:
-    """Parse TOML text."""
-    return tomli.loads(text)
-
-
-def read_manifest(path: str, kind: str) -> ManifestResult | None:
+def read_manifest(path: str, kind: SourceKind) -> Discovery | None:
     """Read and validate one manifest file.
 
     A ``pyproject.toml`` is read from its ``[tool.torch-backends]`` table; if it
-    has none, ``None`` is returned. Errors of one backend are recorded on that
-    backend and in ``problems``; the file's other backends stay usable.
+    has none, ``None`` is returned. The problems of one backend are recorded on
+    that backend and in ``problems``; the file's other backends stay usable.
     """
-    result = ManifestResult(path)
-    text = ""
+    found = Discovery()
     try:
         text = read_text(path)
-        data: Any = tomli.loads(text)
-    except _Untrusted as exc:
-        result.skipped = exc
-        return result
+        data = parse_toml(path, text)
+    except Untrusted as exc:
+        found.warnings.append(exc)
+        return found
     except ManifestError as exc:
-        result.problems.append(exc)
-        return result
-    except tomli.TOMLDecodeError as exc:
-        result.problems.append(_toml_error(path, text, exc))
-        return result
-    except RecursionError as exc:  # tomli's own limits on nesting and key parts
-        result.problems.append(_too_deep(path, text, exc))
-        return result
-    prefix: tuple[str, ...] = ()
-    if os.path.basename(path) == "pyproject.toml":
-        prefix = PYPROJECT_TABLE
-        for part in prefix:
-            data = data.get(part) if isinstance(data, dict) else None
-        if data is None:
-            return None
-        if not isinstance(data, dict):
-            result.problems.append(
-                ManifestError("expected a table", path=path, line=None, key=toml_key(prefix))
-            )
-            return result
-    lines = key_lines(text)
-    _validate(result, data, kind, prefix, lines)
-    return result
+        found.problems.append(exc)
+        return found
+    prefix = table_prefix(path)
+    table = manifest_table(data, prefix)
+    if table is None and prefix:
+        return None
+    load_schema()
+    _Validation(found, path, kind, prefix, key_lines(text)).run(table)
+    return found
 
 
-def _validate(
-    result: ManifestResult,
-    data: dict[str, Any],
-    kind: str,
-    prefix: tuple[str, ...],
-    lines: dict[tuple[str, ...], int],
-) -> None:
-    path = result.path
+def load_schema() -> None:
+    """Import (and so build) the schema models, whatever is installed beside them.
 
-    def error(loc: tuple[str | int, ...], message: str) -> ManifestError:
-        keys = prefix + tuple(str(part) for part in loc if not isinstance(part, int))
-        return ManifestError(
-            message,
-            path=path,
-            line=_line_of(lines, keys) or _line_of(lines, prefix),
-            key=toml_key(keys),
-        )
+    pydantic scans every installed distribution's entry points for its plugins
+    when the first model is built, and one unreadable ``*.dist-info`` makes that
+    scan raise. Then the models are built with pydantic's documented switch
+    ``PYDANTIC_DISABLE_PLUGINS`` set for the moment it takes: our manifests need
+    no plugin, and a broken distribution elsewhere must not stop them.
+    """
+    import sys
 
-    version = data.get("schema-version", SCHEMA_VERSION)
-    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-        result.problems.append(
-            error(
-                ("schema-version",),
-                f"schema version {version} is newer than this release supports"
-                f" ({SCHEMA_VERSION}); upgrade torch-backend-registry or write"
-                f" schema-version = {SCHEMA_VERSION}",
-            )
-        )
+    if f"{__package__}._schema" in sys.modules:
         return
-
     try:
-        manifest: Manifest | None = Manifest.model_validate(data)
-        broken: dict[str, list[ManifestError]] = {}
-    except ValidationError as exc:
-        manifest = None
-        broken = {}
-        for item in exc.errors():
-            loc = tuple(item["loc"])
-            problem = error(_error_loc(loc), _describe(item, loc))
-            if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
-                broken.setdefault(loc[1], []).append(problem)
-            result.problems.append(problem)
+        from . import _schema
+    except ImportError:
+        raise
+    except Exception as exc:
+        from ._errors import warn
 
-    # On errors, keep what is valid: the document's own keys and each sound backend.
-    header = manifest if manifest is not None else _salvage_header(data)
-    result.default = header.default
-    result.default_line = _line_of(lines, (*prefix, "default"))
-    base = os.path.dirname(os.path.abspath(path))
-    python_path = tuple(os.path.normpath(os.path.join(base, p)) for p in header.python_path)
+        warn(
+            "pydantic's plugin scan failed on an installed distribution"
+            f" ({type(exc).__name__}: {exc}); manifests are validated without pydantic plugins"
+        )
+        previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+        os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+        try:
+            from . import _schema  # noqa: F401
+        finally:
+            if previous is None:
+                del os.environ["PYDANTIC_DISABLE_PLUGINS"]
+            else:
+                os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
 
-    raw_backends = data.get("backends")
-    if not isinstance(raw_backends, dict):
-        return
-    seen: dict[str, str] = {}
-    for name, raw in raw_backends.items():
-        header_path = (*prefix, "backends", str(name))
-        source = Source(kind, path=path, line=_line_of(lines, header_path))
-        problems = broken.get(name)
-        entry: BackendEntry | None = None
-        if problems is None:
+
+class _Validation:
+    """Validating one parsed document: each step one method, problems collected in ``found``."""
+
+    def __init__(
+        self,
+        found: Discovery,
+        path: str,
+        kind: SourceKind,
+        prefix: tuple[str, ...],
+        lines: KeyLines,
+    ) -> None:
+        self.found = found
+        self.path = path
+        self.kind = kind
+        self.prefix = prefix
+        self.lines = lines
+        #: Backends left out of validation for nesting too deeply, with their problem.
+        self.too_deep: dict[str, ManifestError] = {}
+
+    def error(self, loc: tuple[str | int, ...], message: str) -> ManifestError:
+        keys = self.prefix + tuple(str(part) for part in loc if not isinstance(part, int))
+        line = self.lines.line_of(keys)
+        return ManifestError(message, path=self.path, line=line, key=toml_key(keys))
+
+    def run(self, table: object) -> None:
+        if not isinstance(table, dict):
+            self.found.problems.append(
+                ManifestError("expected a table", path=self.path, key=toml_key(self.prefix))
+            )
+            return
+        if not self._version_supported(table):
+            return
+        data = self._without_deep_values(table)
+        from ._schema import HEADER_KEYS, Manifest
+
+        manifest, broken = self._validate(data, Manifest)
+        header = manifest if manifest is not None else self._salvage_header(data, HEADER_KEYS)
+        if header.default is not None:
+            self.found.default = DefaultDeclaration(
+                header.default,
+                self.path,
+                self.lines.line_of((*self.prefix, "default")),
+                toml_key((*self.prefix, "default")),
+            )
+        # Relative to the real file: a link to a manifest must not make its code
+        # come from the folder the link is in.
+        base = os.path.dirname(os.path.realpath(self.path))
+        python_path = tuple(
+            dict.fromkeys(os.path.normpath(os.path.join(base, p)) for p in header.python_path)
+        )
+        raw_backends = table.get("backends")
+        if isinstance(raw_backends, dict):
+            self._definitions(raw_backends, manifest, broken, python_path)
+
+    def _version_supported(self, table: dict[str, Any]) -> bool:
+        from ._schema import SCHEMA_VERSION
+
+        version = table.get("schema-version", SCHEMA_VERSION)
+        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+            self.found.problems.append(
+                self.error(
+                    ("schema-version",),
+                    f"schema version {version} is newer than this release supports"
+                    f" ({SCHEMA_VERSION}); upgrade torch-backend-registry or write"
+                    f" schema-version = {SCHEMA_VERSION}",
+                )
+            )
+            return False
+        return True
+
+    def _without_deep_values(self, table: dict[str, Any]) -> dict[str, Any]:
+        """``table`` less every backend whose options nest beyond the limit."""
+        # Only options take any value: every other key's type stops a deep value at
+        # its first level, and messages print values in a bounded form.
+        data = dict(table)
+        backends = data.get("backends")
+        if isinstance(backends, dict):
+            backends = data["backends"] = dict(backends)
+            for name, entry in list(backends.items()):
+                options = entry.get("options") if isinstance(entry, dict) else None
+                deep = _too_deep(options)
+                if deep is not None:
+                    loc = ("backends", name, "options", *deep)
+                    self.too_deep[name] = self._deep_problem(loc)
+                    del backends[name]
+        return data
+
+    def _deep_problem(self, loc: tuple[str | int, ...]) -> ManifestError:
+        problem = self.error(
+            loc, f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
+        )
+        self.found.problems.append(problem)
+        return problem
+
+    def _validate(
+        self, data: dict[str, Any], model: type[Manifest]
+    ) -> tuple[Manifest | None, dict[str, list[ManifestError]]]:
+        """The validated document, or ``None`` and each broken backend's problems."""
+        from pydantic import ValidationError
+
+        from ._schema import describe, error_loc
+
+        # Left out for nesting too deeply: broken, and already reported.
+        broken = {name: [problem] for name, problem in self.too_deep.items()}
+        try:
+            return model.model_validate(data), broken
+        except ValidationError as exc:
+            for item in exc.errors():
+                loc = tuple(item["loc"])
+                problem = self.error(error_loc(loc), describe(item, loc))
+                if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
+                    broken.setdefault(loc[1], []).append(problem)
+                self.found.problems.append(problem)
+            return None, broken
+
+    def _salvage_header(self, data: dict[str, Any], keys: tuple[str, ...]) -> Manifest:
+        """The document's own keys where they are valid, without its backends."""
+        from pydantic import ValidationError
+
+        from ._schema import Manifest
+
+        values: dict[str, Any] = {}
+        for key in keys:
+            if key in data:
+                try:
+                    Manifest.model_validate({key: data[key]})
+                except ValidationError:
+                    continue
+                values[key] = data[key]
+        return Manifest.model_validate(values)
+
+    def _definitions(
+        self,
+        raw_backends: dict[str, Any],
+        manifest: Manifest | None,
+        broken: dict[str, list[ManifestError]],
+        python_path: tuple[str, ...],
+    ) -> None:
+        from ._schema import BackendEntry
+
+        seen: dict[str, str] = {}
+        for name, raw in raw_backends.items():
+            source = Source(
+                self.kind,
+                path=self.path,
+                line=self.lines.line_of((*self.prefix, "backends", str(name))),
+            )
+            problems = broken.get(name)
+            if problems:
+                self.found.definitions.append(BackendDefinition(name, source, problem=problems[0]))
+                continue
             entry = (
                 manifest.backends[name]
                 if manifest is not None
                 else BackendEntry.model_validate(raw)
             )
-            for alias in entry.aliases:
-                if alias in seen or alias in raw_backends or alias == name:
-                    problem = error(
-                        ("backends", name, "aliases"),
-                        f"alias {alias!r} is already used by backend {seen.get(alias, alias)!r}"
-                        " in this file; each name and alias must be unique",
-                    )
-                    result.problems.append(problem)
-                    problems = [problem]
-                seen.setdefault(alias, name)
-        if problems is not None or entry is None:
-            result.definitions.append(
-                BackendDefinition(
-                    name, source, enabled=True, error=problems[0] if problems else None
-                )
-            )
-            continue
-        result.definitions.append(
-            BackendDefinition(
-                name,
-                source,
-                target=entry.target,
-                chain=tuple(entry.chain) if entry.chain is not None else None,
-                tags=tuple(entry.tags),
-                description=entry.description,
-                aliases=tuple(entry.aliases),
-                requires=tuple(entry.requires),
-                options=entry.options,
-                enabled=entry.enabled,
-                python_path=python_path,
-            )
-        )
-
-
-def _salvage_header(data: dict[str, Any]) -> Manifest:
-    """The document's own keys where they are valid, without its backends."""
-    values: dict[str, Any] = {}
-    for key in ("schema-version", "default", "python-path"):
-        if key in data:
-            try:
-                Manifest.model_validate({key: data[key]})
-            except ValidationError:
+            problem = self._alias_problem(name, entry, raw_backends, seen)
+            if problem is not None:
+                self.found.definitions.append(BackendDefinition(name, source, problem=problem))
                 continue
-            values[key] = data[key]
-    return Manifest.model_validate(values)
+            self.found.definitions.append(_definition(name, source, entry, python_path))
+
+    def _alias_problem(
+        self,
+        name: str,
+        entry: BackendEntry,
+        raw_backends: dict[str, Any],
+        seen: dict[str, str],
+    ) -> ManifestError | None:
+        """A name or alias used twice in this file is a problem at the later alias."""
+        problem = None
+        for alias in entry.aliases:
+            if alias in seen or alias in raw_backends or alias == name:
+                problem = problem or self.error(
+                    ("backends", name, "aliases"),
+                    f"alias {alias!r} is already used by backend {seen.get(alias, alias)!r}"
+                    " in this file; each name and alias must be unique",
+                )
+            seen.setdefault(alias, name)
+        if problem is not None:
+            self.found.problems.append(problem)
+        return problem
 
 
-def _error_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
-    # pydantic reports a bad dict key as (..., key, "[key]") and a failed
-    # model validator on the model itself; both read better without the marker.
-    return tuple(part for part in loc if part != "[key]")
-
-
-def _fields_of(loc: tuple[str | int, ...]) -> list[str]:
-    strings = [part for part in loc if isinstance(part, str)]
-    model: type[BaseModel] = (
-        BackendEntry if len(strings) >= 3 and strings[0] == "backends" else Manifest
+def _definition(
+    name: str, source: Source, entry: BackendEntry, python_path: tuple[str, ...]
+) -> BackendDefinition:
+    return BackendDefinition(
+        name,
+        source,
+        target=entry.target,
+        chain=tuple(entry.chain) if entry.chain is not None else None,
+        tags=tuple(entry.tags),
+        description=entry.description,
+        aliases=tuple(entry.aliases),
+        requires=tuple(entry.requires),
+        options=entry.options,
+        enabled=entry.enabled,
+        python_path=python_path,
     )
-    return [field.alias or name for name, field in model.model_fields.items()]
 
 
-def _describe(item: Any, loc: tuple[str | int, ...]) -> str:
-    kind = item["type"]
-    given = item.get("input")
-    index = next((part for part in reversed(loc) if isinstance(part, int)), None)
-    at = f"item {index}: " if index is not None else ""
-    if kind == "extra_forbidden":
-        key = str(loc[-1])
-        known = _fields_of(loc)
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
-        return f"unknown key {key!r}; {hint}"
-    if kind == "missing":
-        return f"missing required key {str(loc[-1])!r}"
-    if kind == "string_pattern_mismatch":
-        pattern = item.get("ctx", {}).get("pattern", "")
-        what = "key" if "[key]" in loc else "value"
-        return f"{at}invalid {what} {given!r}: expected {_PATTERN_HINTS.get(pattern, pattern)}"
-    if kind in _TYPE_WORDS:
-        return f"{at}expected {_TYPE_WORDS[kind]}, got {_toml_type(given)} {_short(given)}"
-    if kind == "value_error":
-        return str(item["msg"]).removeprefix("Value error, ")
-    if kind in ("less_than_equal", "greater_than_equal") and loc[-1] == "schema-version":
-        return f"unsupported schema version {given!r}; this release reads {SCHEMA_VERSION}"
-    if kind == "too_short":
-        return "must not be empty"
-    return f"{at}{item['msg']}"
+def _too_deep(value: object) -> tuple[str | int, ...] | None:
+    """The key path at which ``value`` nests beyond :data:`MAX_VALUE_DEPTH`, or ``None``.
 
-
-def _toml_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "table"
-    return type(value).__name__
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    Iterative, so that the check itself cannot exhaust the stack.
+    """
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        current, loc = stack.pop()
+        if isinstance(current, dict):
+            items: Any = current.items()
+        elif isinstance(current, list):
+            items = enumerate(current)
+        else:
+            continue
+        if len(loc) >= MAX_VALUE_DEPTH:
+            return loc
+        stack.extend((child, (*loc, key)) for key, child in items)
+    return None

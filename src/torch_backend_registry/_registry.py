@@ -1,13 +1,10 @@
-"""The registry: merges the sources by precedence, resolves names, loads on first use."""
+"""The registry: caches what the sources found, resolves names by the merge, loads on first use."""
 
 from __future__ import annotations
 
 import os
 
-# The C lock itself: `threading` would add milliseconds to `import torch_backend_registry`.
-from _thread import RLock
-
-from ._definition import BackendDefinition, Source, target_of
+from ._definition import SOURCE_KINDS, BackendDefinition, Source, target_of
 from ._errors import (
     BackendRegistryError,
     DuplicateBackendError,
@@ -15,14 +12,15 @@ from ._errors import (
     UnknownBackendError,
     warn,
 )
-from ._sources import ENV_VAR, SOURCE_KINDS, SOURCES, Context
+from ._locks import ForkSafeLock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, TypeVar, overload
 
-    from ._sources import Found
+    from ._definition import DefaultDeclaration, Discovery, SourceKind
+    from ._merge import Index
 
     CompilerFn = Callable[..., Any]
     F = TypeVar("F", bound=Callable[..., Any])
@@ -30,26 +28,16 @@ if TYPE_CHECKING:
 DEFAULT_EXCLUDE_TAGS = ("debug", "experimental")
 
 
-class _Index:
-    """The merge of some sources: every name and alias to its definitions, highest first."""
-
-    __slots__ = ("by_key", "default", "problems", "warnings")
-
-    def __init__(self) -> None:
-        self.by_key: dict[str, list[BackendDefinition]] = {}
-        self.default: tuple[str, str, int | None] | None = None
-        self.problems: list[ManifestError] = []
-        self.warnings: list[ManifestError] = []
-
-
 class Registry:
     """A backend registry with its own working directory, environment and sources.
 
     ``cwd`` is where the project manifest is looked for (default: the current
-    directory at discovery time), ``environ`` supplies ``TORCH_BACKENDS_PATH``
-    (default: ``os.environ``), ``sources`` picks source kinds out of
-    ``("runtime", "env", "project", "entry-point", "torch")``; precedence stays
-    the documented one whatever the order given.
+    directory at discovery time; it must exist), ``environ`` supplies
+    ``TORCH_BACKENDS_PATH`` (default: ``os.environ``), ``sources`` picks source
+    kinds out of ``("runtime", "env", "project", "entry-point", "torch")``
+    (precedence stays the documented one whatever the order given), and
+    ``files`` names manifests to read as the env source instead of
+    ``TORCH_BACKENDS_PATH`` (what ``torch-backends check FILE...`` does).
     """
 
     def __init__(
@@ -58,6 +46,7 @@ class Registry:
         cwd: str | os.PathLike[str] | None = None,
         environ: Mapping[str, str] | None = None,
         sources: Iterable[str] | None = None,
+        files: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         kinds = SOURCE_KINDS if sources is None else tuple(sources)
         unknown = [kind for kind in kinds if kind not in SOURCE_KINDS]
@@ -65,19 +54,23 @@ class Registry:
             raise ValueError(
                 f"unknown source kind {unknown[0]!r}; expected some of {', '.join(SOURCE_KINDS)}"
             )
-        self._kinds = tuple(kind for kind in SOURCE_KINDS if kind in kinds)
+        self._kinds: tuple[SourceKind, ...] = tuple(k for k in SOURCE_KINDS if k in kinds)
         self._cwd = None if cwd is None else os.fspath(cwd)
+        if self._cwd is not None and not os.path.isdir(self._cwd):
+            raise NotADirectoryError(
+                f"Registry(cwd={self._cwd!r}): no such folder; the project manifest is"
+                " looked for there and in its parents"
+            )
         self._environ = environ
-        # Files given one by one (`torch-backends check FILE...`): a name may hold
-        # os.pathsep, so they cannot go through TORCH_BACKENDS_PATH.
-        self._env_files: tuple[str, ...] | None = None
-        self._lock = RLock()
+        self._files = None if files is None else tuple(os.fspath(f) for f in files)
+        self._lock = ForkSafeLock()
         self._runtime: dict[str, BackendDefinition] = {}
         # Named caches, all cleared by refresh(): what each source found, the
-        # merges built from them, and the loaded callables by name (the hot path)
-        # and by definition (so that a name and its aliases give one object).
-        self._found: dict[str, Found] = {}
-        self._indexes: dict[bool, _Index] = {}
+        # merges built from them, availability answers, and the loaded callables
+        # by name (the hot path) and by definition (a name and its aliases give one object).
+        self._found: dict[SourceKind, Discovery] = {}
+        self._indexes: dict[bool, Index] = {}
+        self._available: dict[BackendDefinition, str | None] = {}
         self._loaded: dict[str, CompilerFn] = {}
         self._by_definition: dict[BackendDefinition, CompilerFn] = {}
         # Bumped (under the lock) whenever the caches are cleared, so a load that
@@ -89,89 +82,57 @@ class Registry:
         return f"Registry(cwd={self._cwd!r}, sources={self._kinds!r})"
 
     @property
-    def sources(self) -> tuple[str, ...]:
+    def sources(self) -> tuple[SourceKind, ...]:
         """The source kinds this registry reads, highest precedence first."""
         return self._kinds
 
     # ------------------------------------------------------------------ discovery
 
-    def _source(self, kind: str) -> Found:
+    def _discover(self, kind: SourceKind) -> Discovery:
         found = self._found.get(kind)
-        if found is None:
-            try:
-                cwd: str | None = os.path.abspath(self._cwd or os.getcwd())
-            except OSError:  # the working directory was removed under the process
-                cwd = None
-            if self._env_files is not None:
-                entries: Sequence[str] = self._env_files
-            else:
-                environ = self._environ if self._environ is not None else os.environ
-                entries = environ.get(ENV_VAR, "").split(os.pathsep)
-            ctx = Context(cwd, entries, self._runtime)
-            reader = dict(SOURCES)[kind]
-            found = reader(ctx)
-            if kind != "runtime":
-                self._found[kind] = found
-            _warn(found)
+        if found is not None:
+            return found
+        from ._sources import ENV_VAR, READERS, Context
+
+        try:
+            cwd: str | None = os.path.abspath(self._cwd or os.getcwd())
+        except OSError:  # the working directory was removed under the process
+            cwd = None
+        environ = self._environ if self._environ is not None else os.environ
+        entries = environ.get(ENV_VAR, "").split(os.pathsep)
+        found = READERS[kind](Context(cwd, entries, self._runtime, self._files))
+        if kind != "runtime":
+            self._found[kind] = found
+        _warn(found)
         return found
 
-    def _index(self, with_torch: bool = True) -> _Index:
+    def _index(self, with_torch: bool = True) -> Index:
         with_torch = with_torch and "torch" in self._kinds
         index = self._indexes.get(with_torch)
         if index is not None:
             return index
+        from ._merge import merge
+
         with self._lock:
             index = self._indexes.get(with_torch)
-            if index is not None:  # another thread merged while this one waited
-                return index
-            index = _Index()
-            by_key = index.by_key
-            for kind in self._kinds:
-                if kind == "torch" and not with_torch:
-                    continue
-                found = self._source(kind)
-                index.problems.extend(found.problems)
-                index.warnings.extend(found.warnings)
-                if index.default is None and found.default is not None:
-                    index.default = found.default
-                for definition in found.definitions:
-                    name = definition.name
-                    if name in by_key:
-                        by_key[name].append(definition)
-                    else:
-                        by_key[name] = [definition]
-                    if definition.enabled:
-                        for alias in definition.aliases:
-                            by_key.setdefault(alias, []).append(definition)
-            self._indexes[with_torch] = index
+            if index is None:  # else another thread merged while this one waited
+                kinds = [k for k in self._kinds if with_torch or k != "torch"]
+                index = self._indexes[with_torch] = merge([self._discover(k) for k in kinds])
             return index
 
-    def _candidates(self, name: str) -> list[BackendDefinition] | None:
-        found = self._index(with_torch=False).by_key.get(name)
-        if found is None and "torch" in self._kinds:
-            found = self._index().by_key.get(name)
-        return found
+    def _resolving_index(self, name: str) -> Index:
+        """The index to resolve ``name`` in: PyTorch's backends are read only on a miss.
 
-    def _winner(self, name: str, candidates: list[BackendDefinition] | None) -> BackendDefinition:
-        if not candidates:
-            raise self._unknown(name)
-        winner = candidates[0]
-        if winner._error is not None:
-            raise winner._error
-        if not winner.enabled:
-            raise self._unknown(name, note=f"disabled by {winner.source.describe()}")
-        return winner
+        They are the lowest source, so a name found above them resolves the same
+        with or without them.
+        """
+        index = self._index(with_torch=False)
+        if name not in index.by_key and "torch" in self._kinds:
+            index = self._index()
+        return index
 
-    def _unknown(self, name: str, note: str = "") -> UnknownBackendError:
-        import difflib
-
-        index = self._index()
-        if not note and index.problems:
-            # The name may live in a manifest that could not be read.
-            note = f"{len(index.problems)} manifest problem(s) found; run 'torch-backends check'"
-        usable = [key for key, defs in index.by_key.items() if defs[0].usable]
-        suggestions = difflib.get_close_matches(name, usable, n=3, cutoff=0.6)
-        return UnknownBackendError(name, suggestions, note=note)
+    def _resolve(self, name: str) -> BackendDefinition:
+        return self._resolving_index(name).resolve(name)
 
     # ------------------------------------------------------------------ public API
 
@@ -212,7 +173,11 @@ class Registry:
                 raise DuplicateBackendError(name, self._runtime[name].source)
             source = Source("runtime", module=getattr(compiler_fn, "__module__", None))
             self._runtime[name] = BackendDefinition(
-                name, source, tags=tuple(tags), obj=compiler_fn, target=target_of(compiler_fn)
+                name,
+                source,
+                tags=tuple(tags),
+                compiler_fn=compiler_fn,
+                target=target_of(compiler_fn),
             )
             # As PyTorch does; a builtin or slotted callable keeps its tags in the definition.
             # (try/except rather than contextlib.suppress: contextlib costs import time.)
@@ -220,14 +185,28 @@ class Registry:
                 compiler_fn._tags = tuple(tags)  # type: ignore[attr-defined]
             except (AttributeError, TypeError):
                 pass
-            self._indexes.clear()
-            self._loaded.pop(name, None)
-            self._generation += 1
-            if self._installed:
-                from ._torch import install_names
+            self._forget_merges()
+            installed = self._installed
+        # Outside the registry lock: the torch bridge takes its own lock, then ours.
+        if installed:
+            from ._torch import install_names
 
-                install_names(self, [name])
+            install_names(self, [name])
         return compiler_fn
+
+    def unregister_backend(self, name: str) -> None:
+        """Forget a runtime registration (for tests and reloading code); others stay."""
+        with self._lock:
+            if self._runtime.pop(name, None) is None:
+                raise UnknownBackendError(name, note="not registered at runtime")
+            self._forget_merges()
+
+    def _forget_merges(self) -> None:
+        self._indexes.clear()
+        self._available.clear()
+        self._loaded.clear()
+        self._by_definition.clear()
+        self._generation += 1
 
     def lookup_backend(self, name_or_fn: str | CompilerFn) -> CompilerFn:
         """Return the callable for a backend name, importing it on first use.
@@ -254,14 +233,18 @@ class Registry:
         # per-module import lock makes threads that import one target wait for
         # each other, so it runs once; the first callable stored is what all get.
         generation = self._generation
-        definition = self._winner(name, self._candidates(name))
-        if definition._obj is not None:
-            fn = definition._obj
+        index = self._resolving_index(name)
+        definition = index.resolve(name)
+        fn: CompilerFn
+        if definition.compiler_fn is not None:
+            fn = definition.compiler_fn
         elif definition.chain is not None:
             from ._chain import ChainBackend
             from ._loader import check_requirements
 
-            self._check_cycle(definition)
+            problem = self._chain_problem(definition)
+            if problem is not None:
+                raise problem
             check_requirements(definition)
             fn = ChainBackend(self, definition)
         else:
@@ -275,6 +258,25 @@ class Registry:
             fn = self._loaded[name] = self._by_definition.setdefault(definition, fn)
             return fn
 
+    def _chain_problem(
+        self, definition: BackendDefinition, *, unknown_members: bool = False
+    ) -> ManifestError | None:
+        """Why a chain cannot be used (it loops, nests too deeply), or names no backend.
+
+        PyTorch's backends are read only where a member is not found without them.
+        """
+
+        def problem(index: Index) -> ManifestError | None:
+            found = index.chain_problems().get(definition.name)
+            if found is None and unknown_members:
+                found = index.unknown_members().get(definition.name)
+            return found
+
+        found = problem(self._index(with_torch=False))
+        if found is not None and "torch" in self._kinds:
+            found = problem(self._index())
+        return found
+
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
         """Sorted backend names, leaving out those with a tag in ``exclude_tags``.
 
@@ -283,18 +285,21 @@ class Registry:
         return [d.name for d in self.definitions(exclude_tags)]
 
     def definitions(
-        self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS
+        self,
+        exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS,
+        *,
+        with_torch: bool = True,
     ) -> list[BackendDefinition]:
-        """The winning definition of every listed backend, sorted by name."""
+        """The winning definition of every listed backend, sorted by name.
+
+        ``with_torch=False`` leaves PyTorch's own backends out (and torch unimported).
+        """
         exclude = set(exclude_tags or ())
-        result = []
-        for key, candidates in self._index().by_key.items():
-            winner = candidates[0]
-            if winner.name != key or not winner.usable:
-                continue
-            if exclude and exclude.intersection(winner.tags):
-                continue
-            result.append(winner)
+        result = [
+            d
+            for d in self._index(with_torch).winners()
+            if not (exclude and exclude.intersection(d.tags))
+        ]
         result.sort(key=lambda d: d.name)
         return result
 
@@ -303,22 +308,62 @@ class Registry:
 
         Its ``shadowed`` holds the lower definitions of the same name. Imports nothing.
         """
-        candidates = self._index().by_key.get(name)
-        winner = self._winner(name, candidates)
-        assert candidates is not None
-        return winner._replace_shadowed(tuple(candidates[1:]))
+        index = self._index()
+        winner = index.resolve(name)
+        return winner.with_shadowed(index.shadowed(winner))
+
+    def why_unavailable(self, definition: BackendDefinition) -> str | None:
+        """Why ``definition`` cannot be used here, or ``None`` when it can, without importing.
+
+        Its ``requires`` are looked for (no code runs); a chain can be used when one
+        of its members can, and the reason names each member's.
+        """
+        if definition in self._available:
+            return self._available[definition]
+        from ._loader import missing_requirements
+
+        reason: str | None = None
+        missing = missing_requirements(definition)
+        if missing:
+            reason = "missing " + ", ".join(missing)
+        elif definition.chain is not None:
+            reason = self._why_chain_unavailable(definition)
+        self._available[definition] = reason
+        return reason
+
+    def _why_chain_unavailable(self, definition: BackendDefinition) -> str | None:
+        problem = self._chain_problem(definition)
+        if problem is not None:
+            return problem.message
+        self._available[definition] = "its members refer back to it"  # a guard while walking
+        index = self._index()
+        reasons = []
+        for member in dict.fromkeys(definition.chain or ()):
+            try:
+                info = index.resolve(member)
+            except BackendRegistryError as exc:
+                reasons.append(f"{member}: {_first_clause(exc)}")
+                continue
+            why = self.why_unavailable(info)
+            if why is None:
+                return None
+            reasons.append(f"{member}: {why}")
+        return "no member can be used (" + "; ".join(reasons) + ")"
 
     def is_registered_backend(self, compiler_fn: CompilerFn) -> bool:
         """Whether ``compiler_fn`` is (or wraps) a backend of this registry, as PyTorch's check."""
         with self._lock:  # other threads may be adding to both
-            known = [d._obj for d in self._runtime.values()]
+            known = [d.compiler_fn for d in self._runtime.values()]
             known.extend(self._loaded.values())
         if any(fn is compiler_fn for fn in known):
             return True
         compiler_name = getattr(compiler_fn, "compiler_name", None)
         if isinstance(compiler_name, str):
-            candidates = self._candidates(compiler_name)
-            if candidates and candidates[0].usable:
+            try:
+                self._resolve(compiler_name)
+            except BackendRegistryError:
+                pass
+            else:
                 return True
         inner = getattr(compiler_fn, "compiler_fn", None)
         return inner is not None and any(fn is inner for fn in known)
@@ -332,11 +377,9 @@ class Registry:
         """
         with self._lock:
             self._found.clear()
-            self._indexes.clear()
-            self._loaded.clear()
-            self._by_definition.clear()
-            self._generation += 1
-        if self._installed:
+            self._forget_merges()
+            installed = self._installed
+        if installed:
             self.install()
 
     def install(self) -> None:
@@ -344,74 +387,47 @@ class Registry:
 
         Also applies a manifest's ``default``. Idempotent.
         """
-        from ._torch import install
+        from ._torch import apply_default, install_names, prepare
 
-        install(self)
+        prepare()
+        with self._lock:
+            self._installed = True
+        index = self._index(with_torch=False)
+        names = [
+            key
+            for key in index.by_key
+            # PyTorch reads the entry points itself; the same ones, in the same order.
+            if (d := index.get(key)) is not None and d.source.kind != "entry-point"
+        ]
+        install_names(self, names)
+        apply_default(self, self.default_backend())
 
-    def default_backend(self) -> tuple[str, str, int | None] | None:
-        """The first manifest ``default`` by precedence, as ``(name, path, line)``."""
+    def default_backend(self) -> DefaultDeclaration | None:
+        """The first manifest ``default`` by precedence."""
         return self._index(with_torch=False).default
 
     def problems(self, *, with_torch: bool = True) -> list[BackendRegistryError]:
-        """Every problem of the discovered manifests, and chains that loop."""
+        """Every problem of the discovered manifests: bad entries, chains, the default."""
         index = self._index(with_torch)
         problems: list[BackendRegistryError] = [*index.problems, *index.warnings]
-        if index.default is not None:
-            name, path, line = index.default
-            try:
-                self._winner(name, index.by_key.get(name))
-            except UnknownBackendError as exc:
-                problems.append(
-                    ManifestError(str(exc), path=path, line=line, key=_key_in(path, "default"))
-                )
-            except BackendRegistryError:
-                pass  # the backend's own problem is reported already
-        for key, candidates in index.by_key.items():
-            winner = candidates[0]
-            if winner.name == key and winner.usable and winner.chain is not None:
-                try:
-                    self._check_cycle(winner, with_torch)
-                except ManifestError as exc:
-                    problems.append(exc)
+        default = index.default_problem()
+        if default is not None and with_torch and "torch" in self._kinds:
+            default = self._index().default_problem()
+        if default is not None:
+            problems.append(default)
+        for definition in index.winners():
+            if definition.chain is not None:
+                problem = self._chain_problem(definition, unknown_members=True)
+                if problem is not None:
+                    problems.append(problem)
         return problems
 
-    def _check_cycle(self, definition: BackendDefinition, with_torch: bool = True) -> None:
-        index = self._index(with_torch)
-        path = [definition.name]
 
-        def visit(current: BackendDefinition) -> None:
-            for member in current.chain or ():
-                candidates = index.by_key.get(member)
-                if not candidates or not candidates[0].usable:
-                    continue
-                nxt = candidates[0]
-                if nxt is definition:
-                    trail = " -> ".join([*path, member])
-                    source = definition.source
-                    raise ManifestError(
-                        f"chain {definition.name!r} names itself ({trail}); remove the loop",
-                        path=source.path,
-                        line=source.line,
-                        key=_key_in(source.path, f"backends.{definition.name}.chain"),
-                    )
-                if nxt.chain is not None and nxt.name not in path:
-                    path.append(nxt.name)
-                    visit(nxt)
-                    path.pop()
-
-        visit(definition)
+def _first_clause(exc: BaseException) -> str:
+    return str(exc).split(". ", 1)[0]
 
 
-def _key_in(path: str | None, key: str) -> str:
-    """A manifest key as written in its file: under ``tool.torch-backends`` in pyproject.toml."""
-    if path is not None and os.path.basename(path) == "pyproject.toml":
-        return f"tool.torch-backends.{key}"
-    return key
-
-
-def _warn(found: Found) -> None:
-    if not (found.problems or found.warnings):
-        return
+def _warn(found: Discovery) -> None:
     for skipped in found.warnings:
         warn(str(skipped))
     for problem in found.problems:

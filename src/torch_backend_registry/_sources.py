@@ -1,22 +1,18 @@
-"""Discovery sources: each reads one kind of input and returns definitions.
-
-Sources handle strings only; nothing here imports a backend's code.
-"""
+"""Discovery sources: each reads one kind of input into a Discovery, and imports no backend code."""
 
 from __future__ import annotations
 
 import os
 
-from ._definition import BackendDefinition, Source
+from ._definition import SOURCE_KINDS, BackendDefinition, Discovery, Source
 from ._errors import ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from importlib.metadata import Distribution, EntryPoint
-    from typing import Any
 
-    from ._manifest import ManifestResult
+    from ._definition import SourceKind
 
 #: The environment variable naming extra manifests (files or directories).
 ENV_VAR = "TORCH_BACKENDS_PATH"
@@ -25,64 +21,51 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 PROJECT_FILES = ("backends.toml", "pyproject.toml")
 
 
-class Found:
-    """What one source yields."""
-
-    __slots__ = ("default", "definitions", "problems", "warnings")
-
-    def __init__(self) -> None:
-        self.definitions: list[BackendDefinition] = []
-        self.problems: list[ManifestError] = []
-        #: ``(name, path, line)`` of the first manifest ``default`` met.
-        self.default: tuple[str, str, int | None] | None = None
-        #: Manifests left out on purpose (untrusted), reported as warnings.
-        self.warnings: list[ManifestError] = []
-
-
 class Context:
     """The inputs of a discovery: a working directory, the env entries, runtime entries."""
 
-    __slots__ = ("cwd", "env_entries", "runtime")
+    __slots__ = ("cwd", "env_entries", "files", "runtime")
 
     def __init__(
         self,
         cwd: str | None,
         env_entries: Sequence[str],
         runtime: Mapping[str, BackendDefinition],
+        files: Sequence[str] | None = None,
     ) -> None:
         #: An absolute path, or ``None`` when the working directory no longer exists.
         self.cwd = cwd
         #: The manifest files and directories of the env source, highest first.
         self.env_entries = env_entries
         self.runtime = runtime
+        #: Manifest files given one by one, read instead of the env entries.
+        self.files = files
 
 
-def _read(path: str, kind: str, found: Found) -> ManifestResult | None:
+def _read(path: str, kind: SourceKind, found: Discovery) -> bool:
+    """Fold one manifest into ``found``; ``False`` for a pyproject.toml without our table."""
     from ._manifest import read_manifest
 
     result = read_manifest(path, kind)
     if result is None:
-        return None
-    if result.skipped is not None:
-        found.warnings.append(result.skipped)
-    found.definitions.extend(result.definitions)
-    found.problems.extend(result.problems)
-    if result.default is not None and found.default is None:
-        found.default = (result.default, path, result.default_line)
-    return result
+        return False
+    found.add(result)
+    return True
 
 
-def runtime_source(ctx: Context) -> Found:
+def runtime_source(ctx: Context) -> Discovery:
     """``register_backend`` calls made in this process."""
-    found = Found()
+    found = Discovery()
     found.definitions.extend(ctx.runtime.values())
     return found
 
 
-def env_paths(ctx: Context) -> tuple[list[str], list[ManifestError]]:
-    """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first."""
+def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
+    """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first, and what went wrong."""
+    from ._files import Untrusted, untrusted_folder, untrusted_message
+
     files: list[str] = []
-    problems: list[ManifestError] = []
+    found = Discovery()
     for entry in ctx.env_entries:
         if not entry.strip():
             continue
@@ -90,7 +73,7 @@ def env_paths(ctx: Context) -> tuple[list[str], list[ManifestError]]:
         if ctx.cwd is not None:
             path = os.path.join(ctx.cwd, path)
         if not os.path.isabs(path):
-            problems.append(
+            found.problems.append(
                 ManifestError(
                     f"relative entry of {ENV_VAR} and the working directory no longer exists;"
                     " use an absolute path",
@@ -98,33 +81,51 @@ def env_paths(ctx: Context) -> tuple[list[str], list[ManifestError]]:
                 )
             )
         elif os.path.isdir(path):
+            # Whoever can write here can add a manifest: the folder must be trusted.
+            reason = untrusted_folder(path)
+            if reason is not None:
+                found.warnings.append(
+                    Untrusted(untrusted_message(f"folder named by {ENV_VAR}", reason), path=path)
+                )
+                continue
+            try:
+                names = sorted(os.listdir(path))
+            except OSError as exc:
+                found.problems.append(
+                    ManifestError(
+                        f"cannot list the folder named by {ENV_VAR}: {exc.strerror or exc}",
+                        path=path,
+                    )
+                )
+                continue
             files.extend(
                 os.path.join(path, name)
-                for name in sorted(os.listdir(path))
+                for name in names
                 if name.endswith(".toml") and os.path.isfile(os.path.join(path, name))
             )
-        elif os.path.exists(path):
+        elif os.path.lexists(path):
             files.append(path)
         else:
-            problems.append(
+            found.problems.append(
                 ManifestError(
                     f"no such file or directory (named by {ENV_VAR}={entry!r}); remove the"
                     " entry or create the file",
                     path=entry,
                 )
             )
-    return files, problems
+    return files, found
 
 
-def env_source(ctx: Context) -> Found:
-    """Manifests named by ``TORCH_BACKENDS_PATH``, earlier entries first."""
-    found = Found()
-    files, found.problems = env_paths(ctx)
+def env_source(ctx: Context) -> Discovery:
+    """Manifests named by ``TORCH_BACKENDS_PATH`` (or given as files), earlier entries first."""
+    if ctx.files is not None:
+        files, found = list(ctx.files), Discovery()
+    else:
+        files, found = env_paths(ctx)
     for path in files:
-        result = _read(path, "env", found)
-        if result is None and os.path.basename(path) == "pyproject.toml":
+        if not _read(path, "env", found):
             found.problems.append(
-                ManifestError(f"has no [tool.torch-backends] table (named by {ENV_VAR})", path=path)
+                ManifestError("has no [tool.torch-backends] table; nothing to read", path=path)
             )
     return found
 
@@ -139,7 +140,7 @@ def project_manifest(cwd: str) -> str | None:
         if os.path.lexists(candidate):
             return candidate
         candidate = os.path.join(directory, PROJECT_FILES[1])
-        if os.path.isfile(candidate) and _declares_table(candidate):
+        if os.path.lexists(candidate) and _declares_table(candidate):
             return candidate
         parent = os.path.dirname(directory)
         if parent == directory:
@@ -148,29 +149,35 @@ def project_manifest(cwd: str) -> str | None:
 
 
 def _declares_table(pyproject: str) -> bool:
-    # A cheap text test first: most pyproject.toml files have no such table,
-    # and parsing every one met on the way up would cost more than reading.
-    try:
-        with open(pyproject, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return False
-    if "torch-backends" not in text:
-        return False
-    from ._manifest import PYPROJECT_TABLE, parse_toml
+    """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``.
+
+    Read through the same safe path as manifests (size limit, no waiting on a
+    FIFO); one that cannot be read or is another tool's only is passed by. Its
+    trust is judged when it is read as the manifest, which warns.
+    """
+    from ._files import Untrusted, parse_toml, read_text
+    from ._positions import PYPROJECT_TABLE
 
     try:
-        data: Any = parse_toml(text)
-    except ValueError:  # tomli.TOMLDecodeError
-        return True  # reading it reports the syntax error with its line
-    for part in PYPROJECT_TABLE:
-        data = data.get(part) if isinstance(data, dict) else None
-    return data is not None
+        text = read_text(pyproject)
+    except Untrusted:
+        return True  # reading it as the manifest says why it is not used
+    except ManifestError:
+        return False
+    # A cheap text test first: most pyproject.toml files have no such table.
+    if PYPROJECT_TABLE[1] not in text:
+        return False
+    try:
+        data = parse_toml(pyproject, text)
+    except ManifestError:
+        return True  # reading it as the manifest reports the error with its line
+    tool = data.get(PYPROJECT_TABLE[0])
+    return isinstance(tool, dict) and PYPROJECT_TABLE[1] in tool
 
 
-def project_source(ctx: Context) -> Found:
+def project_source(ctx: Context) -> Discovery:
     """The nearest project manifest."""
-    found = Found()
+    found = Discovery()
     if ctx.cwd is None:
         found.warnings.append(
             ManifestError(
@@ -184,9 +191,9 @@ def project_source(ctx: Context) -> Found:
     return found
 
 
-def entry_point_source(ctx: Context) -> Found:
+def entry_point_source(ctx: Context) -> Discovery:
     """Installed distributions' ``torch_dynamo_backends`` entry points."""
-    found = Found()
+    found = Discovery()
     for ep in read_entry_points(found.problems):
         name, version = _name_and_version(ep.dist)
         source = Source("entry-point", distribution=name, version=version)
@@ -242,23 +249,21 @@ def _name_and_version(dist: Distribution | None) -> tuple[str | None, str | None
         return None, None
 
 
-def torch_source(ctx: Context) -> Found:
+def torch_source(ctx: Context) -> Discovery:
     """PyTorch's own backends, where torch is installed."""
     from ._torch import torch_definitions
 
-    found = Found()
+    found = Discovery()
     found.definitions.extend(torch_definitions())
     return found
 
 
-#: The single source of truth for precedence: highest first. The registry
-#: folds these in this order; a name resolves to the first source defining it.
-SOURCES: tuple[tuple[str, Callable[[Context], Found]], ...] = (
-    ("runtime", runtime_source),
-    ("env", env_source),
-    ("project", project_source),
-    ("entry-point", entry_point_source),
-    ("torch", torch_source),
-)
-#: The source kinds, highest precedence first, as SOURCES orders them.
-SOURCE_KINDS = tuple(kind for kind, _reader in SOURCES)
+#: The reader of each source kind; SOURCE_KINDS gives their precedence.
+READERS: Mapping[SourceKind, Callable[[Context], Discovery]] = {
+    "runtime": runtime_source,
+    "env": env_source,
+    "project": project_source,
+    "entry-point": entry_point_source,
+    "torch": torch_source,
+}
+assert tuple(READERS) == SOURCE_KINDS

@@ -9,21 +9,23 @@ when one of these functions runs.
 from __future__ import annotations
 
 import importlib.util
-import threading
 
 from ._definition import BackendDefinition, Source, target_of
 from ._errors import BackendRegistryError, warn
+from ._locks import ForkSafeLock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any
 
+    from ._definition import DefaultDeclaration
     from ._registry import Registry
 
-# torch's registry is process-wide, so what this bridge put there is too.
+# torch's registry is process-wide, so what this bridge put there is too. Lock
+# order: this lock, then a registry's (never the other way round).
 _INSTALLED: dict[str, _LazyBackend] = {}
-_INSTALL_LOCK = threading.Lock()
+_INSTALL_LOCK = ForkSafeLock()
 
 
 class _LazyBackend:
@@ -84,7 +86,7 @@ def torch_definitions() -> list[BackendDefinition]:
                 source,
                 target=target_of(fn),
                 tags=tuple(getattr(fn, "_tags", ())),
-                obj=fn,
+                compiler_fn=fn,
             )
         )
     return definitions
@@ -106,23 +108,10 @@ def _dynamo() -> Any:
     return torch._dynamo
 
 
-def install(registry: Registry) -> None:
-    """Register a lazy stand-in for every backend of ``registry`` in PyTorch's registry."""
-    dynamo = _dynamo()
-    # Let PyTorch register its own backends and read its entry points first,
-    # so that a later import of its backends cannot collide with ours.
-    dynamo.list_backends(exclude_tags=())
-    with registry._lock:
-        registry._installed = True
-        index = registry._index(with_torch=False)
-        names = [
-            key
-            for key, candidates in index.by_key.items()
-            # PyTorch reads the entry points itself; the same ones, in the same order.
-            if candidates[0].usable and candidates[0].source.kind != "entry-point"
-        ]
-    install_names(registry, names)
-    _apply_default(registry)
+def prepare() -> None:
+    """Let PyTorch register its own backends and read its entry points now,
+    so that a later import of its backends cannot collide with ours."""
+    _dynamo().list_backends(exclude_tags=())
 
 
 def install_names(registry: Registry, names: Iterable[str]) -> None:
@@ -150,15 +139,15 @@ def install_names(registry: Registry, names: Iterable[str]) -> None:
             _INSTALLED[name] = proxy
 
 
-def _apply_default(registry: Registry) -> None:
-    default = registry.default_backend()
+def apply_default(registry: Registry, default: DefaultDeclaration | None) -> None:
+    """Make a manifest's ``default`` what torch.compile uses when given no backend."""
     if default is None:
         return
-    name, path, line = default
+    name, path, line = default.name, default.path, default.line
     try:
         registry.backend_info(name)
     except BackendRegistryError as exc:
-        warn(f"{path}:{line}: default: not applied: {exc}")
+        warn(f"{path}:{line}: {default.key}: not applied: {exc}")
         return
     import torch.compiler
 

@@ -1,0 +1,196 @@
+"""Reading configuration safely: the trust rule, a size limit, TOML errors as ManifestError.
+
+Every file this library reads as configuration (manifests, and the
+``pyproject.toml`` files met while looking for one) goes through
+:func:`read_toml`, and every folder that configuration or code comes from is
+judged by :func:`untrusted_folder`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+from ._errors import ManifestError
+from ._positions import key_at, physical_lines
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+#: The largest manifest read. The largest hand-written manifests are a few kilobytes,
+#: and 10,000 backends take about 1 MB; at 2 MiB the most costly document that can be
+#: built (keys of hundreds of dotted parts, long lines, deep nesting) still reads in
+#: well under 2 s and 300 MB (benchmarks/bench_hostile.py).
+MAX_BYTES = 2 * 1024 * 1024
+
+# A FIFO named like a manifest would block open() until a writer comes; with
+# O_NONBLOCK it opens at once and fstat tells it is not a regular file.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+NO_SUCH_FILE = "no such file"
+
+
+class Untrusted(ManifestError):
+    """Configuration left out by the trust rule: reported as a warning, not a problem."""
+
+
+def _owner_reason(info: os.stat_result) -> str | None:
+    if info.st_uid not in (0, os.getuid()):
+        return f"owned by another user (uid {info.st_uid})"
+    return None
+
+
+def untrusted_file(info: os.stat_result) -> str | None:
+    """Why a file must not be used, or ``None``.
+
+    Owned by this user or root and not writable by every user: the rule git applies
+    to repositories (``safe.directory``) and OpenSSH to its files (``StrictModes``).
+    Group-writable files are accepted, as git does: the group is one its owner chose.
+    """
+    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
+        return None
+    if info.st_mode & stat.S_IWOTH:
+        return "it is writable by every user"
+    reason = _owner_reason(info)
+    return None if reason is None else f"it is {reason}"
+
+
+def untrusted_folder(path: str) -> str | None:
+    """Why a folder must not be a place configuration or code comes from, or ``None``.
+
+    The file rule, except that a folder writable by every user is accepted when it
+    has the sticky bit (as the system's temporary folder): there only a file's owner
+    can rename or remove it, and every file read is judged by the file rule itself.
+    A folder that cannot be examined is not trusted.
+    """
+    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
+        return None
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        return f"it cannot be examined ({exc.strerror or exc})"
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        return "it is writable by every user"
+    reason = _owner_reason(info)
+    return None if reason is None else f"it is {reason}"
+
+
+def untrusted_message(what: str, reason: str) -> str:
+    return f"{what} not used: {reason}; fix its owner or mode (as git's safe.directory)"
+
+
+def read_text(path: str) -> str:
+    """A manifest's text; :class:`ManifestError` where it cannot or must not be used.
+
+    The checks are made on the opened file, so the file judged is the file read,
+    and a symbolic link is judged by the file it points to and the folder holding
+    that file.
+    """
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise ManifestError(NO_SUCH_FILE, path=path) from None
+    except OSError as exc:
+        raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ManifestError("is a directory, not a manifest; name a .toml file", path=path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ManifestError("is not a regular file; name a .toml file", path=path)
+        reason = untrusted_file(info)
+        if reason is None:
+            folder = untrusted_folder(os.path.dirname(os.path.realpath(path)))
+            if folder is not None:
+                reason = f"the folder holding it: {folder}"
+        if reason is not None:
+            raise Untrusted(untrusted_message("manifest", reason), path=path)
+        if info.st_size > MAX_BYTES:
+            raise _too_large(path)
+        with open(fd, "rb", closefd=False) as handle:
+            # A buffer of the size fstat gave, plus one byte that tells a file that grew
+            # since; such a file is read on, up to the limit.
+            data = handle.read(info.st_size + 1)
+            if len(data) > info.st_size:
+                data += handle.read(MAX_BYTES + 1 - len(data))
+    except OSError as exc:
+        raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise _too_large(path)
+    try:
+        # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        lines = physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
+        line = data[: exc.start].count(b"\n") + 1
+        raise ManifestError(
+            f"not valid UTF-8 (byte {data[exc.start]:#04x}); save the file as UTF-8",
+            path=path,
+            line=line,
+            key=key_at(lines, line),
+        ) from exc
+
+
+def _too_large(path: str) -> ManifestError:
+    return ManifestError(
+        f"is larger than {MAX_BYTES // 2**20} MiB, too large for a manifest; is it the right file?",
+        path=path,
+    )
+
+
+def parse_toml(path: str, text: str) -> dict[str, Any]:
+    """Parse ``text``; every way the parser can fail is a :class:`ManifestError` with a line."""
+    import tomli
+
+    try:
+        return tomli.loads(text)
+    except tomli.TOMLDecodeError as exc:
+        lines = physical_lines(text)
+        # Past the last line is the end of the document: point at the last line.
+        line = max(1, min(exc.lineno, len(lines)))
+        error = ManifestError(
+            f"invalid TOML: {exc.msg}", path=path, line=line, key=key_at(lines, line)
+        )
+    except RecursionError as exc:  # tomli's own limits on nesting and key parts
+        error = _too_deep(path, text, exc)
+    except ValueError as exc:
+        # int() refuses more than sys.get_int_max_str_digits() digits; tomli lets it through.
+        error = _huge_number(path, text, exc)
+    raise error
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """:func:`read_text` then :func:`parse_toml`."""
+    return parse_toml(path, read_text(path))
+
+
+def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
+    # The parser gives no position here; the line with the most openings and dots
+    # is where such nesting is written in any file that reaches the limits.
+    lines = physical_lines(text) or [""]
+    line = 1 + max(range(len(lines)), key=lambda i: sum(map(lines[i].count, "[{.")))
+    key = key_at(lines, line)
+    if key is not None and len(key) > 200:
+        key = None  # the key is the problem: a thousand parts help no one read the line
+    return ManifestError(f"invalid TOML: {exc}; nest less deeply", path=path, line=line, key=key)
+
+
+_LONG_NUMBER = re.compile(r"[0-9][0-9_]{1000,}")
+
+
+def _huge_number(path: str, text: str, exc: ValueError) -> ManifestError:
+    match = _LONG_NUMBER.search(text)
+    if match is None:
+        return ManifestError(f"invalid TOML: {exc}", path=path)
+    lines = physical_lines(text)
+    line = text.count("\n", 0, match.start()) + 1
+    return ManifestError(
+        "invalid TOML: a number too long to read; write it as a string",
+        path=path,
+        line=line,
+        key=key_at(lines, line),
+    )

@@ -1,0 +1,298 @@
+"""Where things are in a TOML text: the line of each table header and key (tomli gives none).
+
+The scan follows TOML's structure (strings of the four kinds, arrays and inline
+tables spanning lines, comments), so that nothing inside a value is taken for a
+key or a header. Its time and memory are linear in the size of the text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+#: A bare key part, as TOML defines it (the one regex for bare keys).
+BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_BASIC = r'"(?:[^"\\\n]|\\.)*"'
+_LITERAL = r"'[^'\n]*'"
+_PART = rf"(?:{BARE_KEY.pattern}|{_BASIC}|{_LITERAL})"
+_DOTTED_KEY = rf"{_PART}(?:[ \t]*\.[ \t]*{_PART})*"
+_HEADER_RE = re.compile(rf"[ \t]*\[\[?[ \t]*({_DOTTED_KEY})[ \t]*\]\]?")
+_KEY_RE = re.compile(rf"[ \t]*({_DOTTED_KEY})[ \t]*=")
+_PART_RE = re.compile(_PART)
+# Characters after a key's `=` that may start a value spanning several lines.
+_MULTILINE_HINT = re.compile(r"""[\[{]|\"\"\"|'''""")
+
+Path = tuple[str, ...]
+
+#: The table that holds the manifest inside ``pyproject.toml``.
+PYPROJECT_TABLE = ("tool", "torch-backends")
+
+
+def table_prefix(path: str) -> Path:
+    """Where the manifest stands in its file: under ``[tool.torch-backends]`` in pyproject.toml."""
+    return PYPROJECT_TABLE if os.path.basename(path) == "pyproject.toml" else ()
+
+
+def physical_lines(text: str) -> list[str]:
+    """The lines of ``text`` as TOML counts them: ended by LF only.
+
+    ``str.splitlines()`` also splits at ``\\f``, ``\\x1c``, U+2028 and others,
+    which TOML allows inside comments and strings; it would shift every line after.
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def toml_key(parts: Path) -> str:
+    """A dotted key as TOML writes it: bare parts as they are, the others quoted.
+
+    Quoting also keeps a hostile key (a newline, a terminal escape, a bidi
+    override) from breaking the one line an error is printed on.
+    """
+    return ".".join(part if BARE_KEY.fullmatch(part) else _quote(part) for part in parts)
+
+
+def _quote(part: str) -> str:
+    out = ['"']
+    for char in part:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        elif ord(char) <= 0xFFFF:
+            out.append(f"\\u{ord(char):04X}")
+        else:
+            out.append(f"\\U{ord(char):08X}")
+    out.append('"')
+    return "".join(out)
+
+
+class KeyLines:
+    """The first line (1-based) on which each table and key path of a text is defined.
+
+    A trie of key parts, so that a key of many dotted parts costs memory in
+    proportion to its length, not to the square of it. ``[a.b.c]`` also defines
+    ``a`` and ``a.b`` on its line unless they came before; a key inside an
+    inline table has the line of the table's own key.
+    """
+
+    __slots__ = ("_root",)
+
+    def __init__(self) -> None:
+        # A node is [line, children]; the root's line is unused.
+        self._root: list[object] = [0, {}]
+
+    def add(self, path: Path, line: int) -> None:
+        node = self._root
+        for part in path:
+            children: dict[str, list[object]] = node[1]  # type: ignore[assignment]
+            child = children.get(part)
+            if child is None:
+                child = children[part] = [line, {}]
+            node = child
+
+    def line_of(self, path: Path) -> int | None:
+        """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
+        node, line = self._root, None
+        for part in path:
+            children: dict[str, list[object]] = node[1]  # type: ignore[assignment]
+            child = children.get(part)
+            if child is None:
+                break
+            node = child
+            line = child[0]
+        return line  # type: ignore[return-value]
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, tuple) and self._exact(path) is not None
+
+    def __getitem__(self, path: Path) -> int:
+        line = self._exact(path)
+        if line is None:
+            raise KeyError(path)
+        return line
+
+    def _exact(self, path: Path) -> int | None:
+        node = self._root
+        for part in path:
+            child = node[1].get(part)  # type: ignore[attr-defined]
+            if child is None:
+                return None
+            node = child
+        return None if node is self._root else node[0]  # type: ignore[return-value]
+
+    def values(self) -> Iterator[int]:
+        """Every recorded line (each path once)."""
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            for child in node[1].values():  # type: ignore[attr-defined]
+                yield child[0]
+                stack.append(child)
+
+
+def key_lines(text: str) -> KeyLines:
+    """The line of each table header and key path of a TOML text."""
+    lines = KeyLines()
+    for number, table, parts in scan(physical_lines(text)):
+        lines.add(table + parts, number)
+    return lines
+
+
+def key_at(lines: list[str], line: int) -> str | None:
+    """The key (or table) written on ``line`` of ``lines``, dotted and quoted as TOML writes it."""
+    for number, table, parts in scan(lines[:line]):
+        if number == line:
+            return toml_key(table + parts)
+    return None
+
+
+def _split_key(dotted: str) -> Path:
+    if '"' not in dotted and "'" not in dotted:
+        # Bare keys (nearly all of them) hold no dots or quotes of their own.
+        return tuple(part.strip() for part in dotted.split("."))
+    parts = []
+    for match in _PART_RE.finditer(dotted):
+        part = match.group()
+        if part[0] == '"' and "\\" in part:
+            part = _unescape(part)
+        elif part[0] in "\"'":
+            part = part[1:-1]
+        parts.append(part)
+    return tuple(parts)
+
+
+def _unescape(quoted: str) -> str:
+    # Escapes are rare in keys; the parser itself reads them exactly as TOML does.
+    import tomli
+
+    try:
+        return next(iter(tomli.loads(f"{quoted} = 0")))
+    except (ValueError, StopIteration):
+        return quoted[1:-1]
+
+
+def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
+    """Each table header and key line as ``(number, table, parts)``; a header has no table.
+
+    Lines inside a value that spans several lines (a multi-line string, an array
+    or an inline table) are values, never keys or headers.
+    """
+    table: Path = ()
+    state = _State()
+    for number, line in enumerate(lines, start=1):
+        if state.open:
+            state.feed(line, 0)
+            continue
+        stripped = line.lstrip(" \t")
+        if stripped[:1] == "[":
+            header = _HEADER_RE.match(line)
+            if header:
+                table = _split_key(header.group(1))
+                yield number, (), table
+            continue
+        key = _KEY_RE.match(line)
+        if key:
+            yield number, table, _split_key(key.group(1))
+            # Most values fit on their line; only these need the careful scan.
+            if _MULTILINE_HINT.search(line, key.end()):
+                state.feed(line, key.end())
+
+
+class _State:
+    """What is left open at the end of a line: a multi-line string, or arrays and tables."""
+
+    __slots__ = ("depth", "string")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        #: The quotes of an open multi-line string, or "".
+        self.string = ""
+
+    @property
+    def open(self) -> bool:
+        return self.depth > 0 or bool(self.string)
+
+    def feed(self, line: str, i: int) -> None:
+        """Scan a value's text from ``line[i]`` to the end of the line."""
+        end = len(line)
+        while i < end:
+            if self.string:
+                i = self._in_multiline(line, i)
+                continue
+            char = line[i]
+            if char == "#":
+                return
+            if char in "[{":
+                self.depth += 1
+                i += 1
+            elif char in "]}":
+                self.depth = max(self.depth - 1, 0)
+                i += 1
+            elif char in "\"'":
+                if line.startswith(char * 3, i):
+                    self.string = char * 3
+                    i += 3
+                else:
+                    i = _skip_string(line, i, char)
+            else:
+                i += 1
+
+    def _in_multiline(self, line: str, i: int) -> int:
+        quotes = self.string
+        if quotes == "'''":
+            close = line.find(quotes, i)
+            if close == -1:
+                return len(line)
+        else:
+            close = _find_unescaped(line, i, quotes)
+            if close == -1:
+                return len(line)
+        # Up to two more quotes may end the string's content ('''a'''' holds a').
+        close += 3
+        extra = 0
+        while extra < 2 and line.startswith(quotes[0], close):
+            close += 1
+            extra += 1
+        self.string = ""
+        return close
+
+
+def _find_unescaped(line: str, i: int, quotes: str) -> int:
+    """The index of the first ``quotes`` at or after ``i`` that no backslash escapes."""
+    while True:
+        close = line.find(quotes, i)
+        if close == -1:
+            return -1
+        backslashes = 0
+        j = close - 1
+        while j >= i and line[j] == "\\":
+            backslashes += 1
+            j -= 1
+        if backslashes % 2 == 0:
+            return close
+        i = close + 1
+
+
+def _skip_string(line: str, i: int, quote: str) -> int:
+    """The index after the one-line string that starts at ``line[i]`` (or the line's end)."""
+    i += 1
+    end = len(line)
+    if quote == "'":
+        close = line.find("'", i)
+        return end if close == -1 else close + 1
+    while i < end:
+        char = line[i]
+        if char == "\\":
+            i += 2
+        elif char == '"':
+            return i + 1
+        else:
+            i += 1
+    return end

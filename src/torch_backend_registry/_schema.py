@@ -1,0 +1,235 @@
+"""The manifest schema (version 1) as pydantic models, and the words its errors are told in.
+
+pydantic is imported here only, and this module is imported only when a
+manifest is first validated, so ``import torch_backend_registry`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import difflib
+import reprlib
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
+
+SCHEMA_VERSION = 1
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*$"
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = rf"{_IDENT}(?:\.{_IDENT})*"
+TARGET_PATTERN = rf"^{_DOTTED}:{_DOTTED}$"
+MODULE_PATTERN = rf"^{_DOTTED}$"
+FOLDER_PATTERN = r"^[^\x00]+$"
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+ModuleName = Annotated[str, Field(pattern=MODULE_PATTERN)]
+Target = Annotated[str, Field(pattern=TARGET_PATTERN)]
+Folder = Annotated[str, Field(pattern=FOLDER_PATTERN, min_length=1)]
+
+# What a user should have written, keyed by the pattern pydantic reports.
+_PATTERN_HINTS = {
+    NAME_PATTERN: "a name of letters, digits, '_' and '-', starting with a letter or '_'"
+    " (e.g. 'my_backend')",
+    TARGET_PATTERN: "a target 'module.path:attribute.path' (e.g. 'my_pkg.compilers:compile')",
+    MODULE_PATTERN: "a dotted module name (e.g. 'tensorrt' or 'torch_tensorrt.dynamo')",
+    FOLDER_PATTERN: "a folder path without NUL characters (e.g. 'src')",
+}
+_TYPE_WORDS = {
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "int_type": "an integer",
+    "list_type": "an array",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class BackendEntry(BaseModel):
+    """One ``[backends.NAME]`` table."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        alias_generator=_kebab,
+        title="Backend",
+        # What _target_or_chain checks, said so editors can check it too.
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["target"]},
+                {"required": ["chain"]},
+                {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
+            ],
+            "not": {
+                "anyOf": [{"required": ["target", "chain"]}, {"required": ["chain", "options"]}]
+            },
+        },
+    )
+
+    target: Target | None = Field(
+        default=None,
+        description="The compiler function to import on first lookup: 'module.path:attribute'.",
+    )
+    chain: list[Name] | None = Field(
+        default=None,
+        min_length=1,
+        description="Instead of target: backend names to try in order, first that works wins.",
+    )
+    tags: list[Name] = Field(default_factory=list, description="Labels, e.g. 'debug'.")
+    description: str | None = Field(default=None, description="One line for listings.")
+    aliases: list[Name] = Field(
+        default_factory=list, description="More names for the same backend."
+    )
+    requires: list[ModuleName] = Field(
+        default_factory=list,
+        description="Modules that must be importable (checked, never imported).",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments bound to the target at load."
+    )
+    enabled: bool = Field(
+        default=True, description="false hides this name, also from lower sources."
+    )
+
+    @model_validator(mode="after")
+    def _target_or_chain(self) -> BackendEntry:
+        if self.enabled and (self.target is None) == (self.chain is None):
+            if self.target is None:
+                raise ValueError(
+                    "needs 'target' (\"module.path:attribute\") or 'chain' (a list of"
+                    " backend names), or 'enabled = false'"
+                )
+            raise ValueError("give exactly one of 'target' and 'chain', not both")
+        if self.chain is not None and self.options:
+            # A chain calls its members as they are declared; options here would be lost.
+            raise ValueError("'options' go with a 'target'; set them on the chain's members")
+        return self
+
+
+class Manifest(BaseModel):
+    """A ``backends.toml`` document (or ``[tool.torch-backends]`` in ``pyproject.toml``)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        frozen=True,
+        alias_generator=_kebab,
+        title="torch-backend-registry manifest",
+        json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
+    )
+
+    schema_version: int = Field(
+        default=SCHEMA_VERSION,
+        ge=1,
+        le=SCHEMA_VERSION,
+        description=f"The manifest format version; this release reads {SCHEMA_VERSION}.",
+    )
+    default: Name | None = Field(
+        default=None, description="The backend torch.compile uses when given none."
+    )
+    python_path: list[Folder] = Field(
+        default_factory=list,
+        description="Folders, relative to this file, searched (after every installed module)"
+        " while importing its targets.",
+    )
+    backends: dict[Name, BackendEntry] = Field(
+        default_factory=dict,
+        description="The backends this file declares, by name.",
+        json_schema_extra={"additionalProperties": False},
+    )
+
+
+#: The document's own keys, as written (kebab-case), other than ``backends``.
+HEADER_KEYS = ("schema-version", "default", "python-path")
+
+
+class _TomlJsonSchema(GenerateJsonSchema):
+    """TOML has no null: an optional key is simply left out, so say nothing of null."""
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        return self.generate_inner(schema["schema"])
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        result = super().default_schema(schema)
+        if result.get("default", 0) is None:
+            del result["default"]
+        return result
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a manifest, as committed in ``schemas/backends.schema.json``."""
+    return Manifest.model_json_schema(by_alias=True, schema_generator=_TomlJsonSchema)
+
+
+def error_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """pydantic's error location, without its ``[key]`` marker for a bad dict key."""
+    return tuple(part for part in loc if part != "[key]")
+
+
+def describe(item: Any, loc: tuple[str | int, ...]) -> str:
+    """One pydantic error as a sentence that says what would be right."""
+    kind = item["type"]
+    given = item.get("input")
+    index = next((part for part in reversed(loc) if isinstance(part, int)), None)
+    at = f"item {index}: " if index is not None else ""
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        known = _fields_of(loc)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
+        return f"unknown key {key!r}; {hint}"
+    if kind == "missing":
+        return f"missing required key {str(loc[-1])!r}"
+    if kind == "string_pattern_mismatch":
+        pattern = item.get("ctx", {}).get("pattern", "")
+        what = "key" if "[key]" in loc else "value"
+        return f"{at}invalid {what} {short(given)}: expected {_PATTERN_HINTS.get(pattern, pattern)}"
+    if kind in _TYPE_WORDS:
+        return f"{at}expected {_TYPE_WORDS[kind]}, got {_toml_type(given)} {short(given)}"
+    if kind == "value_error":
+        return str(item["msg"]).removeprefix("Value error, ")
+    if kind in ("less_than_equal", "greater_than_equal") and loc[-1] == "schema-version":
+        return f"unsupported schema version {short(given)}; this release reads {SCHEMA_VERSION}"
+    if kind in ("too_short", "string_too_short"):
+        return f"{at}must not be empty"
+    return f"{at}{item['msg']}"
+
+
+def _fields_of(loc: tuple[str | int, ...]) -> list[str]:
+    strings = [part for part in loc if isinstance(part, str)]
+    model: type[BaseModel] = (
+        BackendEntry if len(strings) >= 3 and strings[0] == "backends" else Manifest
+    )
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def _toml_type(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "table"
+    return type(value).__name__
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+_SHORT.maxlevel = 3
+
+
+def short(value: object) -> str:
+    """A bounded ``repr``: whatever the value's size or depth, a few dozen characters."""
+    return _SHORT.repr(value)
