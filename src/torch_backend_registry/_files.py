@@ -104,7 +104,7 @@ def read_text(path: str) -> str:
         if reason is None:
             folder = untrusted_folder(os.path.dirname(os.path.realpath(path)))
             if folder is not None:
-                reason = f"the folder holding it: {folder}"
+                reason = "the folder holding it " + folder.removeprefix("it ")
         if reason is not None:
             raise Untrusted(untrusted_message("manifest", reason), path=path)
         if info.st_size > MAX_BYTES:

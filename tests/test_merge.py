@@ -1,0 +1,179 @@
+"""The merge, alone: discoveries in, an index out; precedence, aliases, chains, the default."""
+
+from __future__ import annotations
+
+import pytest
+
+from torch_backend_registry import BackendDefinition, ManifestError, Source, UnknownBackendError
+from torch_backend_registry._definition import DefaultDeclaration, Discovery
+from torch_backend_registry._merge import MAX_CHAIN_DEPTH, Index, merge
+
+
+def found(kind: str, *definitions: BackendDefinition, default: str | None = None) -> Discovery:
+    discovery = Discovery()
+    discovery.definitions.extend(definitions)
+    if default is not None:
+        discovery.default = DefaultDeclaration(default, f"/{kind}.toml", 1, "default")
+    return discovery
+
+
+def backend(name: str, kind: str = "project", **fields: object) -> BackendDefinition:
+    source = Source(kind, path=f"/{kind}.toml", line=1)  # type: ignore[arg-type]
+    if "chain" not in fields and "target" not in fields:
+        fields["target"] = f"m:{name}"
+    return BackendDefinition(name, source, **fields)  # type: ignore[arg-type]
+
+
+def test_the_highest_definition_wins_and_the_others_are_shadowed() -> None:
+    env, project = backend("fast", "env"), backend("fast", "project")
+    index = merge([found("env", env), found("project", project)])
+    assert index.resolve("fast") is env
+    assert index.shadowed(env) == (project,)
+
+
+def test_disabled_hides_the_name_from_lower_sources_with_its_aliases() -> None:
+    index = merge(
+        [
+            found("env", backend("fast", "env", enabled=False)),
+            found("project", backend("fast", aliases=("f",))),
+        ]
+    )
+    with pytest.raises(UnknownBackendError, match=r"disabled by /env.toml:1"):
+        index.resolve("fast")
+    with pytest.raises(UnknownBackendError, match=r"disabled by /env.toml:1"):
+        index.resolve("f")  # the alias follows its canonical name
+    assert index.winners() == []
+
+
+def test_an_alias_resolves_to_whatever_its_canonical_name_resolves_to() -> None:
+    # README's example: a deployment overrides op_counts without repeating its alias.
+    override = backend("op_counts", "env", options={"top": 20})
+    project = backend("op_counts", aliases=("ops",), options={"top": 5})
+    index = merge([found("env", override), found("project", project)])
+    assert index.resolve("ops") is override
+    assert index.resolve("op_counts") is override
+
+
+def test_a_higher_source_defining_the_alias_name_itself_wins() -> None:
+    own = backend("ops", "env")
+    index = merge([found("env", own), found("project", backend("op_counts", aliases=("ops",)))])
+    assert index.resolve("ops") is own
+    # ...and the lower alias declaration hides a lower backend of that name.
+    index = merge(
+        [
+            found("project", backend("op_counts", aliases=("ops",))),
+            found("entry-point", backend("ops", "entry-point")),
+        ]
+    )
+    assert index.resolve("ops").name == "op_counts"
+    assert [d.name for d in index.winners()] == ["op_counts"]
+
+
+def test_aliases_that_name_each_other_across_sources_are_unknown_not_a_hang() -> None:
+    index = merge(
+        [
+            found("env", backend("a", "env", aliases=("b",))),
+            found("project", backend("b", aliases=("a",))),
+        ]
+    )
+    assert index.resolve("a").name == "a"
+    assert index.resolve("b").name == "a"
+
+
+def test_the_first_default_by_precedence_is_the_default() -> None:
+    index = merge([found("env", default="x"), found("project", backend("y"), default="y")])
+    assert index.default is not None
+    assert index.default.name == "x"
+    problem = index.default_problem()
+    assert problem is not None
+    assert str(problem).startswith("/env.toml:1: default: unknown backend 'x'")
+
+
+def test_a_broken_definition_raises_its_own_problem() -> None:
+    problem = ManifestError("bad", path="/p.toml", line=3, key="backends.b.target")
+    index = merge([found("project", BackendDefinition("b", Source("project"), problem=problem))])
+    with pytest.raises(ManifestError) as caught:
+        index.resolve("b")
+    assert caught.value is problem
+
+
+@pytest.fixture
+def counted_gets(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    original = Index.get
+
+    def get(self: Index, key: str) -> BackendDefinition | None:
+        calls.append(key)
+        return original(self, key)
+
+    monkeypatch.setattr(Index, "get", get)
+    return calls
+
+
+def test_chain_checks_are_linear_when_members_repeat(counted_gets: list[str]) -> None:
+    # c0 = [c1, c1], c1 = [c2, c2], ...: a walk that follows every member visits
+    # 2**40 paths; a linear one asks about each member a bounded number of times.
+    levels = 40
+    chains = [backend(f"c{i}", chain=(f"c{i + 1}", f"c{i + 1}")) for i in range(levels)]
+    index = merge([found("project", *chains, backend(f"c{levels}"))])
+    assert index.chain_problems() == {}
+    assert len(counted_gets) <= 4 * levels
+
+
+def test_a_chain_deeper_than_the_limit_is_a_manifest_error_not_a_recursion_error() -> None:
+    depth = 3000
+    chains = [backend(f"c{i}", chain=(f"c{i + 1}",)) for i in range(depth)]
+    index = merge([found("project", *chains, backend(f"c{depth}"))])
+    problems = index.chain_problems()
+    assert f"nests {depth} chains deep, more than {MAX_CHAIN_DEPTH}" in problems["c0"].message
+    assert problems["c0"].key == "backends.c0.chain"
+    # Chains within the limit are fine.
+    assert f"c{depth - MAX_CHAIN_DEPTH}" not in problems
+
+
+def test_a_loop_is_reported_on_every_chain_in_it() -> None:
+    index = merge(
+        [
+            found(
+                "project",
+                backend("a", chain=("b", "eager")),
+                backend("b", chain=("c",)),
+                backend("c", chain=("a",)),
+                backend("outside", chain=("a",)),
+                backend("eager"),
+            )
+        ]
+    )
+    problems = index.chain_problems()
+    assert set(problems) == {"a", "b", "c"}
+    assert "names itself (b -> c -> a -> b)" in problems["b"].message
+
+
+def test_unknown_members_are_named_and_a_chain_of_only_unknown_members_says_so() -> None:
+    index = merge(
+        [
+            found(
+                "project",
+                backend("some", chain=("nope", "ok")),
+                backend("none", chain=("nope1", "nope2")),
+                backend("ok"),
+            )
+        ]
+    )
+    unknown = index.unknown_members()
+    assert "names 'nope', which is no usable backend; fix" in unknown["some"].message
+    assert "'nope1', 'nope2', which are no usable backend; no member can ever" in (
+        unknown["none"].message
+    )
+
+
+def test_suggestions_are_computed_once_per_index(counted_gets: list[str]) -> None:
+    index = merge([found("project", *(backend(f"name{i}") for i in range(500)))])
+    with pytest.raises(UnknownBackendError) as caught:
+        index.resolve("name1x")
+    assert "name1" in caught.value.suggestions
+    first = len(counted_gets)
+    for _ in range(10):
+        with pytest.raises(UnknownBackendError):
+            index.resolve("nameZZ")
+    assert len(counted_gets) == first
