@@ -119,16 +119,16 @@ def test_a_file_too_large_is_refused_without_reading_it(tmp_path: Path) -> None:
 def test_a_large_file_under_the_limit_loads(tmp_path: Path) -> None:
     blocks = [
         f'[backends.b{i}]\ntarget = "pkg.mod:f{i}"\ndescription = "{"x" * 200}"\n'
-        for i in range(5000)
+        for i in range(4000)
     ]
     big = tmp_path / "big.toml"
     big.write_text("\n".join(blocks), encoding="utf-8")
-    assert big.stat().st_size > 1_000_000
+    assert MAX_BYTES * 0.9 < big.stat().st_size <= MAX_BYTES
     result = read_manifest(str(big), "env")
     assert result is not None
     assert result.problems == []
-    assert len(result.definitions) == 5000
-    assert result.definitions[-1].source.line == 4 * 4999 + 1
+    assert len(result.definitions) == 4000
+    assert result.definitions[-1].source.line == 4 * 3999 + 1
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes")
@@ -319,7 +319,9 @@ def _key_text(parts: list[str]) -> str:
 
 @st.composite
 def _toml_lines(draw: st.DrawFn) -> str:
-    kind = draw(st.sampled_from(["header", "array", "pair", "noise", "comment", "blank"]))
+    kind = draw(
+        st.sampled_from(["header", "array", "pair", "noise", "comment", "blank", "huge", "deep"])
+    )
     if kind in ("header", "array"):
         parts = draw(st.lists(_NAME | _ODD | st.just("backends"), min_size=1, max_size=3))
         if draw(st.booleans()):
@@ -332,26 +334,52 @@ def _toml_lines(draw: st.DrawFn) -> str:
         if "\n" in value:  # a value tomli_w spread over lines: keep it inline
             value = repr(draw(_SCALAR))
         return f"{key} = {value}"
+    if kind == "huge":  # past int()'s digit limit: the parser itself fails
+        return f"{draw(_NAME)} = {'9' * draw(st.integers(4290, 4400))}"
+    if kind == "deep":
+        depth = draw(st.integers(1, 120))
+        return f"{draw(_NAME)} = {'[' * depth}1{']' * depth}"
     if kind == "noise":
         return draw(st.text(max_size=20))
     return "# " + draw(st.text(max_size=10)) if kind == "comment" else ""
+
+
+def _nested(depth: int) -> dict[str, object]:
+    value: dict[str, object] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
 
 
 _VALID = {
     "tags": st.lists(_NAME, max_size=2),
     "description": st.text(max_size=10),
     "aliases": st.lists(_NAME, max_size=2),
-    "requires": st.lists(st.sampled_from(["json", "tbr_fuzz_missing", "os.path"]), max_size=2),
-    "options": st.dictionaries(_NAME, _SCALAR, max_size=2),
+    "requires": st.lists(
+        st.sampled_from(
+            ["json", "tbr_fuzz_missing", "os.path", "json.decoder", "tbr_fuzz_missing.sub.mod"]
+        ),
+        max_size=2,
+    ),
+    "options": st.dictionaries(_NAME, _SCALAR, max_size=2)
+    | st.integers(1, 130).map(_nested),  # around the depth limit
 }
 # Mostly sound entries with a wrong value here and there, so lookups get exercised.
 _ENTRY = st.fixed_dictionaries(
     {"target": st.sampled_from(_SAFE_TARGETS)},
     optional={key: valid | valid | _VALUE for key, valid in _VALID.items()},
 )
-_SOUND = st.dictionaries(_NAME, _ENTRY, min_size=1, max_size=3).map(
-    lambda backends: tomli_w.dumps({"backends": backends})
+# Chains whose members repeat, name each other, or nothing: the graph checks' worst cases.
+_CHAIN_ENTRY = st.fixed_dictionaries(
+    {
+        "chain": st.lists(
+            st.sampled_from(["c0", "c1", "c2", "eager", "nope"]), min_size=1, max_size=4
+        ).map(lambda members: members * 2)
+    }
 )
+_SOUND = st.dictionaries(
+    _NAME | st.sampled_from(["c0", "c1", "c2"]), _ENTRY | _CHAIN_ENTRY, min_size=1, max_size=4
+).map(lambda backends: tomli_w.dumps({"backends": backends}))
 _ANYTHING = st.one_of(
     st.lists(_toml_lines(), max_size=12).map("\n".join),
     st.dictionaries(_NAME, st.dictionaries(_KEY, _VALUE, max_size=4), max_size=3).map(

@@ -366,3 +366,63 @@ def test_example_session_runs_as_the_readme_shows() -> None:
     if importlib.util.find_spec("openvino") is not None:
         assert "compiled with 'openvino'" in done.stderr
         assert "openvino comes from: distribution 'openvino'" in out
+
+
+# ------------------------------------------------------------------ locks and forks
+
+PATIENCE = 120  # seconds a subprocess may take; a hang shows as this running out
+
+
+def test_register_and_refresh_after_install_never_deadlock(tmp_path: Path, write: WriteFn) -> None:
+    # register_backend() installs into torch.compile and refresh() re-installs; the
+    # two once took the registry's lock and the bridge's in opposite orders.
+    write("backends.toml", '[backends.proj]\ntarget = "builtins:len"\n')
+    code = """
+import threading, torch_backend_registry as t
+r = t.Registry(environ={}, sources=("runtime", "project"))
+r.install()
+def register():
+    for i in range(60):
+        r.register_backend(len, name=f"runtime_{i}")
+def refresh():
+    for i in range(60):
+        r.refresh()
+threads = [threading.Thread(target=register), threading.Thread(target=refresh)]
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+import torch._dynamo
+assert "runtime_59" in torch._dynamo.list_backends(exclude_tags=())
+print("done")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+        timeout=PATIENCE,
+    )  # fmt: skip
+    assert done.stdout.strip() == "done", done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork()")
+def test_a_fork_while_another_thread_discovers_leaves_the_child_working(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", '[backends.proj]\ntarget = "builtins:len"\n')
+    code = """
+import os, signal, sys, threading, time, torch_backend_registry as t
+r = t.Registry(environ={}, sources=("project", "torch"))
+lister = threading.Thread(target=r.list_backends)
+lister.start()  # holds the registry's lock while it imports torch
+while "torch" not in sys.modules:
+    time.sleep(0.001)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # a child that hangs is killed, and says so by its status
+    os._exit(0 if r.lookup_backend("proj") is len else 3)
+_, status = os.waitpid(pid, 0)
+lister.join()
+print(os.waitstatus_to_exitcode(status))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+        timeout=PATIENCE,
+    )  # fmt: skip
+    assert done.stdout.strip() == "0", done.stdout + done.stderr

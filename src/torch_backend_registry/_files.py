@@ -13,17 +13,25 @@ import re
 import stat
 
 from ._errors import ManifestError
-from ._positions import key_at, physical_lines
+from ._positions import TooManyKeys, key_at, key_lines, physical_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-#: The largest manifest read. The largest hand-written manifests are a few kilobytes,
-#: and 10,000 backends take about 1 MB; at 2 MiB the most costly document that can be
-#: built (keys of hundreds of dotted parts, long lines, deep nesting) still reads in
-#: well under 2 s and 300 MB (benchmarks/bench_hostile.py).
-MAX_BYTES = 2 * 1024 * 1024
+    from ._positions import KeyLines
+
+#: The largest manifest read. Hand-written manifests take a few kilobytes, and
+#: 10,000 typical backends about 1 MB (spread over files, as a generator would).
+#: With the budget below, the most costly document of this size that can be built
+#: (long lines, deep nesting, huge arrays, many keys) lists in about a second and
+#: under 300 MB on 2 cores: benchmarks/bench_hostile.py measures each shape.
+MAX_BYTES = 1024 * 1024
+
+#: The most key parts (``a.b.c = 1`` holds three) a manifest may hold. The TOML
+#: parser's cost is in the tables it makes, up to one for every two bytes
+#: (``k.a.a.a... = 1``): about 10 us and 1.5 KB each. A backend takes 3 to 10 parts.
+MAX_KEY_PARTS = 100_000
 
 # A FIFO named like a manifest would block open() until a writer comes; with
 # O_NONBLOCK it opens at once and fstat tells it is not a regular file.
@@ -142,18 +150,32 @@ def _too_large(path: str) -> ManifestError:
     )
 
 
-def parse_toml(path: str, text: str) -> dict[str, Any]:
-    """Parse ``text``; every way the parser can fail is a :class:`ManifestError` with a line."""
+def parse_toml(path: str, text: str) -> tuple[dict[str, Any], KeyLines]:
+    """Parse ``text``, and find the line of each key (which the parser does not tell).
+
+    Every way of failing is a :class:`ManifestError` with a line: the key budget
+    (checked first, so the parser never sees a document too costly to parse),
+    syntax, nesting beyond the parser's limits, numbers too long to read.
+    """
     import tomli
 
     try:
-        return tomli.loads(text)
+        lines = key_lines(text, MAX_KEY_PARTS)
+    except TooManyKeys as exc:
+        raise ManifestError(
+            f"more than {exc.budget:,} keys and key parts in one manifest; split it into"
+            " several files (a TORCH_BACKENDS_PATH folder reads them all)",
+            path=path,
+            line=exc.line,
+        ) from None
+    try:
+        return tomli.loads(text), lines
     except tomli.TOMLDecodeError as exc:
-        lines = physical_lines(text)
+        written = physical_lines(text)
         # Past the last line is the end of the document: point at the last line.
-        line = max(1, min(exc.lineno, len(lines)))
+        line = max(1, min(exc.lineno, len(written)))
         error = ManifestError(
-            f"invalid TOML: {exc.msg}", path=path, line=line, key=key_at(lines, line)
+            f"invalid TOML: {exc.msg}", path=path, line=line, key=key_at(written, line)
         )
     except RecursionError as exc:  # tomli's own limits on nesting and key parts
         error = _too_deep(path, text, exc)
@@ -161,11 +183,6 @@ def parse_toml(path: str, text: str) -> dict[str, Any]:
         # int() refuses more than sys.get_int_max_str_digits() digits; tomli lets it through.
         error = _huge_number(path, text, exc)
     raise error
-
-
-def read_toml(path: str) -> dict[str, Any]:
-    """:func:`read_text` then :func:`parse_toml`."""
-    return parse_toml(path, read_text(path))
 
 
 def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:

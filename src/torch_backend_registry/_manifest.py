@@ -7,7 +7,7 @@ import os
 from ._definition import BackendDefinition, DefaultDeclaration, Discovery, Source
 from ._errors import ManifestError
 from ._files import Untrusted, parse_toml, read_text
-from ._positions import key_lines, table_prefix, toml_key
+from ._positions import table_prefix, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from ._definition import SourceKind
     from ._positions import KeyLines
     from ._schema import BackendEntry, Manifest
+
+#: The most problems reported for one file; past them, one line says how many more.
+#: A generated file can hold a hundred thousand of the same mistake.
+MAX_PROBLEMS = 100
 
 #: How deeply an option's value may nest (arrays and tables inside it). Far beyond
 #: any real option, and far enough below Python's recursion limit that comparing,
@@ -40,8 +44,7 @@ def read_manifest(path: str, kind: SourceKind) -> Discovery | None:
     """
     found = Discovery()
     try:
-        text = read_text(path)
-        data = parse_toml(path, text)
+        data, lines = parse_toml(path, read_text(path))
     except Untrusted as exc:
         found.warnings.append(exc)
         return found
@@ -53,7 +56,7 @@ def read_manifest(path: str, kind: SourceKind) -> Discovery | None:
     if table is None and prefix:
         return None
     load_schema()
-    _Validation(found, path, kind, prefix, key_lines(text)).run(table)
+    _Validation(found, path, kind, prefix, lines).run(table)
     return found
 
 
@@ -199,12 +202,20 @@ class _Validation:
         try:
             return model.model_validate(data), broken
         except ValidationError as exc:
-            for item in exc.errors():
+            items = exc.errors(include_url=False, include_context=True, include_input=True)
+            for number, item in enumerate(items):
                 loc = tuple(item["loc"])
-                problem = self.error(error_loc(loc), describe(item, loc))
+                if number < MAX_PROBLEMS:
+                    problem = self.error(error_loc(loc), describe(item, loc))
+                    self.found.problems.append(problem)
+                elif number == MAX_PROBLEMS:
+                    problem = self.error(
+                        error_loc(loc),
+                        f"and {len(items) - MAX_PROBLEMS} more problems; fix those above first",
+                    )
+                    self.found.problems.append(problem)
                 if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
                     broken.setdefault(loc[1], []).append(problem)
-                self.found.problems.append(problem)
             return None, broken
 
     def _salvage_header(self, data: dict[str, Any], keys: tuple[str, ...]) -> Manifest:

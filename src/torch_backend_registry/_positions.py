@@ -137,10 +137,29 @@ class KeyLines:
                 stack.append(child)
 
 
-def key_lines(text: str) -> KeyLines:
-    """The line of each table header and key path of a TOML text."""
+class TooManyKeys(Exception):
+    """A text holds more key parts than the budget; ``line`` is where it ran out."""
+
+    def __init__(self, line: int, budget: int) -> None:
+        super().__init__(line, budget)
+        self.line = line
+        self.budget = budget
+
+
+def key_lines(text: str, budget: int | None = None) -> KeyLines:
+    """The line of each table header and key path of a TOML text.
+
+    With ``budget``, raise :class:`TooManyKeys` once the headers and keys hold
+    more parts than that (``a.b.c = 1`` holds three): each part may make a
+    table, and a parser's cost is in its tables, not in the bytes.
+    """
     lines = KeyLines()
+    spent = 0
     for number, table, parts in scan(physical_lines(text)):
+        if budget is not None:
+            spent += len(parts)
+            if spent > budget:
+                raise TooManyKeys(number, budget)
         lines.add(table + parts, number)
     return lines
 

@@ -168,7 +168,7 @@ def _declares_table(pyproject: str) -> bool:
     if PYPROJECT_TABLE[1] not in text:
         return False
     try:
-        data = parse_toml(pyproject, text)
+        data, _lines = parse_toml(pyproject, text)
     except ManifestError:
         return True  # reading it as the manifest reports the error with its line
     tool = data.get(PYPROJECT_TABLE[0])
