@@ -85,17 +85,15 @@ def assert_compiles_like_eager(backend: str, x: Any) -> None:
 
 
 def test_pytorch_backends_are_the_lowest_source(registry: Registry, write: WriteFn) -> None:
-    full = project(write, '[backends.eager]\ntarget = "m:mine"\n')
+    full = project(write, '[backends.eager_mine]\ntarget = "m:mine"\n')
     names = full.list_backends(exclude_tags=())
     assert {"inductor", "aot_eager", "openvino"} <= set(names)
     assert "aot_eager" not in full.list_backends()  # tagged debug, as in PyTorch
     inductor = full.backend_info("inductor")
     assert inductor.source.kind == "torch"
     assert inductor.tags == ()
-    eager = full.backend_info("eager")
-    assert eager.source.kind == "project"
-    assert [(d.source.kind, d.tags) for d in eager.shadowed] == [("torch", ("debug",))]
     assert full.lookup_backend("aot_eager") is torch._dynamo.lookup_backend("aot_eager")
+    assert full.backend_info("aot_eager").source.module == "torch._dynamo.backends.debugging"
 
 
 def test_without_torch_the_source_is_empty(tmp_path: Path) -> None:
@@ -318,13 +316,6 @@ def test_chain_that_names_itself_is_a_manifest_error(write: WriteFn) -> None:
     assert (caught.value.line, caught.value.key) == (1, "backends.a.chain")
     assert "a -> b -> c -> a" in str(caught.value)
     assert {p.line for p in registry.problems() if isinstance(p, ManifestError)} == {1, 4, 7}
-
-
-def test_install_skips_names_pytorch_already_owns(write: WriteFn) -> None:
-    registry = project(write, '[backends.inductor]\ntarget = "m:f"\n')
-    with pytest.warns(UserWarning, match="PyTorch already has a backend of that name"):
-        registry.install()
-    assert torch._dynamo.lookup_backend("inductor") is not None
 
 
 def test_unknown_name_lists_close_torch_names(write: WriteFn) -> None:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ._errors import BackendRegistryError, ManifestError
+from ._errors import BackendRegistryError, ManifestError, UnknownBackendError
 from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
 
 TYPE_CHECKING = False
@@ -136,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
         help="manifests to check instead of the project's and TORCH_BACKENDS_PATH's",
     )
     check.add_argument(
+        "--no-torch",
+        action="store_true",
+        help="skip PyTorch's own backends (then a name of theirs is not checked against them)",
+    )
+    check.add_argument(
         "--import",
         dest="import_targets",
         action="store_true",
@@ -180,6 +185,10 @@ def _run(args: argparse.Namespace) -> tuple[int, str | None]:
     debug = getattr(args, "debug", False)
     try:
         return args.handler(args), None
+    except UnknownBackendError as exc:
+        if debug:
+            raise
+        return EXIT_PROBLEMS, f"{exc.brief} '{PROG} list --all' shows every name."
     except BackendRegistryError as exc:
         if debug:
             raise
@@ -389,17 +398,23 @@ def _check(args: argparse.Namespace) -> int:
     # Every problem is printed below as a line of its own; no need to warn too.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ManifestWarning)
-        registry = _check_registry(args.files)
+        registry = _check_registry(args.files, args.no_torch)
         if registry is None:
             return EXIT_PROBLEMS
-        return _report(registry, args.import_targets)
+        with _Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
+            problems = registry.problems(with_torch=not args.no_torch)
+        return _report(registry, problems, args.import_targets)
 
 
-def _check_registry(files: Sequence[str]) -> Registry | None:
-    """The registry `check` reads: the given files, or the discovered manifests."""
-    sources: tuple[SourceKind, ...] = ("env", "project", "entry-point", "torch")
+def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
+    """The registry `check` reads: the given files, or the discovered manifests.
+
+    Entry points and PyTorch's backends are read too: chains name them, and
+    PyTorch's names cannot be redefined.
+    """
+    others: tuple[SourceKind, ...] = ("entry-point",) if no_torch else ("entry-point", "torch")
     if files:
-        return Registry(files=files, sources=("env", "entry-point", "torch"))
+        return Registry(files=files, sources=("env", *others))
     from ._sources import ENV_VAR, project_manifest
 
     here = _here()
@@ -410,12 +425,11 @@ def _check_registry(files: Sequence[str]) -> Registry | None:
             " create one with 'torch-backends init'"
         )
         return None
-    return Registry(sources=sources)
+    return Registry(sources=("env", "project", *others))
 
 
-def _report(registry: Registry, import_targets: bool) -> int:
+def _report(registry: Registry, problems: list[BackendRegistryError], import_targets: bool) -> int:
     here = _here()
-    problems = registry.problems(with_torch=False)
     for problem in problems:
         print(_shown(problem, here))
     checked = [d for d in registry.definitions((), with_torch=False) if d.source.kind in _CHECKED]

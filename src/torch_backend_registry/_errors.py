@@ -60,20 +60,26 @@ class ManifestError(BackendRegistryError):
 class UnknownBackendError(BackendRegistryError, LookupError):
     """No backend of that name is registered (or it is disabled)."""
 
+    #: How to see every name, said to whoever reads the message (the CLI says its own).
+    HINT = "list_backends(exclude_tags=()) gives every name."
+
     def __init__(self, name: str, suggestions: Sequence[str] = (), *, note: str = "") -> None:
         self.name = name
         self.suggestions = tuple(suggestions)
-        message = f"unknown backend {name!r}"
-        if note:
-            message += f" ({note})"
+        self.note = note
+        super().__init__(self.brief + " " + self.HINT)
+
+    @property
+    def brief(self) -> str:
+        """The message without the hint: what is unknown, why, and the closest names."""
+        message = f"unknown backend {self.name!r}"
+        if self.note:
+            message += f" ({self.note})"
+        message += "."
         if self.suggestions:
             quoted = " or ".join(repr(s) for s in self.suggestions)
-            message += f". Did you mean {quoted}?"
-        message += (
-            ". Run 'torch-backends list --all' or call list_backends(exclude_tags=())"
-            " to see every name"
-        )
-        super().__init__(message)
+            message += f" Did you mean {quoted}?"
+        return message
 
     def __str__(self) -> str:
         # LookupError/KeyError would repr() the message; keep it readable.

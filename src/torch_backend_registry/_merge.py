@@ -12,6 +12,8 @@ The rules, in one place:
 - an alias is another name for a backend: it resolves to whatever its canonical
   name resolves to, unless a higher source defines the alias name itself;
 - the first ``default`` by precedence is the default;
+- a name (or alias) of one of PyTorch's own backends cannot be defined or
+  disabled by another source: PyTorch's registry refuses it, so this one does too;
 - a chain may not name itself, directly or through other chains, and may nest
   at most :data:`MAX_CHAIN_DEPTH` chains deep; a member that does not exist is
   skipped when it runs, and reported by ``check``.
@@ -37,13 +39,23 @@ MAX_CHAIN_DEPTH = 64
 class Index:
     """Every name and alias, each with its candidate definitions, highest first."""
 
-    __slots__ = ("_chain_problems", "_suggestable", "by_key", "default", "problems", "warnings")
+    __slots__ = (
+        "_chain_problems",
+        "_suggestable",
+        "by_key",
+        "default",
+        "problems",
+        "refused",
+        "warnings",
+    )
 
     def __init__(self, found: Discovery) -> None:
         self.by_key: dict[str, list[BackendDefinition]] = {}
         self.default: DefaultDeclaration | None = found.default
-        self.problems = found.problems
+        self.problems = list(found.problems)
         self.warnings = found.warnings
+        #: The definitions the merge itself refused (PyTorch's names), also in ``problems``.
+        self.refused: list[ManifestError] = []
         # Derived once, on first need: the index never changes after merge().
         self._suggestable: list[str] | None = None
         self._chain_problems: dict[str, ManifestError] | None = None
@@ -214,16 +226,56 @@ def merge(discoveries: Sequence[Discovery]) -> Index:
         found.add(discovery)
     index = Index(found)
     by_key = index.by_key
+    # PyTorch's own backends are loaded in its registry, which refuses a second
+    # definition of their names: torch.compile keeps running PyTorch's. So that
+    # this registry gives the same answer, a definition (or alias) of such a
+    # name from any other source is refused where it is made.
+    pytorch = {d.name for d in found.definitions if d.source.kind == "torch"}
+    refused = index.refused
     for definition in found.definitions:
         name = definition.name
+        if pytorch and definition.source.kind != "torch":
+            if name in pytorch:
+                refused.append(_pytorch_owns(definition))
+                continue
+            clashing = [a for a in definition.aliases if a in pytorch]
+            if clashing:
+                refused.append(_pytorch_owns(definition, clashing))
         if name in by_key:
             by_key[name].append(definition)
         else:
             by_key[name] = [definition]
         if definition.enabled:
             for alias in definition.aliases:
-                by_key.setdefault(alias, []).append(definition)
+                if alias not in pytorch or definition.source.kind == "torch":
+                    by_key.setdefault(alias, []).append(definition)
+    index.problems.extend(refused)
     return index
+
+
+def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) -> ManifestError:
+    source = definition.source
+    prefix = table_prefix(source.path) if source.path is not None else ()
+    key = (*prefix, "backends", definition.name)
+    where = "" if source.path is not None else f"{source.describe()}: "
+    if aliases:
+        names = ", ".join(map(repr, aliases))
+        message = (
+            f"{where}alias {names} of {definition.name!r} names one of PyTorch's own"
+            " backends, which torch.compile keeps using; it is left out: remove it"
+        )
+        key = (*key, "aliases")
+    elif not definition.enabled:
+        message = (
+            f"{where}{definition.name!r} is one of PyTorch's own backends and cannot be"
+            " disabled: torch.compile keeps using it; remove this entry"
+        )
+    else:
+        message = (
+            f"{where}{definition.name!r} is one of PyTorch's own backends, which"
+            " torch.compile keeps using; this definition is left out: rename it"
+        )
+    return ManifestError(message, path=source.path, line=source.line, key=toml_key(key))
 
 
 def chain_error(definition: BackendDefinition, message: str) -> ManifestError:

@@ -118,18 +118,41 @@ class Registry:
             if index is None:  # else another thread merged while this one waited
                 kinds = [k for k in self._kinds if with_torch or k != "torch"]
                 index = self._indexes[with_torch] = merge([self._discover(k) for k in kinds])
+                for refused in index.refused:
+                    warn(str(refused))
             return index
 
     def _resolving_index(self, name: str) -> Index:
-        """The index to resolve ``name`` in: PyTorch's backends are read only on a miss.
+        """The index to resolve ``name`` in.
 
-        They are the lowest source, so a name found above them resolves the same
-        with or without them.
+        PyTorch's backends are the lowest source, and reading them imports torch:
+        they are read on a miss, or once torch.compile's registry is loaded
+        anyway (then their names also refuse other definitions, as PyTorch's
+        registry does). A name PyTorch's registry gained since is found at once.
         """
         index = self._index(with_torch=False)
-        if name not in index.by_key and "torch" in self._kinds:
+        if "torch" not in self._kinds:
+            return index
+        from ._torch import dynamo_imported
+
+        if name in index.by_key and not dynamo_imported():
+            return index
+        index = self._index()
+        if name not in index.by_key and self._pytorch_changed():
             index = self._index()
         return index
+
+    def _pytorch_changed(self) -> bool:
+        """Whether PyTorch's registry changed since it was read; if so, forget that reading."""
+        from ._torch import torch_names_changed
+
+        found = self._found.get("torch")
+        if found is None or not torch_names_changed(d.name for d in found.definitions):
+            return False
+        with self._lock:
+            self._found.pop("torch", None)
+            self._forget_merges()
+        return True
 
     def _resolve(self, name: str) -> BackendDefinition:
         return self._resolving_index(name).resolve(name)
@@ -171,6 +194,9 @@ class Registry:
         with self._lock:
             if name in self._runtime:
                 raise DuplicateBackendError(name, self._runtime[name].source)
+            pytorch = self._pytorch_definition(name)
+            if pytorch is not None:  # as PyTorch's own registry refuses it
+                raise DuplicateBackendError(name, pytorch.source)
             source = Source("runtime", module=getattr(compiler_fn, "__module__", None))
             self._runtime[name] = BackendDefinition(
                 name,
@@ -193,6 +219,18 @@ class Registry:
 
             install_names(self, [name])
         return compiler_fn
+
+    def _pytorch_definition(self, name: str) -> BackendDefinition | None:
+        """PyTorch's own backend of that name, when torch.compile's registry is loaded."""
+        from ._torch import dynamo_imported
+
+        if "torch" not in self._kinds or not dynamo_imported():
+            return None
+        self._pytorch_changed()
+        for definition in self._discover("torch").definitions:
+            if definition.name == name:
+                return definition
+        return None
 
     def unregister_backend(self, name: str) -> None:
         """Forget a runtime registration (for tests and reloading code); others stay."""
@@ -295,6 +333,8 @@ class Registry:
         ``with_torch=False`` leaves PyTorch's own backends out (and torch unimported).
         """
         exclude = set(exclude_tags or ())
+        if with_torch and "torch" in self._kinds:
+            self._pytorch_changed()
         result = [
             d
             for d in self._index(with_torch).winners()
@@ -309,6 +349,8 @@ class Registry:
         Its ``shadowed`` holds the lower definitions of the same name. Imports nothing.
         """
         index = self._index()
+        if name not in index.by_key and "torch" in self._kinds and self._pytorch_changed():
+            index = self._index()
         winner = index.resolve(name)
         return winner.with_shadowed(index.shadowed(winner))
 
@@ -326,6 +368,10 @@ class Registry:
         missing = missing_requirements(definition)
         if missing:
             reason = "missing " + ", ".join(missing)
+        elif definition.source.kind == "torch":
+            from ._torch import missing_device
+
+            reason = missing_device(definition.name)
         elif definition.chain is not None:
             reason = self._why_chain_unavailable(definition)
         self._available[definition] = reason
@@ -355,6 +401,10 @@ class Registry:
         with self._lock:  # other threads may be adding to both
             known = [d.compiler_fn for d in self._runtime.values()]
             known.extend(self._loaded.values())
+        if "torch" in self._kinds:
+            from ._torch import pytorch_callables
+
+            known.extend(pytorch_callables())
         if any(fn is compiler_fn for fn in known):
             return True
         compiler_name = getattr(compiler_fn, "compiler_name", None)
@@ -393,13 +443,7 @@ class Registry:
         with self._lock:
             self._installed = True
         index = self._index(with_torch=False)
-        names = [
-            key
-            for key in index.by_key
-            # PyTorch reads the entry points itself; the same ones, in the same order.
-            if (d := index.get(key)) is not None and d.source.kind != "entry-point"
-        ]
-        install_names(self, names)
+        install_names(self, [key for key, found in index.by_key.items() if _installs(found)])
         apply_default(self, self.default_backend())
 
     def default_backend(self) -> DefaultDeclaration | None:
@@ -421,6 +465,19 @@ class Registry:
                 if problem is not None:
                     problems.append(problem)
         return problems
+
+
+def _installs(candidates: list[BackendDefinition]) -> bool:
+    """Whether torch.compile needs a stand-in for the name these candidates define.
+
+    PyTorch reads the entry points itself (the same ones, in the same order): an
+    entry point's own name needs none, unless a higher definition hides it
+    (disabled, broken), which torch.compile must then refuse too.
+    """
+    top = candidates[0]
+    if top.usable:
+        return top.source.kind not in ("entry-point", "torch")
+    return any(lower.source.kind == "entry-point" for lower in candidates[1:])
 
 
 def _first_clause(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ when one of these functions runs.
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from ._definition import BackendDefinition, Source, target_of
 from ._errors import BackendRegistryError, warn
@@ -27,12 +28,30 @@ if TYPE_CHECKING:
 _INSTALLED: dict[str, _LazyBackend] = {}
 _INSTALL_LOCK = ForkSafeLock()
 
+#: What PyTorch's own backends need and are, which their functions do not say:
+#: name -> (modules they import when called, device kind, description).
+_KNOWN: dict[str, tuple[tuple[str, ...], str | None, str]] = {
+    "inductor": ((), None, "PyTorch's default compiler, TorchInductor"),
+    "cudagraphs": ((), "cuda", "records the graph as a CUDA graph and replays it"),
+    "tvm": (("tvm",), None, "Apache TVM"),
+    "openxla": (("torch_xla",), None, "PyTorch/XLA through AOTAutograd"),
+    "openxla_eval": (("torch_xla",), None, "PyTorch/XLA, inference only"),
+    "onnxrt": (("onnxruntime",), None, "ONNX Runtime"),
+    "eager": ((), None, "runs the captured graph as it is (for debugging)"),
+    "aot_eager": ((), None, "AOTAutograd tracing, then eager (for debugging)"),
+    "aot_eager_default_partitioner": ((), None, "aot_eager with the default partitioner"),
+    "aot_eager_decomp_partition": ((), None, "aot_eager with decompositions and partitioning"),
+    "aot_ts": ((), None, "AOTAutograd with TorchScript (for debugging)"),
+    "ts": ((), None, "TorchScript (for debugging)"),
+}
+
 
 class _LazyBackend:
     """Stands in PyTorch's registry for a backend; imports its target on the first call.
 
     It asks the registry on every call (a dict hit once loaded), so ``refresh()``
-    and later registrations take effect without installing again.
+    and later registrations take effect without installing again; a name the
+    registry refuses (disabled, say) is refused by torch.compile too.
     """
 
     def __init__(self, registry: Registry, name: str) -> None:
@@ -56,6 +75,21 @@ def torch_available() -> bool:
         return False
 
 
+def dynamo_imported() -> bool:
+    """Whether torch.compile's registry is in this process already (no import)."""
+    return "torch._dynamo" in sys.modules
+
+
+def _pytorch_names(dynamo: Any) -> list[str]:
+    """The names in PyTorch's registry that are PyTorch's own (or a plugin's, registered late)."""
+    from ._sources import read_entry_points
+
+    names = dynamo.list_backends(exclude_tags=())
+    # Entry points and what this bridge installed are other sources' to report.
+    from_entry_points = {ep.name for ep in read_entry_points([])}
+    return [n for n in names if n not in from_entry_points and n not in _INSTALLED]
+
+
 def torch_definitions() -> list[BackendDefinition]:
     """PyTorch's own backends (not its entry points, not what this bridge installed)."""
     if not torch_available():
@@ -63,33 +97,82 @@ def torch_definitions() -> list[BackendDefinition]:
     try:
         import torch._dynamo as dynamo
 
-        names = dynamo.list_backends(exclude_tags=())
+        names = _pytorch_names(dynamo)
     except Exception as exc:  # a broken torch must not break manifest backends
         warn(f"PyTorch's backends are left out: torch._dynamo failed: {type(exc).__name__}: {exc}")
         return []
-    from ._sources import read_entry_points
-
-    # Their problems are the entry-point source's to report.
-    from_entry_points = {ep.name for ep in read_entry_points([])}
     definitions = []
-    source = Source("torch")
     for name in names:
-        if name in from_entry_points or name in _INSTALLED:
-            continue
-        # Entry points are skipped above, so this is a dict hit: nothing imported.
+        # Entry points are left out above, so this is a dict hit: nothing imported.
         fn = dynamo.lookup_backend(name)
         if isinstance(fn, _LazyBackend):
             continue
+        requires, _device, description = _KNOWN.get(name, ((), None, None))
         definitions.append(
             BackendDefinition(
                 name,
-                source,
-                target=target_of(fn),
+                Source("torch", module=getattr(fn, "__module__", None)),
+                target=_target(fn),
                 tags=tuple(getattr(fn, "_tags", ())),
+                description=description,
+                requires=requires,
                 compiler_fn=fn,
             )
         )
     return definitions
+
+
+def _target(fn: object) -> str | None:
+    """Where ``fn`` can be imported from; for a wrapper object, what it wraps."""
+    target = target_of(fn)
+    if target is not None:
+        return target
+    inner = getattr(fn, "func", None) or getattr(fn, "kwargs", {}).get("fw_compiler")
+    return target_of(inner) if inner is not None else None
+
+
+def torch_names_changed(known: Iterable[str]) -> bool:
+    """Whether PyTorch's registry now holds names that ``known`` does not (or lacks some).
+
+    PyTorch's registry is an in-memory dict: a plugin may add to it at any time.
+    Cheap: the names only, nothing imported.
+    """
+    if not dynamo_imported():
+        return False
+    import torch._dynamo as dynamo
+
+    try:
+        return set(_pytorch_names(dynamo)) != set(known)
+    except Exception:
+        return False
+
+
+def missing_device(name: str) -> str | None:
+    """The device kind one of PyTorch's own backends needs and this machine lacks."""
+    device = _KNOWN.get(name, ((), None, ""))[1]
+    if device is None:
+        return None
+    import torch
+
+    module = getattr(torch, device, None)
+    available = getattr(module, "is_available", None)
+    if callable(available) and available():
+        return None
+    return (
+        f"needs a {device.upper() if len(device) <= 4 else device} device; none is available here"
+    )
+
+
+def pytorch_callables() -> list[Any]:
+    """The callables of PyTorch's registry that are loaded, for is_registered_backend()."""
+    if not dynamo_imported():
+        return []
+    import torch._dynamo as dynamo
+
+    loaded = []
+    for name in _pytorch_names(dynamo):
+        loaded.append(dynamo.lookup_backend(name))
+    return loaded
 
 
 def _dynamo() -> Any:
@@ -119,21 +202,24 @@ def install_names(registry: Registry, names: Iterable[str]) -> None:
     dynamo = _dynamo()
     with _INSTALL_LOCK:
         for name in names:
-            definition = registry.backend_info(name)
             proxy = _INSTALLED.get(name)
             if proxy is not None:
                 proxy.registry = registry
-                proxy._tags = definition.tags  # type: ignore[attr-defined]
                 continue
             proxy = _LazyBackend(registry, name)
             try:
-                dynamo.register_backend(proxy, name=name, tags=definition.tags)
+                definition = registry.backend_info(name)
+                tags = definition.tags
+            except BackendRegistryError:
+                tags = ()  # refused by the registry (disabled): refused by torch.compile too
+            try:
+                dynamo.register_backend(proxy, name=name, tags=tags)
             except AssertionError:
-                # PyTorch raises AssertionError("duplicate name") for a name it
-                # has already loaded, such as its own "inductor".
+                # PyTorch raises AssertionError("duplicate name") for a name it has
+                # loaded already: an entry point someone compiled with before install().
                 warn(
-                    f"{definition.source.describe()}: backend {name!r} is not installed into"
-                    " torch.compile: PyTorch already has a backend of that name; rename it"
+                    f"backend {name!r} is not installed into torch.compile: PyTorch has"
+                    " loaded a backend of that name already; call install() first"
                 )
                 continue
             _INSTALLED[name] = proxy
