@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from torch_backend_registry._cli import STARTER, schema_text
+from torch_backend_registry import Registry
+from torch_backend_registry._cli import STARTER, pyproject_starter, schema_text
 
 from .conftest import WriteFn, run_python
 
@@ -352,23 +354,21 @@ def test_errors_are_one_line_unless_debug(tmp_path: Path, write: WriteFn) -> Non
     assert "Traceback" in debug.stderr
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
-def test_list_fits_the_terminal_and_is_plain_when_piped(tmp_path: Path, write: WriteFn) -> None:
+def on_terminal(
+    *args: str, cwd: Path, columns: int, stderr_too: bool = False
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """Run the command with stdout (and stderr) on a pseudo-terminal ``columns`` wide."""
     import pty
-
-    long_target = "a_rather_long_package_name.with_submodules.compilers:some_compile_function"
-    write("backends.toml", f'[backends.long_one]\ntarget = "{long_target}"\n')
-    piped = run("list", "--no-torch", cwd=tmp_path).stdout
-    assert long_target in piped  # piped: nothing cut
 
     leader, follower = pty.openpty()
     environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    environ["COLUMNS"] = "60"
-    subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "list", "--no-torch"],
+    environ["COLUMNS"] = str(columns)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", *args],
         stdout=follower,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
+        stderr=follower if stderr_too else subprocess.PIPE,
+        text=True,
+        cwd=cwd,
         env=environ,
         check=True,
     )
@@ -383,7 +383,170 @@ def test_list_fits_the_terminal_and_is_plain_when_piped(tmp_path: Path, write: W
             break
         chunks.append(chunk)
     os.close(leader)
-    lines = b"".join(chunks).decode("utf-8").splitlines()
+    return b"".join(chunks).decode("utf-8"), done
+
+
+terminal_only = pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+
+
+@terminal_only
+def test_list_fits_the_terminal_and_is_plain_when_piped(tmp_path: Path, write: WriteFn) -> None:
+    long_target = "a_rather_long_package_name.with_submodules.compilers:some_compile_function"
+    write(
+        "backends.toml",
+        f'[backends.long_one]\ntarget = "{long_target}"\ndescription = "Says what it is"\n',
+    )
+    piped = run("list", "--no-torch", cwd=tmp_path).stdout
+    assert long_target in piped  # piped: nothing cut...
+    assert "DESCRIPTION" not in piped  # ...and the columns scripts know
+    narrow, _ = on_terminal("list", "--no-torch", cwd=tmp_path, columns=60)
+    lines = narrow.splitlines()
     row = next(line for line in lines if line.startswith("long_one"))
     assert all(len(line) <= 60 for line in lines)
     assert row.endswith("…")
+    assert "DESCRIPTION" not in narrow
+    wide, _ = on_terminal("list", "--no-torch", cwd=tmp_path, columns=200)
+    assert wide.splitlines()[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DESCRIPTION"]
+    assert "Says what it is" in wide
+
+
+@terminal_only
+def test_list_on_a_terminal_says_what_it_waits_for(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    screen, _ = on_terminal("list", cwd=tmp_path, columns=120, stderr_too=True)
+    assert "torch-backends: loading PyTorch's backends (--no-torch skips them)...\r\x1b[K" in screen
+    assert "inductor" in screen
+    piped = run("list", cwd=tmp_path)
+    assert piped.stderr == ""
+
+
+def _undescribed(help_text: str) -> list[str]:
+    """The argument lines of a --help output that carry no description."""
+    lines = help_text.splitlines()
+    bare = []
+    for i, line in enumerate(lines):
+        if not re.match(r"^  [-A-Z]", line):
+            continue  # not an argument line
+        described = re.search(r"\S  +\S", line.strip())
+        follows = i + 1 < len(lines) and lines[i + 1].startswith(" " * 4)
+        if not (described or follows):
+            bare.append(line)
+    return bare
+
+
+def test_help_explains_every_command_and_argument(tmp_path: Path) -> None:
+    main_help = run("--help", cwd=tmp_path).stdout
+    assert "examples:\n  torch-backends list --no-torch" in main_help
+    assert (
+        main_help.rstrip().splitlines()[-1].startswith("Extra manifests: set TORCH_BACKENDS_PATH")
+    )
+    assert _undescribed(main_help) == []
+    for command in ("list", "explain", "check", "schema", "init"):
+        assert _undescribed(run(command, "--help", cwd=tmp_path).stdout) == [], command
+    assert "skips importing torch" in run("list", "--help", cwd=tmp_path).stdout
+    assert "NAME        a backend name or alias" in run("explain", "--help", cwd=tmp_path).stdout
+    assert "FILE        manifests to check" in run("check", "--help", cwd=tmp_path).stdout
+    assert _undescribed("  NAME\n  --x  does x\n") == ["  NAME"]  # the check itself can fail
+
+
+def test_global_options_work_before_and_after_the_command(tmp_path: Path) -> None:
+    for args in (("--debug", "explain", "nope"), ("explain", "nope", "--debug")):
+        done = run(*args, "--no-torch", cwd=tmp_path, check=1)
+        assert "Traceback" in done.stderr, args
+        assert "UnknownBackendError" in done.stderr
+    plain = run("explain", "nope", "--no-torch", cwd=tmp_path, check=1)
+    assert "Traceback" not in plain.stderr
+
+
+def test_check_finds_chains_that_cannot_work(tmp_path: Path, write: WriteFn) -> None:
+    write(
+        "backends.toml",
+        '[backends.ok]\ntarget = "builtins:len"\n'
+        '[backends.typo]\nchain = ["okk", "ok"]\n'
+        '[backends.nothing]\nchain = ["nope1", "nope2"]\n',
+    )
+    for extra in ((), ("--import",)):
+        done = run("check", "--no-torch", *extra, cwd=tmp_path, check=1)
+        assert done.stdout.splitlines() == [
+            "backends.toml:3: backends.typo.chain: chain 'typo' names 'okk', which is no usable"
+            " backend; fix the name or remove it",
+            "backends.toml:5: backends.nothing.chain: chain 'nothing' names 'nope1', 'nope2',"
+            " which are no usable backend; no member can ever be used; fix the name or remove it",
+        ]
+
+
+def test_check_import_counts_what_it_checked(tmp_path: Path, write: WriteFn) -> None:
+    good = "".join(f'[backends.good{i}]\ntarget = "builtins:len"\n' for i in range(2))
+    bad = "".join(f'[backends.bad{i}]\ntarget = "tbr_missing_{i}:f"\n' for i in range(3))
+    write("backends.toml", good + bad)
+    done = run("check", "--import", "--no-torch", cwd=tmp_path, check=1)
+    assert done.stderr == "3 problem(s); 2 of 5 backend(s) imported and usable\n"
+    assert (
+        run("check", "--no-torch", cwd=tmp_path).stderr == "no problems; 5 of 5 backend(s) usable\n"
+    )
+
+
+def test_a_registry_in_a_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(NotADirectoryError, match="no such folder"):
+        Registry(cwd=tmp_path / "not" / "there")
+
+
+def test_what_init_writes_is_in_the_first_list(tmp_path: Path) -> None:
+    run("init", cwd=tmp_path)
+    listed = run("list", "--no-torch", cwd=tmp_path).stdout
+    assert "my_backend" in listed
+    explained = run("explain", "my_backend", "--no-torch", cwd=tmp_path).stdout
+    assert "description: My compiler" in explained
+
+
+def test_init_never_hides_a_pyproject_table_and_can_write_one(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("pyproject.toml", '[project]\nname = "demo"\n')
+    done = run("init", "--pyproject", cwd=tmp_path)
+    assert "added [tool.torch-backends] to pyproject.toml" in done.stdout
+    text = (tmp_path / "pyproject.toml").read_text(encoding="utf-8")
+    assert text.startswith('[project]\nname = "demo"\n\n')
+    assert text.endswith(pyproject_starter())
+    assert "my_backend" in run("list", "--no-torch", cwd=tmp_path).stdout
+    # Now a backends.toml would silently win over that table: init refuses.
+    again = run("init", cwd=tmp_path, check=1)
+    assert "pyproject.toml: already has a [tool.torch-backends] table" in again.stderr
+    assert not (tmp_path / "backends.toml").exists()
+    assert run("init", "--pyproject", cwd=tmp_path, check=1).returncode == 1
+    assert (tmp_path / "pyproject.toml").read_text(encoding="utf-8") == text
+
+
+def test_init_pyproject_leaves_a_file_it_cannot_extend_untouched(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    path = write("pyproject.toml", "tool = { other = 1 }\n")  # [tool.x] cannot follow
+    done = run("init", "--pyproject", cwd=tmp_path, check=1)
+    assert "invalid TOML" in done.stderr
+    assert path.read_text(encoding="utf-8") == "tool = { other = 1 }\n"
+    assert "no such file here" in run("init", "--pyproject", cwd=tmp_path / "..", check=1).stderr
+
+
+def test_shell_completion_offers_commands_and_backend_names(tmp_path: Path, write: WriteFn) -> None:
+    pytest.importorskip("argcomplete")
+    write("backends.toml", PROJECT)
+
+    def complete(line: str) -> list[str]:
+        out = tmp_path / "completions"
+        environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+        environ.update(
+            _ARGCOMPLETE="1",
+            _ARGCOMPLETE_IFS="\n",
+            COMP_LINE=line,
+            COMP_POINT=str(len(line)),
+            _ARGCOMPLETE_STDOUT_FILENAME=str(out),
+        )
+        subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry"],
+            cwd=tmp_path, env=environ, check=True, capture_output=True,
+        )  # fmt: skip
+        return sorted(out.read_text().split())
+
+    assert {"list", "explain", "check"} <= set(complete("torch-backends "))
+    assert complete("torch-backends explain f") == ["f", "fast"]
+    assert "--no-torch" in complete("torch-backends list --no")

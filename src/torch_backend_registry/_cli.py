@@ -125,7 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     explain = command("explain", "where a backend is defined and what it shadows", _explain)
-    explain.add_argument("name", metavar="NAME", help="a backend name or alias")
+    name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
+    name.completer = _complete_names  # type: ignore[attr-defined]  # read by argcomplete
     explain.add_argument("--no-torch", action="store_true", help="leave out PyTorch's own backends")
 
     check = command("check", "validate manifests (the discovered ones, or those given)", _check)
@@ -148,7 +149,12 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     command("schema", "print the JSON Schema of a manifest", _schema)
-    command("init", "write a starter backends.toml here (never overwrites)", _init)
+    init = command("init", "write a starter backends.toml here (never overwrites)", _init)
+    init.add_argument(
+        "--pyproject",
+        action="store_true",
+        help="add a [tool.torch-backends] table to pyproject.toml here instead",
+    )
     return parser
 
 
@@ -156,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; return its exit code."""
     _printable_streams()
     parser = _parser()
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
+        _complete(parser)
     args = parser.parse_args(argv)
     import warnings
 
@@ -170,6 +178,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if error is not None:
         _error(error)
     return code
+
+
+def _complete(parser: argparse.ArgumentParser) -> None:
+    """Shell completion through argcomplete, where it is installed (the ``completion`` extra)."""
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
+
+
+def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
+    """Backend names and aliases for completion: the manifests and plugins, not PyTorch's."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        registry = _registry(no_torch=True)
+        names = {d.name for d in registry.definitions(())}
+        names.update(alias for d in registry.definitions(()) for alias in d.aliases)
+    return sorted(n for n in names if n.startswith(prefix))
 
 
 def _printable_streams() -> None:
@@ -475,14 +504,65 @@ def _schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def pyproject_starter() -> str:
+    """The starter as a ``[tool.torch-backends]`` table, for ``init --pyproject``."""
+    body = STARTER.split("schema-version = 1\n", 1)[1]
+    body = body.replace("[backends.", "[tool.torch-backends.backends.")
+    return (
+        '# Backends for torch.compile(model, backend="NAME"), read by torch-backend-registry.\n'
+        "# Check them with `torch-backends check`; see them with `torch-backends list`.\n"
+        "[tool.torch-backends]\nschema-version = 1\n" + body
+    )
+
+
 def _init(args: argparse.Namespace) -> int:
-    path = os.path.join(os.getcwd(), "backends.toml")
-    try:
-        with open(path, "x", encoding="utf-8") as handle:
-            handle.write(STARTER)
-    except FileExistsError:
+    here = os.getcwd()
+    from ._sources import PROJECT_FILES
+
+    backends, pyproject = (os.path.join(here, name) for name in PROJECT_FILES)
+    if os.path.lexists(backends):
         raise ManifestError(
-            "already exists; not overwritten (edit it, or remove it first)", path="backends.toml"
-        ) from None
-    print(f"wrote {os.path.basename(path)}; check it with 'torch-backends check'")
+            "already exists; not overwritten (edit it, or remove it first)", path=PROJECT_FILES[0]
+        )
+    declares = os.path.isfile(pyproject) and _declares_table(pyproject)
+    if declares:
+        # A backends.toml would take precedence and silently replace that table.
+        raise ManifestError(
+            "already has a [tool.torch-backends] table: edit it there (a backends.toml"
+            " here would replace it)",
+            path=PROJECT_FILES[1],
+        )
+    if args.pyproject:
+        return _init_pyproject(pyproject)
+    with open(backends, "x", encoding="utf-8") as handle:
+        handle.write(STARTER)
+    print(f"wrote {PROJECT_FILES[0]}; check it with 'torch-backends check'")
+    if os.path.isfile(pyproject):
+        print("(to keep the backends in pyproject.toml instead: remove it, then run"
+              " 'torch-backends init --pyproject')")  # fmt: skip
+    return EXIT_OK
+
+
+def _declares_table(pyproject: str) -> bool:
+    from ._sources import project_manifest
+
+    return project_manifest(os.path.dirname(pyproject)) == pyproject
+
+
+def _init_pyproject(pyproject: str) -> int:
+    """Append the starter table to pyproject.toml, if the result is still valid TOML."""
+    from ._files import parse_toml, read_text
+
+    if not os.path.isfile(pyproject):
+        raise ManifestError(
+            "no such file here; run 'torch-backends init' for a backends.toml",
+            path="pyproject.toml",
+        )
+    text = read_text(pyproject)
+    separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
+    addition = separator + pyproject_starter()
+    parse_toml(pyproject, text + addition)  # refuses before writing if it would not parse
+    with open(pyproject, "a", encoding="utf-8") as handle:
+        handle.write(addition)
+    print("added [tool.torch-backends] to pyproject.toml; check it with 'torch-backends check'")
     return EXIT_OK

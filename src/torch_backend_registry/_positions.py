@@ -25,6 +25,11 @@ _KEY_RE = re.compile(rf"[ \t]*({_DOTTED_KEY})[ \t]*=")
 _PART_RE = re.compile(_PART)
 # Characters after a key's `=` that may start a value spanning several lines.
 _MULTILINE_HINT = re.compile(r"""[\[{]|\"\"\"|'''""")
+# A one-line array of plain strings and bare values, closed on its line (`tags = ["a"]`).
+_SIMPLE_ARRAY = re.compile(
+    r"""[ \t]*\[(?:[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)[ \t]*,)*"""
+    r"""[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)?[ \t]*\][ \t\r]*(?:#.*)?$"""
+)
 
 Path = tuple[str, ...]
 
@@ -88,14 +93,16 @@ class KeyLines:
         # A node is [line, children]; the root's line is unused.
         self._root: list[object] = [0, {}]
 
-    def add(self, path: Path, line: int) -> None:
-        node = self._root
+    def add(self, path: Path, line: int, below: list[object] | None = None) -> list[object]:
+        """Record ``path`` (under the node ``below``, default the root); return its node."""
+        node = self._root if below is None else below
         for part in path:
             children: dict[str, list[object]] = node[1]  # type: ignore[assignment]
             child = children.get(part)
             if child is None:
                 child = children[part] = [line, {}]
             node = child
+        return node
 
     def line_of(self, path: Path) -> int | None:
         """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
@@ -155,12 +162,20 @@ def key_lines(text: str, budget: int | None = None) -> KeyLines:
     """
     lines = KeyLines()
     spent = 0
-    for number, table, parts in scan(physical_lines(text)):
+    table: Path = ()
+    table_node = None
+    for number, under, parts in scan(physical_lines(text)):
         if budget is not None:
             spent += len(parts)
             if spent > budget:
                 raise TooManyKeys(number, budget)
-        lines.add(table + parts, number)
+        if not under:  # a header, or a key before any header
+            node = lines.add(parts, number)
+            table, table_node = parts, node
+        elif under is table:  # the keys of the last header start at its node
+            lines.add(parts, number, table_node)
+        else:
+            lines.add(under + parts, number)
     return lines
 
 
@@ -175,7 +190,9 @@ def key_at(lines: list[str], line: int) -> str | None:
 def _split_key(dotted: str) -> Path:
     if '"' not in dotted and "'" not in dotted:
         # Bare keys (nearly all of them) hold no dots or quotes of their own.
-        return tuple(part.strip() for part in dotted.split("."))
+        if " " in dotted or "\t" in dotted:
+            return tuple(part.strip(" \t") for part in dotted.split("."))
+        return tuple(dotted.split("."))
     parts = []
     for match in _PART_RE.finditer(dotted):
         part = match.group()
@@ -206,7 +223,7 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
     table: Path = ()
     state = _State()
     for number, line in enumerate(lines, start=1):
-        if state.open:
+        if state.depth or state.string:  # inside a value that spans lines
             state.feed(line, 0)
             continue
         stripped = line.lstrip(" \t")
@@ -220,7 +237,7 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
         if key:
             yield number, table, _split_key(key.group(1))
             # Most values fit on their line; only these need the careful scan.
-            if _MULTILINE_HINT.search(line, key.end()):
+            if _MULTILINE_HINT.search(line, key.end()) and not _SIMPLE_ARRAY.match(line, key.end()):
                 state.feed(line, key.end())
 
 
@@ -245,23 +262,20 @@ class _State:
             if self.string:
                 i = self._in_multiline(line, i)
                 continue
-            char = line[i]
-            if char == "#":
+            token = _TOKEN.search(line, i)
+            if token is None:
                 return
-            if char in "[{":
+            text = token.group()
+            i = token.end()
+            if text in ("[", "{"):
                 self.depth += 1
-                i += 1
-            elif char in "]}":
+            elif text in ("]", "}"):
                 self.depth = max(self.depth - 1, 0)
-                i += 1
-            elif char in "\"'":
-                if line.startswith(char * 3, i):
-                    self.string = char * 3
-                    i += 3
-                else:
-                    i = _skip_string(line, i, char)
-            else:
-                i += 1
+            elif text == "#":
+                return
+            elif text in ('"""', "'''"):
+                self.string = text
+            # else a one-line string, skipped whole (an unclosed one runs to the line's end)
 
     def _in_multiline(self, line: str, i: int) -> int:
         quotes = self.string
@@ -283,6 +297,11 @@ class _State:
         return close
 
 
+# What matters inside a value: brackets, comments, and strings (skipped whole),
+# the quotes of a multi-line string first.
+_TOKEN = re.compile(r"""\"\"\"|'''|"(?:[^"\\\n]|\\.)*"?|'[^'\n]*'?|[\[\]{}#]""")
+
+
 def _find_unescaped(line: str, i: int, quotes: str) -> int:
     """The index of the first ``quotes`` at or after ``i`` that no backslash escapes."""
     while True:
@@ -297,21 +316,3 @@ def _find_unescaped(line: str, i: int, quotes: str) -> int:
         if backslashes % 2 == 0:
             return close
         i = close + 1
-
-
-def _skip_string(line: str, i: int, quote: str) -> int:
-    """The index after the one-line string that starts at ``line[i]`` (or the line's end)."""
-    i += 1
-    end = len(line)
-    if quote == "'":
-        close = line.find("'", i)
-        return end if close == -1 else close + 1
-    while i < end:
-        char = line[i]
-        if char == "\\":
-            i += 2
-        elif char == '"':
-            return i + 1
-        else:
-            i += 1
-    return end
