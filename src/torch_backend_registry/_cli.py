@@ -461,10 +461,16 @@ def _report(registry: Registry, problems: list[BackendRegistryError], import_tar
     here = _here()
     for problem in problems:
         print(_shown(problem, here))
-    checked = [d for d in registry.definitions((), with_torch=False) if d.source.kind in _CHECKED]
-    usable = len(checked)
+    checked = [
+        d
+        for d in registry.definitions((), with_torch=False, broken=True)
+        if d.source.kind in _CHECKED
+    ]
+    usable = sum(d.usable for d in checked)
     if import_targets:
         for d in checked:
+            if not d.usable:
+                continue  # its problem is printed above
             try:
                 registry.lookup_backend(d.name)
             except BackendRegistryError as exc:

@@ -104,12 +104,16 @@ class Index:
         lower = self.by_key.get(definition.name, ())
         return tuple(d for d in lower if d.name == definition.name and d is not definition)
 
-    def winners(self) -> list[BackendDefinition]:
-        """The usable definition of every name (not alias), in no particular order."""
+    def winners(self, *, broken: bool = False) -> list[BackendDefinition]:
+        """The usable definition of every name (not alias), in no particular order.
+
+        ``broken=True`` adds the enabled ones that cannot be used (each has its ``problem``).
+        """
         return [
             candidates[0]
             for key, candidates in self.by_key.items()
-            if candidates[0].name == key and candidates[0].usable
+            if candidates[0].name == key
+            and (candidates[0].usable or (broken and candidates[0].enabled))
         ]
 
     def unknown(self, name: str, note: str = "") -> UnknownBackendError:

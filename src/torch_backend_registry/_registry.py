@@ -327,17 +327,20 @@ class Registry:
         exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS,
         *,
         with_torch: bool = True,
+        broken: bool = False,
     ) -> list[BackendDefinition]:
         """The winning definition of every listed backend, sorted by name.
 
-        ``with_torch=False`` leaves PyTorch's own backends out (and torch unimported).
+        ``with_torch=False`` leaves PyTorch's own backends out (and torch unimported);
+        ``broken=True`` adds the backends that cannot be used as declared, each with
+        its ``problem``.
         """
         exclude = set(exclude_tags or ())
         if with_torch and "torch" in self._kinds:
             self._pytorch_changed()
         result = [
             d
-            for d in self._index(with_torch).winners()
+            for d in self._index(with_torch).winners(broken=broken)
             if not (exclude and exclude.intersection(d.tags))
         ]
         result.sort(key=lambda d: d.name)
