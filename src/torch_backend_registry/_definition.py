@@ -103,14 +103,14 @@ class Source(_Frozen):
         version: str | None = None,
         module: str | None = None,
     ) -> None:
-        super().__init__(
-            kind=kind,
-            path=path,
-            line=line,
-            distribution=distribution,
-            version=version,
-            module=module,
-        )
+        # Slot by slot rather than through _Frozen's loop: discovery makes one a backend.
+        init = object.__setattr__
+        init(self, "kind", kind)
+        init(self, "path", path)
+        init(self, "line", line)
+        init(self, "distribution", distribution)
+        init(self, "version", version)
+        init(self, "module", module)
 
     def describe(self, relative_to: str | None = None) -> str:
         """A short human location: ``PATH:LINE``, a distribution, or a module.
@@ -196,22 +196,21 @@ class BackendDefinition(_Frozen):
         compiler_fn: Callable[..., Any] | None = None,
         problem: ManifestError | None = None,
     ) -> None:
-        super().__init__(
-            name=name,
-            source=source,
-            target=target,
-            chain=chain,
-            tags=tags,
-            description=description,
-            aliases=aliases,
-            requires=requires,
-            options=MappingProxyType(dict(options)) if options else _EMPTY,
-            shadowed=shadowed,
-            enabled=enabled,
-            python_path=python_path,
-            compiler_fn=compiler_fn,
-            problem=problem,
-        )
+        init = object.__setattr__  # slot by slot: discovery makes one a backend
+        init(self, "name", name)
+        init(self, "target", target)
+        init(self, "chain", chain)
+        init(self, "tags", tags)
+        init(self, "description", description)
+        init(self, "aliases", aliases)
+        init(self, "requires", requires)
+        init(self, "options", MappingProxyType(dict(options)) if options else _EMPTY)
+        init(self, "source", source)
+        init(self, "shadowed", shadowed)
+        init(self, "enabled", enabled)
+        init(self, "python_path", python_path)
+        init(self, "compiler_fn", compiler_fn)
+        init(self, "problem", problem)
 
     def _key(self) -> tuple[Any, ...]:
         key = list(super()._key())

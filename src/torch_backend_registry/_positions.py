@@ -82,39 +82,43 @@ class KeyLines:
     """The first line (1-based) on which each table and key path of a text is defined.
 
     A trie of key parts, so that a key of many dotted parts costs memory in
-    proportion to its length, not to the square of it. ``[a.b.c]`` also defines
-    ``a`` and ``a.b`` on its line unless they came before; a key inside an
-    inline table has the line of the table's own key.
+    proportion to its length, not to the square of it. It is one flat dict from
+    ``(node, part)`` to ``(child node, line)``: its keys and values hold only
+    strings and integers, which the cyclic garbage collector does not follow,
+    so a large manifest adds no work to every later collection.
+    ``[a.b.c]`` also defines ``a`` and ``a.b`` on its line unless they came
+    before; a key inside an inline table has the line of the table's own key.
     """
 
-    __slots__ = ("_root",)
+    __slots__ = ("_edges",)
+
+    ROOT = 0
 
     def __init__(self) -> None:
-        # A node is [line, children]; the root's line is unused.
-        self._root: list[object] = [0, {}]
+        self._edges: dict[tuple[int, str], tuple[int, int]] = {}
 
-    def add(self, path: Path, line: int, below: list[object] | None = None) -> list[object]:
+    def add(self, path: Path, line: int, below: int = ROOT) -> int:
         """Record ``path`` (under the node ``below``, default the root); return its node."""
-        node = self._root if below is None else below
+        edges = self._edges
+        node = below
         for part in path:
-            children: dict[str, list[object]] = node[1]  # type: ignore[assignment]
-            child = children.get(part)
-            if child is None:
-                child = children[part] = [line, {}]
-            node = child
+            key = (node, part)
+            found = edges.get(key)
+            if found is None:
+                found = edges[key] = (len(edges) + 1, line)
+            node = found[0]
         return node
 
     def line_of(self, path: Path) -> int | None:
         """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
-        node, line = self._root, None
+        edges = self._edges
+        node, line = self.ROOT, None
         for part in path:
-            children: dict[str, list[object]] = node[1]  # type: ignore[assignment]
-            child = children.get(part)
-            if child is None:
+            found = edges.get((node, part))
+            if found is None:
                 break
-            node = child
-            line = child[0]
-        return line  # type: ignore[return-value]
+            node, line = found
+        return line
 
     def __contains__(self, path: object) -> bool:
         return isinstance(path, tuple) and self._exact(path) is not None
@@ -126,22 +130,18 @@ class KeyLines:
         return line
 
     def _exact(self, path: Path) -> int | None:
-        node = self._root
+        edges = self._edges
+        node, line = self.ROOT, None
         for part in path:
-            child = node[1].get(part)  # type: ignore[attr-defined]
-            if child is None:
+            found = edges.get((node, part))
+            if found is None:
                 return None
-            node = child
-        return None if node is self._root else node[0]  # type: ignore[return-value]
+            node, line = found
+        return line
 
     def values(self) -> Iterator[int]:
         """Every recorded line (each path once)."""
-        stack = [self._root]
-        while stack:
-            node = stack.pop()
-            for child in node[1].values():  # type: ignore[attr-defined]
-                yield child[0]
-                stack.append(child)
+        return (line for _node, line in self._edges.values())
 
 
 class TooManyKeys(Exception):
@@ -163,7 +163,7 @@ def key_lines(text: str, budget: int | None = None) -> KeyLines:
     lines = KeyLines()
     spent = 0
     table: Path = ()
-    table_node = None
+    table_node = KeyLines.ROOT
     for number, under, parts in scan(physical_lines(text)):
         if budget is not None:
             spent += len(parts)
