@@ -524,7 +524,10 @@ def test_init_pyproject_leaves_a_file_it_cannot_extend_untouched(
     done = run("init", "--pyproject", cwd=tmp_path, check=1)
     assert "invalid TOML" in done.stderr
     assert path.read_text(encoding="utf-8") == "tool = { other = 1 }\n"
-    assert "no such file here" in run("init", "--pyproject", cwd=tmp_path / "..", check=1).stderr
+    assert (
+        "pyproject.toml: no such file; run"
+        in run("init", "--pyproject", cwd=tmp_path / "..", check=1).stderr
+    )
 
 
 def test_shell_completion_offers_commands_and_backend_names(tmp_path: Path, write: WriteFn) -> None:

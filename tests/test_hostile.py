@@ -184,7 +184,7 @@ def test_a_directory_that_vanishes_is_reported_after_refresh_and_spares_the_rest
     shutil.rmtree(tmp_path / "conf")
     assert registry.list_backends() == ["a", "p"]  # discovery is cached until refresh()
     registry.refresh()
-    with pytest.warns(ManifestWarning, match="no such file or directory"):
+    with pytest.warns(ManifestWarning, match="no such file or folder"):
         assert registry.list_backends() == ["p"]
     [problem] = registry.problems()
     assert isinstance(problem, ManifestError)

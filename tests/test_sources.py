@@ -82,7 +82,7 @@ def test_missing_env_entry_is_a_manifest_error_never_ignored(
 ) -> None:
     write("backends.toml", '[backends.fine]\ntarget = "m:f"\n')
     registry = make(tmp_path, env=str(tmp_path / "typo.toml"))
-    with pytest.warns(ManifestWarning, match="typo.toml: no such file or directory"):
+    with pytest.warns(ManifestWarning, match="typo.toml: no such file or folder"):
         problems = registry.problems()
     assert len(problems) == 1
     assert isinstance(problems[0], ManifestError)

@@ -557,11 +557,11 @@ def _declares_table(pyproject: str) -> bool:
 
 def _init_pyproject(pyproject: str) -> int:
     """Append the starter table to pyproject.toml, if the result is still valid TOML."""
-    from ._files import parse_toml, read_text
+    from ._files import NO_SUCH_FILE, parse_toml, read_text
 
     if not os.path.isfile(pyproject):
         raise ManifestError(
-            "no such file here; run 'torch-backends init' for a backends.toml",
+            f"{NO_SUCH_FILE}; run 'torch-backends init' for a backends.toml instead",
             path="pyproject.toml",
         )
     text = read_text(pyproject)

@@ -62,7 +62,7 @@ def runtime_source(ctx: Context) -> Discovery:
 
 def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
     """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first, and what went wrong."""
-    from ._files import Untrusted, untrusted_folder, untrusted_message
+    from ._files import NO_SUCH_FILE, Untrusted, untrusted_folder, untrusted_message
 
     files: list[str] = []
     found = Discovery()
@@ -108,7 +108,7 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
         else:
             found.problems.append(
                 ManifestError(
-                    f"no such file or directory (named by {ENV_VAR}={entry!r}); remove the"
+                    f"{NO_SUCH_FILE} or folder (named by {ENV_VAR}={entry!r}); remove the"
                     " entry or create the file",
                     path=entry,
                 )
