@@ -41,6 +41,14 @@ def run_python(
     return done
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_folder(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test (and the commands it runs) remembers doctor verdicts in a folder of its own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture
 def write(tmp_path: Path) -> WriteFn:
     """Write a dedented text file under tmp_path and return its path."""

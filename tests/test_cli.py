@@ -122,7 +122,9 @@ def test_list_json(tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path
         "aliases",
         "source",
         "available",
+        "doctor",  # the last doctor verdict here, or null
     }
+    assert fast["doctor"] is None
     assert fast["source"] == {
         "kind": "project",
         "path": str(tmp_path / "backends.toml"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ._api import (
     backend_info,
+    doctor,
     install,
     is_registered_backend,
     list_backends,
@@ -44,6 +45,7 @@ __all__ = [
     "UnknownBackendError",
     "__version__",
     "backend_info",
+    "doctor",
     "install",
     "is_registered_backend",
     "list_backends",

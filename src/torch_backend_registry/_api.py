@@ -21,6 +21,7 @@ is_registered_backend = default_registry.is_registered_backend
 backend_info = default_registry.backend_info
 refresh = default_registry.refresh
 install = default_registry.install
+doctor = default_registry.doctor
 
 if TYPE_CHECKING:
 

@@ -27,6 +27,8 @@ class ChainBackend:
     def __init__(self, registry: Registry, definition: BackendDefinition) -> None:
         self.registry = registry
         self.definition = definition
+        #: The member the last successful compile used.
+        self.used: str | None = None
         self.__name__ = definition.name
         self.__qualname__ = definition.name
 
@@ -43,6 +45,15 @@ class ChainBackend:
         name = self.definition.name
         failures: list[tuple[str, str]] = []
         for member in self.members:
+            if self.definition.skip_known_failures:
+                from ._doctor import known_failure
+
+                verdict = known_failure(self.registry, member)
+                if verdict is not None:
+                    reason = f"doctor found {verdict.status} here ({verdict.reason})"
+                    failures.append((member, reason))
+                    logger.info("backend %r: skipping %r: %s", name, member, reason)
+                    continue
             try:
                 info = self.registry.backend_info(member)
                 missing = missing_requirements(info)
@@ -64,5 +75,6 @@ class ChainBackend:
                 logger.warning("backend %r: skipping %r: %s", name, member, reason)
                 continue
             logger.info("backend %r: compiled with %r", name, member)
+            self.used = member
             return compiled
         raise BackendChainError(name, failures)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._definition import BackendDefinition, SourceKind
+    from ._doctor import Verdict
 
 PROG = "torch-backends"
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -64,6 +65,7 @@ examples:
   {PROG} list --no-torch              the backends of this project, without PyTorch's
   {PROG} explain inductor             where a name is defined and what it shadows
   {PROG} check --import               validate the manifests and import every target
+  {PROG} doctor --bench               which backends work here, and how fast
 
 Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} separated).
 """
@@ -146,6 +148,39 @@ def _parser() -> argparse.ArgumentParser:
         dest="import_targets",
         action="store_true",
         help="also import every target and check that it is callable",
+    )
+
+    doctor = command(
+        "doctor", "probe backends in subprocesses: which work here, and how fast", _doctor
+    )
+    doctor.add_argument(
+        "names", nargs="*", metavar="NAME", help="backends to probe (default: every listed one)"
+    )
+    doctor.add_argument("--all", action="store_true", help="also debug and experimental ones")
+    doctor.add_argument(
+        "--bench", action="store_true", help="also time compiling and a call, against eager"
+    )
+    doctor.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds a backend may take before it is killed (default 300)",
+    )
+    doctor.add_argument("--json", action="store_true", help="print a JSON array of verdicts")
+    doctor.add_argument(
+        "--model",
+        metavar="MOD:FACTORY",
+        help="probe with FACTORY() -> (module, example inputs) instead of the built-in model",
+    )
+    doctor.add_argument(
+        "--device", default="cpu", help="the device to probe on, e.g. cuda (default cpu)"
+    )
+    doctor.add_argument(
+        "--jobs", type=int, metavar="N", help="backends probed at once (default: half the cores)"
+    )
+    doctor.add_argument(
+        "--fresh", action="store_true", help="probe again even where a verdict is remembered"
     )
 
     command("schema", "print the JSON Schema of a manifest", _schema)
@@ -280,17 +315,31 @@ def _list(args: argparse.Namespace) -> int:
     available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
         rows = [d for d in rows if available[d.name]]
+    verdicts = {d.name: _remembered(registry, d) for d in rows}
     if args.json:
         import json
 
-        json.dump([_as_json(d, available[d.name]) for d in rows], sys.stdout, indent=2)
+        objects = []
+        for d in rows:
+            verdict = verdicts[d.name]
+            objects.append(
+                {
+                    **_as_json(d, available[d.name]),
+                    "doctor": verdict.as_json() if verdict is not None else None,
+                }
+            )
+        json.dump(objects, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return EXIT_OK
     here = _here()
-    table = [("NAME", "TAGS", "SOURCE", "TARGET", "DESCRIPTION")]
+    doctored = any(v is not None for v in verdicts.values())
+    header = ("NAME", "TAGS", "SOURCE", "TARGET") + (("DOCTOR",) if doctored else ())
+    table = [(*header, "DESCRIPTION")]
     for d in rows:
         source = f"{d.source.kind} {d.source.short(here)}".rstrip()
-        table.append((d.name, ",".join(d.tags), source, _what(d), d.description or ""))
+        verdict = verdicts[d.name]
+        said = (verdict.status if verdict is not None else "-",) if doctored else ()
+        table.append((d.name, ",".join(d.tags), source, _what(d), *said, d.description or ""))
     _print_table(table)
     return EXIT_OK
 
@@ -339,18 +388,29 @@ def _what(d: BackendDefinition) -> str:
     return d.target or ""
 
 
+def _terminal_width() -> int | None:
+    if not sys.stdout.isatty():
+        return None
+    import shutil
+
+    return shutil.get_terminal_size().columns
+
+
 def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
     """Aligned columns; the last (DESCRIPTION) only on a terminal wide enough to hold it."""
     rows = [tuple(printable(cell) for cell in row) for row in rows]
-    limit = None
-    if sys.stdout.isatty():
-        import shutil
-
-        limit = shutil.get_terminal_size().columns
+    limit = _terminal_width()
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     if limit is None or sum(widths) + 2 * (len(widths) - 1) > limit:
         rows = [row[:-1] for row in rows]
-        widths = widths[:-1]
+    _print_rows(rows)
+
+
+def _print_rows(rows: Sequence[tuple[str, ...]]) -> None:
+    """Aligned columns, the last one as it is; cut to a terminal's width."""
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
+    limit = _terminal_width()
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
         line = "  ".join([*cells, row[-1]]).rstrip()
@@ -410,7 +470,25 @@ def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
     if d.usable:
         why = registry.why_unavailable(d)
         fields.append(("available", "yes" if why is None else f"no: {why}"))
+    verdict = _remembered(registry, d)
+    if verdict is not None:
+        said = verdict.status + (f": {verdict.reason}" if verdict.reason else "")
+        fields.append(("doctor", f"{said} (last probe here, {verdict.level_name} level)"))
     return [f"  {key + ':':<13}{value}" for key, value in fields]
+
+
+def _remembered(registry: Registry, d: BackendDefinition) -> Verdict | None:
+    """The last doctor verdict for this definition here, where one was remembered."""
+    from ._doctor import VerdictCache, last_verdict
+
+    if not os.path.exists(VerdictCache(registry).path):
+        return None  # nothing remembered: no need to work out the environment
+    try:
+        if registry.backend_info(d.name) != d.with_shadowed(()):
+            return None  # a shadowed definition: the verdict is the winner's
+    except BackendRegistryError:
+        return None
+    return last_verdict(registry, d.name)
 
 
 # --------------------------------------------------------------------------- check
@@ -491,6 +569,108 @@ def _shown(problem: BackendRegistryError, here: str | None) -> str:
     if isinstance(problem, ManifestError):
         return printable(problem.shown(here))
     return printable(str(problem))
+
+
+# -------------------------------------------------------------------------- doctor
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    registry = _registry()
+    names = args.names or None
+    if names is None and args.all:
+        names = registry.list_backends(exclude_tags=())
+    progress = _Progress(sys.stderr.isatty())
+    verdicts = registry.doctor(
+        names,
+        bench=args.bench,
+        timeout=args.timeout,
+        model=args.model,
+        device=args.device,
+        jobs=args.jobs,
+        fresh=args.fresh,
+        on_progress=progress.update,
+    )
+    progress.done()
+    if args.json:
+        import json
+
+        json.dump([v.as_json() for v in verdicts], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
+    return EXIT_OK if all(v.ok for v in verdicts) else EXIT_PROBLEMS
+
+
+class _Progress:
+    """One line on a terminal's stderr: the backends being probed, their level, the time."""
+
+    def __init__(self, shown: bool) -> None:
+        import threading
+
+        self.shown = shown
+        self.lock = threading.Lock()
+        self.running: dict[str, tuple[int, float]] = {}
+
+    def update(self, name: str, level: int, seconds: float) -> None:
+        if not self.shown:
+            return
+        from ._probe import LEVELS
+
+        with self.lock:
+            self.running[name] = (level, seconds)
+            what = ", ".join(
+                f"{n}: {LEVELS[lv - 1] if lv else 'start'} ({s:.0f} s)"
+                for n, (lv, s) in self.running.items()
+            )
+            sys.stderr.write(f"\r\033[K{PROG}: probing {printable(what)}"[:300])
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) -> None:
+    """A table sorted by result and speed; with ``bench``, a bar for each speed-up."""
+    header = ["NAME", "STATUS", "LEVEL", "SECONDS"]
+    if bench:
+        header += ["COMPILE", "PER CALL", "SPEED-UP"]
+    header.append("REASON")
+    table = [tuple(header)]
+    fastest = max((v.speedup or 0.0 for v in verdicts), default=0.0)
+    for v in verdicts:
+        status = v.status + (" (cached)" if v.cached else "")
+        name = v.name + (f" -> {v.member}" if v.member else "")
+        row = [name, status, v.level_name, f"{v.seconds:.1f}"]
+        if bench:
+            row += [
+                _duration(v.compile_seconds),
+                _duration(v.per_call_seconds),
+                _speedup(v.speedup, fastest, terminal),
+            ]
+        row.append(v.reason)
+        table.append(tuple(row))
+    _print_rows(table)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
+    if speedup is None:
+        return ""
+    text = f"{speedup:.2f}x"
+    if terminal and fastest > 0:
+        text = f"{text:>6} " + "█" * max(1, round(20 * speedup / fastest))
+    return text
 
 
 # ------------------------------------------------------------------- schema, init

@@ -158,6 +158,7 @@ class BackendDefinition(_Frozen):
         "python_path",
         "compiler_fn",
         "problem",
+        "skip_known_failures",
     )
 
     name: str
@@ -177,6 +178,8 @@ class BackendDefinition(_Frozen):
     compiler_fn: Callable[..., Any] | None
     #: Why this definition cannot be used as declared, or ``None``.
     problem: ManifestError | None
+    #: For a chain: skip members that ``doctor`` found failing here.
+    skip_known_failures: bool
 
     def __init__(
         self,
@@ -195,6 +198,7 @@ class BackendDefinition(_Frozen):
         python_path: tuple[str, ...] = (),
         compiler_fn: Callable[..., Any] | None = None,
         problem: ManifestError | None = None,
+        skip_known_failures: bool = False,
     ) -> None:
         init = object.__setattr__  # slot by slot: discovery makes one a backend
         init(self, "name", name)
@@ -211,6 +215,7 @@ class BackendDefinition(_Frozen):
         init(self, "python_path", python_path)
         init(self, "compiler_fn", compiler_fn)
         init(self, "problem", problem)
+        init(self, "skip_known_failures", skip_known_failures)
 
     def _key(self) -> tuple[Any, ...]:
         key = list(super()._key())

@@ -302,6 +302,7 @@ def _definition(
         options=entry.options,
         enabled=entry.enabled,
         python_path=python_path,
+        skip_known_failures=entry.skip_known_failures,
     )
 
 

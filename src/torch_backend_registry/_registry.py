@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any, TypeVar, overload
 
     from ._definition import DefaultDeclaration, Discovery, SourceKind
+    from ._doctor import Verdict
     from ._merge import Index
 
     CompilerFn = Callable[..., Any]
@@ -448,6 +449,49 @@ class Registry:
         index = self._index(with_torch=False)
         install_names(self, [key for key, found in index.by_key.items() if _installs(found)])
         apply_default(self, self.default_backend())
+
+    def doctor(
+        self,
+        names: Sequence[str] | None = None,
+        *,
+        bench: bool = False,
+        timeout: float = 300.0,
+        model: str | None = None,
+        device: str = "cpu",
+        jobs: int | None = None,
+        fresh: bool = False,
+        on_progress: Callable[[str, int, float], None] | None = None,
+    ) -> list[Verdict]:
+        """Probe each backend (default: every listed one) in its own subprocess.
+
+        Each goes as far as it can: requirements found, target imported,
+        ``torch.compile`` forward matching eager, backward gradients matching,
+        and with ``bench`` its compile time and speed against eager. One
+        :class:`Verdict` a backend, best first. Verdicts are remembered per
+        definition and environment; ``fresh`` probes again anyway.
+        """
+        from ._doctor import Probe, run
+
+        probe = Probe(
+            timeout=timeout, bench=bench, model=model, device=device, jobs=jobs, fresh=fresh
+        )
+        return run(self, names, probe, on_progress)
+
+    def probe_config(self) -> dict[str, Any]:
+        """What a subprocess needs to build this same registry: folder, environment, sources."""
+        from ._sources import ENV_VAR
+
+        env = dict(os.environ)
+        if self._environ is not None:
+            env.pop(ENV_VAR, None)
+            if ENV_VAR in self._environ:
+                env[ENV_VAR] = self._environ[ENV_VAR]
+        return {
+            "cwd": self._cwd or os.getcwd(),
+            "env": env,
+            "sources": list(self._kinds),
+            "files": None if self._files is None else list(self._files),
+        }
 
     def default_backend(self) -> DefaultDeclaration | None:
         """The first manifest ``default`` by precedence."""

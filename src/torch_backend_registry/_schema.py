@@ -96,6 +96,10 @@ class BackendEntry(BaseModel):
     enabled: bool = Field(
         default=True, description="false hides this name, also from lower sources."
     )
+    skip_known_failures: bool = Field(
+        default=False,
+        description="For a chain: skip members that `torch-backends doctor` found failing here.",
+    )
 
     @model_validator(mode="after")
     def _target_or_chain(self) -> BackendEntry:
@@ -109,6 +113,8 @@ class BackendEntry(BaseModel):
         if self.chain is not None and self.options:
             # A chain calls its members as they are declared; options here would be lost.
             raise ValueError("'options' go with a 'target'; set them on the chain's members")
+        if self.skip_known_failures and self.chain is None:
+            raise ValueError("'skip-known-failures' goes with a 'chain'")
         return self
 
 
