@@ -32,6 +32,12 @@ from ._errors import (
 )
 from ._registry import Registry
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ._doctor import Verdict
+
 __all__ = [
     "BackendChainError",
     "BackendDefinition",
@@ -43,6 +49,7 @@ __all__ = [
     "Registry",
     "Source",
     "UnknownBackendError",
+    "Verdict",
     "__version__",
     "backend_info",
     "doctor",
@@ -57,10 +64,15 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> str:
-    # importlib.metadata costs tens of milliseconds: pay it only when asked.
+def __getattr__(name: str) -> Any:
+    # importlib.metadata, and doctor's subprocess and threading, cost milliseconds:
+    # pay for them only when asked.
     if name == "__version__":
         from importlib.metadata import version
 
         return version("torch-backend-registry")
+    if name == "Verdict":
+        from ._doctor import Verdict
+
+        return Verdict
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
