@@ -272,6 +272,9 @@ def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -
     )
     [verdict] = project.doctor(["fine"], model="tbr_doctor_model:make")
     assert (verdict.status, verdict.level) == ("ok", 4)
+    if not __import__("torch").cuda.is_available():
+        [no_gpu] = project.doctor(["fine"], device="cuda")
+        assert (no_gpu.status, no_gpu.reason) == ("unavailable", "no cuda device here")
     [missing] = project.doctor(["fine"], model="tbr_no_such_module:make")
     assert missing.status == "compile-error"
     assert missing.reason.startswith("the model could not be built: ModuleNotFoundError")

@@ -111,9 +111,12 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
+    device = torch.device(config.get("device") or "cpu")
+    accelerator = getattr(torch, device.type, None)
+    if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
+        return verdict("unavailable", 3, f"no {device.type} device here")
     try:
         model, inputs = _model(config.get("model"))
-        device = torch.device(config.get("device") or "cpu")
         model = model.to(device)
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
         twin = copy.deepcopy(model)
