@@ -11,6 +11,7 @@ from __future__ import annotations
 from ._api import (
     backend_info,
     doctor,
+    fingerprint,
     install,
     is_registered_backend,
     list_backends,
@@ -19,6 +20,7 @@ from ._api import (
     register_backend,
     register_debug_backend,
     register_experimental_backend,
+    verify_consistent,
 )
 from ._definition import BackendDefinition, Source
 from ._errors import (
@@ -26,6 +28,8 @@ from ._errors import (
     BackendLoadError,
     BackendRegistryError,
     DuplicateBackendError,
+    InconsistentRegistryError,
+    LockDriftError,
     ManifestError,
     ManifestWarning,
     UnknownBackendError,
@@ -44,6 +48,8 @@ __all__ = [
     "BackendLoadError",
     "BackendRegistryError",
     "DuplicateBackendError",
+    "InconsistentRegistryError",
+    "LockDriftError",
     "ManifestError",
     "ManifestWarning",
     "Registry",
@@ -53,6 +59,7 @@ __all__ = [
     "__version__",
     "backend_info",
     "doctor",
+    "fingerprint",
     "install",
     "is_registered_backend",
     "list_backends",
@@ -61,6 +68,7 @@ __all__ = [
     "register_backend",
     "register_debug_backend",
     "register_experimental_backend",
+    "verify_consistent",
 ]
 
 

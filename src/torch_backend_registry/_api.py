@@ -22,6 +22,8 @@ backend_info = default_registry.backend_info
 refresh = default_registry.refresh
 install = default_registry.install
 doctor = default_registry.doctor
+fingerprint = default_registry.fingerprint
+verify_consistent = default_registry.verify_consistent
 
 if TYPE_CHECKING:
 

@@ -66,6 +66,7 @@ examples:
   {PROG} explain inductor             where a name is defined and what it shadows
   {PROG} check --import               validate the manifests and import every target
   {PROG} doctor --bench               which backends work here, and how fast
+  {PROG} lock && {PROG} check --locked    pin what every name means; find drift
 
 Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} separated).
 """
@@ -144,6 +145,11 @@ def _parser() -> argparse.ArgumentParser:
         help="skip PyTorch's own backends (then a name of theirs is not checked against them)",
     )
     check.add_argument(
+        "--locked",
+        action="store_true",
+        help="also compare what every name resolves to with backends.lock; print each drift",
+    )
+    check.add_argument(
         "--import",
         dest="import_targets",
         action="store_true",
@@ -182,6 +188,11 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--fresh", action="store_true", help="probe again even where a verdict is remembered"
     )
+
+    lock = command(
+        "lock", "write backends.lock: what every name resolves to, beside the manifest", _lock
+    )
+    lock.add_argument("--output", metavar="PATH", help="write the lock there instead")
 
     command("schema", "print the JSON Schema of a manifest", _schema)
     init = command("init", "write a starter backends.toml here (never overwrites)", _init)
@@ -510,7 +521,24 @@ def _check(args: argparse.Namespace) -> int:
             return EXIT_PROBLEMS
         with _Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems(with_torch=not args.no_torch)
+        if args.locked:
+            problems.extend(_drift(_registry(args.no_torch)))
         return _report(registry, problems, args.import_targets)
+
+
+def _drift(registry: Registry) -> list[BackendRegistryError]:
+    """Each difference from backends.lock as a problem of the lock file."""
+    from ._fingerprint import differences, lock_path, read_lock, registry_facts
+
+    path = lock_path(registry)
+    try:
+        locked = read_lock(path)
+    except ManifestError as exc:
+        return [exc]
+    return [
+        ManifestError(f"{change}; run 'torch-backends lock' to accept it", path=path)
+        for change in differences(locked, registry_facts(registry))
+    ]
 
 
 def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
@@ -671,6 +699,29 @@ def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
     if terminal and fastest > 0:
         text = f"{text:>6} " + "█" * max(1, round(20 * speedup / fastest))
     return text
+
+
+# ---------------------------------------------------------------------------- lock
+
+
+def _lock(args: argparse.Namespace) -> int:
+    from ._fingerprint import write_lock
+
+    registry = _registry()
+    with _Waiting("loading PyTorch's backends", True):
+        path = write_lock(registry, args.output)
+        fingerprint = registry.fingerprint()
+    count = len(registry.definitions(()))
+    shown = _shown_path(path)
+    print(f"wrote {shown}: {count} backends, fingerprint {fingerprint}; commit it")
+    return EXIT_OK
+
+
+def _shown_path(path: str) -> str:
+    from ._definition import shown_path
+
+    here = _here()
+    return path if here is None else shown_path(path, here)
 
 
 # ------------------------------------------------------------------- schema, init

@@ -327,6 +327,8 @@ def environment_key(definition: BackendDefinition, probe: Probe) -> str:
     import hashlib
     import platform
 
+    from ._torch import torch_version
+
     manifest = b""
     if definition.source.path is not None:
         try:
@@ -343,22 +345,13 @@ def environment_key(definition: BackendDefinition, probe: Probe) -> str:
         "source": [definition.source.kind, definition.source.distribution],
         "version": definition.source.version,
         "manifest": hashlib.sha256(manifest).hexdigest(),
-        "torch": _torch_version(),
+        "torch": torch_version(),
         "python": sys.version,
         "platform": [sys.platform, platform.machine()],
         "device": probe.device,
         "model": probe.model,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _torch_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("torch")
-    except PackageNotFoundError:
-        return None
 
 
 def last_verdict(registry: Registry, name: str) -> Verdict | None:

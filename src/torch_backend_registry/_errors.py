@@ -127,6 +127,36 @@ class DuplicateBackendError(BackendRegistryError, ValueError):
         )
 
 
+class LockDriftError(BackendRegistryError):
+    """The registry resolves names differently from its lock file.
+
+    ``changes`` holds one line a difference (added, removed, changed field).
+    """
+
+    def __init__(self, lock: str, changes: list[str]) -> None:
+        self.lock = lock
+        self.changes = tuple(changes)
+        shown = "; ".join(changes[:5]) + ("; ..." if len(changes) > 5 else "")
+        super().__init__(
+            f"{lock}: the backends drifted from this lock ({len(changes)} difference"
+            f"{'s' if len(changes) != 1 else ''}: {shown}); run 'torch-backends check"
+            " --locked' to see them, 'torch-backends lock' to accept them"
+        )
+
+
+class InconsistentRegistryError(BackendRegistryError):
+    """Ranks resolve backend names differently (or did not all take part in the check).
+
+    ``ranks`` are the ranks that differ from the majority (or that never came),
+    ``names`` the backend names on which they differ.
+    """
+
+    def __init__(self, message: str, ranks: tuple[int, ...], names: tuple[str, ...]) -> None:
+        self.ranks = ranks
+        self.names = names
+        super().__init__(message)
+
+
 class ManifestWarning(UserWarning):
     """A manifest, or one of its backends, was left out; the message says why."""
 

@@ -78,6 +78,7 @@ class Registry:
         # began before never stores a callable into the state that follows.
         self._generation = 0
         self._installed = False
+        self._verified = False
 
     def __repr__(self) -> str:
         return f"Registry(cwd={self._cwd!r}, sources={self._kinds!r})"
@@ -271,6 +272,8 @@ class Registry:
         # not stall lookups of other names, listing, or refresh(). Python's own
         # per-module import lock makes threads that import one target wait for
         # each other, so it runs once; the first callable stored is what all get.
+        if not self._verified and os.environ.get("TORCH_BACKENDS_VERIFY", "0") not in ("", "0"):
+            self._verify_if_distributed()
         generation = self._generation
         index = self._resolving_index(name)
         definition = index.resolve(name)
@@ -296,6 +299,13 @@ class Registry:
             # One callable a definition, whichever of its names was asked for first.
             fn = self._loaded[name] = self._by_definition.setdefault(definition, fn)
             return fn
+
+    def _verify_if_distributed(self) -> None:
+        """TORCH_BACKENDS_VERIFY: the cluster check, once, at the first lookup of a rank."""
+        from ._cluster import distributed_ready
+
+        if distributed_ready():
+            self.verify_consistent()
 
     def _chain_problem(
         self, definition: BackendDefinition, *, unknown_members: bool = False
@@ -436,13 +446,53 @@ class Registry:
         if installed:
             self.install()
 
-    def install(self) -> None:
+    def resolved(self) -> dict[str, BackendDefinition]:
+        """Every usable name and alias, with the definition it resolves to."""
+        index = self._index()
+        found = {key: index.get(key) for key in index.by_key}
+        return {key: d for key, d in found.items() if d is not None}
+
+    def fingerprint(self) -> str:
+        """A short stable hash of what every name resolves to: the same inputs give the
+        same hash in any process on any machine (no paths, no line numbers in it)."""
+        from ._fingerprint import fingerprint
+
+        return fingerprint(self)
+
+    def verify_consistent(self, group: Any = None, timeout: float = 60.0) -> str:
+        """Check, over torch.distributed, that every rank resolves names alike.
+
+        Every rank calls it once the process group is initialised. Returns the
+        fingerprint when all agree; otherwise every rank raises the same
+        :class:`InconsistentRegistryError` naming the differing ranks, hosts,
+        names and fields. A rank that never calls makes the others raise after
+        ``timeout`` seconds, naming it.
+        """
+        from ._cluster import verify_consistent
+
+        self._verified = True
+        return verify_consistent(self, group, timeout)
+
+    def install(self, *, locked: bool | str | os.PathLike[str] | None = None) -> None:
         """Make every backend usable as ``torch.compile(backend="name")``, importing no target.
 
-        Also applies a manifest's ``default``. Idempotent.
+        Also applies a manifest's ``default``. Idempotent. With ``locked`` (``True``
+        for the ``backends.lock`` beside the project manifest, or a lock's path),
+        or ``TORCH_BACKENDS_LOCKED`` in the environment, a registry that drifted
+        from its lock raises :class:`LockDriftError` and installs nothing.
         """
+        from ._fingerprint import check_locked, lock_from_environment, lock_path
         from ._torch import apply_default, install_names, prepare
 
+        lock: str | None
+        if locked is None:
+            lock = lock_from_environment(self, self._environ or os.environ)
+        elif locked is False:
+            lock = None
+        else:
+            lock = lock_path(self) if locked is True else os.fspath(locked)
+        if lock is not None:
+            check_locked(self, lock)
         prepare()
         with self._lock:
             self._installed = True

@@ -75,6 +75,16 @@ def torch_available() -> bool:
         return False
 
 
+def torch_version() -> str | None:
+    """The installed PyTorch's version, read from its metadata (no import of torch)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
+
+
 def dynamo_imported() -> bool:
     """Whether torch.compile's registry is in this process already (no import)."""
     return "torch._dynamo" in sys.modules

@@ -1,0 +1,137 @@
+"""Every rank resolves names alike: fingerprints compared over torch.distributed.
+
+The check runs on a gloo group of its own, so it works beside an NCCL default
+group and on machines without a GPU. When all agree, only a 32-byte hash a
+rank travels; the facts follow only on a mismatch, and then every rank raises
+the same :class:`InconsistentRegistryError`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._errors import BackendRegistryError, InconsistentRegistryError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ._registry import Registry
+
+#: The environment variable that runs the check at the first lookup of a process
+#: in which torch.distributed is initialised (any value but "" and "0").
+VERIFY_VAR = "TORCH_BACKENDS_VERIFY"
+DEFAULT_TIMEOUT = 60.0
+
+
+def verify_consistent(
+    registry: Registry, group: Any = None, timeout: float = DEFAULT_TIMEOUT
+) -> str:
+    """Compare this registry's fingerprint with every rank's; return it when all agree."""
+    import socket
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from ._fingerprint import digest, registry_facts
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise BackendRegistryError(
+            "verify_consistent() needs torch.distributed initialised (init_process_group) first"
+        )
+    ranks = None if group is None else dist.get_process_group_ranks(group)
+    members = ranks if ranks is not None else list(range(dist.get_world_size()))
+    me = dist.get_rank()
+    limit = timedelta(seconds=timeout)
+    if group is None and dist.get_backend() == "gloo":
+        gloo = None  # the default group is gloo already: no group to create
+    else:
+        # A gloo group of its own: the default group may be NCCL, and a CPU-only rank
+        # must take part too. Creating it is itself collective over the ranks.
+        try:
+            gloo = dist.new_group(ranks=ranks, backend="gloo", timeout=limit)
+        except RuntimeError as exc:
+            raise InconsistentRegistryError(
+                f"rank {me}: not every rank of {members} called verify_consistent() within"
+                f" {timeout:g} s ({exc})",
+                (),
+                (),
+            ) from exc
+    try:
+        # Every rank reports to the first within the limit, which names those that did not.
+        dist.monitored_barrier(group=gloo, timeout=limit, wait_all_ranks=True)
+    except RuntimeError as exc:
+        raise _missing(exc, members, me, timeout) from exc
+    facts = registry_facts(registry)
+    full = digest(facts)
+    mine = torch.tensor(list(bytes.fromhex(full)), dtype=torch.uint8)
+    gathered = [torch.zeros_like(mine) for _ in members]
+    dist.all_gather(gathered, mine, group=gloo)
+    hashes = [bytes(t.tolist()).hex() for t in gathered]
+    if len(set(hashes)) == 1:
+        return full[:16]
+    # Only now do the facts travel, and with them where each rank runs.
+    everyone: list[Any] = [None] * len(members)
+    dist.all_gather_object(everyone, (socket.gethostname(), os.getpid(), facts), group=gloo)
+    raise mismatch(members, hashes, everyone)
+
+
+def mismatch(
+    members: list[int], hashes: list[str], everyone: list[Any]
+) -> InconsistentRegistryError:
+    """The same error on every rank: the ranks outside the majority, and where they differ."""
+    from collections import Counter
+
+    from ._fingerprint import differences
+
+    majority, _count = Counter(hashes).most_common(1)[0]
+    reference = everyone[hashes.index(majority)][2]
+    odd = [i for i, h in enumerate(hashes) if h != majority]
+    lines = []
+    names: set[str] = set()
+    for index in odd:
+        host, _pid, facts = everyone[index]
+        changes = differences(reference, facts)
+        for change in changes:
+            name = change.split("'")[1] if "'" in change else change
+            names.add(name)
+        lines.append(f"rank {members[index]} on {host}: " + "; ".join(changes[:5]))
+    odd_ranks = tuple(members[i] for i in odd)
+    return InconsistentRegistryError(
+        f"ranks {list(odd_ranks)} resolve backend names differently from the other"
+        f" {len(members) - len(odd)} (compared to rank {members[hashes.index(majority)]}): "
+        + " | ".join(lines),
+        odd_ranks,
+        tuple(sorted(names)),
+    )
+
+
+def _missing(
+    exc: RuntimeError, members: list[int], me: int, timeout: float
+) -> InconsistentRegistryError:
+    import re
+
+    said = str(exc)
+    found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", said)
+    if found:
+        missing = tuple(int(r) for r in re.findall(r"\d+", found.group(1)))
+        return InconsistentRegistryError(
+            f"ranks {list(missing)} did not call verify_consistent() within {timeout:g} s",
+            missing,
+            (),
+        )
+    return InconsistentRegistryError(
+        f"rank {me}: verify_consistent() timed out after {timeout:g} s waiting for the other"
+        f" ranks of {members} (rank {members[0]} names the missing ones)",
+        (),
+        (),
+    )
+
+
+def distributed_ready() -> bool:
+    """Whether torch.distributed is loaded and initialised in this process (no import)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
