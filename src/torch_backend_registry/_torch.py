@@ -8,6 +8,7 @@ when one of these functions runs.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 
@@ -75,6 +76,7 @@ def torch_available() -> bool:
         return False
 
 
+@functools.cache  # one process runs one installed torch; reading metadata costs ms
 def torch_version() -> str | None:
     """The installed PyTorch's version, read from its metadata (no import of torch)."""
     from importlib.metadata import PackageNotFoundError, version
