@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
     from typing import Any, Literal, TypeAlias
 
     from ._errors import ManifestError
@@ -159,6 +159,7 @@ class BackendDefinition(_Frozen):
         "compiler_fn",
         "problem",
         "skip_known_failures",
+        "distribution",
     )
 
     name: str
@@ -180,6 +181,8 @@ class BackendDefinition(_Frozen):
     problem: ManifestError | None
     #: For a chain: skip members that ``doctor`` found failing here.
     skip_known_failures: bool
+    #: The installed distribution a manifest picked to provide this name's entry point.
+    distribution: str | None
 
     def __init__(
         self,
@@ -199,6 +202,7 @@ class BackendDefinition(_Frozen):
         compiler_fn: Callable[..., Any] | None = None,
         problem: ManifestError | None = None,
         skip_known_failures: bool = False,
+        distribution: str | None = None,
     ) -> None:
         init = object.__setattr__  # slot by slot: discovery makes one a backend
         init(self, "name", name)
@@ -216,6 +220,7 @@ class BackendDefinition(_Frozen):
         init(self, "compiler_fn", compiler_fn)
         init(self, "problem", problem)
         init(self, "skip_known_failures", skip_known_failures)
+        init(self, "distribution", distribution)
 
     def _key(self) -> tuple[Any, ...]:
         key = list(super()._key())
@@ -256,6 +261,25 @@ class DefaultDeclaration(_Frozen):
         super().__init__(name=name, path=path, line=line, key=key)
 
 
+def distribution_key(name: str) -> str:
+    """A distribution's name normalised as packaging compares them (PEP 503)."""
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class PluginRule(_Frozen):
+    """An allow or deny list of distributions, with where it was declared."""
+
+    __slots__ = ("names", "where")
+
+    names: frozenset[str]
+    where: str
+
+    def __init__(self, names: Iterable[str], where: str) -> None:
+        super().__init__(names=frozenset(map(distribution_key, names)), where=where)
+
+
 class Discovery:
     """What reading some input found: definitions in precedence order, problems, a default.
 
@@ -263,13 +287,16 @@ class Discovery:
     ``warnings`` hold what was left out on purpose (the trust rule).
     """
 
-    __slots__ = ("default", "definitions", "problems", "warnings")
+    __slots__ = ("allow", "default", "definitions", "deny", "problems", "warnings")
 
     def __init__(self) -> None:
         self.definitions: list[BackendDefinition] = []
         self.problems: list[ManifestError] = []
         self.warnings: list[ManifestError] = []
         self.default: DefaultDeclaration | None = None
+        #: The first plugin allow and deny lists by precedence.
+        self.allow: PluginRule | None = None
+        self.deny: PluginRule | None = None
 
     def add(self, other: Discovery) -> None:
         """Fold in ``other``, which ranks below everything already here."""
@@ -278,3 +305,7 @@ class Discovery:
         self.warnings.extend(other.warnings)
         if self.default is None:
             self.default = other.default
+        if self.allow is None:
+            self.allow = other.allow
+        if self.deny is None:
+            self.deny = other.deny

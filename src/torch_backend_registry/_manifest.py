@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ._definition import BackendDefinition, DefaultDeclaration, Discovery, Source
+from ._definition import BackendDefinition, DefaultDeclaration, Discovery, PluginRule, Source
 from ._errors import ManifestError
 from ._files import Untrusted, parse_toml, read_text
 from ._positions import table_prefix, toml_key
@@ -132,6 +132,13 @@ class _Validation:
 
         manifest, broken = self._validate(data, Manifest)
         header = manifest if manifest is not None else self._salvage_header(data, HEADER_KEYS)
+        plugins = header.plugins
+        if plugins is not None:
+            for field, names in (("allow", plugins.allow), ("deny", plugins.deny)):
+                if names is not None and (names or field == "allow"):
+                    key = (*self.prefix, "plugins", field)
+                    where = f"{self.path}:{self.lines.line_of(key)} ({toml_key(key)})"
+                    setattr(self.found, field, PluginRule(names, where))
         if header.default is not None:
             self.found.default = DefaultDeclaration(
                 header.default,
@@ -303,6 +310,7 @@ def _definition(
         enabled=entry.enabled,
         python_path=python_path,
         skip_known_failures=entry.skip_known_failures,
+        distribution=entry.distribution,
     )
 
 

@@ -14,6 +14,9 @@ The rules, in one place:
 - the first ``default`` by precedence is the default;
 - a name (or alias) of one of PyTorch's own backends cannot be defined or
   disabled by another source: PyTorch's registry refuses it, so this one does too;
+- a plugin policy (allow and deny lists of distributions) leaves entry points out;
+  when several distributions declare one name, the first on ``sys.path`` (then
+  by name) wins unless a manifest picks one with ``distribution = "..."``;
 - a chain may not name itself, directly or through other chains, and may nest
   at most :data:`MAX_CHAIN_DEPTH` chains deep; a member that does not exist is
   skipped when it runs, and reported by ``check``.
@@ -21,7 +24,7 @@ The rules, in one place:
 
 from __future__ import annotations
 
-from ._definition import Discovery
+from ._definition import BackendDefinition, Discovery, distribution_key
 from ._errors import ManifestError, UnknownBackendError
 from ._positions import table_prefix, toml_key
 
@@ -29,7 +32,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ._definition import BackendDefinition, DefaultDeclaration
+    from ._definition import DefaultDeclaration
 
 #: How many chains may stand inside one another. A chain calls its members in
 #: turn, each a Python call deeper; far beyond any real fallback order.
@@ -43,7 +46,9 @@ class Index:
         "_chain_problems",
         "_suggestable",
         "by_key",
+        "conflicts",
         "default",
+        "excluded",
         "problems",
         "refused",
         "warnings",
@@ -56,6 +61,10 @@ class Index:
         self.warnings = found.warnings
         #: The definitions the merge itself refused (PyTorch's names), also in ``problems``.
         self.refused: list[ManifestError] = []
+        #: Names two distributions declare, without a manifest saying which; in ``warnings``.
+        self.conflicts: dict[str, ManifestError] = {}
+        #: Entry-point names the plugin policy left out, with why.
+        self.excluded: dict[str, str] = {}
         # Derived once, on first need: the index never changes after merge().
         self._suggestable: list[str] | None = None
         self._chain_problems: dict[str, ManifestError] | None = None
@@ -70,7 +79,7 @@ class Index:
         """
         definition = self._follow(key)
         if definition is None:
-            raise self.unknown(key)
+            raise self.unknown(key, note=self.excluded.get(key, ""))
         if definition.problem is not None:
             raise definition.problem
         if not definition.enabled:
@@ -237,6 +246,11 @@ def merge(discoveries: Sequence[Discovery]) -> Index:
     pytorch = {d.name for d in found.definitions if d.source.kind == "torch"}
     refused = index.refused
     for definition in found.definitions:
+        if definition.source.kind == "entry-point":
+            why = _excluded(definition, found)
+            if why is not None:
+                index.excluded.setdefault(definition.name, why)
+                continue
         name = definition.name
         if pytorch and definition.source.kind != "torch":
             if name in pytorch:
@@ -254,7 +268,100 @@ def merge(discoveries: Sequence[Discovery]) -> Index:
                 if alias not in pytorch or definition.source.kind == "torch":
                     by_key.setdefault(alias, []).append(definition)
     index.problems.extend(refused)
+    _resolve_picks(index)
     return index
+
+
+def _excluded(definition: BackendDefinition, found: Discovery) -> str | None:
+    """Why the plugin policy leaves this entry point out, or ``None``."""
+    name = definition.source.distribution or ""
+    key = distribution_key(name)
+    if found.deny is not None and key in found.deny.names:
+        return f"distribution {name!r} is denied by {found.deny.where}"
+    if found.allow is not None and key not in found.allow.names:
+        return f"distribution {name!r} is not allowed by {found.allow.where}"
+    return None
+
+
+def _resolve_picks(index: Index) -> None:
+    """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts.
+
+    When several distributions declare one name, the first on ``sys.path`` wins
+    (then the first by name) unless a manifest picks one.
+    """
+    for key, candidates in index.by_key.items():
+        top = candidates[0]
+        if top.name != key:
+            continue
+        points = [d for d in candidates if d.source.kind == "entry-point" and d.name == key]
+        if top.distribution is not None and top.usable:
+            wanted = distribution_key(top.distribution)
+            match = next(
+                (p for p in points if distribution_key(p.source.distribution or "") == wanted),
+                None,
+            )
+            candidates[0] = _picked(top, match, points)
+            continue
+        owners = {distribution_key(p.source.distribution or "") for p in points}
+        if len(owners) > 1 and top.source.kind == "entry-point":
+            index.conflicts[key] = _conflict(key, points)
+    index.warnings = [*index.warnings, *index.conflicts.values()]
+
+
+def _picked(
+    pick: BackendDefinition, match: BackendDefinition | None, points: list[BackendDefinition]
+) -> BackendDefinition:
+    source = pick.source
+    if match is None:
+        declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
+        prefix = table_prefix(source.path) if source.path is not None else ()
+        return BackendDefinition(
+            pick.name,
+            source,
+            distribution=pick.distribution,
+            problem=ManifestError(
+                f"no installed distribution {pick.distribution!r} declares the entry point"
+                f" {pick.name!r} (declared by: {declared})",
+                path=source.path,
+                line=source.line,
+                key=toml_key((*prefix, "backends", pick.name, "distribution")),
+            ),
+        )
+    from ._definition import Source
+
+    return BackendDefinition(
+        pick.name,
+        Source(
+            source.kind,
+            path=source.path,
+            line=source.line,
+            distribution=match.source.distribution,
+            version=match.source.version,
+        ),
+        target=match.target,
+        tags=pick.tags,
+        description=pick.description,
+        aliases=pick.aliases,
+        requires=pick.requires,
+        options=pick.options,
+        python_path=pick.python_path,
+        distribution=pick.distribution,
+    )
+
+
+def _owner(point: BackendDefinition) -> str:
+    version = f" {point.source.version}" if point.source.version else ""
+    return f"{point.source.distribution!r}{version}"
+
+
+def _conflict(name: str, points: list[BackendDefinition]) -> ManifestError:
+    owners = " and ".join(_owner(p) for p in points)
+    return ManifestError(
+        f"entry point {name!r} is declared by {owners}: {_owner(points[0])} is used, the first"
+        ' on sys.path, then by name; say which with `distribution = "..."` in a'
+        f" [backends.{name}] table of a manifest",
+        path=None,
+    )
 
 
 def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) -> ManifestError:

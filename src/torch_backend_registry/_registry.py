@@ -79,6 +79,8 @@ class Registry:
         self._generation = 0
         self._installed = False
         self._verified = False
+        # What the merges warned of since discovery, so that each is said once.
+        self._warned: set[str] = set()
 
     def __repr__(self) -> str:
         return f"Registry(cwd={self._cwd!r}, sources={self._kinds!r})"
@@ -102,7 +104,7 @@ class Registry:
             cwd = None
         environ = self._environ if self._environ is not None else os.environ
         entries = environ.get(ENV_VAR, "").split(os.pathsep)
-        found = READERS[kind](Context(cwd, entries, self._runtime, self._files))
+        found = READERS[kind](Context(cwd, entries, self._runtime, self._files, environ))
         if kind != "runtime":
             self._found[kind] = found
         _warn(found)
@@ -120,8 +122,10 @@ class Registry:
             if index is None:  # else another thread merged while this one waited
                 kinds = [k for k in self._kinds if with_torch or k != "torch"]
                 index = self._indexes[with_torch] = merge([self._discover(k) for k in kinds])
-                for refused in index.refused:
-                    warn(str(refused))
+                for said in (*index.refused, *index.conflicts.values()):
+                    if str(said) not in self._warned:  # both merges find them: say it once
+                        self._warned.add(str(said))
+                        warn(str(said))
             return index
 
     def _resolving_index(self, name: str) -> Index:
@@ -441,6 +445,7 @@ class Registry:
         """
         with self._lock:
             self._found.clear()
+            self._warned.clear()
             self._forget_merges()
             installed = self._installed
         if installed:
@@ -497,7 +502,13 @@ class Registry:
         with self._lock:
             self._installed = True
         index = self._index(with_torch=False)
-        install_names(self, [key for key, found in index.by_key.items() if _installs(found)])
+        names = [key for key, found in index.by_key.items() if _installs(found)]
+        # PyTorch would load a plugin the policy left out: a stand-in refuses it there too.
+        names.extend(name for name in index.excluded if name not in index.by_key)
+        # Where distributions disagree, PyTorch takes os.listdir's order: a stand-in
+        # makes torch.compile run the one this registry resolves to.
+        names.extend(index.conflicts)
+        install_names(self, names)
         apply_default(self, self.default_backend())
 
     def doctor(

@@ -21,11 +21,14 @@ _DOTTED = rf"{_IDENT}(?:\.{_IDENT})*"
 TARGET_PATTERN = rf"^{_DOTTED}:{_DOTTED}$"
 MODULE_PATTERN = rf"^{_DOTTED}$"
 FOLDER_PATTERN = r"^[^\x00]+$"
+#: A distribution's name as packaging allows it (PEP 508), compared normalised (PEP 503).
+DISTRIBUTION_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 ModuleName = Annotated[str, Field(pattern=MODULE_PATTERN)]
 Target = Annotated[str, Field(pattern=TARGET_PATTERN)]
 Folder = Annotated[str, Field(pattern=FOLDER_PATTERN, min_length=1)]
+Distribution = Annotated[str, Field(pattern=DISTRIBUTION_PATTERN)]
 
 # What a user should have written, keyed by the pattern pydantic reports.
 _PATTERN_HINTS = {
@@ -34,6 +37,7 @@ _PATTERN_HINTS = {
     TARGET_PATTERN: "a target 'module.path:attribute.path' (e.g. 'my_pkg.compilers:compile')",
     MODULE_PATTERN: "a dotted module name (e.g. 'tensorrt' or 'torch_tensorrt.dynamo')",
     FOLDER_PATTERN: "a folder path without NUL characters (e.g. 'src')",
+    DISTRIBUTION_PATTERN: "a distribution's name, as pip installs it (e.g. 'openvino')",
 }
 _TYPE_WORDS = {
     "string_type": "a string",
@@ -64,10 +68,16 @@ class BackendEntry(BaseModel):
             "anyOf": [
                 {"required": ["target"]},
                 {"required": ["chain"]},
+                {"required": ["distribution"]},
                 {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
             ],
             "not": {
-                "anyOf": [{"required": ["target", "chain"]}, {"required": ["chain", "options"]}]
+                "anyOf": [
+                    {"required": ["target", "chain"]},
+                    {"required": ["target", "distribution"]},
+                    {"required": ["chain", "distribution"]},
+                    {"required": ["chain", "options"]},
+                ]
             },
         },
     )
@@ -96,6 +106,11 @@ class BackendEntry(BaseModel):
     enabled: bool = Field(
         default=True, description="false hides this name, also from lower sources."
     )
+    distribution: Distribution | None = Field(
+        default=None,
+        description="Instead of target: take this name's entry point from this installed"
+        " distribution (when several declare it).",
+    )
     skip_known_failures: bool = Field(
         default=False,
         description="For a chain: skip members that `torch-backends doctor` found failing here.",
@@ -103,19 +118,33 @@ class BackendEntry(BaseModel):
 
     @model_validator(mode="after")
     def _target_or_chain(self) -> BackendEntry:
-        if self.enabled and (self.target is None) == (self.chain is None):
-            if self.target is None:
-                raise ValueError(
-                    "needs 'target' (\"module.path:attribute\") or 'chain' (a list of"
-                    " backend names), or 'enabled = false'"
-                )
-            raise ValueError("give exactly one of 'target' and 'chain', not both")
+        given = [k for k in ("target", "chain", "distribution") if getattr(self, k) is not None]
+        if self.enabled and not given:
+            raise ValueError(
+                "needs 'target' (\"module.path:attribute\") or 'chain' (a list of"
+                " backend names), or 'enabled = false'"
+            )
+        if len(given) > 1:
+            raise ValueError(f"give exactly one of 'target' and 'chain', not {' and '.join(given)}")
         if self.chain is not None and self.options:
             # A chain calls its members as they are declared; options here would be lost.
             raise ValueError("'options' go with a 'target'; set them on the chain's members")
         if self.skip_known_failures and self.chain is None:
             raise ValueError("'skip-known-failures' goes with a 'chain'")
         return self
+
+
+class Plugins(BaseModel):
+    """Which installed distributions' entry points count (``[plugins]``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, title="Plugins")
+
+    allow: list[Distribution] | None = Field(
+        default=None, description="Only these distributions' entry points count."
+    )
+    deny: list[Distribution] = Field(
+        default_factory=list, description="These distributions' entry points never count."
+    )
 
 
 class Manifest(BaseModel):
@@ -144,6 +173,9 @@ class Manifest(BaseModel):
         description="Folders, relative to this file, searched (after every installed module)"
         " while importing its targets.",
     )
+    plugins: Plugins | None = Field(
+        default=None, description="Which installed plugins (entry points) count."
+    )
     backends: dict[Name, BackendEntry] = Field(
         default_factory=dict,
         description="The backends this file declares, by name.",
@@ -152,7 +184,7 @@ class Manifest(BaseModel):
 
 
 #: The document's own keys, as written (kebab-case), other than ``backends``.
-HEADER_KEYS = ("schema-version", "default", "python-path")
+HEADER_KEYS = ("schema-version", "default", "python-path", "plugins")
 
 
 class _TomlJsonSchema(GenerateJsonSchema):
@@ -209,9 +241,11 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
 
 def _fields_of(loc: tuple[str | int, ...]) -> list[str]:
     strings = [part for part in loc if isinstance(part, str)]
-    model: type[BaseModel] = (
-        BackendEntry if len(strings) >= 3 and strings[0] == "backends" else Manifest
-    )
+    model: type[BaseModel] = Manifest
+    if len(strings) >= 3 and strings[0] == "backends":
+        model = BackendEntry
+    elif len(strings) >= 2 and strings[0] == "plugins":
+        model = Plugins
     return [field.alias or name for name, field in model.model_fields.items()]
 
 

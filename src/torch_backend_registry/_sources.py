@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ._definition import SOURCE_KINDS, BackendDefinition, Discovery, Source
+from ._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Source
 from ._errors import ManifestError
 
 TYPE_CHECKING = False
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 #: The environment variable naming extra manifests (files or directories).
 ENV_VAR = "TORCH_BACKENDS_PATH"
+#: Comma-separated distributions whose entry points alone count / never count.
+ALLOW_VAR, DENY_VAR = "TORCH_BACKENDS_ALLOW", "TORCH_BACKENDS_DENY"
 #: The entry-point group PyTorch itself reads.
 ENTRY_POINT_GROUP = "torch_dynamo_backends"
 PROJECT_FILES = ("backends.toml", "pyproject.toml")
@@ -24,7 +26,7 @@ PROJECT_FILES = ("backends.toml", "pyproject.toml")
 class Context:
     """The inputs of a discovery: a working directory, the env entries, runtime entries."""
 
-    __slots__ = ("cwd", "env_entries", "files", "runtime")
+    __slots__ = ("cwd", "env_entries", "environ", "files", "runtime")
 
     def __init__(
         self,
@@ -32,6 +34,7 @@ class Context:
         env_entries: Sequence[str],
         runtime: Mapping[str, BackendDefinition],
         files: Sequence[str] | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         #: An absolute path, or ``None`` when the working directory no longer exists.
         self.cwd = cwd
@@ -40,6 +43,8 @@ class Context:
         self.runtime = runtime
         #: Manifest files given one by one, read instead of the env entries.
         self.files = files
+        #: The environment's plugin policy variables, among others.
+        self.environ = environ or {}
 
 
 def _read(path: str, kind: SourceKind, found: Discovery) -> bool:
@@ -122,6 +127,12 @@ def env_source(ctx: Context) -> Discovery:
         files, found = list(ctx.files), Discovery()
     else:
         files, found = env_paths(ctx)
+    # The environment's plugin policy outranks every manifest's.
+    for field, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
+        value = ctx.environ.get(var)
+        if value is not None and value.strip():  # empty: unset
+            names = [n.strip() for n in value.split(",") if n.strip()]
+            setattr(found, field, PluginRule(names, var))
     for path in files:
         if not _read(path, "env", found):
             found.problems.append(
@@ -194,12 +205,40 @@ def project_source(ctx: Context) -> Discovery:
 def entry_point_source(ctx: Context) -> Discovery:
     """Installed distributions' ``torch_dynamo_backends`` entry points."""
     found = Discovery()
-    for ep in read_entry_points(found.problems):
+    for ep in sorted(read_entry_points(found.problems), key=_search_order()):
         name, version = _name_and_version(ep.dist)
         source = Source("entry-point", distribution=name, version=version)
         target = ep.value.split("[", 1)[0].strip()
         found.definitions.append(BackendDefinition(ep.name, source, target=target))
     return found
+
+
+def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
+    """A deterministic order of entry points: their folder's place on sys.path, then the
+    distribution's name (within one folder, importlib.metadata follows os.listdir)."""
+    import sys
+
+    from ._definition import distribution_key
+
+    def real(path: str) -> str:
+        try:
+            return os.path.realpath(path or os.curdir)
+        except OSError:  # "" or a relative entry, and the working directory is gone
+            return path
+
+    places: dict[str, int] = {}
+    for index, entry in enumerate(sys.path):
+        places.setdefault(real(entry), index)
+
+    def key(ep: EntryPoint) -> tuple[int, str]:
+        name, _version = _name_and_version(ep.dist)
+        try:
+            folder = real(str(ep.dist.locate_file(""))) if ep.dist else ""
+        except Exception:  # a distribution that cannot say where it is: last
+            folder = ""
+        return places.get(folder, len(places)), distribution_key(name or "")
+
+    return key
 
 
 def read_entry_points(problems: list[ManifestError]) -> Iterable[EntryPoint]:

@@ -1,0 +1,231 @@
+"""Entry points that cannot surprise: conflicts shown, one rule, a manifest's pick, a policy.
+
+Distributions are real ``*.dist-info`` folders on sys.path, as pip leaves them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
+
+from .conftest import WriteFn
+
+MakeDist = Callable[..., Path]
+
+
+def dist_in(folder: Path, name: str, version: str, entry_points: dict[str, str]) -> Path:
+    """A distribution installed into ``folder`` (which the caller puts on sys.path)."""
+    info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    lines = "".join(f"{k} = {v}\n" for k, v in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[torch_dynamo_backends]\n{lines}")
+    importlib.invalidate_caches()
+    return info
+
+
+def registry(folder: Path, **environ: str) -> Registry:
+    return Registry(cwd=folder, environ=environ, sources=("env", "project", "entry-point"))
+
+
+def ours(names: list[str]) -> list[str]:
+    """The names a test made (a real plugin, openvino, may be installed beside them)."""
+    return [name for name in names if name != "openvino"]
+
+
+def listed(reg: Registry) -> tuple[list[str], list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        names = reg.list_backends(exclude_tags=())
+        reg.list_backends(exclude_tags=())  # a second listing says nothing new
+    said = [str(w.message) for w in caught if issubclass(w.category, ManifestWarning)]
+    return ours(names), said
+
+
+def test_two_distributions_declaring_a_name_are_shown_and_resolved_by_one_rule(
+    tmp_path: Path, make_dist: MakeDist
+) -> None:
+    make_dist("zeta-dist", "2.0", {"dup": "zeta_mod:fn"})
+    make_dist("alpha-dist", "1.0", {"dup": "alpha_mod:fn"})
+    reg = registry(tmp_path)
+    names, said = listed(reg)
+    assert names == ["dup"]
+    assert said == [
+        "entry point 'dup' is declared by 'alpha-dist' 1.0 and 'zeta-dist' 2.0: 'alpha-dist'"
+        " 1.0 is used, the first on sys.path, then by name; say which with"
+        ' `distribution = "..."` in a [backends.dup] table of a manifest'
+    ]
+    info = reg.backend_info("dup")
+    assert (info.source.distribution, info.target) == ("alpha-dist", "alpha_mod:fn")
+    assert [d.source.distribution for d in info.shadowed] == ["zeta-dist"]
+    assert any("declared by 'alpha-dist' 1.0" in str(p) for p in reg.problems())
+
+
+def test_an_earlier_folder_on_sys_path_wins_whatever_the_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist_in(tmp_path / "first", "zz-early", "1.0", {"dup": "early:fn"})
+    dist_in(tmp_path / "second", "aa-late", "1.0", {"dup": "late:fn"})
+    monkeypatch.syspath_prepend(str(tmp_path / "second"))
+    monkeypatch.syspath_prepend(str(tmp_path / "first"))
+    with pytest.warns(ManifestWarning, match="'zz-early' 1.0 is used"):
+        assert registry(tmp_path).backend_info("dup").target == "early:fn"
+
+
+def test_a_manifest_says_which_distribution_provides_a_name(
+    tmp_path: Path, write: WriteFn, make_dist: MakeDist
+) -> None:
+    make_dist("alpha-dist", "1.0", {"dup": "alpha_mod:fn"})
+    make_dist("zeta-dist", "2.0", {"dup": "zeta_mod:fn"})
+    write("backends.toml", '[backends.dup]\ndistribution = "Zeta_Dist"\ntags = ["chosen"]\n')
+    reg = registry(tmp_path)
+    names, said = listed(reg)
+    assert (names, said) == (["dup"], [])  # picked: no conflict to report
+    info = reg.backend_info("dup")
+    assert info.target == "zeta_mod:fn"
+    assert info.tags == ("chosen",)
+    assert (info.source.kind, info.source.line) == ("project", 1)
+    assert (info.source.distribution, info.source.version) == ("zeta-dist", "2.0")
+
+
+def test_a_pick_of_a_distribution_that_does_not_declare_the_name_is_a_problem(
+    tmp_path: Path, write: WriteFn, make_dist: MakeDist
+) -> None:
+    make_dist("alpha-dist", "1.0", {"dup": "alpha_mod:fn"})
+    write("backends.toml", '# pick\n[backends.dup]\ndistribution = "gamma"\n')
+    reg = registry(tmp_path)
+    with pytest.raises(ManifestError) as caught:
+        reg.lookup_backend("dup")
+    problem = caught.value
+    assert (problem.line, problem.key) == (2, "backends.dup.distribution")
+    assert problem.message == (
+        "no installed distribution 'gamma' declares the entry point 'dup' (declared by:"
+        " 'alpha-dist' 1.0)"
+    )
+
+
+def test_the_same_distribution_seen_twice_is_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dist_in(tmp_path / "site", "once-dist", "1.0", {"once": "once_mod:fn"})
+    (tmp_path / "lib64").symlink_to(tmp_path / "site")  # as a lib64 link to lib
+    monkeypatch.syspath_prepend(str(tmp_path / "lib64"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site") + "/")  # the same folder, spelt again
+    reg = registry(tmp_path)
+    assert listed(reg) == (["once"], [])
+    assert reg.backend_info("once").shadowed == ()
+
+
+def test_a_deny_list_leaves_a_plugin_out_and_says_where(
+    tmp_path: Path, write: WriteFn, make_dist: MakeDist
+) -> None:
+    make_dist("sketchy-plugin", "0.1", {"sketchy": "sketchy_mod:fn"})
+    make_dist("good-plugin", "1.0", {"good": "good_mod:fn"})
+    path = write("backends.toml", '[plugins]\ndeny = ["Sketchy_Plugin"]\n')
+    reg = registry(tmp_path)
+    assert ours(reg.list_backends()) == ["good"]
+    with pytest.raises(UnknownBackendError) as caught:
+        reg.lookup_backend("sketchy")
+    assert caught.value.note == (
+        f"distribution 'sketchy-plugin' is denied by {path}:2 (plugins.deny)"
+    )
+
+
+def test_an_allow_list_admits_only_its_distributions(
+    tmp_path: Path, write: WriteFn, make_dist: MakeDist
+) -> None:
+    make_dist("sketchy-plugin", "0.1", {"sketchy": "sketchy_mod:fn"})
+    make_dist("good-plugin", "1.0", {"good": "good_mod:fn"})
+    path = write("pyproject.toml", '[tool.torch-backends.plugins]\nallow = ["good-plugin"]\n')
+    reg = registry(tmp_path)
+    assert reg.list_backends() == ["good"]
+    with pytest.raises(UnknownBackendError, match="is not allowed by"):
+        reg.lookup_backend("sketchy")
+    with pytest.raises(UnknownBackendError) as caught:
+        reg.lookup_backend("sketchy")
+    assert caught.value.note.endswith(f"{path}:2 (tool.torch-backends.plugins.allow)")
+
+
+def test_the_environment_policy_outranks_the_manifests(
+    tmp_path: Path, write: WriteFn, make_dist: MakeDist
+) -> None:
+    make_dist("sketchy-plugin", "0.1", {"sketchy": "sketchy_mod:fn"})
+    make_dist("good-plugin", "1.0", {"good": "good_mod:fn"})
+    write("backends.toml", '[plugins]\nallow = ["sketchy-plugin", "good-plugin"]\n')
+    reg = registry(tmp_path, TORCH_BACKENDS_DENY="good-plugin, other")
+    assert reg.list_backends() == ["sketchy"]
+    with pytest.raises(UnknownBackendError, match="'good-plugin' is denied by TORCH_BACKENDS_DENY"):
+        reg.lookup_backend("good")
+    # An empty variable is unset: the manifest's allow list stands.
+    assert registry(tmp_path, TORCH_BACKENDS_DENY="").list_backends() == ["good", "sketchy"]
+
+
+def test_explain_names_the_policy_and_both_distributions(tmp_path: Path, write: WriteFn) -> None:
+    site = tmp_path / "site"
+    dist_in(site, "alpha-dist", "1.0", {"dup": "alpha_mod:fn"})
+    dist_in(site, "zeta-dist", "2.0", {"dup": "zeta_mod:fn"})
+    dist_in(site, "sketchy-plugin", "0.1", {"sketchy": "sketchy_mod:fn"})
+    write("backends.toml", '[plugins]\ndeny = ["sketchy-plugin"]\n')
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    environ["PYTHONPATH"] = str(site)
+
+    def explain(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry", "explain", name, "--no-torch"],
+            cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    both = explain("dup")
+    assert "source:      entry-point: distribution 'alpha-dist' 1.0" in both.stdout
+    assert "source:      entry-point: distribution 'zeta-dist' 2.0" in both.stdout
+    assert "declared by 'alpha-dist' 1.0 and 'zeta-dist' 2.0" in both.stderr  # warned once
+    denied = explain("sketchy")
+    assert denied.returncode == 1
+    assert "denied by backends.toml:2 (plugins.deny)" in denied.stderr or (
+        f"denied by {tmp_path / 'backends.toml'}:2 (plugins.deny)" in denied.stderr
+    )
+
+
+def test_torch_compile_agrees_with_the_policy_and_the_pick(
+    tmp_path: Path, write: WriteFn, make_module: Callable[..., str], module_name: str
+) -> None:
+    torch = pytest.importorskip("torch")
+    counting = make_module(
+        module_name,
+        "CALLS = []\n"
+        "def first(gm, inputs):\n    CALLS.append('first')\n    return gm.forward\n"
+        "def second(gm, inputs):\n    CALLS.append('second')\n    return gm.forward\n",
+    )
+    uid = module_name[-6:]
+    site = tmp_path / "site"
+    dist_in(site, f"aa-{uid}", "1.0", {f"dup_{uid}": f"{counting}:first"})
+    dist_in(site, f"bb-{uid}", "1.0", {f"dup_{uid}": f"{counting}:second"})
+    dist_in(site, f"denied-{uid}", "1.0", {f"denied_{uid}": f"{counting}:first"})
+    sys.path.insert(0, str(site))
+    try:
+        write(
+            "backends.toml",
+            f'[plugins]\ndeny = ["denied-{uid}"]\n'
+            f'[backends.dup_{uid}]\ndistribution = "bb-{uid}"\n',
+        )
+        reg = registry(tmp_path)
+        reg.install()
+        module = __import__(counting)
+        torch._dynamo.reset()
+        torch.compile(torch.nn.Linear(2, 2), backend=f"dup_{uid}")(torch.ones(1, 2))
+        assert module.CALLS == ["second"]  # the pick, not the first on the folder
+        with pytest.raises(Exception, match="denied by"):
+            torch.compile(torch.nn.Linear(2, 2), backend=f"denied_{uid}")(torch.ones(1, 2))
+    finally:
+        sys.path.remove(str(site))
+        torch._dynamo.reset()
