@@ -84,10 +84,31 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, told the width: by itself it imports shutil for every argument."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        if kwargs.get("width") is None:
+            kwargs["width"] = _columns() - 2
+        super().__init__(prog, **kwargs)
+
+
+def _columns() -> int:
+    """The terminal's width as shutil.get_terminal_size() gives it, for the help text."""
+    try:
+        return max(int(os.environ["COLUMNS"]), 20)
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 def _parser() -> argparse.ArgumentParser:
     # Global options are accepted before and after the command, as users type them;
     # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
-    common = argparse.ArgumentParser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
     common.add_argument(
         "--debug",
         action="store_true",
@@ -98,14 +119,16 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Declare, list and check torch.compile backends.",
         epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
         parents=[common],
     )
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, help: str, handler: Any) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help, description=help, parents=[common])
+        sub = commands.add_parser(
+            name, help=help, description=help, parents=[common], formatter_class=_Formatter
+        )
         sub.set_defaults(handler=handler)
         return sub
 
@@ -490,10 +513,12 @@ def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
 
 def _remembered(registry: Registry, d: BackendDefinition) -> Verdict | None:
     """The last doctor verdict for this definition here, where one was remembered."""
-    from ._doctor import VerdictCache, last_verdict
+    from ._cache import verdicts_path
 
-    if not os.path.exists(VerdictCache(registry).path):
-        return None  # nothing remembered: no need to work out the environment
+    if not os.path.exists(verdicts_path()):
+        return None  # nothing remembered: no need to load doctor or work out the environment
+    from ._doctor import last_verdict
+
     try:
         if registry.backend_info(d.name) != d.with_shadowed(()):
             return None  # a shadowed definition: the verdict is the winner's

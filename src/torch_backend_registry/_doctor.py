@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+from ._cache import enabled, verdicts_path
 from ._probe import LEVELS, MARK
 
 TYPE_CHECKING = False
@@ -40,8 +41,6 @@ STATUSES = (
 )
 #: Seconds a backend may take before it is killed.
 DEFAULT_TIMEOUT = 300.0
-#: The environment variable that turns the verdict cache off (any non-empty value).
-NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 
 
 @dataclass(frozen=True)
@@ -237,11 +236,6 @@ def _kill(child: subprocess.Popen[str]) -> None:
 # ----------------------------------------------------------------------------- the cache
 
 
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "torch-backend-registry")
-
-
 class VerdictCache:
     """Verdicts by backend definition and environment, in the user's cache folder.
 
@@ -257,8 +251,8 @@ class VerdictCache:
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        self.path = os.path.join(_cache_dir(), "verdicts.json")
-        self.enabled = not os.environ.get(NO_CACHE_VAR)
+        self.path = verdicts_path()
+        self.enabled = enabled()
         self._data: dict[str, Any] | None = None
         self._lock = threading.Lock()
 

@@ -42,12 +42,31 @@ def read_manifest(path: str, kind: SourceKind) -> Discovery | None:
     has none, ``None`` is returned. The problems of one backend are recorded on
     that backend and in ``problems``; the file's other backends stay usable.
     """
-    found = Discovery()
     try:
-        data, lines = parse_toml(path, read_text(path))
+        text = read_text(path)  # the trust rule and the limits: judged every time
     except Untrusted as exc:
+        found = Discovery()
         found.warnings.append(exc)
         return found
+    except ManifestError as exc:
+        found = Discovery()
+        found.problems.append(exc)
+        return found
+    from ._cache import load_manifest, store_manifest
+
+    hit, cached = load_manifest(path, kind, text)
+    if hit:
+        return cached
+    validated = _validated(path, kind, text)
+    store_manifest(path, kind, text, validated)
+    return validated
+
+
+def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
+    """What a manifest's text declares: parsed, validated, every problem located."""
+    found = Discovery()
+    try:
+        data, lines = parse_toml(path, text)
     except ManifestError as exc:
         found.problems.append(exc)
         return found

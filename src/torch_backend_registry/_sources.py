@@ -203,7 +203,21 @@ def project_source(ctx: Context) -> Discovery:
 
 
 def entry_point_source(ctx: Context) -> Discovery:
-    """Installed distributions' ``torch_dynamo_backends`` entry points."""
+    """Installed distributions' ``torch_dynamo_backends`` entry points.
+
+    Remembered by what is on sys.path, so a warm start needs no importlib.metadata.
+    """
+    from ._cache import load_entry_points, store_entry_points
+
+    key, cached = load_entry_points()
+    if cached is not None:
+        return cached
+    found = _read_entry_points()
+    store_entry_points(key, found)
+    return found
+
+
+def _read_entry_points() -> Discovery:
     found = Discovery()
     for ep in sorted(read_entry_points(found.problems), key=_search_order()):
         name, version = _name_and_version(ep.dist)

@@ -1,0 +1,182 @@
+"""The warm start: a cache keyed by content that is right every time, or not used at all."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torch_backend_registry import Registry
+from torch_backend_registry._manifest import read_manifest
+
+from .conftest import WriteFn
+
+CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.toml"))
+
+
+def cache_files(tmp_path: Path) -> list[Path]:
+    root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-backend-registry"
+    return sorted(p for p in root.rglob("*.json")) if root.exists() else []
+
+
+def listing(folder: Path) -> list[str]:
+    reg = Registry(cwd=folder, environ={}, sources=("project", "entry-point"))
+    return [n for n in reg.list_backends(exclude_tags=()) if n != "openvino"]
+
+
+def described(result: object) -> object:
+    if result is None:
+        return None
+    return (
+        [repr(d) for d in result.definitions],  # type: ignore[attr-defined]
+        [str(p) for p in result.problems],  # type: ignore[attr-defined]
+        repr(result.default),  # type: ignore[attr-defined]
+    )
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
+def test_a_cached_reading_is_the_reading(path: Path) -> None:
+    cold = read_manifest(str(path), "env")
+    warm = read_manifest(str(path), "env")  # from the cache now, where it could be cached
+    assert described(warm) == described(cold)
+
+
+def test_every_value_survives_the_cache(write: WriteFn) -> None:
+    path = write(
+        "backends.toml",
+        'default = "a"\n[plugins]\ndeny = ["x-y"]\n[backends.a]\ntarget = "m:f"\n'
+        "options = { when = 1979-05-27T07:32:00-08:00, day = 1979-05-27, at = 07:32:00,"
+        ' inf = inf, t = { nested = [1, "two", { three = 3.5 }] } }\n'
+        'aliases = ["b"]\ntags = ["t"]\nrequires = ["json"]\ndescription = "d"\n'
+        '[backends.c]\nchain = ["a"]\nskip-known-failures = true\n'
+        "[backends.d]\nenabled = false\n[backends.e]\ntarget = 1\n",
+    )
+    cold = read_manifest(str(path), "project")
+    warm = read_manifest(str(path), "project")
+    assert described(warm) == described(cold)
+    assert warm is not None
+    assert cold is not None
+    assert [dict(d.options) for d in warm.definitions] == [
+        dict(d.options) for d in cold.definitions
+    ]
+    assert (warm.deny, warm.default) == (cold.deny, cold.default)
+
+
+def test_an_edit_in_the_same_second_of_the_same_size_is_seen(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    path = write("backends.toml", '[backends.aaa]\ntarget = "m:f"\n')
+    assert listing(tmp_path) == ["aaa"]
+    stamp = path.stat()
+    path.write_text('[backends.bbb]\ntarget = "m:f"\n')  # same size
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # same time stamps
+    assert listing(tmp_path) == ["bbb"]
+
+
+def test_installing_and_removing_a_distribution_is_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    assert listing(tmp_path) == []
+    info = site / "tbr_cached-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tbr-cached\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch_dynamo_backends]\ncached = m:f\n")
+    importlib.invalidate_caches()
+    assert listing(tmp_path) == ["cached"]
+    upgraded = info.rename(site / "tbr_cached-2.0.dist-info")
+    (upgraded / "METADATA").write_text("Metadata-Version: 2.1\nName: tbr-cached\nVersion: 2.0\n")
+    importlib.invalidate_caches()
+    reg = Registry(cwd=tmp_path, environ={}, sources=("entry-point",))
+    assert reg.backend_info("cached").source.version == "2.0"
+    for child in upgraded.iterdir():
+        child.unlink()
+    upgraded.rmdir()
+    importlib.invalidate_caches()
+    assert listing(tmp_path) == []
+
+
+def test_a_corrupt_cache_is_ignored_and_rebuilt(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    assert listing(tmp_path) == ["good"]
+    files = cache_files(tmp_path)
+    assert files
+    for number, file in enumerate(files):
+        garbage = [b"\x00\xff not json", b"[]", b'{"format": 1}', b'{"format": 999}'][number % 4]
+        file.write_bytes(garbage)
+    assert listing(tmp_path) == ["good"]
+    assert all(json.loads(f.read_text())["format"] == 1 for f in cache_files(tmp_path))
+
+
+def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    assert listing(tmp_path) == ["good"]
+    [manifest_entry] = [f for f in cache_files(tmp_path) if "manifests" in f.parts]
+
+    def plant(mode: int) -> None:
+        entry = json.loads(manifest_entry.read_text())
+        entry["found"]["definitions"][0]["name"] = "planted"
+        manifest_entry.write_text(json.dumps(entry))
+        manifest_entry.chmod(mode)
+
+    plant(0o600)
+    assert listing(tmp_path) == ["planted"]  # a trusted entry is believed as it is...
+    plant(0o666)
+    assert listing(tmp_path) == ["good"]  # ...one anybody could have written is not,
+    plant(0o600)
+    manifest_entry.parent.chmod(0o777)
+    assert listing(tmp_path) == ["good"]  # ...nor one in a folder anybody can write to
+
+
+def test_a_cache_that_cannot_be_written_or_is_off_leaves_no_trace(
+    tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))  # under a file: not creatable
+    assert listing(tmp_path) == ["good"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_BACKENDS_NO_CACHE", "1")
+    assert listing(tmp_path) == ["good"]
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_cache_folder_and_files_are_the_owners_only(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    listing(tmp_path)
+    root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-backend-registry"
+    assert oct(root.stat().st_mode & 0o777) == "0o700"
+    assert {oct(f.stat().st_mode & 0o777) for f in cache_files(tmp_path)} == {"0o600"}
+
+
+def test_a_warm_listing_imports_neither_pydantic_nor_importlib_metadata(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", '[backends.warm]\ntarget = "m:f"\ndescription = "x"\n')
+    code = (
+        "import sys\n"
+        "from torch_backend_registry._cli import main\n"
+        "main(['list', '--no-torch'])\n"
+        "print(sorted(m for m in ('pydantic', 'importlib.metadata', 'tomli') if m in sys.modules))"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+
+    def run() -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, env=environ,
+            capture_output=True, text=True, check=True,
+        ).stdout.splitlines()  # fmt: skip
+        assert any(line.startswith("warm ") for line in out)
+        loaded: list[str] = eval(out[-1])
+        return loaded
+
+    assert run() == ["importlib.metadata", "pydantic", "tomli"]  # cold
+    assert run() == []  # warm
