@@ -103,14 +103,17 @@ def _read(path: str) -> Any:
 
 def _write(path: str, data: dict[str, Any]) -> None:
     """Write atomically, owner-only; a folder that cannot be written leaves no cache."""
-    import tempfile
-
     try:
         _make_folders(os.path.dirname(path))
-        fd, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        # Owner-only from the start, and a name no other process picks.
+        temporary = f"{path}.{os.getpid()}.{next(_COUNTER)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(temporary, flags, 0o600)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:  # mkstemp: mode 0600
-                json.dump({"format": FORMAT, **data}, handle, separators=(",", ":"))
+            # dumps, not dump: one pass of the C encoder instead of a write a token.
+            text = json.dumps({"format": FORMAT, **data}, separators=(",", ":"))
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
             os.replace(temporary, path)
         except BaseException:
             os.unlink(temporary)
@@ -119,9 +122,16 @@ def _write(path: str, data: dict[str, Any]) -> None:
         pass  # a read-only home, a full disk, a value JSON cannot hold: no cache, and that is all
 
 
+_COUNTER = __import__("itertools").count()
+_MADE: set[str] = set()
+
+
 def _make_folders(path: str) -> None:
     """Each folder from the cache's own down to ``path``, owner-only (makedirs gives
-    only the last one the mode asked for)."""
+    only the last one the mode asked for); once a process."""
+    if path in _MADE:
+        return
+    _MADE.add(path)
     root = folder()
     os.makedirs(os.path.dirname(root), exist_ok=True)  # ~/.cache: the user's, as it is
     current = root
@@ -145,27 +155,25 @@ def _manifest_file(path: str, kind: str, text: str) -> str:
     return os.path.join(folder(), "manifests", key[:2], key + ".json")
 
 
-def load_manifest(path: str, kind: str, text: str) -> tuple[bool, Discovery | None]:
-    """``(True, what reading it gave)`` when this very content was validated before."""
+def load_manifest(path: str, kind: str, text: str) -> tuple[str, bool, Discovery | None]:
+    """The cache entry for this content, whether it holds a reading, and that reading."""
     if not enabled():
-        return False, None
-    data = _read(_manifest_file(path, kind, text))
+        return "", False, None
+    entry = _manifest_file(path, kind, text)
+    data = _read(entry)
     if data is None:
-        return False, None
+        return entry, False, None
     try:
         found = data["found"]
-        return True, None if found is None else _discovery(found)
+        return entry, True, None if found is None else _discovery(found)
     except (KeyError, TypeError, ValueError):
-        return False, None
+        return entry, False, None
 
 
-def store_manifest(path: str, kind: str, text: str, found: Discovery | None) -> None:
-    if not enabled():
-        return
-    if found is not None and found.warnings:
-        return  # judged by the trust rule each time, never remembered
-    data = {"found": None if found is None else _plain_discovery(found)}
-    _write(_manifest_file(path, kind, text), data)
+def store_manifest(entry: str, found: Discovery | None) -> None:
+    if not entry or (found is not None and found.warnings):
+        return  # off; or judged by the trust rule each time, never remembered
+    _write(entry, {"found": None if found is None else _plain_discovery(found)})
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -265,13 +273,18 @@ def _error(data: list[Any]) -> ManifestError:
     return ManifestError(message, path=path, line=line, key=key)
 
 
-_SOURCE = ("kind", "path", "line", "distribution", "version", "module")
-
-
 def _plain_definition(d: BackendDefinition) -> dict[str, Any]:
+    source = d.source
     plain: dict[str, Any] = {
         "name": d.name,
-        "source": [getattr(d.source, field) for field in _SOURCE],
+        "source": [
+            source.kind,
+            source.path,
+            source.line,
+            source.distribution,
+            source.version,
+            source.module,
+        ],
     }
     for field in ("target", "chain", "tags", "description", "aliases", "requires"):
         value = getattr(d, field)
@@ -294,25 +307,36 @@ def _plain_definition(d: BackendDefinition) -> dict[str, Any]:
 
 def _definition(data: dict[str, Any]) -> BackendDefinition:
     kind, path, line, distribution, version, module = data["source"]
-    chain = data.get("chain")
+    get = data.get
+    chain, tags, aliases, requires = get("chain"), get("tags"), get("aliases"), get("requires")
+    python_path = get("python_path")
     return BackendDefinition(
         data["name"],
         Source(
             kind, path=path, line=line, distribution=distribution, version=version, module=module
         ),
-        target=data.get("target"),
+        target=get("target"),
         chain=None if chain is None else tuple(chain),
-        tags=tuple(data.get("tags", ())),
-        description=data.get("description"),
-        aliases=tuple(data.get("aliases", ())),
-        requires=tuple(data.get("requires", ())),
+        # Most are empty: the one empty tuple rather than a new one each.
+        tags=tuple(tags) if tags else (),
+        description=get("description"),
+        aliases=tuple(aliases) if aliases else (),
+        requires=tuple(requires) if requires else (),
         options=_value(data["options"]) if "options" in data else None,
-        enabled=data.get("enabled", True),
-        python_path=tuple(data.get("python_path", ())),
-        skip_known_failures=data.get("skip_known_failures", False),
-        distribution=data.get("distribution"),
+        enabled=get("enabled", True),
+        python_path=_shared(tuple(python_path)) if python_path else (),
+        skip_known_failures=get("skip_known_failures", False),
+        distribution=get("distribution"),
         problem=_error(data["problem"]) if "problem" in data else None,
     )
+
+
+_SHARED: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _shared(value: tuple[str, ...]) -> tuple[str, ...]:
+    """One tuple for the python-path every backend of a manifest shares."""
+    return _SHARED.setdefault(value, value)
 
 
 def _plain_value(value: Any) -> Any:

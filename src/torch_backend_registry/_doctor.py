@@ -310,7 +310,7 @@ class VerdictCache:
             os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
             fd, temporary = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
             with os.fdopen(fd, "w", encoding="utf-8") as handle:  # mkstemp: mode 0600
-                json.dump({"version": self.VERSION, "verdicts": data}, handle)
+                handle.write(json.dumps({"version": self.VERSION, "verdicts": data}))
             os.replace(temporary, self.path)
         except OSError:
             pass  # a read-only home: verdicts are not remembered, and that is all

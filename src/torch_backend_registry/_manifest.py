@@ -54,11 +54,11 @@ def read_manifest(path: str, kind: SourceKind) -> Discovery | None:
         return found
     from ._cache import load_manifest, store_manifest
 
-    hit, cached = load_manifest(path, kind, text)
+    entry, hit, cached = load_manifest(path, kind, text)
     if hit:
         return cached
     validated = _validated(path, kind, text)
-    store_manifest(path, kind, text, validated)
+    store_manifest(entry, validated)
     return validated
 
 

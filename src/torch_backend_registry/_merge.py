@@ -245,9 +245,15 @@ def merge(discoveries: Sequence[Discovery]) -> Index:
     # name from any other source is refused where it is made.
     pytorch = {d.name for d in found.definitions if d.source.kind == "torch"}
     refused = index.refused
+    # The names the pick-and-conflict pass must visit: picks and entry points.
+    special: set[str] = set()
+    policy = found.allow is not None or found.deny is not None
     for definition in found.definitions:
+        if definition.distribution is not None:
+            special.add(definition.name)
         if definition.source.kind == "entry-point":
-            why = _excluded(definition, found)
+            special.add(definition.name)
+            why = _excluded(definition, found) if policy else None
             if why is not None:
                 index.excluded.setdefault(definition.name, why)
                 continue
@@ -268,7 +274,7 @@ def merge(discoveries: Sequence[Discovery]) -> Index:
                 if alias not in pytorch or definition.source.kind == "torch":
                     by_key.setdefault(alias, []).append(definition)
     index.problems.extend(refused)
-    _resolve_picks(index)
+    _resolve_picks(index, special)
     return index
 
 
@@ -283,16 +289,17 @@ def _excluded(definition: BackendDefinition, found: Discovery) -> str | None:
     return None
 
 
-def _resolve_picks(index: Index) -> None:
+def _resolve_picks(index: Index, names: set[str]) -> None:
     """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts.
 
     When several distributions declare one name, the first on ``sys.path`` wins
     (then the first by name) unless a manifest picks one.
     """
-    for key, candidates in index.by_key.items():
-        top = candidates[0]
-        if top.name != key:
+    for key in sorted(names):
+        candidates = index.by_key.get(key)
+        if not candidates or candidates[0].name != key:
             continue
+        top = candidates[0]
         points = [d for d in candidates if d.source.kind == "entry-point" and d.name == key]
         if top.distribution is not None and top.usable:
             wanted = distribution_key(top.distribution)
