@@ -41,6 +41,35 @@ def run_python(
     return done
 
 
+NOBODY = 65534
+
+
+def run_as_nobody(code: str) -> str:
+    """Run ``code`` in a forked child that gave up root; the ``result`` it leaves, as text.
+
+    Root reads every file: permission tests need a process that cannot.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            scope: dict[str, object] = {}
+            try:
+                exec(code, scope)
+                result = str(scope["result"])
+            except BaseException as exc:
+                result = f"child failed: {type(exc).__name__}: {exc}"
+            os.write(write_end, result.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as pipe:
+        return pipe.read().decode()
+
+
 @pytest.fixture(autouse=True)
 def _own_cache_folder(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch

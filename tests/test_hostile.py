@@ -34,7 +34,7 @@ from torch_backend_registry import (
 from torch_backend_registry._files import MAX_BYTES
 from torch_backend_registry._manifest import read_manifest
 
-from .conftest import WriteFn, run_python
+from .conftest import NOBODY, WriteFn, run_as_nobody, run_python
 
 CORPUS = Path(__file__).parent / "corpus"
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,29 +224,21 @@ def test_a_symlink_loop_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def _first_problem_as_user(manifest: Path, uid: int | None) -> str:
-    """The first problem of reading ``manifest``; as user ``uid`` in a forked child if given."""
+    """The first problem of reading ``manifest``; as user nobody in a forked child if ``uid``."""
     if uid is None:
         result = read_manifest(str(manifest), "env")
         return str(result.problems[0]) if result and result.problems else ""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        try:
-            os.setgid(uid)
-            os.setuid(uid)
-            os.write(write_end, _first_problem_as_user(manifest, None).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    os.waitpid(pid, 0)
-    with os.fdopen(read_end, "rb") as pipe:
-        return pipe.read().decode()
+    return run_as_nobody(
+        "from torch_backend_registry._manifest import read_manifest\n"
+        f"found = read_manifest({str(manifest)!r}, 'env')\n"
+        "result = str(found.problems[0]) if found and found.problems else ''\n"
+    )
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no POSIX permissions")
 def test_an_unreadable_file_is_a_clear_error() -> None:
     # Root reads every file: then the reading runs in a child that gave up root.
-    uid = 65534 if os.geteuid() == 0 else None
+    uid = NOBODY if os.geteuid() == 0 else None
     folder = Path(tempfile.mkdtemp())  # not under tmp_path: its parents are closed to others
     try:
         folder.chmod(0o711)

@@ -22,7 +22,7 @@ from torch_backend_registry._files import MAX_BYTES, MAX_KEY_PARTS
 from torch_backend_registry._manifest import MAX_PROBLEMS, MAX_VALUE_DEPTH, read_manifest
 from torch_backend_registry._merge import MAX_CHAIN_DEPTH
 
-from .conftest import WriteFn
+from .conftest import WriteFn, run_as_nobody
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -174,29 +174,6 @@ def test_chains_of_repeated_members_and_of_any_depth_list_and_check(
 # ------------------------------------------------------------------ faults around
 
 
-def _as_nobody(code: str) -> str:
-    """Run ``code`` in a forked child that gave up root; the ``result`` it leaves."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            scope: dict[str, object] = {}
-            try:
-                exec(code, scope)
-                result = str(scope["result"])
-            except BaseException as exc:
-                result = f"child failed: {type(exc).__name__}: {exc}"
-            os.write(write_end, result.encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    os.waitpid(pid, 0)
-    with os.fdopen(read_end, "rb") as pipe:
-        return pipe.read().decode()
-
-
 @pytest.mark.skipif(not hasattr(os, "fork") or os.geteuid() != 0, reason="needs root to drop")
 def test_an_unreadable_env_folder_is_a_problem_of_that_entry_only() -> None:
     base = Path(tempfile.mkdtemp())  # not under tmp_path: its parents are closed to others
@@ -211,7 +188,7 @@ def test_an_unreadable_env_folder_is_a_problem_of_that_entry_only() -> None:
         for folder in (base, good, good / "m.toml"):
             os.chown(folder, 65534, 65534)
         env = os.pathsep.join([str(closed), str(good)])
-        out = _as_nobody(
+        out = run_as_nobody(
             "import warnings\nwarnings.simplefilter('ignore')\n"
             "from torch_backend_registry import Registry\n"
             f"r = Registry(environ={{'TORCH_BACKENDS_PATH': {env!r}}}, sources=('env',))\n"

@@ -82,7 +82,7 @@ def _code_key() -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def _read(path: str) -> Any:
+def read_json(path: str) -> Any:
     """A cache file's JSON, or ``None`` (absent, untrusted, corrupt, another format)."""
     from ._files import untrusted_file, untrusted_folder
 
@@ -101,7 +101,7 @@ def _read(path: str) -> Any:
     return data
 
 
-def _write(path: str, data: dict[str, Any]) -> None:
+def write_json(path: str, data: dict[str, Any]) -> None:
     """Write atomically, owner-only; a folder that cannot be written leaves no cache."""
     try:
         _make_folders(os.path.dirname(path))
@@ -160,7 +160,7 @@ def load_manifest(path: str, kind: str, text: str) -> tuple[str, bool, Discovery
     if not enabled():
         return "", False, None
     entry = _manifest_file(path, kind, text)
-    data = _read(entry)
+    data = read_json(entry)
     if data is None:
         return entry, False, None
     try:
@@ -173,7 +173,7 @@ def load_manifest(path: str, kind: str, text: str) -> tuple[str, bool, Discovery
 def store_manifest(entry: str, found: Discovery | None) -> None:
     if not entry or (found is not None and found.warnings):
         return  # off; or judged by the trust rule each time, never remembered
-    _write(entry, {"found": None if found is None else _plain_discovery(found)})
+    write_json(entry, {"found": None if found is None else _plain_discovery(found)})
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -222,7 +222,7 @@ def load_entry_points() -> tuple[str, Discovery | None]:
     if not enabled():
         return "", None
     key = _path_key()
-    data = _read(_entry_points_file(key))
+    data = read_json(_entry_points_file(key))
     if data is None:
         return key, None
     try:
@@ -233,7 +233,7 @@ def load_entry_points() -> tuple[str, Discovery | None]:
 
 def store_entry_points(key: str, found: Discovery) -> None:
     if enabled() and key:
-        _write(_entry_points_file(key), {"found": _plain_discovery(found)})
+        write_json(_entry_points_file(key), {"found": _plain_discovery(found)})
 
 
 # ----------------------------------------------------------------------------- to and from JSON

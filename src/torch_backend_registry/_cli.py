@@ -667,13 +667,12 @@ class _Progress:
     def update(self, name: str, level: int, seconds: float) -> None:
         if not self.shown:
             return
-        from ._probe import LEVELS
+        from ._probe import level_name
 
         with self.lock:
             self.running[name] = (level, seconds)
             what = ", ".join(
-                f"{n}: {LEVELS[lv - 1] if lv else 'start'} ({s:.0f} s)"
-                for n, (lv, s) in self.running.items()
+                f"{n}: {level_name(lv)} ({s:.0f} s)" for n, (lv, s) in self.running.items()
             )
             sys.stderr.write(f"\r\033[K{PROG}: probing {printable(what)}"[:300])
             sys.stderr.flush()

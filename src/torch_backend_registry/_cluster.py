@@ -83,7 +83,7 @@ def mismatch(
     """The same error on every rank: the ranks outside the majority, and where they differ."""
     from collections import Counter
 
-    from ._fingerprint import differences
+    from ._fingerprint import differences, differing_names
 
     majority, _count = Counter(hashes).most_common(1)[0]
     reference = everyone[hashes.index(majority)][2]
@@ -92,10 +92,8 @@ def mismatch(
     names: set[str] = set()
     for index in odd:
         host, _pid, facts = everyone[index]
+        names.update(differing_names(reference, facts))
         changes = differences(reference, facts)
-        for change in changes:
-            name = change.split("'")[1] if "'" in change else change
-            names.add(name)
         lines.append(f"rank {members[index]} on {host}: " + "; ".join(changes[:5]))
     odd_ranks = tuple(members[i] for i in odd)
     return InconsistentRegistryError(

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ._cache import enabled, verdicts_path
-from ._probe import LEVELS, MARK
+from ._probe import MARK, level_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class Verdict:
 
     @property
     def level_name(self) -> str:
-        return LEVELS[self.level - 1] if 1 <= self.level <= len(LEVELS) else "start"
+        return level_name(self.level)
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "level_name": self.level_name}
@@ -189,8 +189,8 @@ def _probe_one(
                 name,
                 "timeout",
                 level[0],
-                f"no verdict after {probe.timeout:g} s at level {level[0]} ({_level(level[0])});"
-                " killed",
+                f"no verdict after {probe.timeout:g} s at level {level[0]}"
+                f" ({level_name(level[0])}); killed",
                 round(time.perf_counter() - started, 3),
             )
         reader.join(5)
@@ -206,10 +206,6 @@ def _probe_one(
         stderr.seek(0)
         tail = stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
         return Verdict(name, "crashed", level[0], _crash_reason(child.returncode, tail), seconds)
-
-
-def _level(level: int) -> str:
-    return LEVELS[level - 1] if 1 <= level <= len(LEVELS) else "start"
 
 
 def _crash_reason(code: int | None, tail: list[str]) -> str:
@@ -257,21 +253,13 @@ class VerdictCache:
         self._lock = threading.Lock()
 
     def _load(self) -> dict[str, Any]:
-        if self._data is not None:
-            return self._data
-        data: dict[str, Any] = {}
-        if self.enabled:
-            from ._files import untrusted_file
+        if self._data is None:
+            from ._cache import read_json
 
-            try:
-                with open(self.path, "rb") as handle:
-                    if untrusted_file(os.fstat(handle.fileno())) is None:
-                        loaded = json.loads(handle.read(4 * 2**20))
-                        if isinstance(loaded, dict) and loaded.get("version") == self.VERSION:
-                            data = loaded.get("verdicts", {})
-            except (OSError, ValueError):
-                pass  # absent, unreadable or corrupt: probe again
-        self._data = data if isinstance(data, dict) else {}
+            loaded = read_json(self.path) if self.enabled else None
+            verdicts = loaded.get("verdicts") if loaded is not None else None
+            ok = loaded is not None and loaded.get("version") == self.VERSION
+            self._data = verdicts if ok and isinstance(verdicts, dict) else {}
         return self._data
 
     def key(self, name: str, probe: Probe) -> str | None:
@@ -304,16 +292,9 @@ class VerdictCache:
             self._write(data)
 
     def _write(self, data: dict[str, Any]) -> None:
-        import tempfile
+        from ._cache import write_json
 
-        try:
-            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:  # mkstemp: mode 0600
-                handle.write(json.dumps({"version": self.VERSION, "verdicts": data}))
-            os.replace(temporary, self.path)
-        except OSError:
-            pass  # a read-only home: verdicts are not remembered, and that is all
+        write_json(self.path, {"version": self.VERSION, "verdicts": data})
 
 
 def environment_key(definition: BackendDefinition, probe: Probe) -> str:

@@ -164,6 +164,15 @@ def differences(locked: Facts, now: Facts) -> list[str]:
     return changes
 
 
+def differing_names(locked: Facts, now: Facts) -> set[str]:
+    """The backend names and aliases whose facts differ between ``locked`` and ``now``."""
+    names: set[str] = set()
+    for section in ("backends", "aliases"):
+        before, after = locked.get(section, {}), now.get(section, {})
+        names.update(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+    return names
+
+
 def _field_changes(noun: str, name: str, before: Any, after: Any) -> list[str]:
     if not (isinstance(before, dict) and isinstance(after, dict)):
         return [f"changed {noun} {name!r}: {_show(before)} -> {_show(after)}"]

@@ -111,33 +111,27 @@ class KeyLines:
 
     def line_of(self, path: Path) -> int | None:
         """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
-        edges = self._edges
-        node, line = self.ROOT, None
-        for part in path:
-            found = edges.get((node, part))
-            if found is None:
-                break
-            node, line = found
-        return line
+        return self._walk(path)[0]
 
     def __contains__(self, path: object) -> bool:
-        return isinstance(path, tuple) and self._exact(path) is not None
+        return isinstance(path, tuple) and self._walk(path)[1]
 
     def __getitem__(self, path: Path) -> int:
-        line = self._exact(path)
-        if line is None:
+        line, whole = self._walk(path)
+        if not whole or line is None:
             raise KeyError(path)
         return line
 
-    def _exact(self, path: Path) -> int | None:
+    def _walk(self, path: Path) -> tuple[int | None, bool]:
+        """The line of the longest defined prefix of ``path``, and whether that is all of it."""
         edges = self._edges
         node, line = self.ROOT, None
         for part in path:
             found = edges.get((node, part))
             if found is None:
-                return None
+                return line, False
             node, line = found
-        return line
+        return line, line is not None
 
     def values(self) -> Iterator[int]:
         """Every recorded line (each path once)."""

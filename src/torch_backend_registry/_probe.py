@@ -23,6 +23,12 @@ MARK = "\x1etorch-backends-doctor "
 #: The levels, in the order they are reached.
 LEVELS = ("requirements", "import", "forward", "backward", "bench")
 
+
+def level_name(level: int) -> str:
+    """The name of a level (1-based), or "start" before the first."""
+    return LEVELS[level - 1] if 1 <= level <= len(LEVELS) else "start"
+
+
 #: How close compiled results must be to eager ones (``torch.testing.assert_close``):
 #: what bfloat16 arithmetic reaches (8 bits of mantissa), which CPU plugins such as
 #: OpenVINO may use for float32 models. A wrong kernel misses it by far more.

@@ -54,14 +54,16 @@ def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
 
+#: What every table of a manifest shares: no unknown keys, no coercion, immutable,
+#: keys written in kebab-case.
+_TABLE = ConfigDict(extra="forbid", strict=True, frozen=True, alias_generator=_kebab)
+
+
 class BackendEntry(BaseModel):
     """One ``[backends.NAME]`` table."""
 
     model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        frozen=True,
-        alias_generator=_kebab,
+        **_TABLE,
         title="Backend",
         # What _target_or_chain checks, said so editors can check it too.
         json_schema_extra={
@@ -137,7 +139,7 @@ class BackendEntry(BaseModel):
 class Plugins(BaseModel):
     """Which installed distributions' entry points count (``[plugins]``)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, title="Plugins")
+    model_config = ConfigDict(**_TABLE, title="Plugins")
 
     allow: list[Distribution] | None = Field(
         default=None, description="Only these distributions' entry points count."
@@ -151,10 +153,7 @@ class Manifest(BaseModel):
     """A ``backends.toml`` document (or ``[tool.torch-backends]`` in ``pyproject.toml``)."""
 
     model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        frozen=True,
-        alias_generator=_kebab,
+        **_TABLE,
         title="torch-backend-registry manifest",
         json_schema_extra={"$schema": "https://json-schema.org/draft/2020-12/schema"},
     )

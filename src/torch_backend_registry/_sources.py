@@ -182,8 +182,9 @@ def _declares_table(pyproject: str) -> bool:
         data, _lines = parse_toml(pyproject, text)
     except ManifestError:
         return True  # reading it as the manifest reports the error with its line
-    tool = data.get(PYPROJECT_TABLE[0])
-    return isinstance(tool, dict) and PYPROJECT_TABLE[1] in tool
+    from ._manifest import manifest_table
+
+    return manifest_table(data, PYPROJECT_TABLE) is not None
 
 
 def project_source(ctx: Context) -> Discovery:
