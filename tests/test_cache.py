@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import binascii
 import importlib
-import json
+import marshal
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from torch_backend_registry import Registry
+from torch_backend_registry._cache import MAGIC, read_entry, write_entry
 from torch_backend_registry._manifest import read_manifest
 
 from .conftest import WriteFn
@@ -21,7 +25,7 @@ CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.toml"))
 
 def cache_files(tmp_path: Path) -> list[Path]:
     root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-backend-registry"
-    return sorted(p for p in root.rglob("*.json")) if root.exists() else []
+    return sorted(p for p in root.rglob("*.bin")) if root.exists() else []
 
 
 def listing(folder: Path) -> list[str]:
@@ -103,16 +107,58 @@ def test_installing_and_removing_a_distribution_is_seen(
     assert listing(tmp_path) == []
 
 
-def test_a_corrupt_cache_is_ignored_and_rebuilt(tmp_path: Path, write: WriteFn) -> None:
+def _garbage(entry: bytes, number: int) -> bytes:
+    """A corrupt version of a cache file, a different kind for each ``number``."""
+    head = len(MAGIC) + 4
+
+    def sealed(payload: bytes) -> bytes:  # a right header over a wrong payload
+        return MAGIC + binascii.crc32(payload).to_bytes(4, "little") + payload
+
+    kinds = [
+        b"\x00\xff not an entry",
+        b"",
+        entry[: len(entry) // 2],  # torn: a write that never finished
+        entry[:head] + bytes([entry[head] ^ 1]) + entry[head + 1 :],  # one bit flipped
+        b"TBR\x01" + entry[len(MAGIC) :],  # another layout
+        sealed(b"\xff\xfe garbage marshal"),
+        sealed(marshal.dumps([])),
+        sealed(marshal.dumps(((1, 2), {"definitions": 3}))),
+        sealed(marshal.dumps(({}, None))),
+    ]
+    return kinds[number % len(kinds)]
+
+
+@pytest.mark.parametrize("number", range(9))
+def test_a_corrupt_cache_is_ignored_and_rebuilt(
+    tmp_path: Path, write: WriteFn, number: int
+) -> None:
     write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
     assert listing(tmp_path) == ["good"]
     files = cache_files(tmp_path)
-    assert files
-    for number, file in enumerate(files):
-        garbage = [b"\x00\xff not json", b"[]", b'{"format": 1}', b'{"format": 999}'][number % 4]
-        file.write_bytes(garbage)
+    assert len(files) == 2  # the manifest's and the entry points'
+    for file in files:
+        file.write_bytes(_garbage(file.read_bytes(), number))
     assert listing(tmp_path) == ["good"]
-    assert all(json.loads(f.read_text())["format"] == 1 for f in cache_files(tmp_path))
+    assert all(read_entry(str(f)) is not None for f in cache_files(tmp_path))
+
+
+@settings(max_examples=60, deadline=None)
+@given(position=st.integers(min_value=0), flip=st.integers(min_value=1, max_value=255))
+def test_no_flipped_byte_changes_a_listing(
+    tmp_path_factory: pytest.TempPathFactory, position: int, flip: int
+) -> None:
+    folder = tmp_path_factory.mktemp("flip")
+    (folder / "backends.toml").write_text('[backends.good]\ntarget = "m:f"\ntags = ["t"]\n')
+    assert listing(folder) == ["good"]
+    [entry] = [f for f in cache_files(folder) if "manifests" in f.parts and _holds(f, folder)]
+    blob = bytearray(entry.read_bytes())
+    blob[position % len(blob)] ^= flip
+    entry.write_bytes(bytes(blob))
+    assert listing(folder) == ["good"]
+
+
+def _holds(entry: Path, folder: Path) -> bool:
+    return str(folder) in repr(read_entry(str(entry)))
 
 
 def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
@@ -121,9 +167,10 @@ def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
     [manifest_entry] = [f for f in cache_files(tmp_path) if "manifests" in f.parts]
 
     def plant(mode: int) -> None:
-        entry = json.loads(manifest_entry.read_text())
-        entry["found"]["definitions"][0]["name"] = "planted"
-        manifest_entry.write_text(json.dumps(entry))
+        key, found = read_entry(str(manifest_entry))
+        found["definitions"][0]["name"] = "planted"
+        manifest_entry.unlink()
+        write_entry(str(manifest_entry), (key, found))
         manifest_entry.chmod(mode)
 
     plant(0o600)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from torch_backend_registry import Registry
+from torch_backend_registry._cache import read_entry
 
 from .conftest import WriteFn
 
@@ -166,17 +167,17 @@ def test_verdicts_are_remembered_until_something_changes(
     assert fresh.cached is False
     cache = tmp_path / "cache" / "torch-backend-registry"
     assert oct(cache.stat().st_mode & 0o777) == "0o700"
-    assert oct((cache / "verdicts.json").stat().st_mode & 0o777) == "0o600"
+    assert oct((cache / "verdicts.bin").stat().st_mode & 0o777) == "0o600"
 
 
 def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Registry, tmp_path: Path) -> None:
     cache = tmp_path / "cache" / "torch-backend-registry"
     cache.mkdir(parents=True)
-    (cache / "verdicts.json").write_bytes(b"\x00{not json")
-    (cache / "verdicts.json").chmod(0o600)
+    (cache / "verdicts.bin").write_bytes(b"\x00{not an entry")
+    (cache / "verdicts.bin").chmod(0o600)
     [verdict] = project.doctor(["needs_trt"])
     assert (verdict.status, verdict.cached) == ("unavailable", False)
-    assert json.loads((cache / "verdicts.json").read_text())["version"] == 1
+    assert read_entry(str(cache / "verdicts.bin"))["version"] == 1
 
 
 def test_a_chain_may_skip_members_doctor_found_failing(

@@ -254,9 +254,11 @@ class VerdictCache:
 
     def _load(self) -> dict[str, Any]:
         if self._data is None:
-            from ._cache import read_json
+            from ._cache import read_entry
 
-            loaded = read_json(self.path) if self.enabled else None
+            loaded = read_entry(self.path) if self.enabled else None
+            if not isinstance(loaded, dict):
+                loaded = None
             verdicts = loaded.get("verdicts") if loaded is not None else None
             ok = loaded is not None and loaded.get("version") == self.VERSION
             self._data = verdicts if ok and isinstance(verdicts, dict) else {}
@@ -292,9 +294,9 @@ class VerdictCache:
             self._write(data)
 
     def _write(self, data: dict[str, Any]) -> None:
-        from ._cache import write_json
+        from ._cache import write_entry
 
-        write_json(self.path, {"version": self.VERSION, "verdicts": data})
+        write_entry(self.path, {"version": self.VERSION, "verdicts": data})
 
 
 def environment_key(definition: BackendDefinition, probe: Probe) -> str:

@@ -9,17 +9,18 @@ judged by :func:`untrusted_folder`.
 from __future__ import annotations
 
 import os
-import re
 import stat
 
 from ._errors import ManifestError
-from ._positions import TooManyKeys, key_at, key_lines, physical_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
     from ._positions import KeyLines
+
+#: The table that holds the manifest inside ``pyproject.toml``.
+PYPROJECT_TABLE = ("tool", "torch-backends")
 
 #: The largest manifest read. Hand-written manifests take a few kilobytes, and
 #: 10,000 typical backends about 1 MB (spread over files, as a generator would).
@@ -89,6 +90,40 @@ def untrusted_message(what: str, reason: str) -> str:
     return f"{what} not used: {reason}; fix its owner or mode (as git's safe.directory)"
 
 
+def table_prefix(path: str) -> tuple[str, ...]:
+    """Where the manifest stands in its file: under ``[tool.torch-backends]`` in pyproject.toml."""
+    return PYPROJECT_TABLE if os.path.basename(path) == "pyproject.toml" else ()
+
+
+#: The characters of a bare key part, as TOML defines them. A set, not a regex: a
+#: warm start names keys without importing :mod:`re`.
+_BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def toml_key(parts: tuple[str, ...]) -> str:
+    """A dotted key as TOML writes it: bare parts as they are, the others quoted.
+
+    Quoting also keeps a hostile key (a newline, a terminal escape, a bidi
+    override) from breaking the one line an error is printed on.
+    """
+    return ".".join(part if part and _BARE.issuperset(part) else _quote(part) for part in parts)
+
+
+def _quote(part: str) -> str:
+    out = ['"']
+    for char in part:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        elif ord(char) <= 0xFFFF:
+            out.append(f"\\u{ord(char):04X}")
+        else:
+            out.append(f"\\U{ord(char):08X}")
+    out.append('"')
+    return "".join(out)
+
+
 def read_text(path: str) -> str:
     """A manifest's text; :class:`ManifestError` where it cannot or must not be used.
 
@@ -133,6 +168,8 @@ def read_text(path: str) -> str:
         # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        from ._positions import key_at, physical_lines
+
         lines = physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
         line = data[: exc.start].count(b"\n") + 1
         raise ManifestError(
@@ -158,6 +195,8 @@ def parse_toml(path: str, text: str) -> tuple[dict[str, Any], KeyLines]:
     syntax, nesting beyond the parser's limits, numbers too long to read.
     """
     import tomli
+
+    from ._positions import TooManyKeys, key_at, key_lines, physical_lines
 
     try:
         lines = key_lines(text, MAX_KEY_PARTS)
@@ -186,6 +225,8 @@ def parse_toml(path: str, text: str) -> tuple[dict[str, Any], KeyLines]:
 
 
 def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
+    from ._positions import key_at, physical_lines
+
     # The parser gives no position here; the line with the most openings and dots
     # is where such nesting is written in any file that reaches the limits.
     lines = physical_lines(text) or [""]
@@ -196,11 +237,12 @@ def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
     return ManifestError(f"invalid TOML: {exc}; nest less deeply", path=path, line=line, key=key)
 
 
-_LONG_NUMBER = re.compile(r"[0-9][0-9_]{1000,}")
-
-
 def _huge_number(path: str, text: str, exc: ValueError) -> ManifestError:
-    match = _LONG_NUMBER.search(text)
+    import re
+
+    from ._positions import key_at, physical_lines
+
+    match = re.search(r"[0-9][0-9_]{1000,}", text)
     if match is None:
         return ManifestError(f"invalid TOML: {exc}", path=path)
     lines = physical_lines(text)

@@ -6,8 +6,7 @@ import os
 
 from ._definition import BackendDefinition, DefaultDeclaration, Discovery, PluginRule, Source
 from ._errors import ManifestError
-from ._files import Untrusted, parse_toml, read_text
-from ._positions import table_prefix, toml_key
+from ._files import Untrusted, parse_toml, read_text, table_prefix, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,13 +51,16 @@ def read_manifest(path: str, kind: SourceKind) -> Discovery | None:
         found = Discovery()
         found.problems.append(exc)
         return found
-    from ._cache import load_manifest, store_manifest
+    from ._cache import manifest_entry
 
-    entry, hit, cached = load_manifest(path, kind, text)
+    entry = manifest_entry(path, kind, text)
+    if entry is None:
+        return _validated(path, kind, text)
+    hit, cached = entry.load()
     if hit:
         return cached
     validated = _validated(path, kind, text)
-    store_manifest(entry, validated)
+    entry.store(validated)
     return validated
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from ._definition import BackendDefinition, Discovery, distribution_key
 from ._errors import ManifestError, UnknownBackendError
-from ._positions import table_prefix, toml_key
+from ._files import table_prefix, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -7,14 +7,15 @@ key or a header. Its time and memory are linear in the size of the text.
 
 from __future__ import annotations
 
-import os
 import re
+
+from ._files import toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-#: A bare key part, as TOML defines it (the one regex for bare keys).
+#: A bare key part, as TOML defines it (``_files.toml_key`` holds the same characters).
 BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _BASIC = r'"(?:[^"\\\n]|\\.)*"'
 _LITERAL = r"'[^'\n]*'"
@@ -33,14 +34,6 @@ _SIMPLE_ARRAY = re.compile(
 
 Path = tuple[str, ...]
 
-#: The table that holds the manifest inside ``pyproject.toml``.
-PYPROJECT_TABLE = ("tool", "torch-backends")
-
-
-def table_prefix(path: str) -> Path:
-    """Where the manifest stands in its file: under ``[tool.torch-backends]`` in pyproject.toml."""
-    return PYPROJECT_TABLE if os.path.basename(path) == "pyproject.toml" else ()
-
 
 def physical_lines(text: str) -> list[str]:
     """The lines of ``text`` as TOML counts them: ended by LF only.
@@ -52,30 +45,6 @@ def physical_lines(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return lines
-
-
-def toml_key(parts: Path) -> str:
-    """A dotted key as TOML writes it: bare parts as they are, the others quoted.
-
-    Quoting also keeps a hostile key (a newline, a terminal escape, a bidi
-    override) from breaking the one line an error is printed on.
-    """
-    return ".".join(part if BARE_KEY.fullmatch(part) else _quote(part) for part in parts)
-
-
-def _quote(part: str) -> str:
-    out = ['"']
-    for char in part:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char.isprintable():
-            out.append(char)
-        elif ord(char) <= 0xFFFF:
-            out.append(f"\\u{ord(char):04X}")
-        else:
-            out.append(f"\\U{ord(char):08X}")
-    out.append('"')
-    return "".join(out)
 
 
 class KeyLines:

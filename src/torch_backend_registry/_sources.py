@@ -166,8 +166,7 @@ def _declares_table(pyproject: str) -> bool:
     FIFO); one that cannot be read or is another tool's only is passed by. Its
     trust is judged when it is read as the manifest, which warns.
     """
-    from ._files import Untrusted, parse_toml, read_text
-    from ._positions import PYPROJECT_TABLE
+    from ._files import PYPROJECT_TABLE, Untrusted, parse_toml, read_text
 
     try:
         text = read_text(pyproject)
@@ -208,13 +207,15 @@ def entry_point_source(ctx: Context) -> Discovery:
 
     Remembered by what is on sys.path, so a warm start needs no importlib.metadata.
     """
-    from ._cache import load_entry_points, store_entry_points
+    from ._cache import entry_points_entry
 
-    key, cached = load_entry_points()
+    entry = entry_points_entry()
+    cached = entry.load() if entry is not None else None
     if cached is not None:
         return cached
     found = _read_entry_points()
-    store_entry_points(key, found)
+    if entry is not None:
+        entry.store(found)
     return found
 
 
