@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -14,8 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
+from torch_backend_registry._definition import distribution_key
 
 from .conftest import WriteFn
 
@@ -229,3 +233,8 @@ def test_torch_compile_agrees_with_the_policy_and_the_pick(
     finally:
         sys.path.remove(str(site))
         torch._dynamo.reset()
+
+
+@given(st.text(alphabet=st.sampled_from("aB9-_.-_.x\u0130"), max_size=40) | st.text(max_size=20))
+def test_distribution_names_normalise_as_pep_503_says(name: str) -> None:
+    assert distribution_key(name) == re.sub(r"[-_.]+", "-", name).lower()

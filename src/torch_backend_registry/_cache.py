@@ -67,10 +67,12 @@ def _name(*parts: str) -> str:
     return f"{binascii.crc32(text.encode('utf-8', 'surrogateescape')):08x}{_SUFFIX}"
 
 
-#: Python's version, this layout and the bytes of the code that reads and validates
-#: manifests and entry points: an upgrade, or an edit of it, starts afresh.
+#: Python's version, this layout and the bytes of the code that parses command lines,
+#: reads and validates manifests and entry points: an upgrade, or an edit of it,
+#: starts afresh.
 _CODE: list[int] = []
 _CODE_FILES = (
+    "_arguments.py",
     "_cache.py",
     "_definition.py",
     "_files.py",
@@ -255,6 +257,48 @@ class EntryPointsEntry:
 def entry_points_entry() -> EntryPointsEntry | None:
     """The cache entry of the entry points, or ``None`` when the cache is off."""
     return EntryPointsEntry() if enabled() else None
+
+
+# ----------------------------------------------------------------------------- command lines
+
+
+class CommandLines:
+    """The newest command lines argparse accepted, with its answers (``_arguments``)."""
+
+    #: Enough for every command line a script or a shell history repeats.
+    LIMIT = 64
+
+    def __init__(self) -> None:
+        self.file = os.path.join(folder(), "command-lines", _name())
+        self._lines: dict[tuple[str, ...], dict[str, Any]] | None = None
+
+    def _load(self) -> dict[tuple[str, ...], dict[str, Any]]:
+        if self._lines is None:
+            data = read_entry(self.file)
+            ok = isinstance(data, tuple) and len(data) == 2 and data[0] == _code_key()
+            self._lines = data[1] if ok and isinstance(data[1], dict) else {}
+        return self._lines
+
+    def get(self, words: list[str]) -> dict[str, Any] | None:
+        found = self._load().get(tuple(words))
+        if not isinstance(found, dict) or not all(
+            isinstance(name, str) and name.isidentifier() for name in found
+        ):
+            return None
+        return found
+
+    def put(self, words: list[str], parsed: dict[str, Any]) -> None:
+        lines = self._load()
+        lines.pop(tuple(words), None)
+        lines[tuple(words)] = parsed  # the newest last: the oldest go first
+        for old in list(lines)[: -self.LIMIT]:
+            del lines[old]
+        write_entry(self.file, (_code_key(), lines))
+
+
+def command_lines() -> CommandLines | None:
+    """The remembered command lines, or ``None`` when the cache is off."""
+    return CommandLines() if enabled() else None
 
 
 # ------------------------------------------------------------------------ to and from plain data

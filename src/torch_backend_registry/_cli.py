@@ -1,10 +1,18 @@
-"""The ``torch-backends`` command: parses arguments, asks the registry, prints its answers."""
+"""The ``torch-backends`` command: parses arguments, asks the registry, prints its answers.
+
+argparse, with the ``re``, ``enum`` and ``gettext`` it imports, takes a third of
+a warm ``torch-backends list``: more than everything else the listing does. So
+a command line argparse accepted is remembered in the cache, keyed by the words
+and the grammar's own bytes, and the next run of the same words takes argparse's
+answer from there. argparse (``_arguments``) stays the only grammar: words never
+seen, ``--help``, ``--version``, a mistake and shell completion all go to it.
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from types import SimpleNamespace
 
 from ._errors import BackendRegistryError, ManifestError, UnknownBackendError
 from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
@@ -19,6 +27,9 @@ if TYPE_CHECKING:
 
 PROG = "torch-backends"
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+#: The parsed command line handed to a command: argparse's attributes.
+Arguments = SimpleNamespace
 
 STARTER = """\
 # Backends for torch.compile(model, backend="NAME"), read by torch-backend-registry.
@@ -60,180 +71,11 @@ description = "My compiler"
 # chain = ["tensorrt", "inductor", "eager"]
 """
 
-EXAMPLES = f"""\
-examples:
-  {PROG} list --no-torch              the backends of this project, without PyTorch's
-  {PROG} explain inductor             where a name is defined and what it shadows
-  {PROG} check --import               validate the manifests and import every target
-  {PROG} doctor --bench               which backends work here, and how fast
-  {PROG} lock && {PROG} check --locked    pin what every name means; find drift
-
-Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} separated).
-"""
-
-
-class _VersionAction(argparse.Action):
-    # importlib.metadata is only worth importing when the version is asked for.
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
-
-    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
-        from importlib.metadata import version
-
-        print(f"{PROG} {version('torch-backend-registry')}")
-        parser.exit()
-
-
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """argparse's formatter, told the width: by itself it imports shutil for every argument."""
-
-    def __init__(self, prog: str, **kwargs: Any) -> None:
-        if kwargs.get("width") is None:
-            kwargs["width"] = _columns() - 2
-        super().__init__(prog, **kwargs)
-
-
-def _columns() -> int:
-    """The terminal's width as shutil.get_terminal_size() gives it, for the help text."""
-    try:
-        return max(int(os.environ["COLUMNS"]), 20)
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
-
-
-def _parser() -> argparse.ArgumentParser:
-    # Global options are accepted before and after the command, as users type them;
-    # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
-    common = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
-    common.add_argument(
-        "--debug",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="show the traceback of an error (for bug reports)",
-    )
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Declare, list and check torch.compile backends.",
-        epilog=EXAMPLES,
-        formatter_class=_Formatter,
-        parents=[common],
-    )
-    parser.add_argument("--version", action=_VersionAction)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def command(name: str, help: str, handler: Any) -> argparse.ArgumentParser:
-        sub = commands.add_parser(
-            name, help=help, description=help, parents=[common], formatter_class=_Formatter
-        )
-        sub.set_defaults(handler=handler)
-        return sub
-
-    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET", _list)
-    lister.add_argument("--all", action="store_true", help="include debug and experimental")
-    lister.add_argument(
-        "--tag", action="append", default=[], metavar="T", help="only backends tagged T"
-    )
-    lister.add_argument(
-        "--exclude-tag", action="append", default=[], metavar="T", help="leave out tag T"
-    )
-    lister.add_argument(
-        "--available", action="store_true", help="only backends whose requirements are met"
-    )
-    lister.add_argument("--json", action="store_true", help="print a JSON array of objects")
-    lister.add_argument(
-        "--no-torch",
-        action="store_true",
-        help="leave out PyTorch's own backends (skips importing torch, which takes seconds)",
-    )
-
-    explain = command("explain", "where a backend is defined and what it shadows", _explain)
-    name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
-    name.completer = _complete_names  # type: ignore[attr-defined]  # read by argcomplete
-    explain.add_argument("--no-torch", action="store_true", help="leave out PyTorch's own backends")
-
-    check = command("check", "validate manifests (the discovered ones, or those given)", _check)
-    check.add_argument(
-        "files",
-        nargs="*",
-        metavar="FILE",
-        help="manifests to check instead of the project's and TORCH_BACKENDS_PATH's",
-    )
-    check.add_argument(
-        "--no-torch",
-        action="store_true",
-        help="skip PyTorch's own backends (then a name of theirs is not checked against them)",
-    )
-    check.add_argument(
-        "--locked",
-        action="store_true",
-        help="also compare what every name resolves to with backends.lock; print each drift",
-    )
-    check.add_argument(
-        "--import",
-        dest="import_targets",
-        action="store_true",
-        help="also import every target and check that it is callable",
-    )
-
-    doctor = command(
-        "doctor", "probe backends in subprocesses: which work here, and how fast", _doctor
-    )
-    doctor.add_argument(
-        "names", nargs="*", metavar="NAME", help="backends to probe (default: every listed one)"
-    )
-    doctor.add_argument("--all", action="store_true", help="also debug and experimental ones")
-    doctor.add_argument(
-        "--bench", action="store_true", help="also time compiling and a call, against eager"
-    )
-    doctor.add_argument(
-        "--timeout",
-        type=float,
-        default=300.0,
-        metavar="S",
-        help="seconds a backend may take before it is killed (default 300)",
-    )
-    doctor.add_argument("--json", action="store_true", help="print a JSON array of verdicts")
-    doctor.add_argument(
-        "--model",
-        metavar="MOD:FACTORY",
-        help="probe with FACTORY() -> (module, example inputs) instead of the built-in model",
-    )
-    doctor.add_argument(
-        "--device", default="cpu", help="the device to probe on, e.g. cuda (default cpu)"
-    )
-    doctor.add_argument(
-        "--jobs", type=int, metavar="N", help="backends probed at once (default: half the cores)"
-    )
-    doctor.add_argument(
-        "--fresh", action="store_true", help="probe again even where a verdict is remembered"
-    )
-
-    lock = command(
-        "lock", "write backends.lock: what every name resolves to, beside the manifest", _lock
-    )
-    lock.add_argument("--output", metavar="PATH", help="write the lock there instead")
-
-    command("schema", "print the JSON Schema of a manifest", _schema)
-    init = command("init", "write a starter backends.toml here (never overwrites)", _init)
-    init.add_argument(
-        "--pyproject",
-        action="store_true",
-        help="add a [tool.torch-backends] table to pyproject.toml here instead",
-    )
-    return parser
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; return its exit code."""
     _printable_streams()
-    parser = _parser()
-    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
-        _complete(parser)
-    args = parser.parse_args(argv)
+    args = parse(argv)
     import warnings
 
     with warnings.catch_warnings(record=True) as caught:
@@ -249,13 +91,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _complete(parser: argparse.ArgumentParser) -> None:
-    """Shell completion through argcomplete, where it is installed (the ``completion`` extra)."""
-    try:
-        import argcomplete
-    except ImportError:
-        return
-    argcomplete.autocomplete(parser)
+def parse(argv: Sequence[str] | None) -> Arguments:
+    """The attributes argparse gives ``argv``; exits as argparse does on help or a mistake."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    from ._cache import command_lines
+
+    remembered = command_lines() if "_ARGCOMPLETE" not in os.environ else None
+    if remembered is not None:
+        found = remembered.get(words)
+        if found is not None:
+            return Arguments(**found)
+    from ._arguments import build_parser, complete
+
+    parser = build_parser(complete_names=_complete_names)
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
+        complete(parser)
+    parsed = vars(parser.parse_args(words))
+    if remembered is not None:
+        remembered.put(words, parsed)
+    return Arguments(**parsed)
 
 
 def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
@@ -279,10 +133,10 @@ def _printable_streams() -> None:
             reconfigure(errors="backslashreplace")
 
 
-def _run(args: argparse.Namespace) -> tuple[int, str | None]:
+def _run(args: Arguments) -> tuple[int, str | None]:
     debug = getattr(args, "debug", False)
     try:
-        return args.handler(args), None
+        return _HANDLERS[args.command](args), None
     except UnknownBackendError as exc:
         if debug:
             raise
@@ -335,7 +189,7 @@ def _registry(no_torch: bool = False) -> Registry:
 # ---------------------------------------------------------------------------- list
 
 
-def _list(args: argparse.Namespace) -> int:
+def _list(args: Arguments) -> int:
     registry = _registry(args.no_torch)
     if args.all or args.tag:
         exclude: list[str] = list(args.exclude_tag)
@@ -456,7 +310,7 @@ def _print_rows(rows: Sequence[tuple[str, ...]]) -> None:
 # ------------------------------------------------------------------------- explain
 
 
-def _explain(args: argparse.Namespace) -> int:
+def _explain(args: Arguments) -> int:
     registry = _registry(args.no_torch)
     info = registry.backend_info(args.name)
     out: list[str] = []
@@ -533,7 +387,7 @@ def _remembered(registry: Registry, d: BackendDefinition) -> Verdict | None:
 _CHECKED: tuple[SourceKind, ...] = ("env", "project")
 
 
-def _check(args: argparse.Namespace) -> int:
+def _check(args: Arguments) -> int:
     import warnings
 
     from ._errors import ManifestWarning
@@ -627,7 +481,7 @@ def _shown(problem: BackendRegistryError, here: str | None) -> str:
 # -------------------------------------------------------------------------- doctor
 
 
-def _doctor(args: argparse.Namespace) -> int:
+def _doctor(args: Arguments) -> int:
     registry = _registry()
     names = args.names or None
     if names is None and args.all:
@@ -728,7 +582,7 @@ def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
 # ---------------------------------------------------------------------------- lock
 
 
-def _lock(args: argparse.Namespace) -> int:
+def _lock(args: Arguments) -> int:
     from ._fingerprint import write_lock
 
     registry = _registry()
@@ -760,7 +614,7 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
 
 
-def _schema(args: argparse.Namespace) -> int:
+def _schema(args: Arguments) -> int:
     sys.stdout.write(schema_text())
     return EXIT_OK
 
@@ -776,7 +630,7 @@ def pyproject_starter() -> str:
     )
 
 
-def _init(args: argparse.Namespace) -> int:
+def _init(args: Arguments) -> int:
     here = os.getcwd()
     from ._sources import PROJECT_FILES
 
@@ -827,3 +681,15 @@ def _init_pyproject(pyproject: str) -> int:
         handle.write(addition)
     print("added [tool.torch-backends] to pyproject.toml; check it with 'torch-backends check'")
     return EXIT_OK
+
+
+#: What each command runs; the grammar (``_arguments``) names the command.
+_HANDLERS = {
+    "list": _list,
+    "explain": _explain,
+    "check": _check,
+    "doctor": _doctor,
+    "lock": _lock,
+    "schema": _schema,
+    "init": _init,
+}

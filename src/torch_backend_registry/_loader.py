@@ -8,10 +8,8 @@ never shadows a module importable without it, and ``sys.path`` is never touched.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.machinery
-import importlib.util
 import sys
 from contextvars import ContextVar
 
@@ -89,32 +87,38 @@ def findable(module: str, folders: Sequence[str] = ()) -> bool:
     if module in sys.modules:
         return True
     parts = module.split(".")
-    spec: ModuleSpec | None = None
+    locations: Sequence[str] | None = None
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
         loaded = sys.modules.get(name)
-        try:
-            if loaded is not None:
-                spec = getattr(loaded, "__spec__", None) or importlib.util.find_spec(name)
-                if spec is None:
-                    return False
-                if depth == len(parts):
-                    return True
-                continue
-            if depth == 1:
-                # Top level: every finder on sys.meta_path (none imports anything
-                # to find a top-level name), then the manifest's folders.
-                spec = importlib.util.find_spec(name) or _find_in(folders, name)
-            else:
-                locations = spec.submodule_search_locations if spec is not None else None
-                if not locations:
+        if loaded is not None:
+            locations = getattr(loaded, "__path__", None)  # where the import system looks
+        else:
+            try:
+                if depth == 1:
+                    spec = _find_top_level(name) or _find_in(folders, name)
+                elif locations:
+                    spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
+                else:
                     return False  # the level above is not a package
-                spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
-        except (ImportError, ValueError):
-            return False
-        if spec is None:
-            return False
+            except (ImportError, ValueError):
+                return False
+            if spec is None:
+                return False
+            locations = spec.submodule_search_locations
     return True
+
+
+def _find_top_level(name: str) -> ModuleSpec | None:
+    """Ask every finder on ``sys.meta_path``, as ``import`` does; none imports anything
+    to find a top-level name. (``importlib.util`` would cost a warm listing its
+    ``contextlib`` import.)"""
+    for finder in sys.meta_path:
+        find_spec = getattr(finder, "find_spec", None)
+        spec = find_spec(name, None) if find_spec is not None else None
+        if spec is not None:
+            return spec  # type: ignore[no-any-return]
+    return None
 
 
 def check_requirements(definition: BackendDefinition) -> None:
@@ -187,6 +191,8 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
             definition, f"{target!r} is {_a(type(obj).__name__)}, which is not callable"
         ) from TypeError(f"{type(obj).__name__} object is not callable")
     if definition.options:
+        import functools
+
         bound = functools.partial(obj, **definition.options)
         functools.update_wrapper(bound, obj)
         return bound

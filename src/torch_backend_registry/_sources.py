@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import os
 
-from ._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Source
+from ._definition import (
+    SOURCE_KINDS,
+    BackendDefinition,
+    Discovery,
+    PluginRule,
+    Source,
+    distribution_key,
+)
 from ._errors import ManifestError
 
 TYPE_CHECKING = False
@@ -234,8 +241,6 @@ def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
     distribution's name (within one folder, importlib.metadata follows os.listdir)."""
     import sys
 
-    from ._definition import distribution_key
-
     def real(path: str) -> str:
         try:
             return os.path.realpath(path or os.curdir)
@@ -268,7 +273,6 @@ def read_entry_points(problems: list[ManifestError]) -> Iterable[EntryPoint]:
 
 
 def _entry_points_one_by_one(problems: list[ManifestError]) -> list[EntryPoint]:
-    import re
     from importlib.metadata import distributions
 
     eps: list[EntryPoint] = []
@@ -277,7 +281,7 @@ def _entry_points_one_by_one(problems: list[ManifestError]) -> list[EntryPoint]:
         name, _version = _name_and_version(dist)
         if name is not None:
             # As entry_points() does: the first distribution of a name on sys.path wins.
-            key = re.sub(r"[-_.]+", "-", name).lower()
+            key = distribution_key(name)
             if key in seen:
                 continue
             seen.add(key)

@@ -1,0 +1,188 @@
+"""The command line's grammar: argparse's parser, every command, option and help text."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ._cli import PROG
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    #: argcomplete's completer: a prefix in, the candidates out.
+    Completer = Callable[..., list[str]]
+
+EXAMPLES = f"""\
+examples:
+  {PROG} list --no-torch              the backends of this project, without PyTorch's
+  {PROG} explain inductor             where a name is defined and what it shadows
+  {PROG} check --import               validate the manifests and import every target
+  {PROG} doctor --bench               which backends work here, and how fast
+  {PROG} lock && {PROG} check --locked    pin what every name means; find drift
+
+Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} separated).
+"""
+
+
+class _VersionAction(argparse.Action):
+    # importlib.metadata is only worth importing when the version is asked for.
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from importlib.metadata import version
+
+        print(f"{PROG} {version('torch-backend-registry')}")
+        parser.exit()
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter, told the width: by itself it imports shutil for every argument."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        if kwargs.get("width") is None:
+            kwargs["width"] = _columns() - 2
+        super().__init__(prog, **kwargs)
+
+
+def _columns() -> int:
+    """The terminal's width as shutil.get_terminal_size() gives it, for the help text."""
+    try:
+        return max(int(os.environ["COLUMNS"]), 20)
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentParser:
+    """The whole grammar: every command, option and help text."""
+    # Global options are accepted before and after the command, as users type them;
+    # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
+    common = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the traceback of an error (for bug reports)",
+    )
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Declare, list and check torch.compile backends.",
+        epilog=EXAMPLES,
+        formatter_class=_Formatter,
+        parents=[common],
+    )
+    parser.add_argument("--version", action=_VersionAction)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name, help=help, description=help, parents=[common], formatter_class=_Formatter
+        )
+
+    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET")
+    lister.add_argument("--all", action="store_true", help="include debug and experimental")
+    lister.add_argument(
+        "--tag", action="append", default=[], metavar="T", help="only backends tagged T"
+    )
+    lister.add_argument(
+        "--exclude-tag", action="append", default=[], metavar="T", help="leave out tag T"
+    )
+    lister.add_argument(
+        "--available", action="store_true", help="only backends whose requirements are met"
+    )
+    lister.add_argument("--json", action="store_true", help="print a JSON array of objects")
+    lister.add_argument(
+        "--no-torch",
+        action="store_true",
+        help="leave out PyTorch's own backends (skips importing torch, which takes seconds)",
+    )
+
+    explain = command("explain", "where a backend is defined and what it shadows")
+    name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
+    if complete_names is not None:
+        name.completer = complete_names  # type: ignore[attr-defined]  # read by argcomplete
+    explain.add_argument("--no-torch", action="store_true", help="leave out PyTorch's own backends")
+
+    check = command("check", "validate manifests (the discovered ones, or those given)")
+    check.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="manifests to check instead of the project's and TORCH_BACKENDS_PATH's",
+    )
+    check.add_argument(
+        "--no-torch",
+        action="store_true",
+        help="skip PyTorch's own backends (then a name of theirs is not checked against them)",
+    )
+    check.add_argument(
+        "--locked",
+        action="store_true",
+        help="also compare what every name resolves to with backends.lock; print each drift",
+    )
+    check.add_argument(
+        "--import",
+        dest="import_targets",
+        action="store_true",
+        help="also import every target and check that it is callable",
+    )
+
+    doctor = command("doctor", "probe backends in subprocesses: which work here, and how fast")
+    doctor.add_argument(
+        "names", nargs="*", metavar="NAME", help="backends to probe (default: every listed one)"
+    )
+    doctor.add_argument("--all", action="store_true", help="also debug and experimental ones")
+    doctor.add_argument(
+        "--bench", action="store_true", help="also time compiling and a call, against eager"
+    )
+    doctor.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds a backend may take before it is killed (default 300)",
+    )
+    doctor.add_argument("--json", action="store_true", help="print a JSON array of verdicts")
+    doctor.add_argument(
+        "--model",
+        metavar="MOD:FACTORY",
+        help="probe with FACTORY() -> (module, example inputs) instead of the built-in model",
+    )
+    doctor.add_argument(
+        "--device", default="cpu", help="the device to probe on, e.g. cuda (default cpu)"
+    )
+    doctor.add_argument(
+        "--jobs", type=int, metavar="N", help="backends probed at once (default: half the cores)"
+    )
+    doctor.add_argument(
+        "--fresh", action="store_true", help="probe again even where a verdict is remembered"
+    )
+
+    lock = command("lock", "write backends.lock: what every name resolves to, beside the manifest")
+    lock.add_argument("--output", metavar="PATH", help="write the lock there instead")
+
+    command("schema", "print the JSON Schema of a manifest")
+    init = command("init", "write a starter backends.toml here (never overwrites)")
+    init.add_argument(
+        "--pyproject",
+        action="store_true",
+        help="add a [tool.torch-backends] table to pyproject.toml here instead",
+    )
+    return parser
+
+
+def complete(parser: argparse.ArgumentParser) -> None:
+    """Shell completion through argcomplete, where it is installed (the ``completion`` extra)."""
+    try:
+        import argcomplete
+    except ImportError:
+        return
+    argcomplete.autocomplete(parser)
