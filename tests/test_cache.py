@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torch_backend_registry import Registry
-from torch_backend_registry._cache import MAGIC, read_entry, write_entry
+from torch_backend_registry._cache import (
+    MAGIC,
+    CommandLines,
+    command_lines,
+    read_entry,
+    write_entry,
+)
+from torch_backend_registry._cli import main
 from torch_backend_registry._manifest import read_manifest
 
 from .conftest import WriteFn
@@ -204,26 +211,114 @@ def test_the_cache_folder_and_files_are_the_owners_only(tmp_path: Path, write: W
     assert {oct(f.stat().st_mode & 0o777) for f in cache_files(tmp_path)} == {"0o600"}
 
 
-def test_a_warm_listing_imports_neither_pydantic_nor_importlib_metadata(
+#: What a cold listing needs and a warm one must not import: the validator, the
+#: entry-point scanner, the parser; and the grammar and codecs behind them.
+COLD_ONLY = (
+    "pydantic",
+    "importlib.metadata",
+    "tomli",
+    "argparse",
+    "re",
+    "json",
+    "hashlib",
+    "contextlib",
+    "importlib.util",
+)
+LOADED = "print(sorted(m for m in {names!r} if m in sys.modules))"
+
+
+def test_a_warm_listing_imports_none_of_what_a_cold_one_needs(
     tmp_path: Path, write: WriteFn
 ) -> None:
     write("backends.toml", '[backends.warm]\ntarget = "m:f"\ndescription = "x"\n')
-    code = (
-        "import sys\n"
-        "from torch_backend_registry._cli import main\n"
-        "main(['list', '--no-torch'])\n"
-        "print(sorted(m for m in ('pydantic', 'importlib.metadata', 'tomli') if m in sys.modules))"
-    )
     environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
 
-    def run() -> list[str]:
+    def loaded(code: str) -> tuple[list[str], list[str]]:
         out = subprocess.run(
-            [sys.executable, "-c", code], cwd=tmp_path, env=environ,
-            capture_output=True, text=True, check=True,
+            [sys.executable, "-c", f"import sys\n{code}\n{LOADED.format(names=COLD_ONLY)}"],
+            cwd=tmp_path, env=environ, capture_output=True, text=True, check=True,
         ).stdout.splitlines()  # fmt: skip
-        assert any(line.startswith("warm ") for line in out)
-        loaded: list[str] = eval(out[-1])
-        return loaded
+        names: list[str] = eval(out[-1])
+        return out[:-1], names
 
-    assert run() == ["importlib.metadata", "pydantic", "tomli"]  # cold
-    assert run() == []  # warm
+    _, at_start = loaded("")  # what this interpreter imports before any code of ours
+    listing = "from torch_backend_registry._cli import main\nmain(['list', '--no-torch'])"
+    cold_out, cold = loaded(listing)
+    warm_out, warm = loaded(listing)
+    assert {"pydantic", "importlib.metadata", "tomli", "argparse"} <= set(cold)
+    assert set(warm) <= set(at_start)
+    assert warm_out == cold_out
+    assert any(line.startswith("warm ") for line in warm_out)
+    _, other_words = loaded(listing.replace("'--no-torch'", "'--no-torch', '--all'"))
+    assert "argparse" in other_words  # words never seen go to argparse
+
+
+def test_only_what_argparse_accepted_is_remembered(
+    tmp_path: Path,
+    write: WriteFn,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    monkeypatch.chdir(tmp_path)
+    remembered = command_lines()
+    assert remembered is not None
+    for words in (["--version"], ["list", "--bogus"], ["list", "-h"], ["explain"]):
+        with pytest.raises(SystemExit):
+            main(words)
+        assert command_lines().get(words) is None  # type: ignore[union-attr]
+    assert main(["list", "--no-torch", "--tag", "t"]) == 0
+    assert command_lines().get(["list", "--no-torch", "--tag", "t"]) == {  # type: ignore[union-attr]
+        "command": "list",
+        "all": False,
+        "tag": ["t"],
+        "exclude_tag": [],
+        "available": False,
+        "json": False,
+        "no_torch": True,
+        "version": None,
+    }
+    capsys.readouterr()
+
+
+def test_the_newest_command_lines_are_kept(tmp_path: Path) -> None:
+    remembered = CommandLines()
+    for number in range(CommandLines.LIMIT + 6):
+        remembered.put(["explain", f"n{number}"], {"command": "explain", "name": f"n{number}"})
+    again = CommandLines()
+    assert again.get(["explain", "n5"]) is None
+    assert again.get(["explain", "n6"]) == {"command": "explain", "name": "n6"}
+    assert again.get(["explain", f"n{CommandLines.LIMIT + 5}"]) is not None
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        ("not the grammar's key", {("list",): {"command": "list"}}),
+        ((), {}),
+        [1, 2],
+        (0, {("list",): {"not an identifier": 1}}),
+    ],
+)
+def test_a_planted_or_stale_command_line_is_not_believed(
+    tmp_path: Path,
+    write: WriteFn,
+    planted: object,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["list"]) == 0
+    first = capsys.readouterr().out
+    remembered = CommandLines()
+    if isinstance(planted, tuple) and planted and planted[0] == 0:
+        planted = (remembered_key(remembered), planted[1])
+    write_entry(remembered.file, planted)
+    assert main(["list"]) == 0
+    assert capsys.readouterr().out == first
+
+
+def remembered_key(remembered: CommandLines) -> object:
+    value = read_entry(remembered.file)
+    return None if value is None else value[0]
