@@ -8,6 +8,7 @@ import marshal
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from torch_backend_registry._cache import (
     MAGIC,
     CommandLines,
     command_lines,
+    installed_version,
     read_entry,
     write_entry,
 )
@@ -26,6 +28,8 @@ from torch_backend_registry._cli import main
 from torch_backend_registry._manifest import read_manifest
 
 from .conftest import WriteFn
+
+MakeDist = Callable[..., Path]
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.toml"))
 
@@ -322,3 +326,21 @@ def test_a_planted_or_stale_command_line_is_not_believed(
 def remembered_key(remembered: CommandLines) -> object:
     value = read_entry(remembered.file)
     return None if value is None else value[0]
+
+
+def test_an_installed_version_is_remembered_until_what_is_installed_changes(
+    make_dist: MakeDist,
+) -> None:
+    info = make_dist("tbr-versioned", "1.0", {})
+    assert installed_version("tbr-versioned") == "1.0"
+    assert installed_version("tbr-versioned") == "1.0"  # remembered now
+    assert installed_version("tbr-not-installed") is None
+    upgraded = info.rename(info.parent / "tbr_versioned-2.0.dist-info")
+    (upgraded / "METADATA").write_text("Metadata-Version: 2.1\nName: tbr-versioned\nVersion: 2.0\n")
+    importlib.invalidate_caches()
+    assert installed_version("tbr-versioned") == "2.0"
+    for child in upgraded.iterdir():
+        child.unlink()
+    upgraded.rmdir()
+    importlib.invalidate_caches()
+    assert installed_version("tbr-versioned") is None

@@ -260,6 +260,18 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
     ).stdout.splitlines()  # fmt: skip
     assert table[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
     assert next(row for row in table if row.startswith("explodes")).endswith("compile-error")
+    # Warm, showing a verdict costs no metadata scan: PyTorch's version is remembered too.
+    code = (
+        "import sys\nfrom torch_backend_registry._cli import main\n"
+        "main(['list', '--no-torch'])\nprint('importlib.metadata' in sys.modules)"
+    )
+    for expected in (None, "False"):
+        shown = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path / "proj", env=environ, capture_output=True, text=True, check=True,
+        ).stdout.splitlines()  # fmt: skip
+        assert any(row.startswith("explodes") and row.endswith("compile-error") for row in shown)
+        assert expected is None or shown[-1] == expected
 
 
 def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -> None:

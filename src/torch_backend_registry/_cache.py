@@ -259,6 +259,33 @@ def entry_points_entry() -> EntryPointsEntry | None:
     return EntryPointsEntry() if enabled() else None
 
 
+def installed_version(distribution: str) -> str | None:
+    """The version ``importlib.metadata`` gives of an installed distribution, or ``None``.
+
+    Remembered under the same key as the entry points (what is on ``sys.path``),
+    so a warm start that needs PyTorch's version (a remembered ``doctor``
+    verdict) does not import ``importlib.metadata`` for it.
+    """
+    file = os.path.join(folder(), "versions", _name(*sys.path))
+    key = _stamps() if enabled() else None
+    data = read_entry(file) if key is not None else None
+    versions: dict[str, str | None] = {}
+    if isinstance(data, tuple) and len(data) == 2 and data[0] == key and isinstance(data[1], dict):
+        versions = data[1]
+        if distribution in versions:
+            found = versions[distribution]
+            return found if found is None or isinstance(found, str) else None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version(distribution)
+    except PackageNotFoundError:
+        found = None
+    if key is not None:
+        write_entry(file, (key, {**versions, distribution: found}))
+    return found
+
+
 # ----------------------------------------------------------------------------- command lines
 
 

@@ -8,13 +8,10 @@ environment, so a second run is instant and any change probes again.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import subprocess
 import sys
-import threading
 import time
+from _thread import allocate_lock
 from dataclasses import asdict, dataclass, field
 
 from ._cache import enabled, verdicts_path
@@ -22,6 +19,7 @@ from ._probe import MARK, level_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Callable, Sequence
     from typing import Any
 
@@ -138,7 +136,12 @@ def _probe_one(
     probe: Probe,
     on_progress: Callable[[str, int, float], None] | None,
 ) -> Verdict:
+    # Here, not at the top: a listing that shows a remembered verdict imports this
+    # module, and needs none of what probing does.
+    import json
+    import subprocess
     import tempfile
+    import threading
 
     request = {
         **config,
@@ -222,6 +225,7 @@ def _crash_reason(code: int | None, tail: list[str]) -> str:
 
 
 def _kill(child: subprocess.Popen[str]) -> None:
+    import contextlib
     import signal
 
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -250,7 +254,7 @@ class VerdictCache:
         self.path = verdicts_path()
         self.enabled = enabled()
         self._data: dict[str, Any] | None = None
-        self._lock = threading.Lock()
+        self._lock = allocate_lock()
 
     def _load(self) -> dict[str, Any]:
         if self._data is None:
@@ -300,9 +304,12 @@ class VerdictCache:
 
 
 def environment_key(definition: BackendDefinition, probe: Probe) -> str:
-    """A content key for a verdict: the definition, its manifest's bytes, the environment."""
-    import hashlib
-    import platform
+    """A content key for a verdict: the definition, its manifest's bytes, the environment.
+
+    The facts themselves, written out, rather than a digest of them: nothing to
+    import for hashing where a listing shows a remembered verdict.
+    """
+    import binascii
 
     from ._torch import torch_version
 
@@ -313,6 +320,13 @@ def environment_key(definition: BackendDefinition, probe: Probe) -> str:
                 manifest = handle.read(2**21)
         except OSError:
             pass
+    uname = getattr(os, "uname", None)
+    if uname is not None:
+        machine = uname().machine  # what platform.machine() gives, without importing platform
+    else:  # pragma: no cover - Windows
+        import platform
+
+        machine = platform.machine()
     facts = {
         "name": definition.name,
         "target": definition.target,
@@ -321,14 +335,14 @@ def environment_key(definition: BackendDefinition, probe: Probe) -> str:
         "requires": definition.requires,
         "source": [definition.source.kind, definition.source.distribution],
         "version": definition.source.version,
-        "manifest": hashlib.sha256(manifest).hexdigest(),
+        "manifest": [len(manifest), binascii.crc32(manifest)],
         "torch": torch_version(),
         "python": sys.version,
-        "platform": [sys.platform, platform.machine()],
+        "platform": [sys.platform, machine],
         "device": probe.device,
         "model": probe.model,
     }
-    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    return repr(sorted(facts.items()))
 
 
 def last_verdict(registry: Registry, name: str) -> Verdict | None:

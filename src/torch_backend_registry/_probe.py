@@ -8,7 +8,6 @@ it is reached, then the verdict. Whatever kills this process (a crash, a hang,
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -36,6 +35,8 @@ RTOL, ATOL = 1e-2, 1e-2
 
 
 def _say(**fields: Any) -> None:
+    import json  # the child's side only: the parent imports this module for its names
+
     sys.stdout.write(MARK + json.dumps(fields) + "\n")
     sys.stdout.flush()
 
@@ -196,6 +197,8 @@ def _bench(eager: Any, compiled: Any, inputs: tuple[Any, ...], rounds: int) -> t
 
 
 def main(argv: list[str]) -> int:
+    import json
+
     config = json.loads(argv[1])
     try:
         result = probe(config)

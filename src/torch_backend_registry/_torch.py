@@ -79,12 +79,9 @@ def torch_available() -> bool:
 @functools.cache  # one process runs one installed torch; reading metadata costs ms
 def torch_version() -> str | None:
     """The installed PyTorch's version, read from its metadata (no import of torch)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from ._cache import installed_version
 
-    try:
-        return version("torch")
-    except PackageNotFoundError:
-        return None
+    return installed_version("torch")
 
 
 def dynamo_imported() -> bool:
