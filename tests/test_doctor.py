@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from torch_backend_registry import Registry
+from torch_backend_registry import Registry, Verdict
 from torch_backend_registry._cache import read_entry
 
 from .conftest import WriteFn
@@ -291,3 +291,21 @@ def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -
     [missing] = project.doctor(["fine"], model="tbr_no_such_module:make")
     assert missing.status == "compile-error"
     assert missing.reason.startswith("the model could not be built: ModuleNotFoundError")
+
+
+def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
+    verdict = Verdict("fast", "ok", 5, seconds=1.5, speedup=2.0)
+    remembered = Verdict.from_json(verdict.as_json(), cached=True)
+    assert remembered == verdict  # `cached` tells them apart, and takes no part in comparing
+    assert (remembered.cached, verdict.cached) == (True, False)
+    assert hash(remembered) == hash(verdict)
+    assert list(verdict.as_json()) == [
+        "name", "status", "level", "reason", "seconds", "member", "compile_seconds",
+        "per_call_seconds", "eager_seconds", "speedup", "cached", "level_name",
+    ]  # fmt: skip
+    assert verdict.as_json()["level_name"] == verdict.level_name == "bench"
+    assert "cached" not in verdict.facts()
+    with pytest.raises(AttributeError):
+        verdict.status = "crashed"
+    with pytest.raises(TypeError):
+        Verdict.from_json({"name": "fast"})  # a remembered verdict missing its status

@@ -20,7 +20,7 @@ SOURCE_KINDS: tuple[SourceKind, ...] = ("runtime", "env", "project", "entry-poin
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
-class _Frozen:
+class Frozen:
     """Slotted, immutable, compared by value: cheaper to import than dataclasses."""
 
     __slots__: tuple[str, ...] = ()
@@ -75,7 +75,7 @@ def target_of(fn: object) -> str | None:
     return None
 
 
-class Source(_Frozen):
+class Source(Frozen):
     """Where a definition came from.
 
     ``kind`` is one of ``"runtime"``, ``"env"``, ``"project"``, ``"entry-point"``
@@ -103,7 +103,7 @@ class Source(_Frozen):
         version: str | None = None,
         module: str | None = None,
     ) -> None:
-        # Slot by slot rather than through _Frozen's loop: discovery makes one a backend.
+        # Slot by slot rather than through Frozen's loop: discovery makes one a backend.
         init = object.__setattr__
         init(self, "kind", kind)
         init(self, "path", path)
@@ -136,7 +136,7 @@ class Source(_Frozen):
         return self.module or ""
 
 
-class BackendDefinition(_Frozen):
+class BackendDefinition(Frozen):
     """One definition of a backend name, as declared; importing nothing.
 
     ``shadowed`` holds the definitions of the same name from lower sources,
@@ -246,7 +246,7 @@ class BackendDefinition(_Frozen):
         return clone
 
 
-class DefaultDeclaration(_Frozen):
+class DefaultDeclaration(Frozen):
     """A manifest's ``default = "NAME"``, with where it is written."""
 
     __slots__ = ("name", "path", "line", "key")  # noqa: RUF023
@@ -273,7 +273,7 @@ def distribution_key(name: str) -> str:
     return key
 
 
-class PluginRule(_Frozen):
+class PluginRule(Frozen):
     """An allow or deny list of distributions, with where it was declared."""
 
     __slots__ = ("names", "where")

@@ -12,9 +12,9 @@ import os
 import sys
 import time
 from _thread import allocate_lock
-from dataclasses import asdict, dataclass, field
 
 from ._cache import enabled, verdicts_path
+from ._definition import Frozen
 from ._probe import MARK, level_name
 
 TYPE_CHECKING = False
@@ -41,26 +41,72 @@ STATUSES = (
 DEFAULT_TIMEOUT = 300.0
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(Frozen):
     """What probing one backend found.
 
     ``status`` is one of :data:`STATUSES`; ``level`` the last level reached
     (1 requirements, 2 import, 3 forward, 4 backward, 5 bench); ``member`` the
-    member a chain used; the ``*_seconds`` and ``speedup`` come with ``bench``.
+    member a chain used; the ``*_seconds`` and ``speedup`` come with ``bench``;
+    ``cached`` tells a remembered verdict (and takes no part in comparing two).
     """
+
+    __slots__ = (  # noqa: RUF023 - the order of the fields, of repr() and of the JSON
+        "name",
+        "status",
+        "level",
+        "reason",
+        "seconds",
+        "member",
+        "compile_seconds",
+        "per_call_seconds",
+        "eager_seconds",
+        "speedup",
+        "_cached",
+    )
 
     name: str
     status: str
     level: int
-    reason: str = ""
-    seconds: float = 0.0
-    member: str | None = None
-    compile_seconds: float | None = None
-    per_call_seconds: float | None = None
-    eager_seconds: float | None = None
-    speedup: float | None = None
-    cached: bool = field(default=False, compare=False)
+    reason: str
+    seconds: float
+    member: str | None
+    compile_seconds: float | None
+    per_call_seconds: float | None
+    eager_seconds: float | None
+    speedup: float | None
+    _cached: bool
+
+    def __init__(
+        self,
+        name: str,
+        status: str,
+        level: int,
+        reason: str = "",
+        seconds: float = 0.0,
+        member: str | None = None,
+        compile_seconds: float | None = None,
+        per_call_seconds: float | None = None,
+        eager_seconds: float | None = None,
+        speedup: float | None = None,
+        cached: bool = False,
+    ) -> None:
+        super().__init__(
+            name=name,
+            status=status,
+            level=level,
+            reason=reason,
+            seconds=seconds,
+            member=member,
+            compile_seconds=compile_seconds,
+            per_call_seconds=per_call_seconds,
+            eager_seconds=eager_seconds,
+            speedup=speedup,
+            _cached=cached,
+        )
+
+    @property
+    def cached(self) -> bool:
+        return self._cached
 
     @property
     def ok(self) -> bool:
@@ -70,25 +116,39 @@ class Verdict:
     def level_name(self) -> str:
         return level_name(self.level)
 
+    def facts(self) -> dict[str, Any]:
+        """Every field but ``cached``: what is remembered of a verdict."""
+        return {slot: getattr(self, slot) for slot in self.__slots__ if slot != "_cached"}
+
     def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "level_name": self.level_name}
+        return {**self.facts(), "cached": self.cached, "level_name": self.level_name}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, cached: bool = False) -> Verdict:
-        known = {f for f in cls.__dataclass_fields__ if f != "cached"}
+        known = set(cls.__slots__) - {"_cached"}
         return cls(**{k: v for k, v in data.items() if k in known}, cached=cached)
 
 
-@dataclass
 class Probe:
     """How to probe: the same for every backend of one run."""
 
-    timeout: float = DEFAULT_TIMEOUT
-    bench: bool = False
-    model: str | None = None
-    device: str = "cpu"
-    jobs: int | None = None
-    fresh: bool = False
+    __slots__ = ("bench", "device", "fresh", "jobs", "model", "timeout")
+
+    def __init__(
+        self,
+        timeout: float = DEFAULT_TIMEOUT,
+        bench: bool = False,
+        model: str | None = None,
+        device: str = "cpu",
+        jobs: int | None = None,
+        fresh: bool = False,
+    ) -> None:
+        self.timeout = timeout
+        self.bench = bench
+        self.model = model
+        self.device = device
+        self.jobs = jobs
+        self.fresh = fresh
 
 
 # ----------------------------------------------------------------------------- running
@@ -294,7 +354,7 @@ class VerdictCache:
             return
         with self._lock:
             data = self._load()
-            data[key] = {k: v for k, v in asdict(verdict).items() if k != "cached"}
+            data[key] = verdict.facts()
             self._write(data)
 
     def _write(self, data: dict[str, Any]) -> None:
