@@ -272,9 +272,9 @@ def installed_version(distribution: str) -> str | None:
     versions: dict[str, str | None] = {}
     if isinstance(data, tuple) and len(data) == 2 and data[0] == key and isinstance(data[1], dict):
         versions = data[1]
-        if distribution in versions:
-            found = versions[distribution]
-            return found if found is None or isinstance(found, str) else None
+        found = versions.get(distribution, 0)
+        if found is None or isinstance(found, str):
+            return found
     from importlib.metadata import PackageNotFoundError, version
 
     try:
