@@ -153,6 +153,18 @@ def test_a_corrupt_cache_is_ignored_and_rebuilt(
     assert all(read_entry(str(f)) is not None for f in cache_files(tmp_path))
 
 
+def test_a_definition_of_the_wrong_shape_is_not_believed(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\ntags = ["t"]\n')
+    assert listing(tmp_path) == ["good"]
+    [entry] = [f for f in cache_files(tmp_path) if "manifests" in f.parts]
+    key, found = read_entry(str(entry))
+    _name, source, target, chain, tags, *rest = found["definitions"][0]
+    found["definitions"][0] = ("planted", source, target, chain, list(tags), *rest)
+    entry.unlink()
+    write_entry(str(entry), (key, found))  # sealed and owned: only its shape is wrong
+    assert listing(tmp_path) == ["good"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(position=st.integers(min_value=0), flip=st.integers(min_value=1, max_value=255))
 def test_no_flipped_byte_changes_a_listing(
@@ -179,7 +191,7 @@ def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
 
     def plant(mode: int) -> None:
         key, found = read_entry(str(manifest_entry))
-        found["definitions"][0]["name"] = "planted"
+        found["definitions"][0] = ("planted", *found["definitions"][0][1:])
         manifest_entry.unlink()
         write_entry(str(manifest_entry), (key, found))
         manifest_entry.chmod(mode)

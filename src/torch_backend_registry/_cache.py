@@ -365,61 +365,65 @@ def _error(data: list[Any]) -> ManifestError:
     return ManifestError(message, path=path, line=line, key=key)
 
 
-def _plain_definition(d: BackendDefinition) -> dict[str, Any]:
+def _plain_definition(d: BackendDefinition) -> tuple[Any, ...]:
+    # A tuple in a fixed order, tuples inside: marshal gives tuples back as tuples,
+    # so a warm start unpacks each definition once and converts nothing.
     source = d.source
-    plain: dict[str, Any] = {
-        "name": d.name,
-        "source": [
-            source.kind,
-            source.path,
-            source.line,
-            source.distribution,
-            source.version,
-            source.module,
-        ],
-    }
-    for field in ("target", "chain", "tags", "description", "aliases", "requires"):
-        value = getattr(d, field)
-        if value:
-            plain[field] = value
-    if d.options:
-        plain["options"] = _plain_value(dict(d.options))
-    if not d.enabled:
-        plain["enabled"] = False
-    if d.python_path:
-        plain["python_path"] = d.python_path
-    if d.skip_known_failures:
-        plain["skip_known_failures"] = True
-    if d.distribution is not None:
-        plain["distribution"] = d.distribution
-    if d.problem is not None:
-        plain["problem"] = _plain_error(d.problem)
-    return plain
+    return (
+        d.name,
+        (source.kind, source.path, source.line, source.distribution, source.version, source.module),
+        d.target,
+        d.chain,
+        d.tags,
+        d.description,
+        d.aliases,
+        d.requires,
+        _plain_value(dict(d.options)) if d.options else None,
+        d.enabled,
+        d.python_path,
+        d.skip_known_failures,
+        d.distribution,
+        None if d.problem is None else _plain_error(d.problem),
+    )
 
 
-def _definition(data: dict[str, Any]) -> BackendDefinition:
-    kind, path, line, distribution, version, module = data["source"]
-    get = data.get
-    chain, tags, aliases, requires = get("chain"), get("tags"), get("aliases"), get("requires")
-    python_path = get("python_path")
+def _definition(data: tuple[Any, ...]) -> BackendDefinition:
+    (
+        name,
+        (kind, path, line, distribution, version, module),
+        target,
+        chain,
+        tags,
+        description,
+        aliases,
+        requires,
+        options,
+        enabled,
+        python_path,
+        skip_known_failures,
+        picked,
+        problem,
+    ) = data
+    for value in (chain, tags, aliases, requires, python_path):
+        if value is not None and type(value) is not tuple:
+            raise TypeError("not a definition")  # a planted entry: the cache is not believed
     return BackendDefinition(
-        data["name"],
+        name,
         Source(
             kind, path=path, line=line, distribution=distribution, version=version, module=module
         ),
-        target=get("target"),
-        chain=None if chain is None else tuple(chain),
-        # Most are empty: the one empty tuple rather than a new one each.
-        tags=tuple(tags) if tags else (),
-        description=get("description"),
-        aliases=tuple(aliases) if aliases else (),
-        requires=tuple(requires) if requires else (),
-        options=_value(data["options"]) if "options" in data else None,
-        enabled=get("enabled", True),
-        python_path=_shared(tuple(python_path)) if python_path else (),
-        skip_known_failures=get("skip_known_failures", False),
-        distribution=get("distribution"),
-        problem=_error(data["problem"]) if "problem" in data else None,
+        target=target,
+        chain=chain,
+        tags=tags,
+        description=description,
+        aliases=aliases,
+        requires=requires,
+        options=None if options is None else _value(options),
+        enabled=enabled,
+        python_path=_shared(python_path) if python_path else (),
+        skip_known_failures=skip_known_failures,
+        distribution=picked,
+        problem=None if problem is None else _error(problem),
     )
 
 
