@@ -157,11 +157,12 @@ def test_a_definition_of_the_wrong_shape_is_not_believed(tmp_path: Path, write: 
     write("backends.toml", '[backends.good]\ntarget = "m:f"\ntags = ["t"]\n')
     assert listing(tmp_path) == ["good"]
     [entry] = [f for f in cache_files(tmp_path) if "manifests" in f.parts]
-    key, found = read_entry(str(entry))
-    _name, source, target, chain, tags, *rest = found["definitions"][0]
-    found["definitions"][0] = ("planted", source, target, chain, list(tags), *rest)
+    key, entry_table = read_entry(str(entry))
+    definitions = entry_table["found"]["definitions"]
+    _name, source, target, chain, tags, *rest = definitions[0]
+    definitions[0] = ("planted", source, target, chain, list(tags), *rest)
     entry.unlink()
-    write_entry(str(entry), (key, found))  # sealed and owned: only its shape is wrong
+    write_entry(str(entry), (key, entry_table))  # sealed and owned: only its shape is wrong
     assert listing(tmp_path) == ["good"]
 
 
@@ -190,10 +191,11 @@ def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
     [manifest_entry] = [f for f in cache_files(tmp_path) if "manifests" in f.parts]
 
     def plant(mode: int) -> None:
-        key, found = read_entry(str(manifest_entry))
-        found["definitions"][0] = ("planted", *found["definitions"][0][1:])
+        key, entry_table = read_entry(str(manifest_entry))
+        definitions = entry_table["found"]["definitions"]
+        definitions[0] = ("planted", *definitions[0][1:])
         manifest_entry.unlink()
-        write_entry(str(manifest_entry), (key, found))
+        write_entry(str(manifest_entry), (key, entry_table))
         manifest_entry.chmod(mode)
 
     plant(0o600)

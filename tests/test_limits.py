@@ -266,21 +266,19 @@ def test_the_cli_prints_what_the_terminal_cannot_encode_escaped(
     tmp_path: Path, write: WriteFn, encoding: str
 ) -> None:
     write("backends.toml", '[backends.b]\ntarget = "m:f"\ndescription = "Ümlaut ✓ 中文"\n')
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "list", "--all", "--no-torch"],
-        capture_output=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONIOENCODING": encoding},
-        timeout=120,
-    )
+
+    def command(*words: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry", *words],
+            capture_output=True,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONIOENCODING": encoding},
+            timeout=120,
+        )
+
+    done = command("list", "--all", "--no-torch")
     assert done.returncode == 0, done.stderr
-    out = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "explain", "b", "--no-torch"],
-        capture_output=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONIOENCODING": encoding},
-        timeout=120,
-    ).stdout.decode(encoding)
+    out = command("explain", "b", "--no-torch").stdout.decode(encoding)
     assert "description: " in out
     assert "\\u2713 \\u4e2d\\u6587" in out
 

@@ -25,6 +25,7 @@ import binascii
 import marshal
 import os
 import sys
+from itertools import count
 
 from ._definition import (
     BackendDefinition,
@@ -146,7 +147,20 @@ def write_entry(path: str, value: Any) -> None:
         pass  # a read-only home, a full disk, a value marshal cannot hold: no cache, that is all
 
 
-_COUNTER = __import__("itertools").count()
+def read_keyed(path: str, key: object) -> dict[Any, Any] | None:
+    """The table :func:`write_keyed` stored at ``path`` with a key equal to ``key``, or ``None``."""
+    data = read_entry(path)
+    if type(data) is tuple and len(data) == 2 and data[0] == key and type(data[1]) is dict:
+        return data[1]
+    return None
+
+
+def write_keyed(path: str, key: object, table: dict[Any, Any]) -> None:
+    """Store ``table`` at ``path``, to be believed only by a reader asking with an equal key."""
+    write_entry(path, (key, table))
+
+
+_COUNTER = count()
 _MADE: set[str] = set()
 
 
@@ -179,18 +193,19 @@ class ManifestEntry:
 
     def load(self) -> tuple[bool, Discovery | None]:
         """Whether a reading of exactly this manifest is remembered, and that reading."""
-        data = read_entry(self.file)
+        data = read_keyed(self.file, self.key)
         try:
-            if data is None or data[0] != self.key:
+            if data is None:
                 return False, None
-            return True, None if data[1] is None else _discovery(data[1])
+            return True, None if data["found"] is None else _discovery(data["found"])
         except (IndexError, KeyError, TypeError, ValueError):
             return False, None
 
     def store(self, found: Discovery | None) -> None:
         if found is not None and found.warnings:
             return  # judged by the trust rule each time, never remembered
-        write_entry(self.file, (self.key, None if found is None else _plain_discovery(found)))
+        plain = None if found is None else _plain_discovery(found)
+        write_keyed(self.file, self.key, {"found": plain})
 
 
 def manifest_entry(path: str, kind: str, text: str) -> ManifestEntry | None:
@@ -242,16 +257,14 @@ class EntryPointsEntry:
         self.key = _stamps()
 
     def load(self) -> Discovery | None:
-        data = read_entry(self.file)
+        data = read_keyed(self.file, self.key)
         try:
-            if data is None or data[0] != self.key:
-                return None
-            return _discovery(data[1])
+            return None if data is None else _discovery(data)
         except (IndexError, KeyError, TypeError, ValueError):
             return None
 
     def store(self, found: Discovery) -> None:
-        write_entry(self.file, (self.key, _plain_discovery(found)))
+        write_keyed(self.file, self.key, _plain_discovery(found))
 
 
 def entry_points_entry() -> EntryPointsEntry | None:
@@ -268,21 +281,19 @@ def installed_version(distribution: str) -> str | None:
     """
     file = os.path.join(folder(), "versions", _name(*sys.path))
     key = _stamps() if enabled() else None
-    data = read_entry(file) if key is not None else None
-    versions: dict[str, str | None] = {}
-    if isinstance(data, tuple) and len(data) == 2 and data[0] == key and isinstance(data[1], dict):
-        versions = data[1]
-        found = versions.get(distribution, 0)
-        if found is None or isinstance(found, str):
-            return found
+    versions = (read_keyed(file, key) if key is not None else None) or {}
+    remembered: object = versions.get(distribution, 0)
+    if remembered is None or isinstance(remembered, str):
+        return remembered
     from importlib.metadata import PackageNotFoundError, version
 
+    found: str | None
     try:
         found = version(distribution)
     except PackageNotFoundError:
         found = None
     if key is not None:
-        write_entry(file, (key, {**versions, distribution: found}))
+        write_keyed(file, key, {**versions, distribution: found})
     return found
 
 
@@ -301,9 +312,7 @@ class CommandLines:
 
     def _load(self) -> dict[tuple[str, ...], dict[str, Any]]:
         if self._lines is None:
-            data = read_entry(self.file)
-            ok = isinstance(data, tuple) and len(data) == 2 and data[0] == _code_key()
-            self._lines = data[1] if ok and isinstance(data[1], dict) else {}
+            self._lines = read_keyed(self.file, _code_key()) or {}
         return self._lines
 
     def get(self, words: list[str]) -> dict[str, Any] | None:
@@ -320,7 +329,7 @@ class CommandLines:
         lines[tuple(words)] = parsed  # the newest last: the oldest go first
         for old in list(lines)[: -self.LIMIT]:
             del lines[old]
-        write_entry(self.file, (_code_key(), lines))
+        write_keyed(self.file, _code_key(), lines)
 
 
 def command_lines() -> CommandLines | None:

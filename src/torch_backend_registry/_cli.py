@@ -96,7 +96,8 @@ def parse(argv: Sequence[str] | None) -> Arguments:
     words = list(sys.argv[1:] if argv is None else argv)
     from ._cache import command_lines
 
-    remembered = command_lines() if "_ARGCOMPLETE" not in os.environ else None
+    completing = "_ARGCOMPLETE" in os.environ  # the shell asks for completions
+    remembered = None if completing else command_lines()
     if remembered is not None:
         found = remembered.get(words)
         if found is not None:
@@ -104,8 +105,8 @@ def parse(argv: Sequence[str] | None) -> Arguments:
     from ._arguments import build_parser, complete
 
     parser = build_parser(complete_names=_complete_names)
-    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
-        complete(parser)
+    if completing:
+        complete(parser)  # answers and exits, where argcomplete is installed
     parsed = vars(parser.parse_args(words))
     if remembered is not None:
         remembered.put(words, parsed)

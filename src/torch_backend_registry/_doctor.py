@@ -104,6 +104,9 @@ class Verdict(Frozen):
             _cached=cached,
         )
 
+    #: What is remembered of a verdict, and read back: every field but ``cached``.
+    FACTS = __slots__[:-1]
+
     @property
     def cached(self) -> bool:
         return self._cached
@@ -118,15 +121,14 @@ class Verdict(Frozen):
 
     def facts(self) -> dict[str, Any]:
         """Every field but ``cached``: what is remembered of a verdict."""
-        return {slot: getattr(self, slot) for slot in self.__slots__ if slot != "_cached"}
+        return {fact: getattr(self, fact) for fact in self.FACTS}
 
     def as_json(self) -> dict[str, Any]:
         return {**self.facts(), "cached": self.cached, "level_name": self.level_name}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, cached: bool = False) -> Verdict:
-        known = set(cls.__slots__) - {"_cached"}
-        return cls(**{k: v for k, v in data.items() if k in known}, cached=cached)
+        return cls(**{k: v for k, v in data.items() if k in cls.FACTS}, cached=cached)
 
 
 class Probe:

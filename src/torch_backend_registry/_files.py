@@ -95,9 +95,9 @@ def table_prefix(path: str) -> tuple[str, ...]:
     return PYPROJECT_TABLE if os.path.basename(path) == "pyproject.toml" else ()
 
 
-#: The characters of a bare key part, as TOML defines them. A set, not a regex: a
-#: warm start names keys without importing :mod:`re`.
-_BARE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+#: The characters of a bare key part, as TOML defines them: the one definition
+#: (the scanner's regex is built from it). A set: naming a key needs no :mod:`re`.
+BARE_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
 def toml_key(parts: tuple[str, ...]) -> str:
@@ -106,7 +106,9 @@ def toml_key(parts: tuple[str, ...]) -> str:
     Quoting also keeps a hostile key (a newline, a terminal escape, a bidi
     override) from breaking the one line an error is printed on.
     """
-    return ".".join(part if part and _BARE.issuperset(part) else _quote(part) for part in parts)
+    return ".".join(
+        part if part and BARE_KEY_CHARS.issuperset(part) else _quote(part) for part in parts
+    )
 
 
 def _quote(part: str) -> str:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import re
 
-from ._files import toml_key
+from ._files import BARE_KEY_CHARS, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-#: A bare key part, as TOML defines it (``_files.toml_key`` holds the same characters).
-BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+#: A bare key part, as TOML defines it.
+BARE_KEY = re.compile(f"[{re.escape(''.join(sorted(BARE_KEY_CHARS)))}]+")
 _BASIC = r'"(?:[^"\\\n]|\\.)*"'
 _LITERAL = r"'[^'\n]*'"
 _PART = rf"(?:{BARE_KEY.pattern}|{_BASIC}|{_LITERAL})"
