@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
+import torch_backend_registry as tbr
 from torch_backend_registry import (
     BackendRegistryError,
     DuplicateBackendError,
-    ManifestError,
     ManifestWarning,
+    Problem,
     Registry,
     UnknownBackendError,
 )
@@ -83,7 +84,7 @@ def test_every_listed_name_compiles_with_what_lookup_returns(
     )
     registry = Registry(cwd=path.parent, environ={})
     with pytest.warns(ManifestWarning) as caught:
-        registry.install()
+        tbr.install(registry)
     refusals = sorted(str(w.message) for w in caught if "PyTorch's own" in str(w.message))
     assert sorted(r.split(": ", 2)[1] for r in refusals) == [
         "backends.aot_eager",
@@ -110,7 +111,7 @@ def test_every_listed_name_compiles_with_what_lookup_returns(
     # PyTorch's own names kept theirs, in both.
     for name in ("inductor", "aot_eager"):
         assert registry.lookup_backend(name) is torch._dynamo.lookup_backend(name)
-    problems = {p.key: p for p in registry.problems() if isinstance(p, ManifestError)}
+    problems = {p.key: p for p in registry.problems() if isinstance(p, Problem)}
     assert problems["backends.inductor"].line == 13
     assert "cannot be disabled" in problems["backends.aot_eager"].message
 

@@ -2,41 +2,35 @@
 
 from __future__ import annotations
 
-import binascii
+import hashlib
 import importlib
-import marshal
+import importlib.metadata
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torch_backend_registry import Registry
-from torch_backend_registry._cache import (
-    MAGIC,
-    CommandLines,
-    command_lines,
-    installed_version,
-    read_entry,
-    write_entry,
-)
-from torch_backend_registry._cli import main
+from torch_backend_registry._cache import Cache, cache_folder
 from torch_backend_registry._manifest import read_manifest
 
-from .conftest import WriteFn
-
-MakeDist = Callable[..., Path]
+from .conftest import NOBODY, WriteFn
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.toml"))
 
 
-def cache_files(tmp_path: Path) -> list[Path]:
-    root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-backend-registry"
-    return sorted(p for p in root.rglob("*.bin")) if root.exists() else []
+def cache_root() -> Path:
+    return Path(os.environ["XDG_CACHE_HOME"]) / "torch-backend-registry"
+
+
+def cache_files() -> list[Path]:
+    root = cache_root()
+    return sorted(p for p in root.rglob("*.json")) if root.exists() else []
 
 
 def listing(folder: Path) -> list[str]:
@@ -51,14 +45,19 @@ def described(result: object) -> object:
         [repr(d) for d in result.definitions],  # type: ignore[attr-defined]
         [str(p) for p in result.problems],  # type: ignore[attr-defined]
         repr(result.default),  # type: ignore[attr-defined]
+        repr(result.rules),  # type: ignore[attr-defined]
     )
+
+
+def the_cache() -> Cache:
+    return Cache(cache_folder(os.environ))
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
 def test_a_cached_reading_is_the_reading(path: Path) -> None:
-    cold = read_manifest(str(path), "env")
-    warm = read_manifest(str(path), "env")  # from the cache now, where it could be cached
-    assert described(warm) == described(cold)
+    cold = read_manifest(str(path), "env", the_cache())
+    warm = read_manifest(str(path), "env", the_cache())  # from the cache now
+    assert described(warm) == described(cold) == described(read_manifest(str(path), "env"))
 
 
 def test_every_value_survives_the_cache(write: WriteFn) -> None:
@@ -66,20 +65,30 @@ def test_every_value_survives_the_cache(write: WriteFn) -> None:
         "backends.toml",
         'default = "a"\n[plugins]\ndeny = ["x-y"]\n[backends.a]\ntarget = "m:f"\n'
         "options = { when = 1979-05-27T07:32:00-08:00, day = 1979-05-27, at = 07:32:00,"
-        ' inf = inf, t = { nested = [1, "two", { three = 3.5 }] } }\n'
+        ' inf = inf, nan = nan, t = { nested = [1, "two", { three = 3.5 }] },'
+        ' "@" = "BackendDefinition", "{}" = [["k", "v"]], datetime = "not a date",'
+        " list = [[1, 2], []], empty = {} }\n"
         'aliases = ["b"]\ntags = ["t"]\nrequires = ["json"]\ndescription = "d"\n'
         '[backends.c]\nchain = ["a"]\nskip-known-failures = true\n'
         "[backends.d]\nenabled = false\n[backends.e]\ntarget = 1\n",
     )
-    cold = read_manifest(str(path), "project")
-    warm = read_manifest(str(path), "project")
-    assert described(warm) == described(cold)
-    assert warm is not None
+    cold = read_manifest(str(path), "project", the_cache())
+    warm = read_manifest(str(path), "project", the_cache())
     assert cold is not None
-    assert [dict(d.options) for d in warm.definitions] == [
-        dict(d.options) for d in cold.definitions
-    ]
-    assert (warm.deny, warm.default) == (cold.deny, cold.default)
+    assert warm is not None
+    assert cache_files()  # it was cached, and read back
+    assert described(warm) == described(cold)
+    assert warm.definitions == cold.definitions  # nan compares equal to itself here
+    options = dict(warm.definitions[0].options)
+    assert options["t"] == {"nested": [1, "two", {"three": 3.5}]}
+    assert options["@"] == "BackendDefinition"
+    assert options["{}"] == [["k", "v"]]
+    assert options["datetime"] == "not a date"
+    assert options["list"] == [[1, 2], []]
+    assert options["empty"] == {}
+    assert type(options["when"]).__name__ == "datetime"
+    assert warm.definitions[0].aliases == ("b",)  # tuples stay tuples
+    assert (warm.rules, warm.default) == (cold.rules, cold.default)
 
 
 def test_an_edit_in_the_same_second_of_the_same_size_is_seen(
@@ -118,23 +127,49 @@ def test_installing_and_removing_a_distribution_is_seen(
     assert listing(tmp_path) == []
 
 
+def test_an_edit_of_an_unzipped_eggs_entry_points_is_seen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    egg = tmp_path / "tbr_egged-1.0-py3.11.egg"
+    (egg / "EGG-INFO").mkdir(parents=True)
+    (egg / "EGG-INFO" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: tbr-egged\n")
+    points = egg / "EGG-INFO" / "entry_points.txt"
+    points.write_text("[torch_dynamo_backends]\nfirst = m:f\n")
+    monkeypatch.syspath_prepend(str(egg))  # as easy_install put an .egg on sys.path
+    importlib.invalidate_caches()
+    assert "first" in listing(tmp_path)
+    points.write_text("[torch_dynamo_backends]\nsecond = m:f\n")
+    os.utime(points, ns=(1, 1))  # another time: as an edit leaves it
+    importlib.invalidate_caches()
+    assert "second" in listing(tmp_path)
+
+
+def test_refresh_reads_entry_points_for_real(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PyTorch's own test patches importlib.metadata.entry_points and rediscovers.
+    reg = Registry(cwd=tmp_path, environ={}, sources=("entry-point",))
+    assert "patched" not in reg.list_backends(exclude_tags=())
+    point = importlib.metadata.EntryPoint("patched", "m:f", "torch_dynamo_backends")
+    monkeypatch.setattr(
+        importlib.metadata, "entry_points", lambda **kwargs: importlib.metadata.EntryPoints([point])
+    )
+    reg.refresh()
+    assert reg.list_backends(exclude_tags=()) == ["patched"]
+
+
 def _garbage(entry: bytes, number: int) -> bytes:
-    """A corrupt version of a cache file, a different kind for each ``number``."""
-    head = len(MAGIC) + 4
-
-    def sealed(payload: bytes) -> bytes:  # a right header over a wrong payload
-        return MAGIC + binascii.crc32(payload).to_bytes(4, "little") + payload
-
+    """A corrupt version of a cache entry, a different kind for each ``number``."""
     kinds = [
         b"\x00\xff not an entry",
         b"",
         entry[: len(entry) // 2],  # torn: a write that never finished
-        entry[:head] + bytes([entry[head] ^ 1]) + entry[head + 1 :],  # one bit flipped
-        b"TBR\x01" + entry[len(MAGIC) :],  # another layout
-        sealed(b"\xff\xfe garbage marshal"),
-        sealed(marshal.dumps([])),
-        sealed(marshal.dumps(((1, 2), {"definitions": 3}))),
-        sealed(marshal.dumps(({}, None))),
+        entry.replace(b'"@"', b'"#"', 1),  # another layout
+        b"[]",
+        b'{"found": 3}',
+        b'{"found": {"@": "Discovery"}}',
+        b'{"found": {"@": "NoSuchClass", "x": 1}}',
+        b"[" * 100_000,  # deeper than the parser goes
     ]
     return kinds[number % len(kinds)]
 
@@ -145,28 +180,15 @@ def test_a_corrupt_cache_is_ignored_and_rebuilt(
 ) -> None:
     write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
     assert listing(tmp_path) == ["good"]
-    files = cache_files(tmp_path)
+    files = cache_files()
     assert len(files) == 2  # the manifest's and the entry points'
     for file in files:
         file.write_bytes(_garbage(file.read_bytes(), number))
     assert listing(tmp_path) == ["good"]
-    assert all(read_entry(str(f)) is not None for f in cache_files(tmp_path))
-
-
-def test_a_definition_of_the_wrong_shape_is_not_believed(tmp_path: Path, write: WriteFn) -> None:
-    write("backends.toml", '[backends.good]\ntarget = "m:f"\ntags = ["t"]\n')
-    assert listing(tmp_path) == ["good"]
-    [entry] = [f for f in cache_files(tmp_path) if "manifests" in f.parts]
-    key, entry_table = read_entry(str(entry))
-    definitions = entry_table["found"]["definitions"]
-    _name, source, target, chain, tags, *rest = definitions[0]
-    definitions[0] = ("planted", source, target, chain, list(tags), *rest)
-    entry.unlink()
-    write_entry(str(entry), (key, entry_table))  # sealed and owned: only its shape is wrong
     assert listing(tmp_path) == ["good"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(position=st.integers(min_value=0), flip=st.integers(min_value=1, max_value=255))
 def test_no_flipped_byte_changes_a_listing(
     tmp_path_factory: pytest.TempPathFactory, position: int, flip: int
@@ -174,37 +196,37 @@ def test_no_flipped_byte_changes_a_listing(
     folder = tmp_path_factory.mktemp("flip")
     (folder / "backends.toml").write_text('[backends.good]\ntarget = "m:f"\ntags = ["t"]\n')
     assert listing(folder) == ["good"]
-    [entry] = [f for f in cache_files(folder) if "manifests" in f.parts and _holds(f, folder)]
-    blob = bytearray(entry.read_bytes())
-    blob[position % len(blob)] ^= flip
-    entry.write_bytes(bytes(blob))
+    for entry in cache_files():
+        blob = bytearray(entry.read_bytes())
+        blob[position % len(blob)] ^= flip
+        entry.write_bytes(bytes(blob))
     assert listing(folder) == ["good"]
-
-
-def _holds(entry: Path, folder: Path) -> bool:
-    return str(folder) in repr(read_entry(str(entry)))
 
 
 def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
     write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
     assert listing(tmp_path) == ["good"]
-    [manifest_entry] = [f for f in cache_files(tmp_path) if "manifests" in f.parts]
+    [entry] = [f for f in cache_files() if f.parent.name == "manifest"]
+    _seal, text = entry.read_text().split("\n", 1)
+    text = text.replace('"good"', '"planted"')
+    planted = hashlib.sha256(text.encode()).hexdigest() + "\n" + text  # sealed anew
 
     def plant(mode: int) -> None:
-        key, entry_table = read_entry(str(manifest_entry))
-        definitions = entry_table["found"]["definitions"]
-        definitions[0] = ("planted", *definitions[0][1:])
-        manifest_entry.unlink()
-        write_entry(str(manifest_entry), (key, entry_table))
-        manifest_entry.chmod(mode)
+        entry.unlink()
+        entry.write_text(planted)
+        entry.chmod(mode)
 
     plant(0o600)
     assert listing(tmp_path) == ["planted"]  # a trusted entry is believed as it is...
     plant(0o666)
     assert listing(tmp_path) == ["good"]  # ...one anybody could have written is not,
     plant(0o600)
-    manifest_entry.parent.chmod(0o777)
-    assert listing(tmp_path) == ["good"]  # ...nor one in a folder anybody can write to
+    entry.parent.chmod(0o777)
+    assert listing(tmp_path) == ["good"]  # ...nor one in a folder anybody can write to,
+    entry.parent.chmod(0o700)
+    plant(0o600)
+    os.chown(entry, NOBODY, NOBODY)
+    assert listing(tmp_path) == ["good"]  # ...nor one another user owns.
 
 
 def test_a_cache_that_cannot_be_written_or_is_off_leaves_no_trace(
@@ -216,145 +238,95 @@ def test_a_cache_that_cannot_be_written_or_is_off_leaves_no_trace(
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))  # under a file: not creatable
     assert listing(tmp_path) == ["good"]
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("TORCH_BACKENDS_NO_CACHE", "1")
-    assert listing(tmp_path) == ["good"]
+    off = Registry(cwd=tmp_path, environ={"TORCH_BACKENDS_NO_CACHE": "1"}, sources=("project",))
+    assert off.list_backends() == ["good"]
     assert not (tmp_path / "cache").exists()
 
 
 def test_the_cache_folder_and_files_are_the_owners_only(tmp_path: Path, write: WriteFn) -> None:
     write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
     listing(tmp_path)
-    root = Path(os.environ["XDG_CACHE_HOME"]) / "torch-backend-registry"
+    root = cache_root()
     assert oct(root.stat().st_mode & 0o777) == "0o700"
-    assert {oct(f.stat().st_mode & 0o777) for f in cache_files(tmp_path)} == {"0o600"}
+    assert {oct(f.parent.stat().st_mode & 0o777) for f in cache_files()} == {"0o700"}
+    assert {oct(f.stat().st_mode & 0o777) for f in cache_files()} == {"0o600"}
 
 
-#: What a cold listing needs and a warm one must not import: the validator, the
-#: entry-point scanner, the parser; and the grammar and codecs behind them.
-COLD_ONLY = (
-    "pydantic",
-    "importlib.metadata",
-    "tomli",
-    "argparse",
-    "re",
-    "json",
-    "hashlib",
-    "contextlib",
-    "importlib.util",
-)
-LOADED = "print(sorted(m for m in {names!r} if m in sys.modules))"
+def _list_in_a_subprocess(folder: Path, **environ: str) -> subprocess.CompletedProcess[str]:
+    code = "import torch_backend_registry._cli as c, sys; sys.exit(c.main(['list', '--no-torch']))"
+    base = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=folder,
+        env={**base, **environ},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def test_a_warm_listing_imports_none_of_what_a_cold_one_needs(
-    tmp_path: Path, write: WriteFn
-) -> None:
-    write("backends.toml", '[backends.warm]\ntarget = "m:f"\ndescription = "x"\n')
-    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-
-    def loaded(code: str) -> tuple[list[str], list[str]]:
-        out = subprocess.run(
-            [sys.executable, "-c", f"import sys\n{code}\n{LOADED.format(names=COLD_ONLY)}"],
-            cwd=tmp_path, env=environ, capture_output=True, text=True, check=True,
-        ).stdout.splitlines()  # fmt: skip
-        names: list[str] = eval(out[-1])
-        return out[:-1], names
-
-    _, at_start = loaded("")  # what this interpreter imports before any code of ours
-    listing = "from torch_backend_registry._cli import main\nmain(['list', '--no-torch'])"
-    cold_out, cold = loaded(listing)
-    warm_out, warm = loaded(listing)
-    assert {"pydantic", "importlib.metadata", "tomli", "argparse"} <= set(cold)
-    assert set(warm) <= set(at_start)
-    assert warm_out == cold_out
-    assert any(line.startswith("warm ") for line in warm_out)
-    _, other_words = loaded(listing.replace("'--no-torch'", "'--no-torch', '--all'"))
-    assert "argparse" in other_words  # words never seen go to argparse
+def test_a_cache_folder_someone_else_made_is_not_used(tmp_path: Path, write: WriteFn) -> None:
+    # A shared XDG_CACHE_HOME (world-writable, sticky): another user was there first.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    theirs = shared / "torch-backend-registry"
+    (theirs / "manifest").mkdir(parents=True)
+    for folder in (theirs, theirs / "manifest"):
+        folder.chmod(0o777)
+        os.chown(folder, NOBODY, NOBODY)
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    done = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(shared))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[4:5] == ["good"]
+    assert list((theirs / "manifest").iterdir()) == []  # nothing of ours written there
 
 
-def test_only_what_argparse_accepted_is_remembered(
-    tmp_path: Path,
-    write: WriteFn,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
-    monkeypatch.chdir(tmp_path)
-    remembered = command_lines()
-    assert remembered is not None
-    for words in (["--version"], ["list", "--bogus"], ["list", "-h"], ["explain"]):
-        with pytest.raises(SystemExit):
-            main(words)
-        assert command_lines().get(words) is None  # type: ignore[union-attr]
-    assert main(["list", "--no-torch", "--tag", "t"]) == 0
-    assert command_lines().get(["list", "--no-torch", "--tag", "t"]) == {  # type: ignore[union-attr]
-        "command": "list",
-        "all": False,
-        "tag": ["t"],
-        "exclude_tag": [],
-        "available": False,
-        "json": False,
-        "no_torch": True,
-        "version": None,
-    }
-    capsys.readouterr()
-
-
-def test_the_newest_command_lines_are_kept(tmp_path: Path) -> None:
-    remembered = CommandLines()
-    for number in range(CommandLines.LIMIT + 6):
-        remembered.put(["explain", f"n{number}"], {"command": "explain", "name": f"n{number}"})
-    again = CommandLines()
-    assert again.get(["explain", "n5"]) is None
-    assert again.get(["explain", "n6"]) == {"command": "explain", "name": "n6"}
-    assert again.get(["explain", f"n{CommandLines.LIMIT + 5}"]) is not None
+def test_a_fifo_at_an_entrys_name_does_not_block(tmp_path: Path, write: WriteFn) -> None:
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    cache = tmp_path / "cache"
+    first = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(cache))
+    assert first.returncode == 0, first.stderr
+    entries = list(cache.rglob("*.json"))
+    assert entries
+    for entry in entries:
+        entry.unlink()
+        os.mkfifo(entry, 0o600)
+    again = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(cache))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
 
 
 @pytest.mark.parametrize(
-    "planted",
-    [
-        ("not the grammar's key", {("list",): {"command": "list"}}),
-        ((), {}),
-        [1, 2],
-        (0, {("list",): {"not an identifier": 1}}),
-    ],
+    "environ",
+    [{"XDG_CACHE_HOME": "relative/cache"}, {"XDG_CACHE_HOME": "", "HOME": ""}],
+    ids=["relative XDG_CACHE_HOME", "no HOME"],
 )
-def test_a_planted_or_stale_command_line_is_not_believed(
-    tmp_path: Path,
-    write: WriteFn,
-    planted: object,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+def test_no_cache_folder_appears_in_the_project(
+    tmp_path: Path, write: WriteFn, environ: dict[str, str]
 ) -> None:
-    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
-    monkeypatch.chdir(tmp_path)
-    assert main(["list"]) == 0
-    first = capsys.readouterr().out
-    remembered = CommandLines()
-    if isinstance(planted, tuple) and planted and planted[0] == 0:
-        planted = (remembered_key(remembered), planted[1])
-    write_entry(remembered.file, planted)
-    assert main(["list"]) == 0
-    assert capsys.readouterr().out == first
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    done = _list_in_a_subprocess(tmp_path / "proj", **environ)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "proj").iterdir()) == ["backends.toml"]
 
 
-def remembered_key(remembered: CommandLines) -> object:
-    value = read_entry(remembered.file)
-    return None if value is None else value[0]
-
-
-def test_an_installed_version_is_remembered_until_what_is_installed_changes(
-    make_dist: MakeDist,
-) -> None:
-    info = make_dist("tbr-versioned", "1.0", {})
-    assert installed_version("tbr-versioned") == "1.0"
-    assert installed_version("tbr-versioned") == "1.0"  # remembered now
-    assert installed_version("tbr-not-installed") is None
-    upgraded = info.rename(info.parent / "tbr_versioned-2.0.dist-info")
-    (upgraded / "METADATA").write_text("Metadata-Version: 2.1\nName: tbr-versioned\nVersion: 2.0\n")
-    importlib.invalidate_caches()
-    assert installed_version("tbr-versioned") == "2.0"
-    for child in upgraded.iterdir():
-        child.unlink()
-    upgraded.rmdir()
-    importlib.invalidate_caches()
-    assert installed_version("tbr-versioned") is None
+def test_a_warm_listing_says_what_a_cold_one_says(tmp_path: Path, write: WriteFn) -> None:
+    write(
+        "proj/backends.toml",
+        textwrap.dedent(
+            """
+            [backends.warm]
+            target = "m:f"
+            description = "x"
+            [backends.broken]
+            target = 1
+            """
+        ),
+    )
+    cache = str(tmp_path / "cache")
+    cold = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=cache)
+    warm = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=cache)
+    assert (warm.stdout, warm.stderr) == (cold.stdout, cold.stderr)
+    assert "warm" in warm.stdout
+    assert "backends.broken.target" in warm.stderr  # the problem is said warm too

@@ -279,9 +279,14 @@ def test_check_import_finds_uncallable_and_missing_targets(
     lines = done.stdout.splitlines()
     assert len(lines) == 2
     assert any(
-        ":3: cannot load backend 'value'" in line and "not callable" in line for line in lines
+        line.startswith("backends.toml:3: backends.value.target: cannot load backend 'value'")
+        and "not callable" in line
+        for line in lines
     )
-    assert any(":5: cannot load backend 'gone'" in line for line in lines)
+    assert any(
+        line.startswith("backends.toml:5: backends.gone.target: cannot load backend 'gone'")
+        for line in lines
+    )
 
 
 def test_check_without_any_manifest(tmp_path: Path) -> None:

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from torch_backend_registry import (
     BackendRegistryError,
-    ManifestError,
     ManifestWarning,
+    Problem,
     Registry,
 )
 from torch_backend_registry._files import MAX_BYTES
@@ -146,7 +146,7 @@ def test_a_project_manifest_that_is_a_directory_is_reported(tmp_path: Path) -> N
     with pytest.warns(ManifestWarning, match="is a directory, not a manifest"):
         assert registry.list_backends() == []
     [problem] = registry.problems()
-    assert problem.path == str(tmp_path / "backends.toml")  # type: ignore[attr-defined]
+    assert problem.path == str(tmp_path / "backends.toml")
 
 
 def test_an_env_entry_that_is_a_directory_stands_for_its_toml_files(
@@ -187,7 +187,7 @@ def test_a_directory_that_vanishes_is_reported_after_refresh_and_spares_the_rest
     with pytest.warns(ManifestWarning, match="no such file or folder"):
         assert registry.list_backends() == ["p"]
     [problem] = registry.problems()
-    assert isinstance(problem, ManifestError)
+    assert isinstance(problem, Problem)
     assert problem.path == str(tmp_path / "conf")
 
 
@@ -402,7 +402,7 @@ def test_any_document_loads_or_gives_manifest_errors_only(
     result = read_manifest(str(path), "env")
     assert result is not None
     for problem in result.problems:
-        assert isinstance(problem, ManifestError)
+        assert isinstance(problem, Problem)
         assert problem.path == str(path)
         assert problem.line is None or 1 <= problem.line <= data.count(b"\n") + 1
         assert str(problem).startswith(str(path))
@@ -429,7 +429,7 @@ def test_any_bytes_load_or_give_manifest_errors_only(tmp_path: Path, data: bytes
     path.write_bytes(data)
     result = read_manifest(str(path), "env")
     assert result is not None
-    assert all(isinstance(p, ManifestError) and p.path == str(path) for p in result.problems)
+    assert all(isinstance(p, Problem) and p.path == str(path) for p in result.problems)
 
 
 # ------------------------------------------------------------ the trust rule

@@ -10,14 +10,14 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torch_backend_registry import BackendDefinition, ManifestError
+from torch_backend_registry import BackendDefinition, Problem
 from torch_backend_registry._manifest import read_manifest
 from torch_backend_registry._positions import key_lines
 
 from .conftest import WriteFn
 
 
-def read(path: Path) -> tuple[dict[str, BackendDefinition], list[ManifestError]]:
+def read(path: Path) -> tuple[dict[str, BackendDefinition], list[Problem]]:
     result = read_manifest(str(path), "project")
     assert result is not None
     return {d.name: d for d in result.definitions}, result.problems
@@ -304,7 +304,7 @@ def test_one_broken_backend_keeps_the_others(write: WriteFn) -> None:
     assert [p.key for p in problems] == ["backends.bad.tag"]
     assert defs["good"].usable
     assert defs["also_good"].usable
-    assert defs["bad"].problem is problems[0]
+    assert defs["bad"].problem == problems[0]
 
 
 def test_top_level_problem_keeps_the_backends(write: WriteFn) -> None:

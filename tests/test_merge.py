@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from torch_backend_registry import BackendDefinition, ManifestError, Source, UnknownBackendError
+from torch_backend_registry import (
+    BackendDefinition,
+    ManifestError,
+    Problem,
+    Source,
+    UnknownBackendError,
+)
 from torch_backend_registry._definition import DefaultDeclaration, Discovery
 from torch_backend_registry._merge import MAX_CHAIN_DEPTH, Index, merge
 
@@ -90,11 +96,12 @@ def test_the_first_default_by_precedence_is_the_default() -> None:
 
 
 def test_a_broken_definition_raises_its_own_problem() -> None:
-    problem = ManifestError("bad", path="/p.toml", line=3, key="backends.b.target")
+    problem = Problem("bad", path="/p.toml", line=3, key="backends.b.target")
     index = merge([found("project", BackendDefinition("b", Source("project"), problem=problem))])
     with pytest.raises(ManifestError) as caught:
         index.resolve("b")
-    assert caught.value is problem
+    assert caught.value.problem == problem
+    assert str(caught.value) == "/p.toml:3: backends.b.target: bad"
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import torch_backend_registry as tbr
 from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
 from torch_backend_registry._definition import distribution_key
 
@@ -223,7 +224,7 @@ def test_torch_compile_agrees_with_the_policy_and_the_pick(
             f'[backends.dup_{uid}]\ndistribution = "bb-{uid}"\n',
         )
         reg = registry(tmp_path)
-        reg.install()
+        tbr.install(reg)
         module = __import__(counting)
         torch._dynamo.reset()
         torch.compile(torch.nn.Linear(2, 2), backend=f"dup_{uid}")(torch.ones(1, 2))

@@ -309,21 +309,21 @@ def test_module_level_api_acts_on_the_default_registry(
     assert tbr.is_registered_backend(tbr.lookup_backend("proj"))
 
 
-def test_a_hot_lookup_reads_one_dict_and_nothing_else(
-    write: WriteFn, make_module: MakeModule, module_name: str, monkeypatch: pytest.MonkeyPatch
+def test_a_loaded_backend_is_served_from_memory_until_refresh(
+    tmp_path: Path, write: WriteFn, make_module: MakeModule, module_name: str
 ) -> None:
     make_module(module_name, COMPILER)
     registry = manifest(write, f'[backends.fast]\ntarget = "{module_name}:compile"\n')
     fn = registry.lookup_backend("fast")
-
-    def no_second_load(name: str) -> Any:
-        raise AssertionError(f"{name!r} was resolved again")
-
-    # Once loaded, neither the sources, the merge, nor any lock is consulted again.
-    monkeypatch.setattr(registry, "_load", no_second_load)
-    monkeypatch.setattr(registry, "_index", no_second_load)
-    monkeypatch.setattr(registry, "_lock", None)
+    # Once loaded, neither the manifest nor the module is read again: both may go.
+    (tmp_path / "backends.toml").unlink()
+    (tmp_path / "site" / f"{module_name}.py").unlink()
+    del sys.modules[module_name]
     assert registry.lookup_backend("fast") is fn
+    assert module_name not in sys.modules  # served, not imported again
+    registry.refresh()
+    with pytest.raises(UnknownBackendError):
+        registry.lookup_backend("fast")
 
 
 def test_import_costs_no_torch_pydantic_or_metadata() -> None:

@@ -12,7 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
+from torch_backend_registry import (
+    ManifestWarning,
+    Problem,
+    Registry,
+    UnknownBackendError,
+)
 
 from .conftest import NO_TORCH, WriteFn
 
@@ -85,7 +90,7 @@ def test_missing_env_entry_is_a_manifest_error_never_ignored(
     with pytest.warns(ManifestWarning, match="typo.toml: no such file or folder"):
         problems = registry.problems()
     assert len(problems) == 1
-    assert isinstance(problems[0], ManifestError)
+    assert isinstance(problems[0], Problem)
     assert problems[0].path == str(tmp_path / "typo.toml")
     # The other manifests still work, and an unknown name points at the problem.
     assert registry.backend_info("fine").target == "m:f"
@@ -200,7 +205,7 @@ def test_pyproject_problems_name_the_full_key(tmp_path: Path, write: WriteFn) ->
     )
     registry = make(tmp_path)
     with pytest.warns(ManifestWarning):
-        problems = [p for p in registry.problems() if isinstance(p, ManifestError)]
+        problems = [p for p in registry.problems() if isinstance(p, Problem)]
     assert sorted((p.line, p.key) for p in problems) == [
         (2, "tool.torch-backends.default"),
         (4, "tool.torch-backends.backends.loop.chain"),

@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
+import torch_backend_registry as tbr
 from torch_backend_registry import (
     BackendChainError,
     ManifestError,
+    Problem,
     Registry,
     UnknownBackendError,
 )
@@ -140,7 +142,7 @@ def test_install_without_torch_is_a_clear_error(tmp_path: Path) -> None:
         "import sys; sys.modules['torch'] = None\n"
         "import torch_backend_registry as t\n"
         "try:\n"
-        "    t.Registry(sources=('runtime',)).install()\n"
+        "    t.install(t.Registry(sources=('runtime',)))\n"
         "except t.BackendRegistryError as e:\n"
         "    print(e)\n"
     )
@@ -165,8 +167,8 @@ def test_install_makes_manifest_backends_compile_without_importing_them(
         tags = ["experimental"]
         """,
     )
-    registry.install()
-    registry.install()  # idempotent
+    tbr.install(registry)
+    tbr.install(registry)  # idempotent
     assert fast in torch._dynamo.list_backends()
     assert alias in torch._dynamo.list_backends()
     assert hidden not in torch._dynamo.list_backends()  # tags reached PyTorch
@@ -188,7 +190,7 @@ def test_default_backend_is_applied_on_install(write: WriteFn, compilers: str, u
     registry = project(
         write, f'default = "{name}"\n[backends.{name}]\ntarget = "{compilers}:passthrough"\n'
     )
-    registry.install()
+    tbr.install(registry)
     assert torch.compiler.get_default_backend() == name
     compiled = torch.compile(model())
     compiled(torch.ones(1, 4))
@@ -198,13 +200,13 @@ def test_default_backend_is_applied_on_install(write: WriteFn, compilers: str, u
 def test_default_naming_no_backend_is_not_applied(write: WriteFn, uid: str) -> None:
     registry = project(write, f'default = "missing_{uid}"\n')
     with pytest.warns(UserWarning, match=f"default: not applied: unknown backend 'missing_{uid}'"):
-        registry.install()
+        tbr.install(registry)
     assert torch.compiler.get_default_backend() == "inductor"
-    assert any(p.key == "default" for p in registry.problems() if isinstance(p, ManifestError))
+    assert any(p.key == "default" for p in registry.problems() if isinstance(p, Problem))
 
 
 def test_runtime_registrations_after_install_reach_torch(registry: Registry, uid: str) -> None:
-    registry.install()
+    tbr.install(registry)
     name = f"late_{uid}"
 
     @registry.register_backend(name=name)
@@ -219,7 +221,7 @@ def test_backends_added_to_a_manifest_reach_torch_after_refresh(
     write: WriteFn, compilers: str, uid: str
 ) -> None:
     registry = project(write, f'[backends.first_{uid}]\ntarget = "{compilers}:passthrough"\n')
-    registry.install()
+    tbr.install(registry)
     assert f"second_{uid}" not in torch._dynamo.list_backends()
     write(
         "backends.toml",
@@ -249,7 +251,7 @@ def test_chain_falls_back_past_missing_requirement_and_a_raising_compiler(
         chain = ["needs_gpu_{uid}", "explode_{uid}", "eager"]
         """,
     )
-    registry.install()
+    tbr.install(registry)
     caplog.set_level(logging.INFO, logger="torch_backend_registry")
     assert_compiles_like_eager(chain, torch.ones(2, 4))
     assert sys.modules[compilers].CALLS == [("explode", None)]
@@ -292,7 +294,7 @@ def test_chain_through_torch_compile_reports_every_member(
         f'[backends.x_{uid}]\ntarget = "{compilers}:explode"\n'
         f'[backends.{chain}]\nchain = ["x_{uid}"]\n',
     )
-    registry.install()
+    tbr.install(registry)
     with pytest.raises(Exception, match=rf"x_{uid}'.*no GPU here"):
         torch.compile(model(), backend=chain)(torch.ones(1, 4))
 
@@ -315,7 +317,7 @@ def test_chain_that_names_itself_is_a_manifest_error(write: WriteFn) -> None:
         registry.lookup_backend("a")
     assert (caught.value.line, caught.value.key) == (1, "backends.a.chain")
     assert "a -> b -> c -> a" in str(caught.value)
-    assert {p.line for p in registry.problems() if isinstance(p, ManifestError)} == {1, 4, 7}
+    assert {p.line for p in registry.problems() if isinstance(p, Problem)} == {1, 4, 7}
 
 
 def test_unknown_name_lists_close_torch_names(write: WriteFn) -> None:
@@ -371,7 +373,7 @@ def test_register_and_refresh_after_install_never_deadlock(tmp_path: Path, write
     code = """
 import threading, torch_backend_registry as t
 r = t.Registry(environ={}, sources=("runtime", "project"))
-r.install()
+t.install(r)
 def register():
     for i in range(60):
         r.register_backend(len, name=f"runtime_{i}")

@@ -13,8 +13,8 @@ import pytest
 
 from torch_backend_registry import (
     BackendLoadError,
-    ManifestError,
     ManifestWarning,
+    Problem,
     Registry,
     UnknownBackendError,
 )
@@ -246,7 +246,7 @@ def test_an_invalid_python_path_entry_is_a_manifest_error_at_its_line(
     registry = project(path.parent)
     with pytest.warns(ManifestWarning):
         [problem] = registry.problems()
-    assert isinstance(problem, ManifestError)
+    assert isinstance(problem, Problem)
     assert (problem.line, problem.key) == (1, "python-path")
     assert message in problem.message
 

@@ -22,7 +22,7 @@ from ._api import (
     register_experimental_backend,
     verify_consistent,
 )
-from ._definition import BackendDefinition, Source
+from ._definition import BackendDefinition, BackendInfo, Problem, Source
 from ._errors import (
     BackendChainError,
     BackendLoadError,
@@ -30,28 +30,31 @@ from ._errors import (
     DuplicateBackendError,
     InconsistentRegistryError,
     LockDriftError,
+    LockFileError,
     ManifestError,
     ManifestWarning,
     UnknownBackendError,
 )
 from ._registry import Registry
+from ._verdict import Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._doctor import Verdict
-
 __all__ = [
     "BackendChainError",
     "BackendDefinition",
+    "BackendInfo",
     "BackendLoadError",
     "BackendRegistryError",
     "DuplicateBackendError",
     "InconsistentRegistryError",
     "LockDriftError",
+    "LockFileError",
     "ManifestError",
     "ManifestWarning",
+    "Problem",
     "Registry",
     "Source",
     "UnknownBackendError",
@@ -73,14 +76,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # importlib.metadata, and doctor's subprocess and threading, cost milliseconds:
-    # pay for them only when asked.
+    # importlib.metadata costs milliseconds: pay for it only when asked.
     if name == "__version__":
         from importlib.metadata import version
 
         return version("torch-backend-registry")
-    if name == "Verdict":
-        from ._doctor import Verdict
-
-        return Verdict
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The module-level API: the functions of PyTorch's registry, on one default Registry."""
+"""The module-level API: PyTorch's registry functions on one default Registry, and the tools."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import os
     from collections.abc import Callable, Sequence
+    from datetime import timedelta
     from typing import Any, TypeVar, overload
+
+    from ._verdict import Verdict
 
     F = TypeVar("F", bound=Callable[..., Any])
 
@@ -20,10 +24,6 @@ lookup_backend = default_registry.lookup_backend
 is_registered_backend = default_registry.is_registered_backend
 backend_info = default_registry.backend_info
 refresh = default_registry.refresh
-install = default_registry.install
-doctor = default_registry.doctor
-fingerprint = default_registry.fingerprint
-verify_consistent = default_registry.verify_consistent
 
 if TYPE_CHECKING:
 
@@ -83,3 +83,93 @@ def register_experimental_backend(
 def list_backends(exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
     """Sorted backend names without those tagged ``exclude_tags``; imports no backend code."""
     return default_registry.list_backends(exclude_tags)
+
+
+def install(
+    registry: Registry | None = None, *, locked: bool | str | os.PathLike[str] | None = None
+) -> None:
+    """Make every backend usable as ``torch.compile(backend="name")``, importing no target.
+
+    Also applies a manifest's ``default``. Idempotent. With ``locked`` (``True``
+    for the ``backends.lock`` beside the project manifest, or a lock's path),
+    or ``TORCH_BACKENDS_LOCKED`` in the registry's environment, a registry that
+    drifted from its lock raises :class:`LockDriftError` and installs nothing.
+    With ``TORCH_BACKENDS_VERIFY`` set and torch.distributed initialised, every
+    rank's backends are compared first (:func:`verify_consistent`).
+    """
+    import os
+
+    from ._cluster import VERIFY_VAR, distributed_ready
+    from ._errors import warn
+    from ._lock import check_locked, lock_from_environment, lock_path
+    from ._torch import install as install_into_torch
+
+    registry = registry or default_registry
+    lock: str | None
+    if locked is None:
+        lock = lock_from_environment(registry)
+    elif locked is False:
+        lock = None
+    else:
+        lock = lock_path(registry) if locked is True else os.fspath(locked)
+    if lock is not None:
+        check_locked(registry, lock)
+    if registry.environ.get(VERIFY_VAR, "").strip() not in ("", "0"):
+        if distributed_ready():
+            verify_consistent(registry=registry)
+        else:
+            warn(
+                f"{VERIFY_VAR} is set but torch.distributed is not initialised: call"
+                " install() after init_process_group(), or verify_consistent() yourself"
+            )
+    install_into_torch(registry)
+
+
+def doctor(
+    names: Sequence[str] | None = None,
+    *,
+    registry: Registry | None = None,
+    bench: bool = False,
+    timeout: float = 300.0,
+    model: str | None = None,
+    device: str = "cpu",
+    jobs: int | None = None,
+    fresh: bool = False,
+    on_progress: Callable[[str, int, float], None] | None = None,
+) -> list[Verdict]:
+    """Probe each backend (default: every listed one) in its own subprocess.
+
+    Each goes as far as it can: requirements found, target imported,
+    ``torch.compile`` forward matching eager, backward gradients matching,
+    and with ``bench`` its compile time and speed against eager. One
+    :class:`Verdict` a backend, best first. Verdicts are remembered by what they
+    depend on; ``fresh`` probes again anyway.
+    """
+    from ._doctor import Probe, run
+
+    probe = Probe(timeout=timeout, bench=bench, model=model, device=device, jobs=jobs, fresh=fresh)
+    return run(registry or default_registry, names, probe, on_progress)
+
+
+def fingerprint(registry: Registry | None = None) -> str:
+    """A short stable hash of what every name resolves to: the same inputs give the
+    same hash in any process on any machine (no paths, no line numbers in it)."""
+    from ._lock import fingerprint
+
+    return fingerprint(registry or default_registry)
+
+
+def verify_consistent(
+    group: Any = None, timeout: float | timedelta = 60.0, *, registry: Registry | None = None
+) -> str:
+    """Check, over torch.distributed, that every rank resolves names alike.
+
+    Every rank calls it once the process group is initialised. Returns the
+    fingerprint when all agree; otherwise every rank raises the same
+    :class:`InconsistentRegistryError` naming the differing ranks, hosts,
+    names and fields. A rank that never calls makes the others raise after
+    ``timeout`` (seconds or a :class:`datetime.timedelta`), naming it.
+    """
+    from ._cluster import verify_consistent
+
+    return verify_consistent(registry or default_registry, group, timeout)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-
-from ._cli import PROG
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -15,6 +12,10 @@ if TYPE_CHECKING:
 
     #: argcomplete's completer: a prefix in, the candidates out.
     Completer = Callable[..., list[str]]
+
+PROG = "torch-backends"
+#: Help texts as written: the examples keep their lines.
+_FORMAT = argparse.RawDescriptionHelpFormatter
 
 EXAMPLES = f"""\
 examples:
@@ -40,32 +41,11 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """argparse's formatter, told the width: by itself it imports shutil for every argument."""
-
-    def __init__(self, prog: str, **kwargs: Any) -> None:
-        if kwargs.get("width") is None:
-            kwargs["width"] = _columns() - 2
-        super().__init__(prog, **kwargs)
-
-
-def _columns() -> int:
-    """The terminal's width as shutil.get_terminal_size() gives it, for the help text."""
-    try:
-        return max(int(os.environ["COLUMNS"]), 20)
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
-
-
 def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentParser:
     """The whole grammar: every command, option and help text."""
     # Global options are accepted before and after the command, as users type them;
     # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
-    common = argparse.ArgumentParser(add_help=False, formatter_class=_Formatter)
+    common = argparse.ArgumentParser(add_help=False, formatter_class=_FORMAT)
     common.add_argument(
         "--debug",
         action="store_true",
@@ -76,7 +56,7 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         prog=PROG,
         description="Declare, list and check torch.compile backends.",
         epilog=EXAMPLES,
-        formatter_class=_Formatter,
+        formatter_class=_FORMAT,
         parents=[common],
     )
     parser.add_argument("--version", action=_VersionAction)
@@ -84,7 +64,11 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return commands.add_parser(
-            name, help=help, description=help, parents=[common], formatter_class=_Formatter
+            name,
+            help=help,
+            description=help,
+            parents=[common],
+            formatter_class=_FORMAT,
         )
 
     lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET")

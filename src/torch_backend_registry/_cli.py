@@ -1,35 +1,29 @@
-"""The ``torch-backends`` command: parses arguments, asks the registry, prints its answers.
-
-argparse, with the ``re``, ``enum`` and ``gettext`` it imports, takes a third of
-a warm ``torch-backends list``: more than everything else the listing does. So
-a command line argparse accepted is remembered in the cache, keyed by the words
-and the grammar's own bytes, and the next run of the same words takes argparse's
-answer from there. argparse (``_arguments``) stays the only grammar: words never
-seen, ``--help``, ``--version``, a mistake and shell completion all go to it.
-"""
+"""The ``torch-backends`` command: parses arguments, asks the registry, prints its answers."""
 
 from __future__ import annotations
 
 import os
 import sys
-from types import SimpleNamespace
 
-from ._errors import BackendRegistryError, ManifestError, UnknownBackendError
+from ._arguments import PROG
+from ._errors import BackendRegistryError, UnknownBackendError
 from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from argparse import Namespace as Arguments
     from collections.abc import Sequence
     from typing import Any
 
-    from ._definition import BackendDefinition, SourceKind
-    from ._doctor import Verdict
+    from ._definition import BackendDefinition, Problem, SourceKind
+    from ._verdict import Verdict
 
-PROG = "torch-backends"
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
-#: The parsed command line handed to a command: argparse's attributes.
-Arguments = SimpleNamespace
+
+class CommandError(Exception):
+    """A command cannot do what was asked (a file exists, say): one line, exit 1."""
+
 
 STARTER = """\
 # Backends for torch.compile(model, backend="NAME"), read by torch-backend-registry.
@@ -92,25 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def parse(argv: Sequence[str] | None) -> Arguments:
-    """The attributes argparse gives ``argv``; exits as argparse does on help or a mistake."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    from ._cache import command_lines
-
-    completing = "_ARGCOMPLETE" in os.environ  # the shell asks for completions
-    remembered = None if completing else command_lines()
-    if remembered is not None:
-        found = remembered.get(words)
-        if found is not None:
-            return Arguments(**found)
+    """The arguments as argparse parses them; exits as argparse does on help or a mistake."""
     from ._arguments import build_parser, complete
 
     parser = build_parser(complete_names=_complete_names)
-    if completing:
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions
         complete(parser)  # answers and exits, where argcomplete is installed
-    parsed = vars(parser.parse_args(words))
-    if remembered is not None:
-        remembered.put(words, parsed)
-    return Arguments(**parsed)
+    return parser.parse_args(sys.argv[1:] if argv is None else argv)
 
 
 def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
@@ -142,7 +124,7 @@ def _run(args: Arguments) -> tuple[int, str | None]:
         if debug:
             raise
         return EXIT_PROBLEMS, f"{exc.brief} '{PROG} list --all' shows every name."
-    except BackendRegistryError as exc:
+    except (BackendRegistryError, CommandError) as exc:
         if debug:
             raise
         return EXIT_PROBLEMS, str(exc)
@@ -204,7 +186,8 @@ def _list(args: Arguments) -> int:
     available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
         rows = [d for d in rows if available[d.name]]
-    verdicts = {d.name: _remembered(registry, d) for d in rows}
+    remembered = _Remembered(registry)
+    verdicts = {d.name: remembered(d.name) for d in rows}
     if args.json:
         import json
 
@@ -229,7 +212,7 @@ def _list(args: Arguments) -> int:
         verdict = verdicts[d.name]
         said = (verdict.status if verdict is not None else "-",) if doctored else ()
         table.append((d.name, ",".join(d.tags), source, _what(d), *said, d.description or ""))
-    _print_table(table)
+    _print_rows(table, optional_last=True)
     return EXIT_OK
 
 
@@ -285,21 +268,14 @@ def _terminal_width() -> int | None:
     return shutil.get_terminal_size().columns
 
 
-def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
-    """Aligned columns; the last (DESCRIPTION) only on a terminal wide enough to hold it."""
+def _print_rows(rows: Sequence[tuple[str, ...]], *, optional_last: bool = False) -> None:
+    """Aligned columns, the last one as it is; cut to a terminal's width. With
+    ``optional_last``, the last column only on a terminal wide enough to hold it."""
     rows = [tuple(printable(cell) for cell in row) for row in rows]
     limit = _terminal_width()
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    if limit is None or sum(widths) + 2 * (len(widths) - 1) > limit:
+    if optional_last and (limit is None or sum(widths) + 2 * (len(widths) - 1) > limit):
         rows = [row[:-1] for row in rows]
-    _print_rows(rows)
-
-
-def _print_rows(rows: Sequence[tuple[str, ...]]) -> None:
-    """Aligned columns, the last one as it is; cut to a terminal's width."""
-    rows = [tuple(printable(cell) for cell in row) for row in rows]
-    limit = _terminal_width()
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
         line = "  ".join([*cells, row[-1]]).rstrip()
@@ -314,25 +290,26 @@ def _print_rows(rows: Sequence[tuple[str, ...]]) -> None:
 def _explain(args: Arguments) -> int:
     registry = _registry(args.no_torch)
     info = registry.backend_info(args.name)
+    name = info.definition.name
     out: list[str] = []
-    if info.name == args.name:
-        out.append(info.name)
+    if info.alias is None:
+        out.append(name)
     else:
-        out.append(f"{args.name} (alias of {info.name}: resolves to whatever {info.name} does)")
-    out.extend(_describe(registry, info))
+        out.append(f"{info.alias} (alias of {name}: resolves to whatever {name} does)")
+    out.extend(_describe(registry, info.definition, _Remembered(registry)(name)))
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
             out.append(f"  {lower.name}")
-            out.extend("  " + line for line in _describe(registry, lower))
+            out.extend("  " + line for line in _describe(registry, lower, None))
     else:
         out.append("shadows nothing")
     print("\n".join(printable(line) for line in out))
     return EXIT_OK
 
 
-def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
-    from ._loader import missing_requirements
+def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None) -> list[str]:
+    from ._finding import missing_requirements
 
     missing = missing_requirements(d)
     where = d.source.describe(_here())
@@ -359,27 +336,30 @@ def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
     if d.usable:
         why = registry.why_unavailable(d)
         fields.append(("available", "yes" if why is None else f"no: {why}"))
-    verdict = _remembered(registry, d)
     if verdict is not None:
         said = verdict.status + (f": {verdict.reason}" if verdict.reason else "")
         fields.append(("doctor", f"{said} (last probe here, {verdict.level_name} level)"))
     return [f"  {key + ':':<13}{value}" for key, value in fields]
 
 
-def _remembered(registry: Registry, d: BackendDefinition) -> Verdict | None:
-    """The last doctor verdict for this definition here, where one was remembered."""
-    from ._cache import verdicts_path
+class _Remembered:
+    """The last doctor verdict here of what a name runs: the memory read once, and each
+    target's file looked at once, however many rows ask."""
 
-    if not os.path.exists(verdicts_path()):
-        return None  # nothing remembered: no need to load doctor or work out the environment
-    from ._doctor import last_verdict
+    def __init__(self, registry: Registry) -> None:
+        from ._verdicts import Verdicts
 
-    try:
-        if registry.backend_info(d.name) != d.with_shadowed(()):
-            return None  # a shadowed definition: the verdict is the winner's
-    except BackendRegistryError:
-        return None
-    return last_verdict(registry, d.name)
+        self.registry = registry
+        self.memory = Verdicts(registry.cache)
+        self.stamps: dict[Any, Any] = {}
+
+    def __call__(self, name: str) -> Verdict | None:
+        if not self.memory:
+            return None  # nothing remembered: nothing to work out
+        try:
+            return self.memory.latest(self.registry.subject(name, self.stamps))
+        except BackendRegistryError:
+            return None
 
 
 # --------------------------------------------------------------------------- check
@@ -406,18 +386,20 @@ def _check(args: Arguments) -> int:
         return _report(registry, problems, args.import_targets)
 
 
-def _drift(registry: Registry) -> list[BackendRegistryError]:
+def _drift(registry: Registry) -> list[Problem]:
     """Each difference from backends.lock as a problem of the lock file."""
-    from ._fingerprint import differences, lock_path, read_lock, registry_facts
+    from ._definition import Problem
+    from ._errors import LockFileError
+    from ._lock import differences, lock_path, read_lock
 
     path = lock_path(registry)
     try:
         locked = read_lock(path)
-    except ManifestError as exc:
-        return [exc]
+    except LockFileError as exc:
+        return [Problem(exc.message, path=exc.path, line=exc.line)]
     return [
-        ManifestError(f"{change}; run 'torch-backends lock' to accept it", path=path)
-        for change in differences(locked, registry_facts(registry))
+        Problem(f"{change}; run 'torch-backends lock' to accept it", path=path)
+        for change in differences(locked, registry.facts())
     ]
 
 
@@ -443,10 +425,10 @@ def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
     return Registry(sources=("env", "project", *others))
 
 
-def _report(registry: Registry, problems: list[BackendRegistryError], import_targets: bool) -> int:
+def _report(registry: Registry, problems: list[Problem], import_targets: bool) -> int:
     here = _here()
     for problem in problems:
-        print(_shown(problem, here))
+        print(printable(problem.shown(here)))
     checked = [
         d
         for d in registry.definitions((), with_torch=False, broken=True)
@@ -461,8 +443,9 @@ def _report(registry: Registry, problems: list[BackendRegistryError], import_tar
                 registry.lookup_backend(d.name)
             except BackendRegistryError as exc:
                 usable -= 1
-                problems.append(exc)
-                print(_shown(exc, here))
+                problem = _load_problem(d, exc)
+                problems.append(problem)
+                print(printable(problem.shown(here)))
     what = "imported and usable" if import_targets else "usable"
     count = len(problems)
     summary = f"{usable} of {len(checked)} backend(s) {what}"
@@ -473,10 +456,21 @@ def _report(registry: Registry, problems: list[BackendRegistryError], import_tar
     return EXIT_OK
 
 
-def _shown(problem: BackendRegistryError, here: str | None) -> str:
-    if isinstance(problem, ManifestError):
-        return printable(problem.shown(here))
-    return printable(str(problem))
+def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
+    """A failed import as a problem at the backend's table, like the manifest's own."""
+    from ._definition import Problem
+    from ._errors import BackendLoadError
+    from ._positions import table_prefix, toml_key
+
+    path = d.source.path
+    field = "chain" if d.chain is not None else "target"
+    key = toml_key((*table_prefix(path or ""), "backends", d.name, field))
+    if isinstance(exc, BackendLoadError):
+        what = f" (target {exc.target!r})" if exc.target else ""
+        message = f"cannot load backend {d.name!r}{what}: {exc.reason}"
+    else:
+        message = str(exc)
+    return Problem(message, path=path, line=d.source.line, key=key)
 
 
 # -------------------------------------------------------------------------- doctor
@@ -488,8 +482,11 @@ def _doctor(args: Arguments) -> int:
     if names is None and args.all:
         names = registry.list_backends(exclude_tags=())
     progress = _Progress(sys.stderr.isatty())
-    verdicts = registry.doctor(
+    from ._api import doctor
+
+    verdicts = doctor(
         names,
+        registry=registry,
         bench=args.bench,
         timeout=args.timeout,
         model=args.model,
@@ -522,7 +519,7 @@ class _Progress:
     def update(self, name: str, level: int, seconds: float) -> None:
         if not self.shown:
             return
-        from ._probe import level_name
+        from ._verdict import level_name
 
         with self.lock:
             self.running[name] = (level, seconds)
@@ -584,12 +581,13 @@ def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
 
 
 def _lock(args: Arguments) -> int:
-    from ._fingerprint import write_lock
+    from ._lock import fingerprint as fingerprint_of
+    from ._lock import write_lock
 
     registry = _registry()
     with _Waiting("loading PyTorch's backends", True):
         path = write_lock(registry, args.output)
-        fingerprint = registry.fingerprint()
+        fingerprint = fingerprint_of(registry)
     count = len(registry.definitions(()))
     shown = _shown_path(path)
     print(f"wrote {shown}: {count} backends, fingerprint {fingerprint}; commit it")
@@ -637,16 +635,15 @@ def _init(args: Arguments) -> int:
 
     backends, pyproject = (os.path.join(here, name) for name in PROJECT_FILES)
     if os.path.lexists(backends):
-        raise ManifestError(
-            "already exists; not overwritten (edit it, or remove it first)", path=PROJECT_FILES[0]
+        raise CommandError(
+            f"{PROJECT_FILES[0]}: already exists; not overwritten (edit it, or remove it first)"
         )
     declares = os.path.isfile(pyproject) and _declares_table(pyproject)
     if declares:
         # A backends.toml would take precedence and silently replace that table.
-        raise ManifestError(
-            "already has a [tool.torch-backends] table: edit it there (a backends.toml"
-            " here would replace it)",
-            path=PROJECT_FILES[1],
+        raise CommandError(
+            f"{PROJECT_FILES[1]}: already has a [tool.torch-backends] table: edit it there"
+            " (a backends.toml here would replace it)"
         )
     if args.pyproject:
         return _init_pyproject(pyproject)
@@ -670,9 +667,8 @@ def _init_pyproject(pyproject: str) -> int:
     from ._files import NO_SUCH_FILE, parse_toml, read_text
 
     if not os.path.isfile(pyproject):
-        raise ManifestError(
-            f"{NO_SUCH_FILE}; run 'torch-backends init' for a backends.toml instead",
-            path="pyproject.toml",
+        raise CommandError(
+            f"pyproject.toml: {NO_SUCH_FILE}; run 'torch-backends init' for a backends.toml instead"
         )
     text = read_text(pyproject)
     separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"

@@ -14,6 +14,7 @@ from ._errors import BackendRegistryError, InconsistentRegistryError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from datetime import timedelta
     from typing import Any
 
     from ._registry import Registry
@@ -25,16 +26,24 @@ DEFAULT_TIMEOUT = 60.0
 
 
 def verify_consistent(
-    registry: Registry, group: Any = None, timeout: float = DEFAULT_TIMEOUT
+    registry: Registry, group: Any = None, timeout: float | timedelta = DEFAULT_TIMEOUT
 ) -> str:
-    """Compare this registry's fingerprint with every rank's; return it when all agree."""
+    """Compare this registry's fingerprint with every rank's; return it when all agree.
+
+    ``timeout`` is in seconds or a :class:`datetime.timedelta`, as torch.distributed takes it.
+    """
     import socket
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    from ._fingerprint import digest, registry_facts
+    from ._lock import digest
+
+    limit = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    if limit.total_seconds() <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    seconds = limit.total_seconds()
 
     if not (dist.is_available() and dist.is_initialized()):
         raise BackendRegistryError(
@@ -43,7 +52,6 @@ def verify_consistent(
     ranks = None if group is None else dist.get_process_group_ranks(group)
     members = ranks if ranks is not None else list(range(dist.get_world_size()))
     me = dist.get_rank()
-    limit = timedelta(seconds=timeout)
     if group is None and dist.get_backend() == "gloo":
         gloo = None  # the default group is gloo already: no group to create
     else:
@@ -54,7 +62,7 @@ def verify_consistent(
         except RuntimeError as exc:
             raise InconsistentRegistryError(
                 f"rank {me}: not every rank of {members} called verify_consistent() within"
-                f" {timeout:g} s ({exc})",
+                f" {seconds:g} s ({exc})",
                 (),
                 (),
             ) from exc
@@ -62,8 +70,8 @@ def verify_consistent(
         # Every rank reports to the first within the limit, which names those that did not.
         dist.monitored_barrier(group=gloo, timeout=limit, wait_all_ranks=True)
     except RuntimeError as exc:
-        raise _missing(exc, members, me, timeout) from exc
-    facts = registry_facts(registry)
+        raise _missing(exc, members, me, seconds) from exc
+    facts = registry.facts()
     full = digest(facts)
     mine = torch.tensor(list(bytes.fromhex(full)), dtype=torch.uint8)
     gathered = [torch.zeros_like(mine) for _ in members]
@@ -83,7 +91,7 @@ def mismatch(
     """The same error on every rank: the ranks outside the majority, and where they differ."""
     from collections import Counter
 
-    from ._fingerprint import differences, differing_names
+    from ._lock import differences, differing_names
 
     majority, _count = Counter(hashes).most_common(1)[0]
     reference = everyone[hashes.index(majority)][2]

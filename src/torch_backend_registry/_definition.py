@@ -1,4 +1,4 @@
-"""The values of discovery: a backend's definition, its source, a default, what a source found."""
+"""The values: a backend's definition and source, a problem, what resolving a name found."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
     from typing import Any, Literal, TypeAlias
 
-    from ._errors import ManifestError
-
     #: Where a definition comes from; SOURCE_KINDS orders them by precedence.
     SourceKind: TypeAlias = Literal["runtime", "env", "project", "entry-point", "torch"]
+    Severity: TypeAlias = Literal["error", "warning"]
 
 #: The source kinds, highest precedence first: the single source of truth for precedence.
 SOURCE_KINDS: tuple[SourceKind, ...] = ("runtime", "env", "project", "entry-point", "torch")
@@ -36,6 +35,7 @@ class Frozen:
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def _key(self) -> tuple[Any, ...]:
+        # A slot named with a leading underscore is circumstance, not value.
         return tuple(getattr(self, slot) for slot in self.__slots__ if not slot.startswith("_"))
 
     def __eq__(self, other: object) -> bool:
@@ -55,6 +55,25 @@ class Frozen:
         return f"{type(self).__name__}({fields})"
 
 
+def canonical(value: object) -> str:
+    """One text for a plain value, equal exactly when the values mean the same.
+
+    Keys sorted, tuples as lists, ``nan`` equal to itself, dates as ISO text:
+    what an identity, a lock and a cache key compare.
+    """
+    import json
+
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_plain_default)
+
+
+def _plain_default(value: object) -> object:
+    if isinstance(value, MappingProxyType):
+        return dict(value)
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return str(value)  # dates and times: their ISO form
+
+
 def shown_path(path: str, folder: str) -> str:
     """``path`` relative to ``folder`` when it lies below it, else as it is."""
     import os
@@ -64,6 +83,16 @@ def shown_path(path: str, folder: str) -> str:
     except ValueError:  # pragma: no cover - another drive on Windows
         return path
     return path if relative.startswith("..") else relative
+
+
+def location(path: str | None, line: int | None, key: str | None) -> str:
+    """The ``PATH:LINE: KEY: `` prefix of a message, leaving out what is unknown."""
+    parts = []
+    if path is not None:
+        parts.append(path if line is None else f"{path}:{line}")
+    if key:
+        parts.append(key)
+    return "".join(f"{part}: " for part in parts)
 
 
 def target_of(fn: object) -> str | None:
@@ -136,12 +165,47 @@ class Source(Frozen):
         return self.module or ""
 
 
-class BackendDefinition(Frozen):
-    """One definition of a backend name, as declared; importing nothing.
+class Problem(Frozen):
+    """What reading or merging found wrong, with where: a value, printed or warned.
 
-    ``shadowed`` holds the definitions of the same name from lower sources,
-    highest first (filled in on the winning definition only).
+    An ``error`` leaves out what it names (a file, a backend); a ``warning`` says
+    what was left out on purpose (the trust rule) or what was chosen (two
+    plugins declaring one name). Raising happens only where it makes something
+    fail: looking up a broken backend raises :class:`ManifestError` from it.
     """
+
+    __slots__ = ("severity", "message", "path", "line", "key")  # noqa: RUF023
+
+    severity: Severity
+    message: str
+    path: str | None
+    line: int | None
+    key: str | None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+        severity: Severity = "error",
+    ) -> None:
+        super().__init__(severity=severity, message=message, path=path, line=line, key=key)
+
+    def __str__(self) -> str:
+        return location(self.path, self.line, self.key) + self.message
+
+    def shown(self, relative_to: str | None) -> str:
+        """The message with its path relative to ``relative_to`` where it lies below it."""
+        path = self.path
+        if path is not None and relative_to is not None:
+            path = shown_path(path, relative_to)
+        return location(path, self.line, self.key) + self.message
+
+
+class BackendDefinition(Frozen):
+    """One definition of a backend name, as its source declared it; importing nothing."""
 
     __slots__ = (  # noqa: RUF023 - the order of repr() and of the spec
         "name",
@@ -153,7 +217,6 @@ class BackendDefinition(Frozen):
         "requires",
         "options",
         "source",
-        "shadowed",
         "enabled",
         "python_path",
         "compiler_fn",
@@ -171,14 +234,13 @@ class BackendDefinition(Frozen):
     requires: tuple[str, ...]
     options: Mapping[str, Any]
     source: Source
-    shadowed: tuple[BackendDefinition, ...]
     enabled: bool
     #: The manifest's ``python-path`` folders, absolute.
     python_path: tuple[str, ...]
     #: The callable itself, where the source holds one (runtime, PyTorch).
     compiler_fn: Callable[..., Any] | None
     #: Why this definition cannot be used as declared, or ``None``.
-    problem: ManifestError | None
+    problem: Problem | None
     #: For a chain: skip members that ``doctor`` found failing here.
     skip_known_failures: bool
     #: The installed distribution a manifest picked to provide this name's entry point.
@@ -196,11 +258,10 @@ class BackendDefinition(Frozen):
         aliases: tuple[str, ...] = (),
         requires: tuple[str, ...] = (),
         options: Mapping[str, Any] | None = None,
-        shadowed: tuple[BackendDefinition, ...] = (),
         enabled: bool = True,
         python_path: tuple[str, ...] = (),
         compiler_fn: Callable[..., Any] | None = None,
-        problem: ManifestError | None = None,
+        problem: Problem | None = None,
         skip_known_failures: bool = False,
         distribution: str | None = None,
     ) -> None:
@@ -214,7 +275,6 @@ class BackendDefinition(Frozen):
         init(self, "requires", requires)
         init(self, "options", MappingProxyType(dict(options)) if options else _EMPTY)
         init(self, "source", source)
-        init(self, "shadowed", shadowed)
         init(self, "enabled", enabled)
         init(self, "python_path", python_path)
         init(self, "compiler_fn", compiler_fn)
@@ -224,7 +284,8 @@ class BackendDefinition(Frozen):
 
     def _key(self) -> tuple[Any, ...]:
         key = list(super()._key())
-        key[self.__slots__.index("options")] = tuple(sorted(self.options.items(), key=repr))
+        # Options hold any TOML value, nan included: compared by their canonical text.
+        key[self.__slots__.index("options")] = canonical(self.options) if self.options else ""
         return tuple(key)
 
     def __hash__(self) -> int:
@@ -237,13 +298,49 @@ class BackendDefinition(Frozen):
         """Whether this definition can be looked up (enabled and without a problem)."""
         return self.enabled and self.problem is None
 
-    def with_shadowed(self, shadowed: tuple[BackendDefinition, ...]) -> BackendDefinition:
-        """A copy of this definition with ``shadowed`` set."""
-        clone = object.__new__(BackendDefinition)
-        for slot in self.__slots__:
-            object.__setattr__(clone, slot, getattr(self, slot))
-        object.__setattr__(clone, "shadowed", shadowed)
-        return clone
+
+def runtime_definition(
+    name: str, compiler_fn: Callable[..., Any], tags: tuple[str, ...]
+) -> BackendDefinition:
+    """The definition a ``register_backend`` call makes; tags the function, as PyTorch does."""
+    import contextlib
+
+    with contextlib.suppress(AttributeError, TypeError):  # a builtin keeps them here only
+        compiler_fn._tags = tags  # type: ignore[attr-defined]
+    source = Source("runtime", module=getattr(compiler_fn, "__module__", None))
+    return BackendDefinition(
+        name, source, tags=tags, compiler_fn=compiler_fn, target=target_of(compiler_fn)
+    )
+
+
+class BackendInfo(Frozen):
+    """What ``backend_info(name)`` found: the definition ``name`` resolves to, and beside it
+    what resolving saw (the definitions of that name it shadows, the alias asked for).
+
+    The definition's own attributes read through (``info.target``, ``info.source``).
+    """
+
+    __slots__ = ("alias", "definition", "shadowed")
+
+    definition: BackendDefinition
+    #: The definitions of the same name from lower sources, highest first.
+    shadowed: tuple[BackendDefinition, ...]
+    #: The name asked for, where it was an alias of ``definition.name``; else ``None``.
+    alias: str | None
+
+    def __init__(
+        self,
+        definition: BackendDefinition,
+        shadowed: tuple[BackendDefinition, ...] = (),
+        alias: str | None = None,
+    ) -> None:
+        super().__init__(definition=definition, shadowed=shadowed, alias=alias)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for what BackendInfo itself lacks: the definition's fields.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.definition, name)
 
 
 class DefaultDeclaration(Frozen):
@@ -262,55 +359,42 @@ class DefaultDeclaration(Frozen):
 
 
 def distribution_key(name: str) -> str:
-    """A distribution's name normalised as packaging compares them (PEP 503).
+    """A distribution's name normalised as packaging compares them (PEP 503)."""
+    import re
 
-    ``re.sub(r"[-_.]+", "-", name).lower()``, written without :mod:`re`: a warm
-    listing compares names and imports nothing for it.
-    """
-    key = name.lower().replace("_", "-").replace(".", "-")
-    while "--" in key:  # halves every run of dashes: a few rounds even for a hostile name
-        key = key.replace("--", "-")
-    return key
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 class PluginRule(Frozen):
-    """An allow or deny list of distributions, with where it was declared."""
+    """An ``allow`` or ``deny`` list of distributions, with where it was declared."""
 
-    __slots__ = ("names", "where")
+    __slots__ = ("kind", "names", "where")
 
+    kind: Literal["allow", "deny"]
     names: frozenset[str]
     where: str
 
-    def __init__(self, names: Iterable[str], where: str) -> None:
-        super().__init__(names=frozenset(map(distribution_key, names)), where=where)
+    def __init__(self, kind: Literal["allow", "deny"], names: Iterable[str], where: str) -> None:
+        super().__init__(kind=kind, names=frozenset(map(distribution_key, names)), where=where)
 
 
 class Discovery:
-    """What reading some input found: definitions in precedence order, problems, a default.
+    """What reading some input found: definitions and plugin rules in precedence order,
+    problems, a default. One file, one source and the fold of all sources are each one."""
 
-    One file, one source and the fold of all sources are each a ``Discovery``.
-    ``warnings`` hold what was left out on purpose (the trust rule).
-    """
-
-    __slots__ = ("allow", "default", "definitions", "deny", "problems", "warnings")
+    __slots__ = ("default", "definitions", "problems", "rules")
 
     def __init__(self) -> None:
         self.definitions: list[BackendDefinition] = []
-        self.problems: list[ManifestError] = []
-        self.warnings: list[ManifestError] = []
+        self.problems: list[Problem] = []
         self.default: DefaultDeclaration | None = None
-        #: The first plugin allow and deny lists by precedence.
-        self.allow: PluginRule | None = None
-        self.deny: PluginRule | None = None
+        #: Plugin allow and deny lists, highest precedence first.
+        self.rules: list[PluginRule] = []
 
     def add(self, other: Discovery) -> None:
         """Fold in ``other``, which ranks below everything already here."""
         self.definitions.extend(other.definitions)
         self.problems.extend(other.problems)
-        self.warnings.extend(other.warnings)
+        self.rules.extend(other.rules)
         if self.default is None:
             self.default = other.default
-        if self.allow is None:
-            self.allow = other.allow
-        if self.deny is None:
-            self.deny = other.deny

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._definition import Problem, location
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -32,29 +34,21 @@ class ManifestError(BackendRegistryError):
         self.line = line
         self.key = key
         self.message = message
-        super().__init__(self.location + message)
+        super().__init__(location(path, line, key) + message)
+
+    @classmethod
+    def of(cls, problem: Problem) -> ManifestError:
+        """The error that ``problem`` raises where it makes a lookup fail."""
+        return cls(problem.message, path=problem.path, line=problem.line, key=problem.key)
 
     @property
-    def location(self) -> str:
-        """The ``PATH:LINE: KEY: `` prefix, leaving out what is unknown."""
-        return self._location(self.path)
-
-    def _location(self, path: str | None) -> str:
-        parts = []
-        if path is not None:
-            parts.append(path if self.line is None else f"{path}:{self.line}")
-        if self.key:
-            parts.append(self.key)
-        return "".join(f"{part}: " for part in parts)
+    def problem(self) -> Problem:
+        """The same facts as a :class:`Problem` (what discovery collects)."""
+        return Problem(self.message, path=self.path, line=self.line, key=self.key)
 
     def shown(self, relative_to: str | None) -> str:
         """The message with its path relative to ``relative_to`` where it lies below it."""
-        from ._definition import shown_path
-
-        path = self.path
-        if path is not None and relative_to is not None:
-            path = shown_path(path, relative_to)
-        return self._location(path) + self.message
+        return self.problem.shown(relative_to)
 
 
 class UnknownBackendError(BackendRegistryError, LookupError):
@@ -127,6 +121,16 @@ class DuplicateBackendError(BackendRegistryError, ValueError):
         )
 
 
+class LockFileError(BackendRegistryError):
+    """A lock file cannot be read or is not one (``path``, ``line``)."""
+
+    def __init__(self, message: str, *, path: str, line: int | None = None) -> None:
+        self.path = path
+        self.line = line
+        self.message = message
+        super().__init__(location(path, line, None) + message)
+
+
 class LockDriftError(BackendRegistryError):
     """The registry resolves names differently from its lock file.
 
@@ -173,3 +177,8 @@ def warn(message: str) -> None:
         frame = frame.f_back
         level += 1
     warnings.warn(message, ManifestWarning, stacklevel=level)
+
+
+def warn_problem(problem: Problem) -> None:
+    """Say a problem found while discovering as a :class:`ManifestWarning`."""
+    warn(str(problem) if problem.severity == "warning" else f"{problem} (left out)")

@@ -12,15 +12,13 @@ import os
 import stat
 
 from ._errors import ManifestError
+from ._positions import key_at, physical_lines
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
     from ._positions import KeyLines
-
-#: The table that holds the manifest inside ``pyproject.toml``.
-PYPROJECT_TABLE = ("tool", "torch-backends")
 
 #: The largest manifest read. Hand-written manifests take a few kilobytes, and
 #: 10,000 typical backends about 1 MB (spread over files, as a generator would).
@@ -41,8 +39,13 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXE
 NO_SUCH_FILE = "no such file"
 
 
-class Untrusted(ManifestError):
-    """Configuration left out by the trust rule: reported as a warning, not a problem."""
+class Untrusted(Exception):
+    """Configuration left out by the trust rule (``path``, ``message``): a warning, not an error."""
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.message = message
 
 
 def _owner_reason(info: os.stat_result) -> str | None:
@@ -90,42 +93,6 @@ def untrusted_message(what: str, reason: str) -> str:
     return f"{what} not used: {reason}; fix its owner or mode (as git's safe.directory)"
 
 
-def table_prefix(path: str) -> tuple[str, ...]:
-    """Where the manifest stands in its file: under ``[tool.torch-backends]`` in pyproject.toml."""
-    return PYPROJECT_TABLE if os.path.basename(path) == "pyproject.toml" else ()
-
-
-#: The characters of a bare key part, as TOML defines them: the one definition
-#: (the scanner's regex is built from it). A set: naming a key needs no :mod:`re`.
-BARE_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-
-
-def toml_key(parts: tuple[str, ...]) -> str:
-    """A dotted key as TOML writes it: bare parts as they are, the others quoted.
-
-    Quoting also keeps a hostile key (a newline, a terminal escape, a bidi
-    override) from breaking the one line an error is printed on.
-    """
-    return ".".join(
-        part if part and BARE_KEY_CHARS.issuperset(part) else _quote(part) for part in parts
-    )
-
-
-def _quote(part: str) -> str:
-    out = ['"']
-    for char in part:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char.isprintable():
-            out.append(char)
-        elif ord(char) <= 0xFFFF:
-            out.append(f"\\u{ord(char):04X}")
-        else:
-            out.append(f"\\U{ord(char):08X}")
-    out.append('"')
-    return "".join(out)
-
-
 def read_text(path: str) -> str:
     """A manifest's text; :class:`ManifestError` where it cannot or must not be used.
 
@@ -170,8 +137,6 @@ def read_text(path: str) -> str:
         # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        from ._positions import key_at, physical_lines
-
         lines = physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
         line = data[: exc.start].count(b"\n") + 1
         raise ManifestError(
@@ -198,7 +163,7 @@ def parse_toml(path: str, text: str) -> tuple[dict[str, Any], KeyLines]:
     """
     import tomli
 
-    from ._positions import TooManyKeys, key_at, key_lines, physical_lines
+    from ._positions import TooManyKeys, key_lines
 
     try:
         lines = key_lines(text, MAX_KEY_PARTS)
@@ -227,8 +192,6 @@ def parse_toml(path: str, text: str) -> tuple[dict[str, Any], KeyLines]:
 
 
 def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
-    from ._positions import key_at, physical_lines
-
     # The parser gives no position here; the line with the most openings and dots
     # is where such nesting is written in any file that reaches the limits.
     lines = physical_lines(text) or [""]
@@ -241,8 +204,6 @@ def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
 
 def _huge_number(path: str, text: str, exc: ValueError) -> ManifestError:
     import re
-
-    from ._positions import key_at, physical_lines
 
     match = re.search(r"[0-9][0-9_]{1000,}", text)
     if match is None:

@@ -1,19 +1,22 @@
 """Turning a definition into a callable: the one place that imports backend code.
 
 A manifest's ``python-path`` folders are served by a finder placed after every
-other finder on ``sys.meta_path``, and only to the lookup that needs them (a
-context variable, so another thread's imports never see them). So a folder
-never shadows a module importable without it, and ``sys.path`` is never touched.
+other finder on ``sys.meta_path``: a folder never shadows a module importable
+without it, and ``sys.path`` is never touched. While a target is imported, its
+folders are served to that lookup only (a context variable, so another
+thread's imports never see them); once it is loaded, they stay searchable, last,
+for the rest of the process, so that the target's own later imports (inside
+its compiler function, at compile time) find their siblings.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
 import sys
 from contextvars import ContextVar
 
 from ._errors import BackendLoadError, warn
+from ._finding import find_in, missing_requirements
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,97 +31,40 @@ if TYPE_CHECKING:
 _FOLDERS: ContextVar[tuple[str, ...]] = ContextVar("torch_backend_registry_folders", default=())
 
 
-def _file_finder(folder: str) -> importlib.machinery.FileFinder:
-    # A new finder each time, not sys.path_importer_cache's: a folder missing at
-    # one lookup and created before the next must be seen then.
-    machinery = importlib.machinery
-    return machinery.FileFinder(
-        folder,
-        (machinery.ExtensionFileLoader, machinery.EXTENSION_SUFFIXES),
-        (machinery.SourceFileLoader, machinery.SOURCE_SUFFIXES),
-        (machinery.SourcelessFileLoader, machinery.BYTECODE_SUFFIXES),
-    )
-
-
-def _find_in(folders: Sequence[str], name: str) -> ModuleSpec | None:
-    for folder in folders:
-        spec = _file_finder(folder).find_spec(name)
-        if spec is not None:
-            return spec
-    return None
-
-
 class _PythonPathFinder:
-    """Finds top-level modules in the python-path folders of the current lookup only."""
+    """Finds top-level modules in python-path folders: the current lookup's, then those
+    of every target loaded so far."""
 
-    @staticmethod
+    def __init__(self) -> None:
+        #: Folders of loaded targets, in the order they were first needed.
+        self.loaded: tuple[str, ...] = ()
+
     def find_spec(
-        fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        folders = _FOLDERS.get()
-        if not folders or path is not None:  # submodules: found through their package
+        if path is not None:  # submodules: found through their package
             return None
-        return _find_in(folders, fullname)
+        folders = _FOLDERS.get() + self.loaded
+        return find_in(folders, fullname) if folders else None
 
-    @staticmethod
-    def invalidate_caches() -> None:
-        """Nothing cached: each lookup makes new finders."""
+    def invalidate_caches(self) -> None:
+        """Nothing cached: each search makes new finders."""
+
+    def keep(self, folders: Sequence[str]) -> None:
+        """Keep ``folders`` searchable from now on (one tuple swap: readers need no lock)."""
+        self.loaded += tuple(f for f in folders if f not in self.loaded)
 
 
-def _install_finder() -> None:
-    if not any(type(f) is _PythonPathFinder for f in sys.meta_path):
-        sys.meta_path.append(_PythonPathFinder())
+def _finder() -> _PythonPathFinder:
+    for finder in sys.meta_path:
+        if type(finder).__name__ == "_PythonPathFinder" and hasattr(finder, "keep"):
+            return finder  # type: ignore[return-value]  # also one of an earlier import
+    finder = _PythonPathFinder()
+    sys.meta_path.append(finder)
+    return finder
 
 
 # ------------------------------------------------------------------ requirements
-
-
-def missing_requirements(definition: BackendDefinition) -> list[str]:
-    """The ``requires`` modules that cannot be found; no code of any of them runs."""
-    return [m for m in definition.requires if not findable(m, definition.python_path)]
-
-
-def findable(module: str, folders: Sequence[str] = ()) -> bool:
-    """Whether ``module`` can be imported, found without importing it or its parents.
-
-    ``importlib.util.find_spec("a.b")`` imports ``a``; here each level is looked
-    for in the search locations of the level above, without running it.
-    """
-    if module in sys.modules:
-        return True
-    parts = module.split(".")
-    locations: Sequence[str] | None = None
-    for depth in range(1, len(parts) + 1):
-        name = ".".join(parts[:depth])
-        loaded = sys.modules.get(name)
-        if loaded is not None:
-            locations = getattr(loaded, "__path__", None)  # where the import system looks
-        else:
-            try:
-                if depth == 1:
-                    spec = _find_top_level(name) or _find_in(folders, name)
-                elif locations:
-                    spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
-                else:
-                    return False  # the level above is not a package
-            except (ImportError, ValueError):
-                return False
-            if spec is None:
-                return False
-            locations = spec.submodule_search_locations
-    return True
-
-
-def _find_top_level(name: str) -> ModuleSpec | None:
-    """Ask every finder on ``sys.meta_path``, as ``import`` does; none imports anything
-    to find a top-level name. (``importlib.util`` would cost a warm listing its
-    ``contextlib`` import.)"""
-    for finder in sys.meta_path:
-        find_spec = getattr(finder, "find_spec", None)
-        spec = find_spec(name, None) if find_spec is not None else None
-        if spec is not None:
-            return spec  # type: ignore[no-any-return]
-    return None
 
 
 def check_requirements(definition: BackendDefinition) -> None:
@@ -162,8 +108,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     check_requirements(definition)
     module_name, _, attr_path = target.partition(":")
     folders, refused = trusted_folders(definition)
-    if folders:
-        _install_finder()
+    finder = _finder() if folders else None
     before = set(sys.modules)
     token = _FOLDERS.set(tuple(folders))
     try:
@@ -190,6 +135,8 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         raise _error(
             definition, f"{target!r} is {_a(type(obj).__name__)}, which is not callable"
         ) from TypeError(f"{type(obj).__name__} object is not callable")
+    if finder is not None:
+        finder.keep(folders)
     if definition.options:
         import functools
 

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import os
 
-from ._definition import BackendDefinition, DefaultDeclaration, Discovery, PluginRule, Source
+from ._definition import (
+    BackendDefinition,
+    DefaultDeclaration,
+    Discovery,
+    PluginRule,
+    Problem,
+    Source,
+)
 from ._errors import ManifestError
-from ._files import Untrusted, parse_toml, read_text, table_prefix, toml_key
+from ._files import Untrusted, parse_toml, read_text
+from ._positions import table_prefix, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ._cache import Cache
     from ._definition import SourceKind
     from ._positions import KeyLines
     from ._schema import BackendEntry, Manifest
@@ -34,33 +43,33 @@ def manifest_table(data: dict[str, Any], prefix: tuple[str, ...]) -> object:
     return table
 
 
-def read_manifest(path: str, kind: SourceKind) -> Discovery | None:
+def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Discovery | None:
     """Read and validate one manifest file.
 
     A ``pyproject.toml`` is read from its ``[tool.torch-backends]`` table; if it
     has none, ``None`` is returned. The problems of one backend are recorded on
     that backend and in ``problems``; the file's other backends stay usable.
+    A reading of exactly this text is taken from ``cache`` where it holds one.
     """
+    found = Discovery()
     try:
         text = read_text(path)  # the trust rule and the limits: judged every time
     except Untrusted as exc:
-        found = Discovery()
-        found.warnings.append(exc)
+        found.problems.append(Problem(exc.message, path=exc.path, severity="warning"))
         return found
     except ManifestError as exc:
-        found = Discovery()
-        found.problems.append(exc)
+        found.problems.append(exc.problem)
         return found
-    from ._cache import manifest_entry
-
-    entry = manifest_entry(path, kind, text)
-    if entry is None:
+    if cache is None:
         return _validated(path, kind, text)
-    hit, cached = entry.load()
-    if hit:
-        return cached
+    from ._cache import code_key
+
+    key = [code_key(), kind, path, os.path.realpath(path), text]
+    cached = cache.get("manifest", key)
+    if isinstance(cached, dict) and isinstance(cached.get("found", 0), (Discovery, type(None))):
+        return cached["found"]  # type: ignore[no-any-return]  # None: no table here
     validated = _validated(path, kind, text)
-    entry.store(validated)
+    cache.put("manifest", key, {"found": validated})
     return validated
 
 
@@ -70,7 +79,7 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     try:
         data, lines = parse_toml(path, text)
     except ManifestError as exc:
-        found.problems.append(exc)
+        found.problems.append(exc.problem)
         return found
     prefix = table_prefix(path)
     table = manifest_table(data, prefix)
@@ -133,17 +142,17 @@ class _Validation:
         self.prefix = prefix
         self.lines = lines
         #: Backends left out of validation for nesting too deeply, with their problem.
-        self.too_deep: dict[str, ManifestError] = {}
+        self.too_deep: dict[str, Problem] = {}
 
-    def error(self, loc: tuple[str | int, ...], message: str) -> ManifestError:
+    def error(self, loc: tuple[str | int, ...], message: str) -> Problem:
         keys = self.prefix + tuple(str(part) for part in loc if not isinstance(part, int))
         line = self.lines.line_of(keys)
-        return ManifestError(message, path=self.path, line=line, key=toml_key(keys))
+        return Problem(message, path=self.path, line=line, key=toml_key(keys))
 
     def run(self, table: object) -> None:
         if not isinstance(table, dict):
             self.found.problems.append(
-                ManifestError("expected a table", path=self.path, key=toml_key(self.prefix))
+                Problem("expected a table", path=self.path, key=toml_key(self.prefix))
             )
             return
         if not self._version_supported(table):
@@ -155,11 +164,12 @@ class _Validation:
         header = manifest if manifest is not None else self._salvage_header(data, HEADER_KEYS)
         plugins = header.plugins
         if plugins is not None:
-            for field, names in (("allow", plugins.allow), ("deny", plugins.deny)):
+            for field in ("allow", "deny"):
+                names = getattr(plugins, field)
                 if names is not None and (names or field == "allow"):
                     key = (*self.prefix, "plugins", field)
                     where = f"{self.path}:{self.lines.line_of(key)} ({toml_key(key)})"
-                    setattr(self.found, field, PluginRule(names, where))
+                    self.found.rules.append(PluginRule(field, names, where))
         if header.default is not None:
             self.found.default = DefaultDeclaration(
                 header.default,
@@ -210,7 +220,7 @@ class _Validation:
                     del backends[name]
         return data
 
-    def _deep_problem(self, loc: tuple[str | int, ...]) -> ManifestError:
+    def _deep_problem(self, loc: tuple[str | int, ...]) -> Problem:
         problem = self.error(
             loc, f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
         )
@@ -219,7 +229,7 @@ class _Validation:
 
     def _validate(
         self, data: dict[str, Any], model: type[Manifest]
-    ) -> tuple[Manifest | None, dict[str, list[ManifestError]]]:
+    ) -> tuple[Manifest | None, dict[str, list[Problem]]]:
         """The validated document, or ``None`` and each broken backend's problems."""
         from pydantic import ValidationError
 
@@ -266,7 +276,7 @@ class _Validation:
         self,
         raw_backends: dict[str, Any],
         manifest: Manifest | None,
-        broken: dict[str, list[ManifestError]],
+        broken: dict[str, list[Problem]],
         python_path: tuple[str, ...],
     ) -> None:
         from ._schema import BackendEntry
@@ -299,7 +309,7 @@ class _Validation:
         entry: BackendEntry,
         raw_backends: dict[str, Any],
         seen: dict[str, str],
-    ) -> ManifestError | None:
+    ) -> Problem | None:
         """A name or alias used twice in this file is a problem at the later alias."""
         problem = None
         for alias in entry.aliases:

@@ -14,8 +14,10 @@ The rules, in one place:
 - the first ``default`` by precedence is the default;
 - a name (or alias) of one of PyTorch's own backends cannot be defined or
   disabled by another source: PyTorch's registry refuses it, so this one does too;
-- a plugin policy (allow and deny lists of distributions) leaves entry points out;
-  when several distributions declare one name, the first on ``sys.path`` (then
+- the plugin policy leaves entry points out: a distribution counts when the
+  highest allow list (if any) names it and the highest rule naming it is not a
+  deny; so deny lists combine, and only an explicit allow re-admits;
+- when several distributions declare one name, the first on ``sys.path`` (then
   by name) wins unless a manifest picks one with ``distribution = "..."``;
 - a chain may not name itself, directly or through other chains, and may nest
   at most :data:`MAX_CHAIN_DEPTH` chains deep; a member that does not exist is
@@ -24,15 +26,16 @@ The rules, in one place:
 
 from __future__ import annotations
 
-from ._definition import BackendDefinition, Discovery, distribution_key
+from ._definition import BackendDefinition, BackendInfo, Discovery, Problem, Source
+from ._definition import distribution_key as _dist_key
 from ._errors import ManifestError, UnknownBackendError
-from ._files import table_prefix, toml_key
+from ._positions import table_prefix, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Collection, Sequence
 
-    from ._definition import DefaultDeclaration
+    from ._definition import DefaultDeclaration, PluginRule
 
 #: How many chains may stand inside one another. A chain calls its members in
 #: turn, each a Python call deeper; far beyond any real fallback order.
@@ -45,29 +48,33 @@ class Index:
     __slots__ = (
         "_chain_problems",
         "_suggestable",
+        "admitted",
         "by_key",
         "conflicts",
         "default",
         "excluded",
         "problems",
-        "refused",
-        "warnings",
+        "pytorch",
+        "torch_read",
     )
 
-    def __init__(self, found: Discovery) -> None:
+    def __init__(self, found: Discovery, pytorch: Collection[str], torch_read: bool) -> None:
         self.by_key: dict[str, list[BackendDefinition]] = {}
         self.default: DefaultDeclaration | None = found.default
-        self.problems = list(found.problems)
-        self.warnings = found.warnings
-        #: The definitions the merge itself refused (PyTorch's names), also in ``problems``.
-        self.refused: list[ManifestError] = []
-        #: Names two distributions declare, without a manifest saying which; in ``warnings``.
-        self.conflicts: dict[str, ManifestError] = {}
-        #: Entry-point names the plugin policy left out, with why.
-        self.excluded: dict[str, str] = {}
+        #: Every problem found, in precedence order: the sources', then the merge's own.
+        self.problems: list[Problem] = list(found.problems)
+        #: The names PyTorch's own backends take, and whether PyTorch's registry was read.
+        self.pytorch = frozenset(pytorch)
+        self.torch_read = torch_read
+        #: Names two distributions declare, without a manifest saying which (warnings).
+        self.conflicts: dict[str, Problem] = {}
+        #: Entry points the plugin policy left out, by name: each with why.
+        self.excluded: dict[str, list[tuple[BackendDefinition, str]]] = {}
+        #: Entry points admitted by an allow list over a lower deny, by name: which rule decided.
+        self.admitted: dict[str, str] = {}
         # Derived once, on first need: the index never changes after merge().
         self._suggestable: list[str] | None = None
-        self._chain_problems: dict[str, ManifestError] | None = None
+        self._chain_problems: dict[str, Problem] | None = None
 
     # ------------------------------------------------------------------ resolving
 
@@ -79,12 +86,20 @@ class Index:
         """
         definition = self._follow(key)
         if definition is None:
-            raise self.unknown(key, note=self.excluded.get(key, ""))
+            excluded = self.excluded.get(key)
+            raise self.unknown(key, note=excluded[0][1] if excluded else "")
         if definition.problem is not None:
-            raise definition.problem
+            raise ManifestError.of(definition.problem)
         if not definition.enabled:
             raise self.unknown(key, note=f"disabled by {definition.source.describe()}")
         return definition
+
+    def info(self, key: str) -> BackendInfo:
+        """What ``key`` resolves to, with the definitions of that name it shadows."""
+        definition = self.resolve(key)
+        return BackendInfo(
+            definition, self.shadowed(definition), None if key == definition.name else key
+        )
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
@@ -125,13 +140,17 @@ class Index:
             and (candidates[0].usable or (broken and candidates[0].enabled))
         ]
 
+    def could_be_pytorch(self, name: str) -> bool:
+        """Whether ``name`` is one of PyTorch's, which this index did not read."""
+        return not self.torch_read and name in self.pytorch
+
     def unknown(self, name: str, note: str = "") -> UnknownBackendError:
         import difflib
 
-        if not note and self.problems:
+        errors = sum(p.severity == "error" for p in self.problems)
+        if not note and errors:
             # The name may live in a manifest that could not be read.
-            count = len(self.problems)
-            note = f"{count} manifest problem{'s' if count > 1 else ''} found"
+            note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
         if self._suggestable is None:  # once per index, not once per miss
             self._suggestable = [key for key in self.by_key if self.get(key) is not None]
         suggestions = difflib.get_close_matches(name, self._suggestable, n=3, cutoff=0.6)
@@ -139,18 +158,20 @@ class Index:
 
     # ----------------------------------------------------------------- validating
 
-    def unknown_members(self) -> dict[str, ManifestError]:
+    def unknown_members(self) -> dict[str, Problem]:
         """Each chain that names a backend that does not exist (here), by name.
 
         Not fatal: a portable chain skips a member missing on one machine when it
-        runs, but ``check`` reports the name, which is often a typo.
+        runs, but ``check`` reports the name, which is often a typo. A member that
+        may be one of PyTorch's is not reported when PyTorch's registry was not read.
         """
-        problems: dict[str, ManifestError] = {}
+        problems: dict[str, Problem] = {}
         for definition in self.winners():
-            unknown = [m for m in dict.fromkeys(definition.chain or ()) if self.get(m) is None]
+            members = dict.fromkeys(definition.chain or ())
+            unknown = [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
             if unknown:
                 names = ", ".join(map(repr, unknown))
-                every = len(unknown) == len(set(definition.chain or ()))
+                every = len(unknown) == len(members)
                 problems[definition.name] = chain_error(
                     definition,
                     f"chain {definition.name!r} names {names}, which"
@@ -160,7 +181,7 @@ class Index:
                 )
         return problems
 
-    def chain_problems(self) -> dict[str, ManifestError]:
+    def chain_problems(self) -> dict[str, Problem]:
         """Each chain that names itself or nests too deeply, by name: it cannot be used.
 
         Linear in the size of the chain graph, whatever its shape or depth.
@@ -169,8 +190,8 @@ class Index:
             self._chain_problems = self._find_chain_problems()
         return self._chain_problems
 
-    def _find_chain_problems(self) -> dict[str, ManifestError]:
-        problems: dict[str, ManifestError] = {}
+    def _find_chain_problems(self) -> dict[str, Problem]:
+        problems: dict[str, Problem] = {}
         chains = {d.name: d for d in self.winners() if d.chain is not None}
         depth: dict[str, int] = {}
         for start in chains:
@@ -218,51 +239,60 @@ class Index:
                 members.append(resolved.name)
         return members
 
-    def default_problem(self) -> ManifestError | None:
+    def default_problem(self) -> Problem | None:
         """Why the manifest ``default`` cannot be used, where it names no backend."""
         default = self.default
-        if default is None:
+        if default is None or self.could_be_pytorch(default.name):
             return None
         try:
             self.resolve(default.name)
         except UnknownBackendError as exc:
-            return ManifestError(str(exc), path=default.path, line=default.line, key=default.key)
+            return Problem(str(exc), path=default.path, line=default.line, key=default.key)
         except ManifestError:
             return None  # the backend's own problem is reported already
         return None
 
 
-def merge(discoveries: Sequence[Discovery]) -> Index:
-    """Fold ``discoveries`` (highest precedence first) into an :class:`Index`."""
+def merge(
+    discoveries: Sequence[Discovery],
+    pytorch: Collection[str] = frozenset(),
+    *,
+    torch_read: bool = False,
+) -> Index:
+    """Fold ``discoveries`` (highest precedence first) into an :class:`Index`.
+
+    ``pytorch`` are the names PyTorch's own backends take; ``torch_read`` says
+    whether PyTorch's registry is among the discoveries.
+    """
     found = Discovery()
     for discovery in discoveries:
         found.add(discovery)
-    index = Index(found)
+    index = Index(found, pytorch, torch_read)
     by_key = index.by_key
     # PyTorch's own backends are loaded in its registry, which refuses a second
     # definition of their names: torch.compile keeps running PyTorch's. So that
     # this registry gives the same answer, a definition (or alias) of such a
     # name from any other source is refused where it is made.
-    pytorch = {d.name for d in found.definitions if d.source.kind == "torch"}
-    refused = index.refused
+    reserved = index.pytorch
+    refused: list[Problem] = []
     # The names the pick-and-conflict pass must visit: picks and entry points.
     special: set[str] = set()
-    policy = found.allow is not None or found.deny is not None
     for definition in found.definitions:
-        if definition.distribution is not None:
-            special.add(definition.name)
-        if definition.source.kind == "entry-point":
-            special.add(definition.name)
-            why = _excluded(definition, found) if policy else None
-            if why is not None:
-                index.excluded.setdefault(definition.name, why)
-                continue
+        kind = definition.source.kind
         name = definition.name
-        if pytorch and definition.source.kind != "torch":
-            if name in pytorch:
+        if definition.distribution is not None:
+            special.add(name)
+        if kind == "entry-point":
+            special.add(name)
+            why = _excluded(definition, found.rules, index)
+            if why is not None:
+                index.excluded.setdefault(name, []).append((definition, why))
+                continue
+        if kind != "torch":
+            if name in reserved:
                 refused.append(_pytorch_owns(definition))
                 continue
-            clashing = [a for a in definition.aliases if a in pytorch]
+            clashing = [a for a in definition.aliases if a in reserved]
             if clashing:
                 refused.append(_pytorch_owns(definition, clashing))
         if name in by_key:
@@ -271,21 +301,35 @@ def merge(discoveries: Sequence[Discovery]) -> Index:
             by_key[name] = [definition]
         if definition.enabled:
             for alias in definition.aliases:
-                if alias not in pytorch or definition.source.kind == "torch":
+                if alias not in reserved or kind == "torch":
                     by_key.setdefault(alias, []).append(definition)
     index.problems.extend(refused)
     _resolve_picks(index, special)
     return index
 
 
-def _excluded(definition: BackendDefinition, found: Discovery) -> str | None:
-    """Why the plugin policy leaves this entry point out, or ``None``."""
+def _excluded(
+    definition: BackendDefinition, rules: Sequence[PluginRule], index: Index
+) -> str | None:
+    """Why the plugin policy leaves this entry point out, or ``None`` (see the module's rules)."""
+    if not rules:
+        return None
     name = definition.source.distribution or ""
-    key = distribution_key(name)
-    if found.deny is not None and key in found.deny.names:
-        return f"distribution {name!r} is denied by {found.deny.where}"
-    if found.allow is not None and key not in found.allow.names:
-        return f"distribution {name!r} is not allowed by {found.allow.where}"
+    key = _dist_key(name)
+    allow = next((rule for rule in rules if rule.kind == "allow"), None)
+    if allow is not None and key not in allow.names:
+        return f"distribution {name!r} is not allowed by {allow.where}"
+    deciding = next((rule for rule in rules if key in rule.names), None)
+    if deciding is None:
+        return None
+    if deciding.kind == "deny":
+        return f"distribution {name!r} is denied by {deciding.where}"
+    lower = [rule.where for rule in rules if rule.kind == "deny" and key in rule.names]
+    if lower:
+        index.admitted[definition.name] = (
+            f"distribution {name!r} is allowed by {deciding.where}, over the deny of"
+            f" {', '.join(lower)}"
+        )
     return None
 
 
@@ -302,40 +346,38 @@ def _resolve_picks(index: Index, names: set[str]) -> None:
         top = candidates[0]
         points = [d for d in candidates if d.source.kind == "entry-point" and d.name == key]
         if top.distribution is not None and top.usable:
-            wanted = distribution_key(top.distribution)
-            match = next(
-                (p for p in points if distribution_key(p.source.distribution or "") == wanted),
-                None,
-            )
-            candidates[0] = _picked(top, match, points)
+            candidates[0] = _picked(top, points, index.excluded.get(key, []))
             continue
-        owners = {distribution_key(p.source.distribution or "") for p in points}
+        owners = {_dist_key(p.source.distribution or "") for p in points}
         if len(owners) > 1 and top.source.kind == "entry-point":
             index.conflicts[key] = _conflict(key, points)
-    index.warnings = [*index.warnings, *index.conflicts.values()]
+    index.problems.extend(index.conflicts.values())
 
 
 def _picked(
-    pick: BackendDefinition, match: BackendDefinition | None, points: list[BackendDefinition]
+    pick: BackendDefinition,
+    points: list[BackendDefinition],
+    excluded: list[tuple[BackendDefinition, str]],
 ) -> BackendDefinition:
     source = pick.source
+    wanted = _dist_key(pick.distribution or "")
+    match = next((p for p in points if _dist_key(p.source.distribution or "") == wanted), None)
     if match is None:
-        declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
         prefix = table_prefix(source.path) if source.path is not None else ()
-        return BackendDefinition(
-            pick.name,
-            source,
-            distribution=pick.distribution,
-            problem=ManifestError(
-                f"no installed distribution {pick.distribution!r} declares the entry point"
-                f" {pick.name!r} (declared by: {declared})",
-                path=source.path,
-                line=source.line,
-                key=toml_key((*prefix, "backends", pick.name, "distribution")),
-            ),
+        key = toml_key((*prefix, "backends", pick.name, "distribution"))
+        why = next(
+            (why for p, why in excluded if _dist_key(p.source.distribution or "") == wanted), None
         )
-    from ._definition import Source
-
+        if why is None:
+            declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
+            why = (
+                f"no installed distribution {pick.distribution!r} declares the entry point"
+                f" {pick.name!r} (declared by: {declared})"
+            )
+        else:
+            why = f"the entry point {pick.name!r} it picks is left out: {why}"
+        problem = Problem(why, path=source.path, line=source.line, key=key)
+        return BackendDefinition(pick.name, source, distribution=pick.distribution, problem=problem)
     return BackendDefinition(
         pick.name,
         Source(
@@ -361,17 +403,17 @@ def _owner(point: BackendDefinition) -> str:
     return f"{point.source.distribution!r}{version}"
 
 
-def _conflict(name: str, points: list[BackendDefinition]) -> ManifestError:
+def _conflict(name: str, points: list[BackendDefinition]) -> Problem:
     owners = " and ".join(_owner(p) for p in points)
-    return ManifestError(
+    return Problem(
         f"entry point {name!r} is declared by {owners}: {_owner(points[0])} is used, the first"
         ' on sys.path, then by name; say which with `distribution = "..."` in a'
         f" [backends.{name}] table of a manifest",
-        path=None,
+        severity="warning",
     )
 
 
-def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) -> ManifestError:
+def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) -> Problem:
     source = definition.source
     prefix = table_prefix(source.path) if source.path is not None else ()
     key = (*prefix, "backends", definition.name)
@@ -393,13 +435,13 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
             f"{where}{definition.name!r} is one of PyTorch's own backends, which"
             " torch.compile keeps using; this definition is left out: rename it"
         )
-    return ManifestError(message, path=source.path, line=source.line, key=toml_key(key))
+    return Problem(message, path=source.path, line=source.line, key=toml_key(key))
 
 
-def chain_error(definition: BackendDefinition, message: str) -> ManifestError:
+def chain_error(definition: BackendDefinition, message: str) -> Problem:
     source = definition.source
     prefix = table_prefix(source.path) if source.path is not None else ()
-    return ManifestError(
+    return Problem(
         message,
         path=source.path,
         line=source.line,
@@ -407,7 +449,7 @@ def chain_error(definition: BackendDefinition, message: str) -> ManifestError:
     )
 
 
-def _loop_error(definition: BackendDefinition, loop: list[str], name: str) -> ManifestError:
+def _loop_error(definition: BackendDefinition, loop: list[str], name: str) -> Problem:
     start = loop.index(name)
     trail = " -> ".join([*loop[start:-1], *loop[:start], name])
     return chain_error(definition, f"chain {name!r} names itself ({trail}); remove the loop")

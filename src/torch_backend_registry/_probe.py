@@ -1,6 +1,7 @@
 """One backend probed in this process as far as it goes: the child side of ``doctor``.
 
-Run as ``python -m torch_backend_registry._probe CONFIG_JSON``. It reports on
+Run as ``python -m torch_backend_registry._probe``, its configuration as JSON on
+stdin (never on the command line, which every user can read). It reports on
 stdout, in lines marked :data:`MARK` (a backend may print too): each level as
 it is reached, then the verdict. Whatever kills this process (a crash, a hang,
 ``os.abort()``) leaves the last level reported for the parent to tell.
@@ -18,15 +19,6 @@ if TYPE_CHECKING:
 
 #: Starts every line meant for the parent: a record separator and a name.
 MARK = "\x1etorch-backends-doctor "
-
-#: The levels, in the order they are reached.
-LEVELS = ("requirements", "import", "forward", "backward", "bench")
-
-
-def level_name(level: int) -> str:
-    """The name of a level (1-based), or "start" before the first."""
-    return LEVELS[level - 1] if 1 <= level <= len(LEVELS) else "start"
-
 
 #: How close compiled results must be to eager ones (``torch.testing.assert_close``):
 #: what bfloat16 arithmetic reaches (8 bits of mantissa), which CPU plugins such as
@@ -85,6 +77,7 @@ def _model(spec: str | None) -> tuple[Any, tuple[Any, ...]]:
 def probe(config: dict[str, Any]) -> dict[str, Any]:
     """Go through the levels for ``config["name"]``; the verdict as a dict."""
     from ._registry import Registry
+    from ._torch import install
 
     name = config["name"]
     started = time.perf_counter()
@@ -100,10 +93,15 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         }
 
     _say(level=1)
-    registry = Registry(sources=config.get("sources"), files=config.get("files"))
+    registry = Registry(
+        cwd=config.get("cwd"),
+        environ=config.get("environ"),
+        sources=config.get("sources"),
+        files=config.get("files"),
+    )
     try:
         info = registry.backend_info(name)
-        why = registry.why_unavailable(info)
+        why = registry.why_unavailable(info.definition)
     except Exception as exc:
         return verdict("unavailable", 1, _short(exc))
     if why is not None:
@@ -129,7 +127,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         twin = copy.deepcopy(model)
     except Exception as exc:
         return verdict("compile-error", 3, f"the model could not be built: {_short(exc)}")
-    registry.install()  # torch.compile(backend=name) is what is probed
+    install(registry)  # torch.compile(backend=name) is what is probed
     expected = twin(*inputs)
     try:
         compiled = torch.compile(model, backend=name)
@@ -196,10 +194,10 @@ def _bench(eager: Any, compiled: Any, inputs: tuple[Any, ...], rounds: int) -> t
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def main(argv: list[str]) -> int:
+def main() -> int:
     import json
 
-    config = json.loads(argv[1])
+    config = json.loads(sys.stdin.read())
     try:
         result = probe(config)
     except BaseException as exc:  # the verdict must reach the parent whatever happens
@@ -214,7 +212,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv)
+    code = main()
     sys.stderr.flush()
     # At once: a thread the backend left running must not keep this process alive.
     os._exit(code)

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import os
 
-from ._definition import (
-    SOURCE_KINDS,
-    BackendDefinition,
-    Discovery,
-    PluginRule,
-    Source,
-    distribution_key,
-)
-from ._errors import ManifestError
+from ._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Problem, Source
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
     from importlib.metadata import Distribution, EntryPoint
 
+    from ._cache import Cache
     from ._definition import SourceKind
 
 #: The environment variable naming extra manifests (files or directories).
@@ -31,34 +24,40 @@ PROJECT_FILES = ("backends.toml", "pyproject.toml")
 
 
 class Context:
-    """The inputs of a discovery: a working directory, the env entries, runtime entries."""
+    """The inputs of one discovery, fixed for its whole life."""
 
-    __slots__ = ("cwd", "env_entries", "environ", "files", "runtime")
+    __slots__ = ("cache", "cwd", "entry_point_names", "environ", "files", "fresh", "runtime")
 
     def __init__(
         self,
+        *,
         cwd: str | None,
-        env_entries: Sequence[str],
-        runtime: Mapping[str, BackendDefinition],
+        environ: Mapping[str, str],
+        runtime: Iterable[BackendDefinition],
+        cache: Cache,
         files: Sequence[str] | None = None,
-        environ: Mapping[str, str] | None = None,
+        fresh: bool = False,
+        entry_point_names: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         #: An absolute path, or ``None`` when the working directory no longer exists.
         self.cwd = cwd
-        #: The manifest files and directories of the env source, highest first.
-        self.env_entries = env_entries
-        self.runtime = runtime
-        #: Manifest files given one by one, read instead of the env entries.
+        #: The environment the registry reads its variables from.
+        self.environ = environ
+        self.runtime = tuple(runtime)
+        self.cache = cache
+        #: Manifest files given one by one, read instead of ``TORCH_BACKENDS_PATH``.
         self.files = files
-        #: The environment's plugin policy variables, among others.
-        self.environ = environ or {}
+        #: Read entry points for real, not from the cache (after ``refresh()``).
+        self.fresh = fresh
+        #: The names installed distributions declare, read once (PyTorch's registry holds them too).
+        self.entry_point_names = entry_point_names
 
 
-def _read(path: str, kind: SourceKind, found: Discovery) -> bool:
+def _read(path: str, kind: SourceKind, ctx: Context, found: Discovery) -> bool:
     """Fold one manifest into ``found``; ``False`` for a pyproject.toml without our table."""
     from ._manifest import read_manifest
 
-    result = read_manifest(path, kind)
+    result = read_manifest(path, kind, ctx.cache)
     if result is None:
         return False
     found.add(result)
@@ -68,17 +67,17 @@ def _read(path: str, kind: SourceKind, found: Discovery) -> bool:
 def runtime_source(ctx: Context) -> Discovery:
     """``register_backend`` calls made in this process."""
     found = Discovery()
-    found.definitions.extend(ctx.runtime.values())
+    found.definitions.extend(ctx.runtime)
     return found
 
 
 def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
     """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first, and what went wrong."""
-    from ._files import NO_SUCH_FILE, Untrusted, untrusted_folder, untrusted_message
+    from ._files import NO_SUCH_FILE, untrusted_folder, untrusted_message
 
     files: list[str] = []
     found = Discovery()
-    for entry in ctx.env_entries:
+    for entry in ctx.environ.get(ENV_VAR, "").split(os.pathsep):
         if not entry.strip():
             continue
         path = os.path.expanduser(entry)
@@ -86,7 +85,7 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
             path = os.path.join(ctx.cwd, path)
         if not os.path.isabs(path):
             found.problems.append(
-                ManifestError(
+                Problem(
                     f"relative entry of {ENV_VAR} and the working directory no longer exists;"
                     " use an absolute path",
                     path=entry,
@@ -96,15 +95,14 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
             # Whoever can write here can add a manifest: the folder must be trusted.
             reason = untrusted_folder(path)
             if reason is not None:
-                found.warnings.append(
-                    Untrusted(untrusted_message(f"folder named by {ENV_VAR}", reason), path=path)
-                )
+                message = untrusted_message(f"folder named by {ENV_VAR}", reason)
+                found.problems.append(Problem(message, path=path, severity="warning"))
                 continue
             try:
                 names = sorted(os.listdir(path))
             except OSError as exc:
                 found.problems.append(
-                    ManifestError(
+                    Problem(
                         f"cannot list the folder named by {ENV_VAR}: {exc.strerror or exc}",
                         path=path,
                     )
@@ -119,7 +117,7 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
             files.append(path)
         else:
             found.problems.append(
-                ManifestError(
+                Problem(
                     f"{NO_SUCH_FILE} or folder (named by {ENV_VAR}={entry!r}); remove the"
                     " entry or create the file",
                     path=entry,
@@ -135,15 +133,15 @@ def env_source(ctx: Context) -> Discovery:
     else:
         files, found = env_paths(ctx)
     # The environment's plugin policy outranks every manifest's.
-    for field, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
+    for kind, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
         value = ctx.environ.get(var)
         if value is not None and value.strip():  # empty: unset
             names = [n.strip() for n in value.split(",") if n.strip()]
-            setattr(found, field, PluginRule(names, var))
+            found.rules.append(PluginRule(kind, names, var))  # type: ignore[arg-type]
     for path in files:
-        if not _read(path, "env", found):
+        if not _read(path, "env", ctx, found):
             found.problems.append(
-                ManifestError("has no [tool.torch-backends] table; nothing to read", path=path)
+                Problem("has no [tool.torch-backends] table; nothing to read", path=path)
             )
     return found
 
@@ -173,7 +171,10 @@ def _declares_table(pyproject: str) -> bool:
     FIFO); one that cannot be read or is another tool's only is passed by. Its
     trust is judged when it is read as the manifest, which warns.
     """
-    from ._files import PYPROJECT_TABLE, Untrusted, parse_toml, read_text
+    from ._errors import ManifestError
+    from ._files import Untrusted, parse_toml, read_text
+    from ._manifest import manifest_table
+    from ._positions import PYPROJECT_TABLE
 
     try:
         text = read_text(pyproject)
@@ -188,8 +189,6 @@ def _declares_table(pyproject: str) -> bool:
         data, _lines = parse_toml(pyproject, text)
     except ManifestError:
         return True  # reading it as the manifest reports the error with its line
-    from ._manifest import manifest_table
-
     return manifest_table(data, PYPROJECT_TABLE) is not None
 
 
@@ -197,38 +196,83 @@ def project_source(ctx: Context) -> Discovery:
     """The nearest project manifest."""
     found = Discovery()
     if ctx.cwd is None:
-        found.warnings.append(
-            ManifestError(
-                "the working directory no longer exists; no project manifest read", path=None
+        found.problems.append(
+            Problem(
+                "the working directory no longer exists; no project manifest read",
+                severity="warning",
             )
         )
         return found
     path = project_manifest(ctx.cwd)
     if path is not None:
-        _read(path, "project", found)
+        _read(path, "project", ctx, found)
     return found
 
 
 def entry_point_source(ctx: Context) -> Discovery:
     """Installed distributions' ``torch_dynamo_backends`` entry points.
 
-    Remembered by what is on sys.path, so a warm start needs no importlib.metadata.
+    Remembered by what is on sys.path, so a warm start needs no importlib.metadata;
+    read for real when the context is fresh.
     """
-    from ._cache import entry_points_entry
-
-    entry = entry_points_entry()
-    cached = entry.load() if entry is not None else None
-    if cached is not None:
-        return cached
-    found = _read_entry_points()
-    if entry is not None:
-        entry.store(found)
+    key = entry_point_stamps()
+    if not ctx.fresh:
+        cached = ctx.cache.get("entry-points", key)
+        if isinstance(cached, Discovery):
+            return cached
+    found = read_entry_points()
+    ctx.cache.put("entry-points", key, found)
     return found
 
 
-def _read_entry_points() -> Discovery:
+def entry_point_stamps() -> list[object]:
+    """What decides the entry points: each sys.path entry and the distributions in it,
+    with the size and time of each one's metadata files, which an edit in place changes."""
+    import sys
+
+    stamps: list[object] = []
+    for entry in sys.path:
+        folder = entry or os.curdir
+        try:
+            names = sorted(
+                name
+                for name in os.listdir(folder)
+                # EGG-INFO: the metadata of an unzipped .egg that is itself on sys.path.
+                if name.endswith((".dist-info", ".egg-info", ".egg", ".egg-link"))
+                or name == "EGG-INFO"
+            )
+        except OSError:
+            try:
+                info = os.stat(folder)  # a zip file: its size and time say it changed
+                stamps.append([entry, info.st_size, info.st_mtime_ns, info.st_ino])
+            except OSError:
+                stamps.append([entry, None])
+            continue
+        stamps.append([entry, [_stamped(os.path.join(folder, name)) for name in names]])
+    return stamps
+
+
+def _stamped(distribution: str) -> list[object]:
+    stamps: list[object] = [os.path.basename(distribution)]
+    for inside in (
+        "entry_points.txt",
+        "METADATA",
+        "PKG-INFO",
+        os.path.join("EGG-INFO", "entry_points.txt"),  # an unzipped .egg
+        os.path.join("EGG-INFO", "PKG-INFO"),
+    ):
+        try:
+            info = os.stat(os.path.join(distribution, inside))
+        except OSError:
+            continue
+        stamps.append([inside, info.st_size, info.st_mtime_ns])
+    return stamps
+
+
+def read_entry_points() -> Discovery:
+    """The entry points of our group, read now, in a deterministic order."""
     found = Discovery()
-    for ep in sorted(read_entry_points(found.problems), key=_search_order()):
+    for ep in sorted(_entry_points(found.problems), key=_search_order()):
         name, version = _name_and_version(ep.dist)
         source = Source("entry-point", distribution=name, version=version)
         target = ep.value.split("[", 1)[0].strip()
@@ -240,6 +284,8 @@ def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
     """A deterministic order of entry points: their folder's place on sys.path, then the
     distribution's name (within one folder, importlib.metadata follows os.listdir)."""
     import sys
+
+    from ._definition import distribution_key
 
     def real(path: str) -> str:
         try:
@@ -262,7 +308,7 @@ def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
     return key
 
 
-def read_entry_points(problems: list[ManifestError]) -> Iterable[EntryPoint]:
+def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
     """The entry points of our group; a distribution that cannot be read goes to ``problems``."""
     from importlib.metadata import entry_points
 
@@ -272,8 +318,10 @@ def read_entry_points(problems: list[ManifestError]) -> Iterable[EntryPoint]:
         return _entry_points_one_by_one(problems)
 
 
-def _entry_points_one_by_one(problems: list[ManifestError]) -> list[EntryPoint]:
+def _entry_points_one_by_one(problems: list[Problem]) -> list[EntryPoint]:
     from importlib.metadata import distributions
+
+    from ._definition import distribution_key
 
     eps: list[EntryPoint] = []
     seen: set[str] = set()
@@ -290,10 +338,9 @@ def _entry_points_one_by_one(problems: list[ManifestError]) -> list[EntryPoint]:
         except Exception as exc:
             where = repr(name) if name is not None else f"in {dist.locate_file('')}"
             problems.append(
-                ManifestError(
+                Problem(
                     f"the entry points of distribution {where} cannot be read"
-                    f" ({type(exc).__name__}: {exc}); reinstall it",
-                    path=None,
+                    f" ({type(exc).__name__}: {exc}); reinstall it"
                 )
             )
     return eps
@@ -310,10 +357,10 @@ def _name_and_version(dist: Distribution | None) -> tuple[str | None, str | None
 
 def torch_source(ctx: Context) -> Discovery:
     """PyTorch's own backends, where torch is installed."""
-    from ._torch import torch_definitions
+    from ._pytorch import torch_definitions
 
     found = Discovery()
-    found.definitions.extend(torch_definitions())
+    found.definitions.extend(torch_definitions(ctx.entry_point_names()))
     return found
 
 

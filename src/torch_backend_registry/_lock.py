@@ -1,9 +1,8 @@
-"""What every name resolves to, as plain facts: the fingerprint, the lock file and its diff.
+"""What every name resolves to, held still: the fingerprint, the lock file and its drift.
 
-The facts leave out where a checkout lies (absolute paths, line numbers) and
-keep what decides what runs: the source kind, the target or chain, options,
-tags, requires, a plugin's distribution and version, PyTorch's version.
-Two machines with the same facts get the same fingerprint.
+The facts are the registry's identity facts (``_identity``): no paths of a
+checkout, no line numbers, so that two machines with the same backends get the
+same fingerprint and a checkout anywhere matches the same lock.
 """
 
 from __future__ import annotations
@@ -11,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 
-from ._errors import LockDriftError, ManifestError
+from ._definition import canonical
+from ._errors import LockDriftError, LockFileError, ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ._definition import BackendDefinition
     from ._registry import Registry
 
     Facts = dict[str, Any]
@@ -37,61 +36,17 @@ HEADER = """\
 """
 
 
-def definition_facts(definition: BackendDefinition) -> Facts:
-    """The facts of one definition that decide what runs; no paths, no lines."""
-    kind = definition.source.kind
-    facts: Facts = {"kind": kind}
-    if definition.target is not None:
-        facts["target"] = definition.target
-    if definition.chain is not None:
-        facts["chain"] = list(definition.chain)
-    if definition.options:
-        facts["options"] = _plain(definition.options)
-    if definition.tags:
-        facts["tags"] = sorted(definition.tags)
-    if definition.requires:
-        facts["requires"] = sorted(definition.requires)
-    if kind == "entry-point":
-        facts["distribution"] = definition.source.distribution or ""
-        facts["version"] = definition.source.version or ""
-    if kind == "torch":
-        from ._torch import torch_version
-
-        facts["torch"] = torch_version() or ""
-    return facts
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in sorted(value.items())}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def registry_facts(registry: Registry) -> Facts:
-    """``{"backends": {name: facts}, "aliases": {alias: name}}`` for every usable name."""
-    backends: Facts = {}
-    aliases: dict[str, str] = {}
-    for key, definition in sorted(registry.resolved().items()):
-        if key == definition.name:
-            backends[key] = definition_facts(definition)
-        else:
-            aliases[key] = definition.name
-    return {"backends": backends, "aliases": aliases}
-
-
 def digest(facts: Facts) -> str:
-    """The full SHA-256 (hex) of the facts, serialised canonically."""
+    """The full SHA-256 (hex) of the facts, in their canonical form."""
     import hashlib
 
-    text = json.dumps(facts, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical(facts).encode("utf-8")).hexdigest()
 
 
 def fingerprint(registry: Registry) -> str:
-    """A short stable hash of what every name resolves to (16 hex digits)."""
-    return digest(registry_facts(registry))[:16]
+    """A short stable hash of what every name resolves to (16 hex digits): the same
+    inputs give the same hash in any process on any machine."""
+    return digest(registry.facts())[:16]
 
 
 # ----------------------------------------------------------------------------- lock files
@@ -101,7 +56,7 @@ def lock_path(registry: Registry) -> str:
     """``backends.lock`` beside the project manifest (else in the working folder)."""
     from ._sources import project_manifest
 
-    folder = registry.probe_config()["cwd"]
+    folder = registry.cwd or os.getcwd()
     manifest = project_manifest(folder)
     return os.path.join(os.path.dirname(manifest) if manifest else folder, LOCK_FILE)
 
@@ -122,7 +77,7 @@ def lock_text(facts: Facts) -> str:
 def write_lock(registry: Registry, path: str | None = None) -> str:
     """Write the lock of ``registry``; return its path."""
     path = path or lock_path(registry)
-    text = lock_text(registry_facts(registry))
+    text = lock_text(registry.facts())
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -131,20 +86,22 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
 
 
 def read_lock(path: str) -> Facts:
-    """The facts a lock file holds; :class:`ManifestError` where it cannot be used."""
+    """The facts a lock file holds; :class:`LockFileError` where it cannot be used."""
     from ._files import parse_toml, read_text
 
-    data, _lines = parse_toml(path, read_text(path))
+    try:
+        data, _lines = parse_toml(path, read_text(path))
+    except ManifestError as exc:
+        raise LockFileError(exc.message, path=path, line=exc.line) from exc
     version = data.get("lock-version")
     if version != LOCK_VERSION:
-        raise ManifestError(
+        raise LockFileError(
             f"lock version {version!r} is not {LOCK_VERSION}; run 'torch-backends lock' again",
             path=path,
-            key="lock-version",
         )
     backends, aliases = data.get("backends", {}), data.get("aliases", {})
     if not isinstance(backends, dict) or not isinstance(aliases, dict):
-        raise ManifestError("not a lock file; run 'torch-backends lock' again", path=path)
+        raise LockFileError("not a lock file; run 'torch-backends lock' again", path=path)
     return {"backends": backends, "aliases": aliases}
 
 
@@ -159,7 +116,7 @@ def differences(locked: Facts, now: Facts) -> list[str]:
                 changes.append(f"added {noun} {name!r}: {_show(after[name])}")
             elif name not in after:
                 changes.append(f"removed {noun} {name!r} (was {_show(before[name])})")
-            elif before[name] != after[name]:
+            elif canonical(before[name]) != canonical(after[name]):
                 changes.extend(_field_changes(noun, name, before[name], after[name]))
     return changes
 
@@ -169,7 +126,11 @@ def differing_names(locked: Facts, now: Facts) -> set[str]:
     names: set[str] = set()
     for section in ("backends", "aliases"):
         before, after = locked.get(section, {}), now.get(section, {})
-        names.update(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+        names.update(
+            n
+            for n in set(before) | set(after)
+            if canonical(before.get(n)) != canonical(after.get(n))
+        )
     return names
 
 
@@ -179,7 +140,7 @@ def _field_changes(noun: str, name: str, before: Any, after: Any) -> list[str]:
     lines = []
     for field in sorted(set(before) | set(after)):
         old, new = before.get(field), after.get(field)
-        if old != new:
+        if canonical(old) != canonical(new):
             lines.append(f"changed {noun} {name!r}: {field}: {_show(old)} -> {_show(new)}")
     return lines
 
@@ -193,14 +154,15 @@ def _show(value: Any) -> str:
 def check_locked(registry: Registry, path: str | None = None) -> None:
     """Raise :class:`LockDriftError` where ``registry`` resolves names unlike its lock."""
     path = path or lock_path(registry)
-    changes = differences(read_lock(path), registry_facts(registry))
+    changes = differences(read_lock(path), registry.facts())
     if changes:
         raise LockDriftError(path, changes)
 
 
-def lock_from_environment(registry: Registry, environ: Mapping[str, str]) -> str | None:
-    """The lock ``TORCH_BACKENDS_LOCKED`` asks install() to hold to, or ``None``."""
-    value = environ.get(LOCKED_VAR, "").strip()
+def lock_from_environment(registry: Registry) -> str | None:
+    """The lock ``TORCH_BACKENDS_LOCKED`` (in the registry's environment) asks install()
+    to hold to, or ``None``."""
+    value = registry.environ.get(LOCKED_VAR, "").strip()
     if not value or value == "0":
         return None
     return lock_path(registry) if value == "1" else value

@@ -1,0 +1,265 @@
+"""One reading of a registry's sources: taken on first need, then answered from until refresh().
+
+A snapshot fixes the working directory and the environment when it is made,
+reads each source at most once (PyTorch's only when asked, as it imports
+torch), merges once, and holds what was derived from that reading: the
+indexes, availability answers, the loaded callables. PyTorch's registry is an
+in-memory dict that plugins may add to at any time; :meth:`Snapshot.torch_changed`
+compares its names (a dict read, no metadata, no file) with what was read.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._definition import BackendInfo
+from ._errors import BackendRegistryError, warn_problem
+from ._locks import ForkSafeLock
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any
+
+    from ._cache import Cache
+    from ._definition import BackendDefinition, Discovery, Problem, SourceKind
+    from ._merge import Index
+    from ._sources import Context
+    from ._verdicts import Verdicts
+
+
+class Snapshot:
+    """What one registry read, and what it derived from that; see the module's docstring."""
+
+    def __init__(
+        self,
+        kinds: tuple[SourceKind, ...],
+        *,
+        cwd: str | None,
+        environ: Mapping[str, str] | None,
+        files: Sequence[str] | None,
+        runtime: Sequence[BackendDefinition],
+        fresh: bool,
+        found: Mapping[SourceKind, Discovery] | None = None,
+        warned: set[str] | None = None,
+    ) -> None:
+        from ._cache import Cache, cache_folder
+        from ._sources import Context
+
+        self.kinds = kinds
+        try:
+            here: str | None = os.path.abspath(cwd or os.getcwd())
+        except OSError:  # the working directory was removed under the process
+            here = None
+        self.environ: Mapping[str, str] = dict(os.environ if environ is None else environ)
+        self.cache: Cache = Cache(cache_folder(self.environ))
+        self.context: Context = Context(
+            cwd=here,
+            environ=self.environ,
+            runtime=runtime,
+            cache=self.cache,
+            files=files,
+            fresh=fresh,
+            entry_point_names=self.entry_point_names,
+        )
+        self.lock = ForkSafeLock()
+        self._found: dict[SourceKind, Discovery] = dict(found or {})
+        self._indexes: dict[bool, Index] = {}
+        self._entry_point_names: frozenset[str] | None = None
+        self._torch_version: list[str | None] = []
+        self._verdicts: Verdicts | None = None
+        #: Why each definition cannot be used here (``None``: it can); filled on demand.
+        self.available: dict[BackendDefinition, str | None] = {}
+        #: The callables looked up, by name (the hot path) and by definition (a name
+        #: and its aliases give one object).
+        self.loaded: dict[str, Callable[..., Any]] = {}
+        self.by_definition: dict[BackendDefinition, Callable[..., Any]] = {}
+        #: What was said as a warning, so that each problem is said once a reading.
+        self._warned = set() if warned is None else warned
+
+    @property
+    def cwd(self) -> str | None:
+        return self.context.cwd
+
+    def derive(
+        self, *, runtime: Sequence[BackendDefinition] | None = None, torch: bool = True
+    ) -> Snapshot:
+        """The same reading with other runtime registrations (``torch=False``: PyTorch's
+        registry read again too). Nothing else is read again."""
+        found = {k: v for k, v in self._found.items() if torch or k != "torch"}
+        found.pop("runtime", None)
+        ctx = self.context
+        return Snapshot(
+            self.kinds,
+            cwd=ctx.cwd,
+            environ=self.environ,
+            files=ctx.files,
+            runtime=ctx.runtime if runtime is None else runtime,
+            fresh=ctx.fresh,
+            found=found,
+            warned=self._warned,
+        )
+
+    # ------------------------------------------------------------------ reading
+
+    def found(self, kind: SourceKind) -> Discovery:
+        """What the source of ``kind`` holds, read on first need."""
+        found = self._found.get(kind)
+        if found is None:
+            from ._sources import READERS
+
+            with self.lock:
+                found = self._found.get(kind)
+                if found is None:
+                    found = self._found[kind] = READERS[kind](self.context)
+        return found
+
+    def entry_point_names(self) -> frozenset[str]:
+        """The names installed distributions declare (read once; PyTorch holds them too)."""
+        if self._entry_point_names is None:
+            if "entry-point" in self.kinds:
+                found = self.found("entry-point")
+            else:
+                from ._sources import read_entry_points
+
+                found = read_entry_points()
+            self._entry_point_names = frozenset(d.name for d in found.definitions)
+        return self._entry_point_names
+
+    def torch_version(self) -> str | None:
+        """The installed PyTorch's version, read once."""
+        if not self._torch_version:
+            from ._pytorch import torch_version
+
+            self._torch_version.append(torch_version())
+        return self._torch_version[0]
+
+    def index(self, with_torch: bool = True) -> Index:
+        """The merge of every source read (PyTorch's too with ``with_torch``)."""
+        with_torch = with_torch and "torch" in self.kinds
+        index = self._indexes.get(with_torch)
+        if index is not None:
+            return index
+        from ._merge import merge
+
+        discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
+        if with_torch:
+            pytorch = frozenset(d.name for d in self.found("torch").definitions)
+        else:
+            pytorch = self.live_names() or _static_names()
+        with self.lock:
+            index = self._indexes.get(with_torch)
+            if index is None:  # else another thread merged while this one waited
+                index = self._indexes[with_torch] = merge(
+                    discoveries, pytorch, torch_read=with_torch
+                )
+                for problem in index.problems:
+                    if str(problem) not in self._warned:  # both merges find them: once
+                        self._warned.add(str(problem))
+                        warn_problem(problem)
+        return index
+
+    def live_names(self) -> frozenset[str] | None:
+        """The names of PyTorch's own backends in its registry now, where it is loaded."""
+        from ._pytorch import dynamo_imported, pytorch_names
+
+        return pytorch_names(self.entry_point_names()) if dynamo_imported() else None
+
+    def verdicts(self) -> Verdicts:
+        """Doctor's remembered verdicts, read once."""
+        if self._verdicts is None:
+            from ._verdicts import Verdicts
+
+            self._verdicts = Verdicts(self.cache)
+        return self._verdicts
+
+    def pytorch_callables(self) -> list[Callable[..., Any]]:
+        """The callables of PyTorch's own backends, where torch.compile's registry is loaded."""
+        from ._pytorch import dynamo_imported
+
+        if "torch" not in self.kinds or not dynamo_imported():
+            return []
+        return [d.compiler_fn for d in self.found("torch").definitions if d.compiler_fn]
+
+    def torch_changed(self) -> bool:
+        """Whether PyTorch's registry now holds other names than this snapshot read."""
+        found = self._found.get("torch")
+        if found is None:
+            return False
+        live = self.live_names()
+        return live is not None and live != {d.name for d in found.definitions}
+
+    # ------------------------------------------------------------------ answers
+
+    def why_unavailable(self, definition: BackendDefinition | BackendInfo) -> str | None:
+        """Why ``definition`` cannot be used here (``None``: it can); see the registry's."""
+        if isinstance(definition, BackendInfo):
+            definition = definition.definition
+        if definition in self.available:
+            return self.available[definition]
+        from ._finding import missing_requirements
+
+        reason: str | None = None
+        missing = missing_requirements(definition)
+        if missing:
+            reason = "missing " + ", ".join(missing)
+        elif definition.source.kind == "torch":
+            from ._pytorch import missing_device
+
+            reason = missing_device(definition.name)
+        elif definition.chain is not None:
+            self.available[definition] = "its members refer back to it"  # a guard while walking
+            reason = self._why_chain_unavailable(definition)
+        self.available[definition] = reason
+        return reason
+
+    def _why_chain_unavailable(self, definition: BackendDefinition) -> str | None:
+        index = self.index()
+        problem = index.chain_problems().get(definition.name)
+        if problem is not None:
+            return problem.message
+        reasons = []
+        for member in dict.fromkeys(definition.chain or ()):
+            try:
+                resolved = index.resolve(member)
+            except BackendRegistryError as exc:
+                reasons.append(f"{member}: {str(exc).split('. ', 1)[0]}")
+                continue
+            why = self.why_unavailable(resolved)
+            if why is None:
+                return None
+            reasons.append(f"{member}: {why}")
+        return "no member can be used (" + "; ".join(reasons) + ")"
+
+    def problems(self, with_torch: bool) -> list[Problem]:
+        """Every problem found: the sources', the merge's, the default's, the chains'."""
+        index = self.index(with_torch)
+        problems = list(index.problems)
+        default = index.default_problem()
+        if default is not None:
+            problems.append(default)
+        unknown = index.unknown_members()
+        for definition in index.winners():
+            if definition.chain is not None:
+                found = index.chain_problems().get(definition.name) or unknown.get(definition.name)
+                if found is not None:
+                    problems.append(found)
+        return problems
+
+    def subject(
+        self, index: Index, definition: BackendDefinition, stamps: dict[Any, Any] | None
+    ) -> str:
+        """What a doctor verdict about ``definition`` judges (see ``_verdicts.subject``)."""
+        from ._identity import identity, reach
+        from ._verdicts import subject
+
+        members = [d for d in reach(index, definition).values() if d is not None]
+        version = self.torch_version()
+        facts = identity(index, definition, version)
+        return subject(facts, [definition, *members], version, stamps)
+
+
+def _static_names() -> frozenset[str]:
+    from ._pytorch import PYTORCH_NAMES
+
+    return PYTORCH_NAMES

@@ -1,0 +1,119 @@
+"""What probing one backend found (``doctor``'s verdict), as a value."""
+
+from __future__ import annotations
+
+from ._definition import Frozen
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+#: Every status a verdict can have, best first (the order tables are sorted in).
+STATUSES = (
+    "ok",
+    "unavailable",
+    "import-error",
+    "compile-error",
+    "wrong-result",
+    "backward-error",
+    "crashed",
+    "timeout",
+)
+
+#: The levels a probe goes through, in the order they are reached.
+LEVELS = ("requirements", "import", "forward", "backward", "bench")
+
+
+def level_name(level: int) -> str:
+    """The name of a level (1-based), or "start" before the first."""
+    return LEVELS[level - 1] if 1 <= level <= len(LEVELS) else "start"
+
+
+class Verdict(Frozen):
+    """What probing one backend found.
+
+    ``status`` is one of :data:`STATUSES`; ``level`` the last level reached
+    (1 requirements, 2 import, 3 forward, 4 backward, 5 bench); ``member`` the
+    member a chain used; the ``*_seconds`` and ``speedup`` come with ``bench``;
+    ``cached`` tells a remembered verdict (and takes no part in comparing two).
+    """
+
+    __slots__ = (  # noqa: RUF023 - the order of the fields, of repr() and of the JSON
+        "name",
+        "status",
+        "level",
+        "reason",
+        "seconds",
+        "member",
+        "compile_seconds",
+        "per_call_seconds",
+        "eager_seconds",
+        "speedup",
+        "_cached",
+    )
+
+    name: str
+    status: str
+    level: int
+    reason: str
+    seconds: float
+    member: str | None
+    compile_seconds: float | None
+    per_call_seconds: float | None
+    eager_seconds: float | None
+    speedup: float | None
+    _cached: bool
+
+    def __init__(
+        self,
+        name: str,
+        status: str,
+        level: int,
+        reason: str = "",
+        seconds: float = 0.0,
+        member: str | None = None,
+        compile_seconds: float | None = None,
+        per_call_seconds: float | None = None,
+        eager_seconds: float | None = None,
+        speedup: float | None = None,
+        cached: bool = False,
+    ) -> None:
+        super().__init__(
+            name=name,
+            status=status,
+            level=level,
+            reason=reason,
+            seconds=seconds,
+            member=member,
+            compile_seconds=compile_seconds,
+            per_call_seconds=per_call_seconds,
+            eager_seconds=eager_seconds,
+            speedup=speedup,
+            _cached=cached,
+        )
+
+    #: What is remembered of a verdict, and read back: every field but ``cached``.
+    FACTS = __slots__[:-1]
+
+    @property
+    def cached(self) -> bool:
+        return self._cached
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def level_name(self) -> str:
+        return level_name(self.level)
+
+    def facts(self) -> dict[str, Any]:
+        """Every field but ``cached``: what is remembered of a verdict."""
+        return {fact: getattr(self, fact) for fact in self.FACTS}
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.facts(), "cached": self.cached, "level_name": self.level_name}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], *, cached: bool = False) -> Verdict:
+        return cls(**{k: v for k, v in data.items() if k in cls.FACTS}, cached=cached)
