@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from torch_backend_registry import Registry
+from torch_backend_registry import Registry, Verdict
 from torch_backend_registry._cli import STARTER, pyproject_starter, schema_text
+from torch_backend_registry._verdicts import Verdicts
 
 from .conftest import WriteFn, run_python
 
@@ -560,3 +561,37 @@ def test_shell_completion_offers_commands_and_backend_names(tmp_path: Path, writ
     assert {"list", "explain", "check"} <= set(complete("torch-backends "))
     assert complete("torch-backends explain f") == ["f", "fast"]
     assert "--no-torch" in complete("torch-backends list --no")
+
+
+def _remember(registry: Registry, name: str, verdict: Verdict) -> None:
+    """Remember a verdict as doctor does: for what ``name`` runs here, on the built-in probe."""
+    probe = {"model": None, "device": "cpu", "timeout": 300.0}
+    Verdicts(registry.cache).put(registry.subject(name), probe, verdict)
+
+
+def test_list_and_explain_show_a_remembered_verdict_also_of_an_override(
+    tmp_path: Path, write: WriteFn, make_module: Callable[..., str], module_name: str
+) -> None:
+    make_module(module_name, "def fast(gm, inputs):\n    return gm\n")
+    write("proj/backends.toml", PROJECT.replace("my_pkg.compilers:fast", f"{module_name}:fast"))
+    override = write("site.toml", f'[backends.fast]\ntarget = "{module_name}:fast"\n')
+    env = {"TORCH_BACKENDS_PATH": str(override), "PYTHONPATH": os.pathsep.join(sys.path)}
+    here = Registry(cwd=tmp_path / "proj", environ=env)
+    assert here.backend_info("fast").shadowed  # the override shadows the project's
+    _remember(here, "fast", Verdict("fast", "compile-error", 3, "RuntimeError: no GPU here"))
+    _remember(here, "portable", Verdict("portable", "ok", 4, member="fast"))
+    listed = run("list", "--no-torch", cwd=tmp_path / "proj", env=env).stdout.splitlines()
+    assert listed[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
+    rows = {row.split()[0]: row for row in listed[1:]}
+    assert rows["fast"].endswith("compile-error")
+    assert rows["portable"].endswith("ok")
+    assert rows["trt"].endswith("-")
+    explained = run("explain", "f", "--no-torch", cwd=tmp_path / "proj", env=env).stdout
+    assert "  doctor:      compile-error: RuntimeError: no GPU here (last probe here," in explained
+    assert explained.count("doctor:") == 1  # the verdict is the winner's, not the shadowed one's
+    # The verdict follows the code: another target for the name is another backend.
+    override.write_text(f'[backends.fast]\ntarget = "{module_name}:fast"\noptions = {{ x = 1 }}\n')
+    relisted = run("list", "--no-torch", "--json", cwd=tmp_path / "proj", env=env).stdout
+    doctor_of = {row["name"]: row["doctor"] for row in json.loads(relisted)}
+    assert doctor_of["fast"] is None
+    assert doctor_of["portable"] is None  # its member changed: what it runs changed

@@ -65,6 +65,13 @@ def test_the_fingerprint_is_content_not_place(tmp_path: Path) -> None:
         assert tbr.fingerprint(project(tmp_path / "c", changed)) != here
 
 
+def test_unusual_option_values_are_stable_in_the_fingerprint_and_the_lock(tmp_path: Path) -> None:
+    body = MANIFEST.replace("level = 2", "level = nan, big = inf, when = 1979-05-27T07:32:00Z")
+    first, second = project(tmp_path / "a", body), project(tmp_path / "b", body)
+    assert tbr.fingerprint(first) == tbr.fingerprint(second)
+    assert differences(read_lock(write_lock(first)), second.facts()) == []
+
+
 def test_the_fingerprint_is_the_same_in_another_process(tmp_path: Path) -> None:
     registry = project(tmp_path / "p")
     code = (
@@ -149,7 +156,9 @@ def test_the_command_line_locks_and_finds_drift(tmp_path: Path) -> None:
     ) in drifted.stdout
 
 
-def test_install_refuses_a_registry_that_drifted_from_its_lock(tmp_path: Path) -> None:
+def test_install_refuses_a_registry_that_drifted_from_its_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("torch")
     registry = project(tmp_path / "p")
     write_lock(registry)
@@ -168,6 +177,9 @@ def test_install_refuses_a_registry_that_drifted_from_its_lock(tmp_path: Path) -
     )
     with pytest.raises(LockDriftError, match=r"backends\.lock: the backends drifted"):
         tbr.install(by_env)
+    # The registry's own environment decides, never the process's behind it.
+    monkeypatch.setenv("TORCH_BACKENDS_LOCKED", "1")
+    tbr.install(Registry(cwd=tmp_path / "p", environ={}, sources=registry.sources))
 
 
 # ------------------------------------------------------------------ the cluster check

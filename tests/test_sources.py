@@ -63,6 +63,20 @@ def test_precedence_runtime_env_project_entry_point(
     assert ep.source.line is None
 
 
+def test_what_resolving_found_stands_beside_the_definition(tmp_path: Path, write: WriteFn) -> None:
+    project = write("proj/backends.toml", '[backends.fast]\ntarget = "proj:fast"\n')
+    env = write("env/extra.toml", '[backends.fast]\ntarget = "env:fast"\naliases = ["f"]\n')
+    registry = make(tmp_path, env=str(env), cwd=project.parent)
+    [listed] = registry.definitions()
+    info = registry.backend_info("f")
+    # The definition is what was declared: equal to itself whatever it shadows.
+    assert info.definition == listed
+    assert info.definition == registry.backend_info("fast").definition
+    assert (info.alias, registry.backend_info("fast").alias) == ("f", None)
+    assert [d.source.kind for d in info.shadowed] == ["project"]
+    assert info.target == "env:fast"  # the definition's fields read through
+
+
 def test_env_entries_in_order_and_directories_sorted(tmp_path: Path, write: WriteFn) -> None:
     write("dir/b.toml", '[backends.x]\ntarget = "b:x"\n[backends.y]\ntarget = "b:y"\n')
     write("dir/a.toml", '[backends.x]\ntarget = "a:x"\n')

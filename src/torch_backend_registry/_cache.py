@@ -18,8 +18,11 @@ turns it off.
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 import os
 import stat
+from types import MappingProxyType
 
 from ._definition import (
     BackendDefinition,
@@ -61,11 +64,22 @@ class Cache:
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
+        #: The folders of entries found private (they stay so: only their owner can change it).
+        self._private: set[str] = set()
+
+    def _usable(self, folder: str, *, make: bool = False) -> bool:
+        """Whether entries may be read from (or with ``make``, written to) ``folder``."""
+        if folder not in self._private:
+            made = make and _make_private_folders(self.folder, folder)
+            if not made and not _private_folders(self.folder, os.path.join(folder, "entry")):
+                return False
+            self._private.add(folder)
+        return True
 
     def get(self, kind: str, key: object) -> Any:
         """The value stored under ``key``, or ``None``."""
         path = self._path(kind, key)
-        if path is None or not _private_folders(self.folder, path):
+        if path is None or not self._usable(os.path.dirname(path)):
             return None
         try:
             fd = os.open(path, _OPEN | getattr(os, "O_CLOEXEC", 0))
@@ -103,7 +117,7 @@ class Cache:
         try:
             text = json.dumps(value, default=_encode, separators=(",", ":")).encode()
             text = hashlib.sha256(text).hexdigest().encode() + b"\n" + text
-            if not _make_private_folders(self.folder, os.path.dirname(path)):
+            if not self._usable(os.path.dirname(path), make=True):
                 return
             temporary = f"{path}.{os.getpid()}.{id(value)}.tmp"
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -173,6 +187,7 @@ def _make_private_folders(root: str | None, folder: str) -> bool:
     return _private_folders(root, os.path.join(folder, "entry"))
 
 
+@functools.cache  # one process runs one version of this code
 def code_key() -> str:
     """A digest of this package's code: an upgrade, or an edit of it, starts afresh."""
     import hashlib
@@ -188,34 +203,38 @@ def code_key() -> str:
 
 # -------------------------------------------------------------------- values as JSON
 #
-# Each value class is written as {"@": class name, slot: value...} and read back
-# through its own constructor, so the round trip follows the classes' slots.
-# A mapping (a backend's options) is written as {"{}": [[key, value]...]}, so a
-# key of the user's never meets a key of this format; inside it, arrays stay
-# lists (TOML's), while a value class's own arrays are tuples again.
+# Each value class is written as {"@": class name, "v": [its slots' values, in the
+# order of its __slots__]} and read back through its own constructor, so the round
+# trip follows the classes' slots (and the code's digest in every key keeps an
+# entry from outliving them). A mapping (a backend's options) is written as
+# {"{}": [[key, value]...]}, so a key of the user's never meets a key of this
+# format; inside it, arrays stay lists (TOML's), while a value class's own arrays
+# are tuples again.
 
 _CLASSES: dict[str, type[Any]] = {
     cls.__name__: cls
     for cls in (BackendDefinition, DefaultDeclaration, PluginRule, Problem, Source)
 }
+#: A getter of all of a value class's fields at once, in slot order.
+_FIELDS = {cls: operator.attrgetter(*cls.__slots__) for cls in _CLASSES.values()}
 
 
 def _encode(value: object) -> object:
-    import datetime
-    from types import MappingProxyType
-
-    cls = type(value).__name__
-    if cls in _CLASSES and type(value) is _CLASSES[cls]:
-        fields = {slot: getattr(value, slot) for slot in _CLASSES[cls].__slots__}
-        if isinstance(value, BackendDefinition) and value.compiler_fn is not None:
+    fields = _FIELDS.get(type(value))
+    if fields is not None:
+        if getattr(value, "compiler_fn", None) is not None:
             raise TypeError("a callable is not kept")
-        return {"@": cls, **fields}
-    if isinstance(value, Discovery):
-        return {"@": "Discovery", **{slot: getattr(value, slot) for slot in Discovery.__slots__}}
+        return {"@": type(value).__name__, "v": fields(value)}
+    if isinstance(value, MappingProxyType) and not value:
+        return None  # no options
     if isinstance(value, (dict, MappingProxyType)):
         return {"{}": [[key, _plain(item)] for key, item in value.items()]}
+    if isinstance(value, Discovery):
+        return {"@": "Discovery", "v": [getattr(value, slot) for slot in Discovery.__slots__]}
     if isinstance(value, frozenset):
         return sorted(value)
+    import datetime
+
     if isinstance(value, datetime.datetime):
         return {"datetime": value.isoformat()}
     if isinstance(value, datetime.date):
@@ -249,14 +268,16 @@ def _decode(data: dict[str, Any]) -> Any:
             if tag == kind:
                 return parse(value)
     name = data.get("@")
-    if name != "Discovery" and name not in _CLASSES:
+    if len(data) != 2 or (name != "Discovery" and name not in _CLASSES):
         return data
-    fields = {k: tuple(v) if type(v) is list else v for k, v in data.items() if k != "@"}
-    if name == "Discovery":
-        found = Discovery()
-        found.definitions = list(fields["definitions"])
-        found.problems = list(fields["problems"])
-        found.rules = list(fields["rules"])
-        found.default = fields["default"]  # type: ignore[assignment]
-        return found
-    return _CLASSES[name](**fields)
+    cls: type[Any] = Discovery if name == "Discovery" else _CLASSES[name]
+    values = [tuple(v) if type(v) is list else v for v in data["v"]]
+    fields = dict(zip(cls.__slots__, values, strict=True))
+    if cls is not Discovery:
+        return cls(**fields)
+    found = Discovery()
+    found.definitions = list(fields["definitions"])
+    found.problems = list(fields["problems"])
+    found.rules = list(fields["rules"])
+    found.default = fields["default"]
+    return found

@@ -257,7 +257,7 @@ class BackendDefinition(Frozen):
         description: str | None = None,
         aliases: tuple[str, ...] = (),
         requires: tuple[str, ...] = (),
-        options: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = _EMPTY,
         enabled: bool = True,
         python_path: tuple[str, ...] = (),
         compiler_fn: Callable[..., Any] | None = None,
@@ -273,7 +273,7 @@ class BackendDefinition(Frozen):
         init(self, "description", description)
         init(self, "aliases", aliases)
         init(self, "requires", requires)
-        init(self, "options", MappingProxyType(dict(options)) if options else _EMPTY)
+        init(self, "options", _EMPTY if not options else MappingProxyType(dict(options)))
         init(self, "source", source)
         init(self, "enabled", enabled)
         init(self, "python_path", python_path)

@@ -215,7 +215,9 @@ def entry_point_source(ctx: Context) -> Discovery:
     Remembered by what is on sys.path, so a warm start needs no importlib.metadata;
     read for real when the context is fresh.
     """
-    key = entry_point_stamps()
+    from ._cache import code_key
+
+    key = [code_key(), entry_point_stamps()]
     if not ctx.fresh:
         cached = ctx.cache.get("entry-points", key)
         if isinstance(cached, Discovery):
