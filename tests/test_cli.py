@@ -595,3 +595,39 @@ def test_list_and_explain_show_a_remembered_verdict_also_of_an_override(
     doctor_of = {row["name"]: row["doctor"] for row in json.loads(relisted)}
     assert doctor_of["fast"] is None
     assert doctor_of["portable"] is None  # its member changed: what it runs changed
+
+
+def test_doctor_without_torch_says_so_once(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", PROJECT)
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from torch_backend_registry._cli import main\n"
+        "sys.exit(main(['doctor']))\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=environ, capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "torch-backends: error: doctor needs PyTorch to compile with: pip install torch"
+    ]
+
+
+def test_doctors_progress_fits_the_line_and_counts_what_is_done(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from torch_backend_registry._cli import _Progress
+
+    progress = _Progress(True, 3)
+    progress.update("a_backend_with_a_very_long_name_" * 3, 3, 12.0, False)
+    progress.update("other", 2, 1.0, False)
+    progress.update("other", 4, 5.0, True)
+    progress.done()
+    lines = [line.removeprefix("\033[K") for line in capsys.readouterr().err.split("\r")]
+    shown = [line for line in lines if line]
+    assert all(len(line) < 80 for line in shown)
+    assert shown[-1].startswith(
+        "torch-backends: 1/3 done; probing a_backend_with_a_very_long_name_"
+    )
+    assert "forward 12s" not in shown[-1] or len(shown[-1]) < 80

@@ -5,16 +5,22 @@ Assertions are about statuses, levels and reasons, never about timings.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import torch_backend_registry as tbr
-from torch_backend_registry import Registry, Verdict
+from torch_backend_registry import Registry, UnknownBackendError, Verdict
+from torch_backend_registry._doctor import ModelError
 
 from .conftest import WriteFn
 
@@ -52,6 +58,23 @@ def leak(gm, example_inputs):
 
 def fine(gm, example_inputs):
     return gm.forward
+
+def escape(gm, example_inputs):
+    # A helper in a session of its own, holding this process's output pipe; then a hang.
+    import pathlib, subprocess, sys
+    helper = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(90)"], start_new_session=True
+    )
+    (pathlib.Path(__file__).parent / "helper.pid").write_text(str(helper.pid))
+    time.sleep(3600)
+
+def chatty(gm, example_inputs):
+    import sys
+    chunk = "x" * 1_000_000
+    for _ in range(200):  # 200 MB, and not one newline
+        sys.stdout.write(chunk)
+    sys.stdout.flush()
+    raise RuntimeError("after the noise")
 """
 
 MANIFEST = """
@@ -77,7 +100,22 @@ requires = ["tbr_no_such_tensorrt"]
 chain = ["needs_trt", "explodes", "fine"]
 [backends.fine]
 target = "tbr_doctor_fakes:fine"
+aliases = ["fine_alias"]
+[backends.escapes]
+target = "tbr_doctor_fakes:escape"
+[backends.chatty]
+target = "tbr_doctor_fakes:chatty"
+[backends.noisy_import]
+target = "tbr_doctor_noisy:fn"
+[backends.missing_module]
+target = "tbr_doctor_no_such_module_zz:fn"
+[backends.fixable]
+target = "tbr_doctor_fixable:compile"
 """
+
+NOISY = "import sys\nsys.stdout.write('loading kernels... ')\nraise ImportError('libfoo.so')\n"
+BROKEN = "def compile(gm, inputs):\n    raise RuntimeError('broken')\n"
+FIXED = "def compile(gm, inputs):\n    return gm.forward  # fixed\n"
 
 
 @pytest.fixture
@@ -85,6 +123,8 @@ def project(tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     write("proj/fakes/tbr_doctor_fakes.py", FAKES)
     write("proj/fakes/tbr_doctor_broken.py", "raise ImportError('a missing shared library')\n")
+    write("proj/fakes/tbr_doctor_noisy.py", NOISY)
+    write("proj/fakes/tbr_doctor_fixable.py", BROKEN)
     write("proj/backends.toml", MANIFEST)
     return Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch"))
 
@@ -267,9 +307,9 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
 
 
 def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -> None:
-    # The probe runs in the project's folder, where `python -m` finds this module.
+    # The model's module is found as a target is: on the import path, or in a python-path folder.
     write(
-        "proj/tbr_doctor_model.py",
+        "proj/fakes/tbr_doctor_model.py",
         "import torch\n"
         "def make():\n"
         "    torch.manual_seed(1)\n"
@@ -280,9 +320,8 @@ def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -
     if not __import__("torch").cuda.is_available():
         [no_gpu] = tbr.doctor(["fine"], registry=project, device="cuda")
         assert (no_gpu.status, no_gpu.reason) == ("unavailable", "no cuda device here")
-    [missing] = tbr.doctor(["fine"], registry=project, model="tbr_no_such_module:make")
-    assert missing.status == "compile-error"
-    assert missing.reason.startswith("the model could not be built: ModuleNotFoundError")
+    with pytest.raises(ModelError, match="no module 'tbr_no_such_module'"):
+        tbr.doctor(["fine"], registry=project, model="tbr_no_such_module:make")
 
 
 def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
@@ -293,7 +332,7 @@ def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
     assert hash(remembered) == hash(verdict)
     assert list(verdict.as_json()) == [
         "name", "status", "level", "reason", "seconds", "member", "compile_seconds",
-        "per_call_seconds", "eager_seconds", "speedup", "cached", "level_name",
+        "per_call_seconds", "eager_seconds", "speedup", "spread", "cached", "level_name",
     ]  # fmt: skip
     assert verdict.as_json()["level_name"] == verdict.level_name == "bench"
     assert "cached" not in verdict.facts()
@@ -301,3 +340,218 @@ def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
         verdict.status = "crashed"
     with pytest.raises(TypeError):
         Verdict.from_json({"name": "fast"})  # a remembered verdict missing its status
+
+
+# ------------------------------------------------------------------ running code safely
+
+
+def test_the_working_folder_is_not_on_the_probes_import_path(
+    project: Registry, tmp_path: Path
+) -> None:
+    # Someone else's folder: a json.py there would run as whoever runs doctor there.
+    marker = tmp_path / "planted-json-ran"
+    (tmp_path / "proj" / "json.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    [verdict] = tbr.doctor(["fine"], registry=project)
+    assert verdict.status == "ok"
+    assert not marker.exists()
+
+
+def test_the_probe_takes_its_configuration_off_the_command_line(
+    project: Registry, tmp_path: Path, write: WriteFn
+) -> None:
+    write(
+        "proj/fakes/tbr_doctor_spy.py",
+        "import pathlib\n"
+        "here = pathlib.Path(__file__).parent\n"
+        "(here / 'cmdline').write_bytes(pathlib.Path('/proc/self/cmdline').read_bytes())\n"
+        "def fn(gm, inputs):\n    return gm.forward\n",
+    )
+    (tmp_path / "proj" / "backends.toml").write_text(
+        MANIFEST + '[backends.spy]\ntarget = "tbr_doctor_spy:fn"\n'
+    )
+    # Three 50 KB variables and a secret: more than a command line may hold, and private.
+    environ = {f"TBR_BIG_{i}": "b" * 50_000 for i in range(3)}
+    environ["TBR_SECRET"] = "hunter2-secret"
+    spied = Registry(cwd=tmp_path / "proj", environ=environ, sources=("project", "torch"))
+    [verdict] = tbr.doctor(["spy"], registry=spied)
+    assert verdict.status == "ok", verdict.reason
+    cmdline = (tmp_path / "proj" / "fakes" / "cmdline").read_bytes()
+    assert b"hunter2" not in cmdline
+    assert len(cmdline) < 2000
+
+
+def test_the_registrys_environment_and_policy_hold_in_the_probe(
+    project: Registry, tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    extra = write(
+        "site.toml",
+        'python-path = ["proj/fakes"]\n[backends.only_here]\ntarget = "tbr_doctor_fakes:fine"\n',
+    )
+    make_dist("tbr-denied", "1.0", {"denied_ep": "tbr_doctor_fakes:explode"})
+    environ = {"TORCH_BACKENDS_PATH": str(extra), "TORCH_BACKENDS_DENY": "tbr-denied"}
+    own = Registry(cwd=tmp_path / "proj", environ=environ)
+    [verdict] = tbr.doctor(["only_here"], registry=own)  # not in this process's environment
+    assert verdict.status == "ok", verdict.reason
+    with pytest.raises(UnknownBackendError, match="denied by TORCH_BACKENDS_DENY"):
+        tbr.doctor(["denied_ep"], registry=own)
+
+
+def test_whatever_a_backend_does_doctor_returns_at_the_time_limit(
+    project: Registry, tmp_path: Path
+) -> None:
+    code = (
+        "import sys, torch_backend_registry as t\n"
+        f"r = t.Registry(cwd={str(tmp_path / 'proj')!r}, environ={{}}, sources=('project',))\n"
+        "[v] = t.doctor(['escapes'], registry=r, timeout=5)\n"
+        "print(v.status, v.level)\n"
+    )
+    try:
+        # A hang of doctor itself shows as this running out (the helper sleeps 90 s).
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        helper = tmp_path / "proj" / "fakes" / "helper.pid"
+        if helper.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(helper.read_text()), signal.SIGKILL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["timeout", "3"]
+
+
+def test_what_a_backend_prints_is_kept_to_its_tail(project: Registry, tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import resource, torch_backend_registry as t
+        r = t.Registry(cwd={str(tmp_path / "proj")!r}, environ={{}}, sources=("project",))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        verdicts = t.doctor(["chatty", "noisy_import"], registry=r, jobs=1)
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        for v in verdicts:
+            print(repr((v.name, v.status, v.reason)))
+        print(grown // 1024)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    *verdicts, grown_mb = done.stdout.splitlines()
+    assert int(grown_mb) < 100  # while 200 MB went by
+    seen = {name: rest for name, *rest in map(ast.literal_eval, verdicts)}
+    assert seen["chatty"][0] == "compile-error"
+    assert "after the noise" in seen["chatty"][1]
+    # A verdict travels on its own channel: output without a newline changes nothing.
+    assert seen["noisy_import"][0] == "import-error"
+    assert "libfoo.so" in seen["noisy_import"][1]
+
+
+# ------------------------------------------------------------------ verdicts follow the code
+
+
+def test_a_fix_to_the_backends_own_code_probes_again(project: Registry, tmp_path: Path) -> None:
+    [broken] = tbr.doctor(["fixable"], registry=project)
+    assert broken.status == "compile-error"
+    (tmp_path / "proj" / "fakes" / "tbr_doctor_fixable.py").write_text(FIXED)
+    [fixed] = tbr.doctor(["fixable"], registry=project)
+    assert (fixed.status, fixed.cached) == ("ok", False)
+
+
+def test_a_chains_member_changed_elsewhere_probes_the_chain_again(
+    tmp_path: Path, write: WriteFn, project: Registry
+) -> None:
+    site = 'python-path = ["proj/fakes"]\n[backends.member]\ntarget = "tbr_doctor_fakes:{}"\n'
+    member = write("site.toml", site.format("fine"))
+    (tmp_path / "proj" / "backends.toml").write_text(
+        MANIFEST + '[backends.uses]\nchain = ["member"]\n'
+    )
+    environ = {"TORCH_BACKENDS_PATH": str(member)}
+    [first] = tbr.doctor(["uses"], registry=Registry(cwd=tmp_path / "proj", environ=environ))
+    assert first.status == "ok"
+    member.write_text(site.format("explode"))
+    again = Registry(cwd=tmp_path / "proj", environ=environ)
+    [second] = tbr.doctor(["uses"], registry=again)
+    assert (second.status, second.cached) == ("compile-error", False)
+
+
+def test_another_time_limit_or_level_probes_again_and_another_name_is_its_own(
+    project: Registry,
+) -> None:
+    [first] = tbr.doctor(["fine"], registry=project, timeout=60)
+    [longer] = tbr.doctor(["fine"], registry=project, timeout=61)
+    assert (first.cached, longer.cached) == (False, False)
+    [forward] = tbr.doctor(["fine"], registry=project, timeout=60, level="forward")
+    assert (forward.cached, forward.level_name) == (False, "forward")
+    [alias] = tbr.doctor(["fine_alias"], registry=project, timeout=60)
+    assert (alias.name, alias.status, alias.cached) == ("fine_alias", "ok", True)
+
+
+# ------------------------------------------------------------------ arguments and output
+
+
+def test_unknown_names_and_bad_arguments_fail_before_any_probe(project: Registry) -> None:
+    with pytest.raises(UnknownBackendError, match="Did you mean 'fine'"):
+        tbr.doctor(["fien"], registry=project)
+    with pytest.raises(ValueError, match="timeout must be"):
+        tbr.doctor(["fine"], registry=project, timeout=0)
+    with pytest.raises(ValueError, match="level must be"):
+        tbr.doctor(["fine"], registry=project, level="sideways")
+    with pytest.raises(ModelError, match="expected MODULE:FACTORY"):
+        tbr.doctor(["fine"], registry=project, model="no_colon")
+    cache = Path(project.cwd or ".").parent / "cache" / "torch-backend-registry"
+    assert not (cache / "verdicts").exists()  # nothing was probed
+
+
+def test_an_inference_backend_is_ok_at_the_forward_level(project: Registry) -> None:
+    [backward] = tbr.doctor(["forward_only"], registry=project)
+    [forward] = tbr.doctor(["forward_only"], registry=project, level="forward")
+    assert (backward.status, forward.status, forward.level_name) == (
+        "backward-error",
+        "ok",
+        "forward",
+    )
+
+
+def test_a_reason_says_its_cause_once(project: Registry) -> None:
+    [verdict] = tbr.doctor(["missing_module"], registry=project)
+    assert verdict.status == "import-error"
+    assert verdict.reason.count("No module named 'tbr_doctor_no_such_module_zz'") == 1
+
+
+def test_the_command_judges_at_the_level_asked_and_names_a_bad_model(
+    project: Registry, tmp_path: Path
+) -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry", "doctor", *args],
+            cwd=tmp_path / "proj", env=environ, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    assert doctor("forward_only", "--level", "forward").returncode == 0
+    assert doctor("forward_only").returncode == 1
+    for bad in (("--timeout", "0"), ("--timeout", "soon"), ("--level", "sideways")):
+        done = doctor("fine", *bad)
+        assert done.returncode == 2, bad
+    model = doctor("fine", "--model", "tbr_no_such_models:make")
+    assert model.returncode == 2
+    assert model.stderr.strip() == (
+        "torch-backends: error: --model 'tbr_no_such_models:make': no module"
+        " 'tbr_no_such_models' on the import path or in a python-path folder"
+    )
+    unknown = doctor("fien")
+    assert unknown.returncode == 1
+    assert "unknown backend 'fien'. Did you mean 'fine'?" in unknown.stderr
+
+
+def test_only_a_named_or_declared_backend_that_is_unavailable_fails_the_run(
+    project: Registry,
+) -> None:
+    from torch_backend_registry._cli import _fails
+
+    tvm = Verdict("tvm", "unavailable", 1, "missing tvm")
+    needs_trt = Verdict("needs_trt", "unavailable", 1, "missing tbr_no_such_tensorrt")
+    assert not _fails(project, tvm, named=set())  # PyTorch's, not asked for: reported only
+    assert _fails(project, tvm, named={"tvm"})
+    assert _fails(project, needs_trt, named=set())  # the project declares it
+    assert _fails(project, Verdict("tvm", "crashed", 3), named=set())

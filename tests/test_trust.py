@@ -214,6 +214,32 @@ def test_another_threads_import_never_sees_a_manifests_folder(
     del builtins.tbr_trust_started, builtins.tbr_trust_go  # type: ignore[attr-defined]
 
 
+def test_a_loaded_target_imports_its_siblings_later_at_compile_time(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write(
+        "proj/backends.toml",
+        'python-path = ["p"]\n[backends.lazy]\ntarget = "tbr_trust_lazy:compile"\n',
+    )
+    # A heavy dependency imported inside the compiler function, not at the module's top.
+    write(
+        "proj/p/tbr_trust_lazy.py",
+        "def compile(gm, inputs):\n"
+        "    import tbr_trust_sibling\n"
+        "    return tbr_trust_sibling.VALUE\n",
+    )
+    write("proj/p/tbr_trust_sibling.py", "VALUE = 'the sibling'\n")
+    registry = project(tmp_path / "proj")
+    path_before = list(sys.path)
+    compiler = registry.lookup_backend("lazy")
+    try:
+        assert compiler(None, []) == "the sibling"  # after the lookup, at compile time
+        assert sys.path == path_before
+    finally:
+        sys.modules.pop("tbr_trust_lazy", None)
+        sys.modules.pop("tbr_trust_sibling", None)
+
+
 def test_sys_path_is_never_changed_by_a_lookup_success_or_failure(
     tmp_path: Path, write: WriteFn
 ) -> None:

@@ -133,21 +133,24 @@ def doctor(
     timeout: float = 300.0,
     model: str | None = None,
     device: str = "cpu",
+    level: str = "backward",
     jobs: int | None = None,
     fresh: bool = False,
-    on_progress: Callable[[str, int, float], None] | None = None,
+    on_progress: Callable[[str, int, float, bool], None] | None = None,
 ) -> list[Verdict]:
     """Probe each backend (default: every listed one) in its own subprocess.
 
     Each goes as far as it can: requirements found, target imported,
     ``torch.compile`` forward matching eager, backward gradients matching,
-    and with ``bench`` its compile time and speed against eager. One
-    :class:`Verdict` a backend, best first. Verdicts are remembered by what they
-    depend on; ``fresh`` probes again anyway.
+    and with ``bench`` its compile time and speed against eager. ``level``
+    (``"forward"`` or ``"backward"``) is how far a backend must get to be ``ok``:
+    ``"forward"`` judges inference backends. One :class:`Verdict` a backend, best
+    first. Verdicts are remembered by what they depend on; ``fresh`` probes again
+    anyway. ``on_progress(name, level, seconds, done)`` hears of each step.
     """
     from ._doctor import Probe, run
 
-    probe = Probe(timeout=timeout, bench=bench, model=model, device=device, jobs=jobs, fresh=fresh)
+    probe = Probe(timeout, bench, model, device, level, jobs, fresh)
     return run(registry or default_registry, names, probe, on_progress)
 
 

@@ -41,6 +41,17 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+def _positive(text: str) -> float:
+    """A number of seconds above zero, for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
 def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentParser:
     """The whole grammar: every command, option and help text."""
     # Global options are accepted before and after the command, as users type them;
@@ -129,10 +140,17 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
     )
     doctor.add_argument(
         "--timeout",
-        type=float,
+        type=_positive,
         default=300.0,
         metavar="S",
         help="seconds a backend may take before it is killed (default 300)",
+    )
+    doctor.add_argument(
+        "--level",
+        choices=("forward", "backward"),
+        default="backward",
+        help="how far a backend must get to be ok: forward judges inference backends"
+        " (default backward)",
     )
     doctor.add_argument("--json", action="store_true", help="print a JSON array of verdicts")
     doctor.add_argument(

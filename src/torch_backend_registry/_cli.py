@@ -260,8 +260,8 @@ def _what(d: BackendDefinition) -> str:
     return d.target or ""
 
 
-def _terminal_width() -> int | None:
-    if not sys.stdout.isatty():
+def _terminal_width(stream: Any = None) -> int | None:
+    if not (stream or sys.stdout).isatty():
         return None
     import shutil
 
@@ -477,24 +477,36 @@ def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
 
 
 def _doctor(args: Arguments) -> int:
-    registry = _registry()
-    names = args.names or None
-    if names is None and args.all:
-        names = registry.list_backends(exclude_tags=())
-    progress = _Progress(sys.stderr.isatty())
     from ._api import doctor
+    from ._doctor import ModelError
+    from ._pytorch import dynamo_imported, torch_available
 
-    verdicts = doctor(
-        names,
-        registry=registry,
-        bench=args.bench,
-        timeout=args.timeout,
-        model=args.model,
-        device=args.device,
-        jobs=args.jobs,
-        fresh=args.fresh,
-        on_progress=progress.update,
-    )
+    if not torch_available():
+        raise CommandError("doctor needs PyTorch to compile with: pip install torch")
+    registry = _registry()
+    # Listing every backend, or a name no manifest declares, reads PyTorch's: torch is imported.
+    with _Waiting("importing PyTorch", not dynamo_imported()):
+        names = args.names or registry.list_backends(exclude_tags=() if args.all else None)
+        for name in names:
+            registry.backend_info(name)  # an unknown name fails here, as explain says it
+    progress = _Progress(sys.stderr.isatty(), len(names))
+    try:
+        verdicts = doctor(
+            names,
+            registry=registry,
+            bench=args.bench,
+            timeout=args.timeout,
+            model=args.model,
+            device=args.device,
+            level=args.level,
+            jobs=args.jobs,
+            fresh=args.fresh,
+            on_progress=progress.update,
+        )
+    except ModelError as exc:
+        progress.done()
+        _error(str(exc))
+        return EXIT_USAGE
     progress.done()
     if args.json:
         import json
@@ -503,30 +515,49 @@ def _doctor(args: Arguments) -> int:
         sys.stdout.write("\n")
     else:
         _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
-    return EXIT_OK if all(v.ok for v in verdicts) else EXIT_PROBLEMS
+    named = set(args.names)
+    failed = [v for v in verdicts if not v.ok and _fails(registry, v, named)]
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
+    """Whether a verdict fails the run: any failure; ``unavailable`` only for a name asked
+    for or a backend a manifest declares (PyTorch's GPU backends are not there on a CPU)."""
+    if verdict.status != "unavailable" or verdict.name in named:
+        return True
+    return registry.backend_info(verdict.name).source.kind in ("env", "project")
 
 
 class _Progress:
-    """One line on a terminal's stderr: the backends being probed, their level, the time."""
+    """One line on a terminal's stderr: how many are done, and each probe running (its level
+    and time), cut to the terminal's width."""
 
-    def __init__(self, shown: bool) -> None:
+    def __init__(self, shown: bool, total: int) -> None:
         import threading
 
         self.shown = shown
+        self.total = total
         self.lock = threading.Lock()
         self.running: dict[str, tuple[int, float]] = {}
+        self.finished = 0
 
-    def update(self, name: str, level: int, seconds: float) -> None:
+    def update(self, name: str, level: int, seconds: float, done: bool) -> None:
         if not self.shown:
             return
         from ._verdict import level_name
 
         with self.lock:
-            self.running[name] = (level, seconds)
+            if done:
+                self.running.pop(name, None)
+                self.finished += 1
+            else:
+                self.running[name] = (level, seconds)
             what = ", ".join(
-                f"{n}: {level_name(lv)} ({s:.0f} s)" for n, (lv, s) in self.running.items()
+                f"{n} {level_name(lv)} {s:.0f}s" for n, (lv, s) in self.running.items()
             )
-            sys.stderr.write(f"\r\033[K{PROG}: probing {printable(what)}"[:300])
+            line = f"{PROG}: {self.finished}/{self.total} done; probing {what}"
+            width = _terminal_width(sys.stderr) or 80
+            sys.stderr.write("\r\033[K" + printable(line)[: width - 1])
             sys.stderr.flush()
 
     def done(self) -> None:
@@ -536,10 +567,11 @@ class _Progress:
 
 
 def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) -> None:
-    """A table sorted by result and speed; with ``bench``, a bar for each speed-up."""
+    """A table sorted by result and speed; with ``bench``, a bar for each speed-up, and
+    the spread of the timed rounds, which says whether the speeds can be ranked."""
     header = ["NAME", "STATUS", "LEVEL", "SECONDS"]
     if bench:
-        header += ["COMPILE", "PER CALL", "SPEED-UP"]
+        header += ["COMPILE", "PER CALL", "SPEED-UP", "SPREAD"]
     header.append("REASON")
     table = [tuple(header)]
     fastest = max((v.speedup or 0.0 for v in verdicts), default=0.0)
@@ -552,10 +584,17 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
                 _duration(v.compile_seconds),
                 _duration(v.per_call_seconds),
                 _speedup(v.speedup, fastest, terminal),
+                "" if v.spread is None else f"±{v.spread * 50:.0f}%",
             ]
         row.append(v.reason)
         table.append(tuple(row))
     _print_rows(table)
+    wide = [v.name for v in verdicts if v.spread is not None and v.spread > 0.5]
+    if wide:
+        print(
+            f"(the timed rounds of {', '.join(wide)} spread too wide to rank: the machine"
+            " was busy; run again with nothing else running)"
+        )
 
 
 def _duration(seconds: float | None) -> str:

@@ -1,4 +1,12 @@
-"""Finding modules without running them: a backend's requirements, and its target's file.
+"""Finding modules without running them, as importing would find them: a backend's
+requirements, its target's file, and the ``python-path`` folders a lookup searches.
+
+A manifest's ``python-path`` folders are served by a finder placed after every
+other finder on ``sys.meta_path``: a folder never shadows a module importable
+without it, and ``sys.path`` is never touched. While a target is imported (or
+looked for), its folders are served to that lookup only (a context variable, so
+another thread's imports never see them); once it is loaded, they stay
+searchable, last, for the rest of the process (:meth:`PythonPathFinder.keep`).
 
 ``importlib.util.find_spec("a.b")`` imports ``a``; here each level is looked
 for in the search locations of the level above, so that no code runs, not even
@@ -9,13 +17,19 @@ from __future__ import annotations
 
 import importlib.machinery
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
     from ._definition import BackendDefinition
+
+#: The python-path folders of the lookup running in this thread (or context).
+_FOLDERS: ContextVar[tuple[str, ...]] = ContextVar("torch_backend_registry_folders", default=())
 
 
 def file_finder(folder: str) -> importlib.machinery.FileFinder:
@@ -42,6 +56,52 @@ def find_in(folders: Sequence[str], name: str) -> ModuleSpec | None:
     return None
 
 
+class PythonPathFinder:
+    """Finds top-level modules in python-path folders: the current lookup's, then those
+    of every target loaded so far."""
+
+    def __init__(self) -> None:
+        #: Folders of loaded targets, in the order they were first needed.
+        self.loaded: tuple[str, ...] = ()
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if path is not None:  # submodules: found through their package
+            return None
+        folders = _FOLDERS.get() + self.loaded
+        return find_in(folders, fullname) if folders else None
+
+    def invalidate_caches(self) -> None:
+        """Nothing cached: each search makes new finders."""
+
+    def keep(self, folders: Sequence[str]) -> None:
+        """Keep ``folders`` searchable from now on (one tuple swap: readers need no lock)."""
+        self.loaded += tuple(f for f in folders if f not in self.loaded)
+
+
+def python_path_finder() -> PythonPathFinder:
+    """The finder of python-path folders, last on ``sys.meta_path`` (placed there once)."""
+    for finder in sys.meta_path:
+        if isinstance(finder, PythonPathFinder):
+            return finder
+    finder = PythonPathFinder()
+    sys.meta_path.append(finder)
+    return finder
+
+
+@contextmanager
+def searching(folders: Sequence[str]) -> Iterator[None]:
+    """Serve ``folders`` to this thread's imports and searches for the time of the block."""
+    if folders:
+        python_path_finder()
+    token = _FOLDERS.set(tuple(folders))
+    try:
+        yield
+    finally:
+        _FOLDERS.reset(token)
+
+
 def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
     """The spec ``import module`` would use (``folders`` searched last), running nothing.
 
@@ -64,8 +124,10 @@ def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
                 locations = getattr(parent, "__path__", None)
                 continue
             if depth == 1:
-                # Top-level names: every finder on sys.meta_path, as import asks them.
-                spec = importlib.util.find_spec(name) or find_in(folders, name)
+                # Top-level names: every finder on sys.meta_path, as import asks them,
+                # ``folders`` served as to the lookup importing them.
+                with searching(folders):
+                    spec = importlib.util.find_spec(name)
             elif locations:
                 spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
             else:

@@ -1,67 +1,23 @@
 """Turning a definition into a callable: the one place that imports backend code.
 
-A manifest's ``python-path`` folders are served by a finder placed after every
-other finder on ``sys.meta_path``: a folder never shadows a module importable
-without it, and ``sys.path`` is never touched. While a target is imported, its
-folders are served to that lookup only (a context variable, so another
-thread's imports never see them); once it is loaded, they stay searchable, last,
-for the rest of the process, so that the target's own later imports (inside
-its compiler function, at compile time) find their siblings.
+A target's ``python-path`` folders are searched while it is imported, and once
+it is loaded for the rest of the process (see ``_finding``).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from contextvars import ContextVar
 
 from ._errors import BackendLoadError, warn
-from ._finding import find_in, missing_requirements
+from ._finding import missing_requirements, python_path_finder, searching
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from importlib.machinery import ModuleSpec
-    from types import ModuleType
     from typing import Any
 
     from ._definition import BackendDefinition
-
-#: The python-path folders of the lookup running in this thread (or context).
-_FOLDERS: ContextVar[tuple[str, ...]] = ContextVar("torch_backend_registry_folders", default=())
-
-
-class _PythonPathFinder:
-    """Finds top-level modules in python-path folders: the current lookup's, then those
-    of every target loaded so far."""
-
-    def __init__(self) -> None:
-        #: Folders of loaded targets, in the order they were first needed.
-        self.loaded: tuple[str, ...] = ()
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
-    ) -> ModuleSpec | None:
-        if path is not None:  # submodules: found through their package
-            return None
-        folders = _FOLDERS.get() + self.loaded
-        return find_in(folders, fullname) if folders else None
-
-    def invalidate_caches(self) -> None:
-        """Nothing cached: each search makes new finders."""
-
-    def keep(self, folders: Sequence[str]) -> None:
-        """Keep ``folders`` searchable from now on (one tuple swap: readers need no lock)."""
-        self.loaded += tuple(f for f in folders if f not in self.loaded)
-
-
-def _finder() -> _PythonPathFinder:
-    for finder in sys.meta_path:
-        if type(finder).__name__ == "_PythonPathFinder" and hasattr(finder, "keep"):
-            return finder  # type: ignore[return-value]  # also one of an earlier import
-    finder = _PythonPathFinder()
-    sys.meta_path.append(finder)
-    return finder
 
 
 # ------------------------------------------------------------------ requirements
@@ -108,19 +64,16 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     check_requirements(definition)
     module_name, _, attr_path = target.partition(":")
     folders, refused = trusted_folders(definition)
-    finder = _finder() if folders else None
     before = set(sys.modules)
-    token = _FOLDERS.set(tuple(folders))
     try:
-        obj: Any = importlib.import_module(module_name)
+        with searching(folders):
+            obj: Any = importlib.import_module(module_name)
     # SystemExit too: a backend module that exits while imported must not end the
     # process that merely looked the backend up.
     except (Exception, SystemExit) as exc:
         _forget(before, module_name, folders)
         note = f" ({'; '.join(refused)})" if refused else ""
         raise _error(definition, f"import of {module_name!r} failed: {_why(exc)}{note}") from exc
-    finally:
-        _FOLDERS.reset(token)
     for part in attr_path.split(".") if attr_path else ():
         try:
             obj = getattr(obj, part)
@@ -135,8 +88,8 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         raise _error(
             definition, f"{target!r} is {_a(type(obj).__name__)}, which is not callable"
         ) from TypeError(f"{type(obj).__name__} object is not callable")
-    if finder is not None:
-        finder.keep(folders)
+    if folders:
+        python_path_finder().keep(folders)
     if definition.options:
         import functools
 

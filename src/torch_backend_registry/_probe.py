@@ -1,10 +1,11 @@
 """One backend probed in this process as far as it goes: the child side of ``doctor``.
 
-Run as ``python -m torch_backend_registry._probe``, its configuration as JSON on
-stdin (never on the command line, which every user can read). It reports on
-stdout, in lines marked :data:`MARK` (a backend may print too): each level as
-it is reached, then the verdict. Whatever kills this process (a crash, a hang,
-``os.abort()``) leaves the last level reported for the parent to tell.
+Started by :data:`BOOT` under ``python -I`` (no working folder on the import
+path, no ``PYTHON*`` variables), its configuration as one JSON line on stdin,
+never on the command line (which every user can read). It reports on a pipe of
+its own, whatever the backend prints: each level as it is reached, then the
+verdict. Whatever kills this process (a crash, a hang, ``os.abort()``) leaves
+the last level reported for the parent to tell.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-#: Starts every line meant for the parent: a record separator and a name.
-MARK = "\x1etorch-backends-doctor "
+#: What ``python -I -c`` runs: the import path the parent chose, then :func:`main`.
+BOOT = (
+    "import json, sys; config = json.loads(sys.stdin.readline()); sys.path[:] = config['path'];"
+    " from torch_backend_registry._probe import main; main(config)"
+)
 
 #: How close compiled results must be to eager ones (``torch.testing.assert_close``):
 #: what bfloat16 arithmetic reaches (8 bits of mantissa), which CPU plugins such as
@@ -26,20 +30,23 @@ MARK = "\x1etorch-backends-doctor "
 RTOL, ATOL = 1e-2, 1e-2
 
 
-def _say(**fields: Any) -> None:
-    import json  # the child's side only: the parent imports this module for its names
-
-    sys.stdout.write(MARK + json.dumps(fields) + "\n")
-    sys.stdout.flush()
+class ModelError(Exception):
+    """The model to probe with cannot be built (the same for every backend)."""
 
 
 def _short(exc: BaseException) -> str:
-    """The exception in one line; for a wrapper (torch's BackendCompilerFailed), its cause too."""
-    text = str(exc).strip().splitlines()
-    said = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-    inner = exc.__cause__ or getattr(exc, "inner_exception", None)
-    if isinstance(inner, BaseException) and inner is not exc:
-        said = f"{said.rstrip(':')}: {_short(inner)}"
+    """The exception in one line, and the causes it wraps (torch's BackendCompilerFailed)
+    where they say more than it already does."""
+    said = ""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while isinstance(current, BaseException) and id(current) not in seen:
+        seen.add(id(current))
+        lines = str(current).strip().splitlines()
+        own = f"{type(current).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+        if own not in said:
+            said = f"{said.rstrip(':')}: {own}" if said else own
+        current = current.__cause__ or getattr(current, "inner_exception", None)
     return said[:300]
 
 
@@ -61,20 +68,39 @@ def default_model() -> tuple[Any, tuple[Any, ...]]:
     return model, (torch.randn(4, 16),)
 
 
-def _model(spec: str | None) -> tuple[Any, tuple[Any, ...]]:
+def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...]]:
+    """The model and example inputs ``spec`` (``module:factory``) names; :class:`ModelError`."""
     if spec is None:
         return default_model()
     import importlib
 
-    module_name, _, attr = spec.partition(":")
-    factory: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        factory = getattr(factory, part)
-    model, inputs = factory()
+    try:
+        module_name, _, attr = spec.partition(":")
+        factory: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+        model, inputs = factory()
+    except Exception as exc:
+        raise ModelError(f"--model {spec!r} cannot be built: {_short(exc)}") from exc
     return model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
 
 
-def probe(config: dict[str, Any]) -> dict[str, Any]:
+class _Channel:
+    """The pipe to the parent: one JSON object a line, nothing else on it."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_inheritable(fd, False)  # a backend's own children must not hold it open
+        self.fd = fd
+
+    def say(self, **fields: Any) -> None:
+        import json
+
+        data = (json.dumps(fields) + "\n").encode()
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+
+def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
     """Go through the levels for ``config["name"]``; the verdict as a dict."""
     from ._registry import Registry
     from ._torch import install
@@ -92,7 +118,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
             **extra,
         }
 
-    _say(level=1)
+    channel.say(level=1)
     registry = Registry(
         cwd=config.get("cwd"),
         environ=config.get("environ"),
@@ -101,17 +127,17 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     )
     try:
         info = registry.backend_info(name)
-        why = registry.why_unavailable(info.definition)
+        why = registry.why_unavailable(info)
     except Exception as exc:
         return verdict("unavailable", 1, _short(exc))
     if why is not None:
         return verdict("unavailable", 1, why)
-    _say(level=2)
+    channel.say(level=2)
     try:
         registry.lookup_backend(name)
     except Exception as exc:
         return verdict("import-error", 2, _short(exc))
-    _say(level=3)
+    channel.say(level=3)
     import copy
 
     import torch
@@ -120,13 +146,14 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     accelerator = getattr(torch, device.type, None)
     if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
         return verdict("unavailable", 3, f"no {device.type} device here")
+    sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
+    model, inputs = build_model(config.get("model"))
     try:
-        model, inputs = _model(config.get("model"))
         model = model.to(device)
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
         twin = copy.deepcopy(model)
     except Exception as exc:
-        return verdict("compile-error", 3, f"the model could not be built: {_short(exc)}")
+        raise ModelError(f"--model {config.get('model')!r} cannot be used: {_short(exc)}") from exc
     install(registry)  # torch.compile(backend=name) is what is probed
     expected = twin(*inputs)
     try:
@@ -143,37 +170,46 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     except AssertionError as exc:
         reason = f"forward differs from eager beyond rtol={RTOL}, atol={ATOL}: {_mismatch(exc)}"
         return verdict("wrong-result", 3, reason, **extra)
-    _say(level=4)
-    try:
-        out.float().sum().backward()
-    except Exception as exc:
-        return verdict("backward-error", 4, _short(exc), **extra)
-    expected.float().sum().backward()
-    for (param_name, mine), theirs in zip(model.named_parameters(), twin.parameters(), strict=True):
-        if mine.grad is None or theirs.grad is None:
-            continue
+    reached = 3
+    if config.get("level", "backward") == "backward":
+        channel.say(level=4)
         try:
-            torch.testing.assert_close(mine.grad, theirs.grad, rtol=RTOL, atol=ATOL)
-        except AssertionError as exc:
-            reason = f"gradient of {param_name} differs from eager: {_mismatch(exc)}"
-            return verdict("wrong-result", 4, reason, **extra)
+            out.float().sum().backward()
+        except Exception as exc:
+            return verdict("backward-error", 4, _short(exc), **extra)
+        expected.float().sum().backward()
+        pairs = zip(model.named_parameters(), twin.parameters(), strict=True)
+        for (param_name, mine), theirs in pairs:
+            if mine.grad is None or theirs.grad is None:
+                continue
+            try:
+                torch.testing.assert_close(mine.grad, theirs.grad, rtol=RTOL, atol=ATOL)
+            except AssertionError as exc:
+                reason = f"gradient of {param_name} differs from eager: {_mismatch(exc)}"
+                return verdict("wrong-result", 4, reason, **extra)
+        reached = 4
     if not config.get("bench"):
-        return verdict("ok", 4, **extra)
-    _say(level=5)
-    eager_s, compiled_s = _bench(twin, compiled, inputs, config.get("rounds", 15))
+        return verdict("ok", reached, **extra)
+    channel.say(level=5)
+    eager, timed = _bench(twin, compiled, inputs, config.get("rounds", 15))
+    per_call = timed[1]
     return verdict(
         "ok",
         5,
         **extra,
         compile_seconds=round(compile_seconds, 4),
-        per_call_seconds=compiled_s,
-        eager_seconds=eager_s,
-        speedup=round(eager_s / compiled_s, 3) if compiled_s > 0 else None,
+        per_call_seconds=per_call,
+        eager_seconds=eager[1],
+        speedup=round(eager[1] / per_call, 3) if per_call > 0 else None,
+        spread=round(max((hi - lo) / mid for lo, mid, hi in (eager, timed) if mid > 0), 3),
     )
 
 
-def _bench(eager: Any, compiled: Any, inputs: tuple[Any, ...], rounds: int) -> tuple[float, float]:
-    """Median seconds a call, eager and compiled, alternating run by run."""
+def _bench(
+    eager: Any, compiled: Any, inputs: tuple[Any, ...], rounds: int
+) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """Seconds a call, eager and compiled, alternating run by run: (fastest, median,
+    slowest) of the rounds, each round the mean of a batch of calls."""
     import statistics
 
     import torch
@@ -191,28 +227,23 @@ def _bench(eager: Any, compiled: Any, inputs: tuple[Any, ...], rounds: int) -> t
                 for _ in range(calls):
                     fn(*inputs)
                 times[side].append((time.perf_counter() - start) / calls)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return tuple(  # type: ignore[return-value]
+        (min(t), statistics.median(t), max(t)) for t in (times[0], times[1])
+    )
 
 
-def main() -> int:
-    import json
-
-    config = json.loads(sys.stdin.read())
+def main(config: dict[str, Any]) -> None:
+    """Probe, report the verdict on the channel, and end at once."""
+    channel = _Channel(config["channel"])
     try:
-        result = probe(config)
+        result: dict[str, Any] = {"verdict": probe(config, channel)}
+    except ModelError as exc:
+        result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
-        result = {
-            "name": config.get("name"),
-            "status": "crashed",
-            "level": 0,
-            "reason": _short(exc),
-        }
-    _say(verdict=result)
-    return 0
-
-
-if __name__ == "__main__":
-    code = main()
+        verdict = {"name": config.get("name"), "status": "crashed", "level": 0}
+        result = {"verdict": {**verdict, "reason": _short(exc)}}
+    channel.say(**result)
+    sys.stdout.flush()
     sys.stderr.flush()
     # At once: a thread the backend left running must not keep this process alive.
-    os._exit(code)
+    os._exit(0)

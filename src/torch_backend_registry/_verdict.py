@@ -34,7 +34,7 @@ class Verdict(Frozen):
 
     ``status`` is one of :data:`STATUSES`; ``level`` the last level reached
     (1 requirements, 2 import, 3 forward, 4 backward, 5 bench); ``member`` the
-    member a chain used; the ``*_seconds`` and ``speedup`` come with ``bench``;
+    member a chain used; the ``*_seconds``, ``speedup`` and ``spread`` come with ``bench``;
     ``cached`` tells a remembered verdict (and takes no part in comparing two).
     """
 
@@ -49,6 +49,7 @@ class Verdict(Frozen):
         "per_call_seconds",
         "eager_seconds",
         "speedup",
+        "spread",
         "_cached",
     )
 
@@ -62,6 +63,9 @@ class Verdict(Frozen):
     per_call_seconds: float | None
     eager_seconds: float | None
     speedup: float | None
+    #: With ``bench``: how far the slowest round was from the fastest, as a share of the
+    #: median (the larger of eager's and the backend's). Past 0.5, speeds do not rank.
+    spread: float | None
     _cached: bool
 
     def __init__(
@@ -76,6 +80,7 @@ class Verdict(Frozen):
         per_call_seconds: float | None = None,
         eager_seconds: float | None = None,
         speedup: float | None = None,
+        spread: float | None = None,
         cached: bool = False,
     ) -> None:
         super().__init__(
@@ -89,6 +94,7 @@ class Verdict(Frozen):
             per_call_seconds=per_call_seconds,
             eager_seconds=eager_seconds,
             speedup=speedup,
+            spread=spread,
             _cached=cached,
         )
 
