@@ -209,7 +209,9 @@ def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
     [entry] = [f for f in cache_files() if f.parent.name == "manifest"]
     _seal, text = entry.read_text().split("\n", 1)
     text = text.replace('"good"', '"planted"')
-    planted = hashlib.sha256(text.encode()).hexdigest() + "\n" + text  # sealed anew
+    # Sealed anew, as its owner would: the seal tells a torn or moved entry, not a forged one.
+    seal = hashlib.sha256(entry.stem.encode() + b"\n" + text.encode()).hexdigest()
+    planted = seal + "\n" + text
 
     def plant(mode: int) -> None:
         entry.unlink()
@@ -330,3 +332,31 @@ def test_a_warm_listing_says_what_a_cold_one_says(tmp_path: Path, write: WriteFn
     assert (warm.stdout, warm.stderr) == (cold.stdout, cold.stderr)
     assert "warm" in warm.stdout
     assert "backends.broken.target" in warm.stderr  # the problem is said warm too
+
+
+def test_an_entry_moved_to_another_keys_name_is_no_entry(tmp_path: Path, write: WriteFn) -> None:
+    write("one/backends.toml", '[backends.one]\ntarget = "m:f"\n')
+    write("two/backends.toml", '[backends.two]\ntarget = "m:f"\n')
+    assert listing(tmp_path / "one") == ["one"]
+    assert listing(tmp_path / "two") == ["two"]
+    entries = {
+        e.read_text().count('"one"'): e for e in cache_files() if e.parent.name == "manifest"
+    }
+    one, two = entries[1], entries[0]
+    one.replace(two)  # the reading of "one" now under the name of "two"'s key
+    assert listing(tmp_path / "two") == ["two"]
+
+
+def test_a_distribution_folder_in_capitals_is_seen_warm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    assert listing(tmp_path) == []
+    info = site / "Plug-1.0.DIST-INFO"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: Plug\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch_dynamo_backends]\nplugged = m:f\n")
+    importlib.invalidate_caches()
+    assert listing(tmp_path) == ["plugged"]

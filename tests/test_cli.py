@@ -14,6 +14,7 @@ import pytest
 
 from torch_backend_registry import Registry, Verdict
 from torch_backend_registry._cli import STARTER, pyproject_starter, schema_text
+from torch_backend_registry._definition import canonical
 from torch_backend_registry._verdicts import Verdicts
 
 from .conftest import WriteFn, run_python
@@ -631,3 +632,35 @@ def test_doctors_progress_fits_the_line_and_counts_what_is_done(
         "torch-backends: 1/3 done; probing a_backend_with_a_very_long_name_"
     )
     assert "forward 12s" not in shown[-1] or len(shown[-1]) < 80
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        {},  # the verdict as doctor writes it: shown
+        {"status": 3},
+        {"status": None},
+        {"status": ["ok"]},
+        {"level": "forward"},
+        {"level": None},
+        {"status": "skipped"},
+        {"seconds": "slow"},
+    ],
+    ids=repr,
+)
+def test_a_remembered_verdict_of_another_shape_is_not_shown(
+    tmp_path: Path, write: WriteFn, planted: dict[str, object]
+) -> None:
+    write("backends.toml", PROJECT)
+    registry = Registry(cwd=tmp_path, environ={})
+    probe = {"model": None, "device": "cpu", "timeout": 300.0}
+    good = Verdict("fast", "ok", 4).facts()
+    entry = {"verdict": {**good, **planted}, "when": 1.0, "probe": probe}
+    table = {registry.subject("fast"): {canonical(probe): entry}}
+    registry.cache.put(Verdicts.KIND, Verdicts.KEY, table)  # as another release might write
+    shown = not planted
+    for args in (("list", "--all"), ("list", "--all", "--json"), ("explain", "f")):
+        done = run(*args, "--no-torch", cwd=tmp_path)
+        assert "Traceback" not in done.stderr
+        said = done.stdout.replace('"doctor": null', "").replace("DOCTOR", "")
+        assert ('"doctor"' in said or "doctor:" in said or " ok" in said) == shown, args

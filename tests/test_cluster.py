@@ -61,8 +61,15 @@ def test_the_fingerprint_is_content_not_place(tmp_path: Path) -> None:
         MANIFEST.replace("builtins:len", "builtins:abs"),
         MANIFEST.replace('["fast", "slow"]', '["slow", "fast"]'),
         MANIFEST.replace('aliases = ["f"]', 'aliases = ["g"]'),
+        'default = "slow"\n' + MANIFEST,
     ):
         assert tbr.fingerprint(project(tmp_path / "c", changed)) != here
+
+
+def test_the_default_is_part_of_the_lock(tmp_path: Path) -> None:
+    locked = read_lock(write_lock(project(tmp_path / "p", 'default = "fast"\n' + MANIFEST)))
+    now = project(tmp_path / "p", 'default = "slow"\n' + MANIFEST).facts()
+    assert differences(locked, now) == ['changed default: "fast" -> "slow"']
 
 
 def test_unusual_option_values_are_stable_in_the_fingerprint_and_the_lock(tmp_path: Path) -> None:
@@ -70,6 +77,25 @@ def test_unusual_option_values_are_stable_in_the_fingerprint_and_the_lock(tmp_pa
     first, second = project(tmp_path / "a", body), project(tmp_path / "b", body)
     assert tbr.fingerprint(first) == tbr.fingerprint(second)
     assert differences(read_lock(write_lock(first)), second.facts()) == []
+
+
+def test_a_date_and_its_text_are_different_options(tmp_path: Path) -> None:
+    as_date = project(tmp_path / "a", MANIFEST.replace("level = 2", "level = 2020-01-01"))
+    as_text = project(tmp_path / "b", MANIFEST.replace("level = 2", 'level = "2020-01-01"'))
+    assert tbr.fingerprint(as_date) != tbr.fingerprint(as_text)
+    assert differences(read_lock(write_lock(as_date)), as_text.facts()) == [
+        'changed backend \'fast\': options: {"level": 2020-01-01} -> {"level": "2020-01-01"}'
+    ]
+
+
+def test_a_folder_outside_the_checkout_counts_as_it_is_one_inside_as_relative(
+    tmp_path: Path,
+) -> None:
+    body = 'python-path = ["/opt/shared/tbr", "src"]\n' + MANIFEST
+    here = tbr.fingerprint(project(tmp_path / "a" / "proj", body))
+    assert tbr.fingerprint(project(tmp_path / "b" / "c" / "proj", body)) == here
+    facts = project(tmp_path / "a" / "proj", body).facts()["backends"]["fast"]
+    assert facts["python-path"] == ["/opt/shared/tbr", "src"]
 
 
 def test_the_fingerprint_is_the_same_in_another_process(tmp_path: Path) -> None:

@@ -367,3 +367,84 @@ def test_warnings_point_at_the_callers_line(write: WriteFn) -> None:
     with pytest.warns(tbr.ManifestWarning) as caught:
         registry.list_backends()
     assert caught[0].filename == __file__
+
+
+@pytest.mark.parametrize("skip", ["false", "true"])
+def test_a_chain_skips_a_member_missing_here_whether_or_not_it_skips_known_failures(
+    write: WriteFn, make_module: MakeModule, module_name: str, skip: str
+) -> None:
+    make_module(module_name, "def f(gm, inputs):\n    return 'compiled by f'\n")
+    registry = manifest(
+        write,
+        f'[backends.fast]\ntarget = "{module_name}:f"\n'
+        '[backends.portable]\nchain = ["only_on_a_gpu_box", "fast"]\n'
+        f"skip-known-failures = {skip}\n",
+    )
+    assert registry.lookup_backend("portable")(None, []) == "compiled by f"
+
+
+def test_a_registration_of_another_name_keeps_what_was_loaded(
+    write: WriteFn, make_module: MakeModule, module_name: str
+) -> None:
+    make_module(module_name, COMPILER)
+    registry = manifest(
+        write, f'[backends.fast]\ntarget = "{module_name}:compile"\noptions = {{ level = 2 }}\n'
+    )
+    before = registry.lookup_backend("fast")  # options bound: a new object each load
+    registry.register_backend(len, name="unrelated")
+    assert registry.lookup_backend("fast") is before
+    assert registry.is_registered_backend(before)
+
+
+def test_threads_asking_why_a_chain_is_unavailable_agree(write: WriteFn) -> None:
+    for _ in range(20):
+        registry = manifest(
+            write,
+            '[backends.fast]\ntarget = "json:dumps"\n'
+            '[backends.portable]\nchain = ["gone", "fast"]\n',
+        )
+        assert _ask_at_once(registry, registry.backend_info("portable"), 4) == [None] * 4
+
+
+def _ask_at_once(registry: tbr.Registry, info: tbr.BackendInfo, threads: int) -> list[str | None]:
+    import threading
+
+    answers: list[str | None] = []
+    start = threading.Barrier(threads)
+
+    def ask() -> None:
+        start.wait()
+        answers.append(registry.why_unavailable(info))
+
+    running = [threading.Thread(target=ask) for _ in range(threads)]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join()
+    return answers
+
+
+def test_what_a_verdict_judges_changes_with_what_runs_here(tmp_path: Path, write: WriteFn) -> None:
+    write(
+        "proj/backends.toml",
+        'python-path = ["lib"]\n'
+        '[backends.pkg_backend]\ntarget = "tbr_subject_pkg:compile"\n'
+        '[backends.gated]\ntarget = "tbr_subject_pkg:compile"\nrequires = ["tbr_subject_req"]\n',
+    )
+    write("proj/lib/tbr_subject_pkg/__init__.py", "from .impl import compile\n")
+    impl = write("proj/lib/tbr_subject_pkg/impl.py", "def compile(gm, inputs):\n    return 1\n")
+    registry = tbr.Registry(cwd=tmp_path / "proj", environ={}, sources=("project",))
+    before = {name: registry.subject(name) for name in ("pkg_backend", "gated")}
+    # An edit of a module the target re-exports is an edit of the backend's code.
+    impl.write_text("def compile(gm, inputs):\n    return 2  # fixed\n")
+    assert registry.subject("pkg_backend") != before["pkg_backend"]
+    # A requirement installed since is another situation to judge.
+    write("proj/lib/tbr_subject_req.py", "")
+    after = registry.subject("gated")
+    assert after != before["gated"]
+    # A python-path folder the trust rule now refuses serves no code: judged again.
+    (tmp_path / "proj" / "lib").chmod(0o777)
+    try:
+        assert registry.subject("gated") != after
+    finally:
+        (tmp_path / "proj" / "lib").chmod(0o755)

@@ -83,7 +83,14 @@ def test_env_entries_in_order_and_directories_sorted(tmp_path: Path, write: Writ
     write("dir/notes.txt", "not a manifest")
     first = write("first.toml", '[backends.y]\ntarget = "first:y"\n')
     registry = make(tmp_path, env=os.pathsep.join([str(first), str(tmp_path / "dir")]))
-    assert registry.backend_info("x").target == "a:x"
+    with pytest.warns(ManifestWarning) as said:
+        assert registry.backend_info("x").target == "a:x"
+    assert sorted(str(w.message).split(": ", 1)[1] for w in said) == [
+        f"backend 'x' is also defined by {tmp_path / 'dir' / 'b.toml'}:1; this definition,"
+        " from the earlier entry of TORCH_BACKENDS_PATH, is used",
+        f"backend 'y' is also defined by {tmp_path / 'dir' / 'b.toml'}:3; this definition,"
+        " from the earlier entry of TORCH_BACKENDS_PATH, is used",
+    ]
     assert [d.target for d in registry.backend_info("x").shadowed] == ["b:x"]
     assert registry.backend_info("y").target == "first:y"
 

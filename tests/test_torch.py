@@ -419,3 +419,24 @@ print(os.waitstatus_to_exitcode(status))
         timeout=PATIENCE,
     )  # fmt: skip
     assert done.stdout.strip() == "0", done.stdout + done.stderr
+
+
+def test_a_plugin_registering_a_manifests_name_late_does_not_turn_the_answer(
+    write: WriteFn, compilers: str, uid: str
+) -> None:
+    name = f"late_{uid}"
+    registry = project(write, f'[backends.{name}]\ntarget = "{compilers}:passthrough"\n')
+    mine = registry.lookup_backend(name)
+    registry.list_backends()
+
+    def plugin(gm: Any, example_inputs: Any) -> Any:
+        return gm.forward
+
+    torch._dynamo.register_backend(plugin, name=name)  # a plugin, after the first lookup
+    # Whatever is asked first, the manifest's definition stays the answer: a name a
+    # plugin put into PyTorch's registry is not one of PyTorch's own.
+    assert registry.backend_info(name).source.kind == "project"
+    assert registry.lookup_backend(name) is mine
+    assert name in registry.list_backends()
+    assert not [p for p in registry.problems() if name in p.message]
+    assert registry.backend_info(name).shadowed[0].source.kind == "torch"

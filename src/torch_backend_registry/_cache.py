@@ -22,6 +22,7 @@ import functools
 import operator
 import os
 import stat
+import sys
 from types import MappingProxyType
 
 from ._definition import (
@@ -56,7 +57,8 @@ def cache_folder(environ: Mapping[str, str]) -> str | None:
         path = platformdirs.user_cache_dir("torch-backend-registry", appauthor=False)
     except RuntimeError:  # no absolute HOME, no password entry
         return None
-    return path if os.path.isabs(path) else None
+    # Resolved once: a link re-pointed later must not move the cache under a running process.
+    return os.path.realpath(path) if os.path.isabs(path) else None
 
 
 class Cache:
@@ -78,9 +80,10 @@ class Cache:
 
     def get(self, kind: str, key: object) -> Any:
         """The value stored under ``key``, or ``None``."""
-        path = self._path(kind, key)
-        if path is None or not self._usable(os.path.dirname(path)):
+        entry = self._entry(kind, key)
+        if entry is None or not self._usable(os.path.dirname(entry[0])):
             return None
+        path, name = entry
         try:
             fd = os.open(path, _OPEN | getattr(os, "O_CLOEXEC", 0))
         except OSError:
@@ -95,12 +98,11 @@ class Cache:
             return None
         finally:
             os.close(fd)
-        import hashlib
         import json
 
         seal, _, text = data.partition(b"\n")
-        if seal != hashlib.sha256(text).hexdigest().encode():
-            return None  # torn, truncated or changed since it was written
+        if seal != _seal(name, text):
+            return None  # torn, truncated, changed or moved since it was written
         try:
             return json.loads(text, object_hook=_decode)
         except (ValueError, TypeError, KeyError, RecursionError):
@@ -108,15 +110,15 @@ class Cache:
 
     def put(self, kind: str, key: object, value: object) -> None:
         """Store ``value`` under ``key``: atomically, readable by its owner only."""
-        path = self._path(kind, key)
-        if path is None:
+        entry = self._entry(kind, key)
+        if entry is None:
             return
-        import hashlib
+        path, name = entry
         import json
 
         try:
             text = json.dumps(value, default=_encode, separators=(",", ":")).encode()
-            text = hashlib.sha256(text).hexdigest().encode() + b"\n" + text
+            text = _seal(name, text) + b"\n" + text
             if not self._usable(os.path.dirname(path), make=True):
                 return
             temporary = f"{path}.{os.getpid()}.{id(value)}.tmp"
@@ -132,13 +134,23 @@ class Cache:
         except (OSError, TypeError, ValueError, RecursionError):
             pass  # a read-only home, a full disk: no cache, that is all
 
-    def _path(self, kind: str, key: object) -> str | None:
+    def _entry(self, kind: str, key: object) -> tuple[str, bytes] | None:
+        """Where the entry of ``key`` lies, and the digest of its key (which its seal holds)."""
         if self.folder is None:
             return None
         import hashlib
 
-        digest = hashlib.sha256(canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass"))
-        return os.path.join(self.folder, kind, digest.hexdigest()[:32] + ".json")
+        key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
+        name = hashlib.sha256(key_text).hexdigest()
+        return os.path.join(self.folder, kind, name + ".json"), name.encode()
+
+
+def _seal(name: bytes, text: bytes) -> bytes:
+    """What an entry's first line holds: a digest of its key and its text, so that a torn
+    or changed entry, or one moved to another key's name, is no entry."""
+    import hashlib
+
+    return hashlib.sha256(name + b"\n" + text).hexdigest().encode()
 
 
 def _private_file(info: os.stat_result) -> bool:
@@ -189,15 +201,23 @@ def _make_private_folders(root: str | None, folder: str) -> bool:
 
 @functools.cache  # one process runs one version of this code
 def code_key() -> str:
-    """A digest of this package's code: an upgrade, or an edit of it, starts afresh."""
+    """A digest of the code that reads manifests: this package's, byte by byte, and the
+    installed validator and parser (pydantic, tomli) with Python itself; an upgrade or an
+    edit of any of them starts afresh."""
     import hashlib
+    import importlib.util
 
     here = os.path.dirname(os.path.abspath(__file__))
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(sys.version.encode())
     for name in sorted(os.listdir(here)):
         if name.endswith(".py"):
             with open(os.path.join(here, name), "rb") as handle:
                 digest.update(name.encode() + b"\0" + handle.read())
+    for module in ("pydantic", "pydantic_core", "tomli"):  # found, not imported
+        with contextlib.suppress(Exception):
+            origin = getattr(importlib.util.find_spec(module), "origin", None) or ""
+            info = os.stat(os.path.join(os.path.dirname(origin), ""))
+            digest.update(f"{module}:{origin}:{info.st_mtime_ns}".encode())
     return digest.hexdigest()
 
 
@@ -258,14 +278,14 @@ def _decode(data: dict[str, Any]) -> Any:
 
     if len(data) == 1:
         [(tag, value)] = data.items()
-        if tag == "{}":
+        if tag == "{}" and type(value) is list:
             return dict(value)
         for kind, parse in (
             ("datetime", datetime.datetime.fromisoformat),
             ("date", datetime.date.fromisoformat),
             ("time", datetime.time.fromisoformat),
         ):
-            if tag == kind:
+            if tag == kind and type(value) is str:
                 return parse(value)
     name = data.get("@")
     if len(data) != 2 or (name != "Discovery" and name not in _CLASSES):

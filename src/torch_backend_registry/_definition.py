@@ -56,22 +56,29 @@ class Frozen:
 
 
 def canonical(value: object) -> str:
-    """One text for a plain value, equal exactly when the values mean the same.
+    """One text for a plain value, equal exactly when the values are: what an identity,
+    a lock and a cache key compare.
 
-    Keys sorted, tuples as lists, ``nan`` equal to itself, dates as ISO text:
-    what an identity, a lock and a cache key compare.
+    Scalars as JSON has them (``nan`` equal to itself); every table, array, set and
+    date as a one-key object of its own kind, keys sorted, so that no value, whatever
+    its keys, writes the same text as a value of another kind (a date and a string,
+    a table and an array of pairs); tuples are arrays.
     """
     import json
 
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_plain_default)
+    return json.dumps(_typed(value), separators=(",", ":"))
 
 
-def _plain_default(value: object) -> object:
-    if isinstance(value, MappingProxyType):
-        return dict(value)
+def _typed(value: object) -> object:
+    if value is None or isinstance(value, (str, int, float)):  # bool is an int, JSON tells them
+        return value
+    if isinstance(value, (dict, MappingProxyType)):
+        return {"t": sorted([str(k), _typed(v)] for k, v in value.items())}
+    if isinstance(value, (list, tuple)):
+        return {"a": [_typed(v) for v in value]}
     if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    return str(value)  # dates and times: their ISO form
+        return {"s": sorted(map(canonical, value))}
+    return {type(value).__name__: str(value)}  # dates and times: their ISO form, by kind
 
 
 def shown_path(path: str, folder: str) -> str:

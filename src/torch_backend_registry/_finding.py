@@ -145,17 +145,63 @@ def missing_requirements(definition: BackendDefinition) -> list[str]:
     return [m for m in definition.requires if find(m, definition.python_path) is None]
 
 
-def module_stamp(target: str, folders: Sequence[str] = ()) -> tuple[str, int, int] | None:
-    """The file the module of ``target`` would be imported from, with its size and
-    modification time: what changes when its code is edited. ``None`` where not found."""
+#: The most files of a package stamped for its code; past them, its folder stands for it.
+MAX_STAMPED_FILES = 10_000
+
+
+def code_stamp(target: str, folders: Sequence[str] = ()) -> list[object] | None:
+    """What changes when the code ``target`` names is edited: the file its module would be
+    imported from, with size and modification time, and for a module of a package outside
+    the installed ones (a project's own), every ``.py`` file of that package, so that an
+    edit of a module it re-exports counts too. ``None`` where the module is not found.
+
+    Installed packages change by being installed again, which :func:`installed_stamp` sees.
+    """
     import os
 
-    spec = find(target.partition(":")[0], folders)
+    module = target.partition(":")[0]
+    spec = find(module, folders)
     origin = getattr(spec, "origin", None)
     if not isinstance(origin, str):
         return None
+    stamps: list[object] = [_stat(origin)]
+    top = find(module.split(".")[0], folders)
+    locations = list(getattr(top, "submodule_search_locations", None) or ())
+    installed = tuple(os.path.join(p, "") for p in _site_packages())
+    for folder in locations:
+        if os.path.join(folder, "").startswith(installed):
+            continue
+        files: list[str] = []
+        for root, dirs, names in os.walk(folder):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
+            files.extend(os.path.join(root, n) for n in sorted(names) if n.endswith(".py"))
+            if len(files) > MAX_STAMPED_FILES:
+                break
+        stamps.extend(_stat(f) for f in files[:MAX_STAMPED_FILES])
+    return stamps
+
+
+def _stat(path: str) -> list[object]:
+    import os
+
     try:
-        info = os.stat(origin)
+        info = os.stat(path)
     except OSError:
-        return None
-    return origin, info.st_size, info.st_mtime_ns
+        return [path]
+    return [path, info.st_size, info.st_mtime_ns]
+
+
+def _site_packages() -> list[str]:
+    """The folders installers write to, for this interpreter."""
+    import site
+
+    folders = list(getattr(site, "getsitepackages", list)())
+    if getattr(site, "ENABLE_USER_SITE", False):
+        folders.append(site.getusersitepackages())
+    return folders
+
+
+def installed_stamp() -> list[object]:
+    """What changes when anything is installed, upgraded or removed here: this
+    environment's prefix and the modification time of each folder installers write to."""
+    return [sys.prefix, *(_stat(folder) for folder in _site_packages())]

@@ -34,10 +34,9 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
     if definition.options:
         facts["options"] = _plain(definition.options)
     if definition.requires:
-        facts["requires"] = sorted(definition.requires)
+        facts["requires"] = sorted(set(definition.requires))
     if definition.python_path and source.path is not None:
-        base = os.path.dirname(os.path.realpath(source.path))
-        facts["python-path"] = [os.path.relpath(p, base) for p in definition.python_path]
+        facts["python-path"] = [_where(p, source.path) for p in definition.python_path]
     if source.distribution is not None:
         facts["distribution"] = source.distribution
         facts["version"] = source.version or ""
@@ -76,7 +75,8 @@ def identity(index: Index, definition: BackendDefinition, torch_version: str | N
 
 
 def registry_facts(index: Index, torch_version: str | None) -> Facts:
-    """``{"backends": {name: facts}, "aliases": {alias: name}}`` for every usable name.
+    """``{"backends": {name: facts}, "aliases": {alias: name}}`` for every usable name,
+    and ``"default"``, the backend torch.compile uses when given none, where one is set.
 
     Each backend's own facts: a chain's members stand there under their own names.
     """
@@ -90,7 +90,17 @@ def registry_facts(index: Index, torch_version: str | None) -> Facts:
             backends[key] = own_facts(definition, torch_version)
         else:
             aliases[key] = definition.name
-    return {"backends": backends, "aliases": aliases}
+    facts: Facts = {"backends": backends, "aliases": aliases}
+    if index.default is not None:
+        facts["default"] = index.default.name
+    return facts
+
+
+def _where(folder: str, manifest: str) -> str:
+    """A python-path folder as a checkout anywhere says it: relative to the manifest's
+    folder when it lies below it, else as it is (a folder outside the checkout)."""
+    relative = os.path.relpath(folder, os.path.dirname(os.path.realpath(manifest)))
+    return folder if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
 
 
 def _plain(value: Any) -> Any:

@@ -68,6 +68,7 @@ def lock_text(facts: Facts) -> str:
     document = {
         "lock-version": LOCK_VERSION,
         "fingerprint": digest(facts)[:16],
+        **({"default": facts["default"]} if "default" in facts else {}),
         "backends": facts["backends"],
         "aliases": facts["aliases"],
     }
@@ -100,9 +101,13 @@ def read_lock(path: str) -> Facts:
             path=path,
         )
     backends, aliases = data.get("backends", {}), data.get("aliases", {})
+    default = data.get("default")
     if not isinstance(backends, dict) or not isinstance(aliases, dict):
         raise LockFileError("not a lock file; run 'torch-backends lock' again", path=path)
-    return {"backends": backends, "aliases": aliases}
+    facts: Facts = {"backends": backends, "aliases": aliases}
+    if default is not None:
+        facts["default"] = default
+    return facts
 
 
 def differences(locked: Facts, now: Facts) -> list[str]:
@@ -118,6 +123,10 @@ def differences(locked: Facts, now: Facts) -> list[str]:
                 changes.append(f"removed {noun} {name!r} (was {_show(before[name])})")
             elif canonical(before[name]) != canonical(after[name]):
                 changes.extend(_field_changes(noun, name, before[name], after[name]))
+    if locked.get("default") != now.get("default"):
+        changes.append(
+            f"changed default: {_show(locked.get('default'))} -> {_show(now.get('default'))}"
+        )
     return changes
 
 
@@ -131,6 +140,8 @@ def differing_names(locked: Facts, now: Facts) -> set[str]:
             for n in set(before) | set(after)
             if canonical(before.get(n)) != canonical(after.get(n))
         )
+    if locked.get("default") != now.get("default"):  # what torch.compile uses unasked
+        names.update(n for n in (locked.get("default"), now.get("default")) if n is not None)
     return names
 
 
@@ -146,9 +157,18 @@ def _field_changes(noun: str, name: str, before: Any, after: Any) -> list[str]:
 
 
 def _show(value: Any) -> str:
+    """A value as JSON writes it, a date or time bare (as TOML writes it): never as a string."""
     if value is None:
         return "(none)"
-    return json.dumps(value, sort_keys=True, default=str)
+    if isinstance(value, dict):
+        return (
+            "{" + ", ".join(f"{json.dumps(k)}: {_show(v)}" for k, v in sorted(value.items())) + "}"
+        )
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_show, value)) + "]"
+    if isinstance(value, (str, int, float)):
+        return json.dumps(value)
+    return str(value)
 
 
 def check_locked(registry: Registry, path: str | None = None) -> None:

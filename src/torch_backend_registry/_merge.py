@@ -258,11 +258,13 @@ def merge(
     pytorch: Collection[str] = frozenset(),
     *,
     torch_read: bool = False,
+    plugins_read: bool = True,
 ) -> Index:
     """Fold ``discoveries`` (highest precedence first) into an :class:`Index`.
 
     ``pytorch`` are the names PyTorch's own backends take; ``torch_read`` says
-    whether PyTorch's registry is among the discoveries.
+    whether PyTorch's registry is among the discoveries, ``plugins_read``
+    whether the installed distributions' entry points are.
     """
     found = Discovery()
     for discovery in discoveries:
@@ -305,7 +307,29 @@ def merge(
                     by_key.setdefault(alias, []).append(definition)
     index.problems.extend(refused)
     _resolve_picks(index, special)
+    if plugins_read:
+        index.problems.extend(_rules_naming_nothing(found))
     return index
+
+
+def _rules_naming_nothing(found: Discovery) -> list[Problem]:
+    """An allow or deny list naming a distribution that declares no backend here (a typo?)."""
+    declaring = {
+        _dist_key(d.source.distribution or "")
+        for d in found.definitions
+        if d.source.kind == "entry-point"
+    }
+    said = []
+    for rule in found.rules:
+        for name in sorted(rule.names - declaring):
+            said.append(
+                Problem(
+                    f"{rule.where}: the {rule.kind} list names {name!r}, which is no installed"
+                    " distribution declaring a torch_dynamo_backends entry point; check the name",
+                    severity="warning",
+                )
+            )
+    return said
 
 
 def _excluded(

@@ -80,49 +80,43 @@ def dynamo_imported() -> bool:
     return "torch._dynamo" in sys.modules
 
 
-def pytorch_names(entry_points: Collection[str]) -> frozenset[str] | None:
-    """The names in PyTorch's registry now, less ``entry_points`` and this library's
-    stand-ins; ``None`` while ``torch._dynamo`` is not imported. A dict read, nothing loaded."""
-    dynamo = sys.modules.get("torch._dynamo")
+def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
+    """What PyTorch's registry holds now, by name, less ``entry_points`` (not loaded) and
+    this library's stand-ins; ``None`` while ``torch._dynamo`` is not imported. Dict reads."""
+    dynamo: Any = sys.modules.get("torch._dynamo")
     if dynamo is None:
         return None
     try:
         names = dynamo.list_backends(exclude_tags=())
+        found = {name: dynamo.lookup_backend(name) for name in names if name not in entry_points}
     except Exception:
         return None
-    return frozenset(name for name in names if name not in entry_points and not _stand_in(name))
+    return {name: fn for name, fn in found.items() if getattr(fn, STAND_IN, False) is not True}
 
 
-def _stand_in(name: str) -> bool:
-    # Only names absent from PyTorch's own list come here; a stand-in is a dict hit.
-    if name in PYTORCH_NAMES:
-        return False
-    dynamo: Any = sys.modules["torch._dynamo"]
-    try:
-        return getattr(dynamo.lookup_backend(name), STAND_IN, False) is True
-    except Exception:
-        return False
+def own(fn: object) -> bool:
+    """Whether a callable in PyTorch's registry is one of PyTorch's own backends (defined in
+    torch), which no other source may redefine, rather than a plugin's registered there."""
+    module = getattr(fn, "__module__", None)
+    return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
 
 def torch_definitions(entry_points: Collection[str]) -> list[BackendDefinition]:
-    """PyTorch's own backends (not its entry points, not this library's stand-ins).
-
-    Imports ``torch._dynamo``; a broken torch leaves them out with a warning.
-    """
+    """What PyTorch's registry holds: its own backends, and what plugins registered there
+    with ``torch._dynamo.register_backend`` (not its entry points, not this library's
+    stand-ins). Imports ``torch._dynamo``; a broken torch leaves them out with a warning."""
     if not torch_available():
         return []
     try:
         import torch._dynamo as dynamo
 
         dynamo.list_backends(exclude_tags=())  # PyTorch reads its own backends now
-        names = pytorch_names(entry_points) or frozenset()
+        found = registered(entry_points) or {}
     except Exception as exc:  # a broken torch must not break manifest backends
         warn(f"PyTorch's backends are left out: torch._dynamo failed: {type(exc).__name__}: {exc}")
         return []
     definitions = []
-    for name in sorted(names):
-        # Entry points and stand-ins are left out: a dict hit, nothing imported.
-        fn = dynamo.lookup_backend(name)
+    for name, fn in sorted(found.items()):
         requires, _device, description = _KNOWN.get(name, ((), None, None))
         definitions.append(
             BackendDefinition(

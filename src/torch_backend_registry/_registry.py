@@ -277,10 +277,14 @@ class Registry:
         return fn
 
     def _known_failure(self, name: str) -> Verdict | None:
-        """The remembered doctor verdict of ``name`` here when it says ``name`` fails."""
+        """The remembered doctor verdict of ``name`` here when it says ``name`` fails
+        (``None`` for a name that resolves to nothing: the chain says why it skips it)."""
         from ._verdicts import FAILURES
 
-        verdict = self._current().verdicts().latest(self.subject(name))
+        try:
+            verdict = self._current().verdicts().latest(self.subject(name))
+        except BackendRegistryError:
+            return None
         return verdict if verdict is not None and verdict.status in FAILURES else None
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:

@@ -42,6 +42,7 @@ class Snapshot:
         fresh: bool,
         found: Mapping[SourceKind, Discovery] | None = None,
         warned: set[str] | None = None,
+        by_definition: dict[BackendDefinition, Callable[..., Any]] | None = None,
     ) -> None:
         from ._cache import Cache, cache_folder
         from ._sources import Context
@@ -73,7 +74,7 @@ class Snapshot:
         #: The callables looked up, by name (the hot path) and by definition (a name
         #: and its aliases give one object).
         self.loaded: dict[str, Callable[..., Any]] = {}
-        self.by_definition: dict[BackendDefinition, Callable[..., Any]] = {}
+        self.by_definition: dict[BackendDefinition, Callable[..., Any]] = by_definition or {}
         #: What was said as a warning, so that each problem is said once a reading.
         self._warned = set() if warned is None else warned
 
@@ -98,6 +99,9 @@ class Snapshot:
             fresh=ctx.fresh,
             found=found,
             warned=self._warned,
+            # A definition read alike gives the callable it gave: a registration of another
+            # name must not make torch.compile's cached backends look new.
+            by_definition=self.by_definition,
         )
 
     # ------------------------------------------------------------------ reading
@@ -108,10 +112,11 @@ class Snapshot:
         if found is None:
             from ._sources import READERS
 
+            # Read with no lock held (reading PyTorch's imports torch: seconds, which must
+            # not stall another thread's lookup); two threads reading at once keep the first.
+            read = READERS[kind](self.context)
             with self.lock:
-                found = self._found.get(kind)
-                if found is None:
-                    found = self._found[kind] = READERS[kind](self.context)
+                found = self._found.setdefault(kind, read)
         return found
 
     def entry_point_names(self) -> frozenset[str]:
@@ -144,14 +149,18 @@ class Snapshot:
 
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         if with_torch:
-            pytorch = frozenset(d.name for d in self.found("torch").definitions)
+            found = self.found("torch").definitions
+            pytorch = _static_names() | {d.name for d in found if _own(d.compiler_fn)}
         else:
             pytorch = self.live_names() or _static_names()
         with self.lock:
             index = self._indexes.get(with_torch)
             if index is None:  # else another thread merged while this one waited
                 index = self._indexes[with_torch] = merge(
-                    discoveries, pytorch, torch_read=with_torch
+                    discoveries,
+                    pytorch,
+                    torch_read=with_torch,
+                    plugins_read="entry-point" in self.kinds,
                 )
                 for problem in index.problems:
                     if str(problem) not in self._warned:  # both merges find them: once
@@ -161,9 +170,15 @@ class Snapshot:
 
     def live_names(self) -> frozenset[str] | None:
         """The names of PyTorch's own backends in its registry now, where it is loaded."""
-        from ._pytorch import dynamo_imported, pytorch_names
+        found = self._registered()
+        if found is None:
+            return None
+        return _static_names() | {name for name, fn in found.items() if _own(fn)}
 
-        return pytorch_names(self.entry_point_names()) if dynamo_imported() else None
+    def _registered(self) -> dict[str, Any] | None:
+        from ._pytorch import dynamo_imported, registered
+
+        return registered(self.entry_point_names()) if dynamo_imported() else None
 
     def verdicts(self) -> Verdicts:
         """Doctor's remembered verdicts, read once."""
@@ -186,8 +201,8 @@ class Snapshot:
         found = self._found.get("torch")
         if found is None:
             return False
-        live = self.live_names()
-        return live is not None and live != {d.name for d in found.definitions}
+        live = self._registered()
+        return live is not None and live.keys() != {d.name for d in found.definitions}
 
     # ------------------------------------------------------------------ answers
 
@@ -195,6 +210,9 @@ class Snapshot:
         """Why ``definition`` cannot be used here (``None``: it can); see the registry's."""
         if isinstance(definition, BackendInfo):
             definition = definition.definition
+        return self._why(definition, frozenset())
+
+    def _why(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
         if definition in self.available:
             return self.available[definition]
         from ._finding import missing_requirements
@@ -208,12 +226,11 @@ class Snapshot:
 
             reason = missing_device(definition.name)
         elif definition.chain is not None:
-            self.available[definition] = "its members refer back to it"  # a guard while walking
-            reason = self._why_chain_unavailable(definition)
-        self.available[definition] = reason
+            reason = self._why_chain(definition, visiting | {definition.name})
+        self.available[definition] = reason  # the same answer whichever thread found it
         return reason
 
-    def _why_chain_unavailable(self, definition: BackendDefinition) -> str | None:
+    def _why_chain(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
         index = self.index()
         problem = index.chain_problems().get(definition.name)
         if problem is not None:
@@ -225,7 +242,10 @@ class Snapshot:
             except BackendRegistryError as exc:
                 reasons.append(f"{member}: {str(exc).split('. ', 1)[0]}")
                 continue
-            why = self.why_unavailable(resolved)
+            if resolved.name in visiting:
+                reasons.append(f"{member}: it refers back to {definition.name!r}")
+                continue
+            why = self._why(resolved, visiting)
             if why is None:
                 return None
             reasons.append(f"{member}: {why}")
@@ -263,3 +283,9 @@ def _static_names() -> frozenset[str]:
     from ._pytorch import PYTORCH_NAMES
 
     return PYTORCH_NAMES
+
+
+def _own(fn: object) -> bool:
+    from ._pytorch import own
+
+    return own(fn)

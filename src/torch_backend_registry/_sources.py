@@ -143,7 +143,29 @@ def env_source(ctx: Context) -> Discovery:
             found.problems.append(
                 Problem("has no [tool.torch-backends] table; nothing to read", path=path)
             )
+    if ctx.files is None:
+        found.problems.extend(_twins(found.definitions))
     return found
+
+
+def _twins(definitions: Iterable[BackendDefinition]) -> list[Problem]:
+    """A name two ``TORCH_BACKENDS_PATH`` manifests define: the earlier is used, as said."""
+    first: dict[str, BackendDefinition] = {}
+    said = []
+    for definition in definitions:
+        used = first.setdefault(definition.name, definition)
+        if used is not definition and used.source.path != definition.source.path:
+            said.append(
+                Problem(
+                    f"backend {definition.name!r} is also defined by"
+                    f" {definition.source.describe()}; this definition, from the earlier entry"
+                    f" of {ENV_VAR}, is used",
+                    path=used.source.path,
+                    line=used.source.line,
+                    severity="warning",
+                )
+            )
+    return said
 
 
 def project_manifest(cwd: str) -> str | None:
@@ -236,11 +258,14 @@ def entry_point_stamps() -> list[object]:
     for entry in sys.path:
         folder = entry or os.curdir
         try:
+            # The folder's own time changes when anything is added, renamed or removed in it.
+            info = os.stat(folder)
             names = sorted(
                 name
                 for name in os.listdir(folder)
-                # EGG-INFO: the metadata of an unzipped .egg that is itself on sys.path.
-                if name.endswith((".dist-info", ".egg-info", ".egg", ".egg-link"))
+                # As importlib.metadata matches them, whatever the case; EGG-INFO: the
+                # metadata of an unzipped .egg that is itself on sys.path.
+                if name.lower().endswith((".dist-info", ".egg-info", ".egg", ".egg-link"))
                 or name == "EGG-INFO"
             )
         except OSError:
@@ -250,7 +275,8 @@ def entry_point_stamps() -> list[object]:
             except OSError:
                 stamps.append([entry, None])
             continue
-        stamps.append([entry, [_stamped(os.path.join(folder, name)) for name in names]])
+        found = [_stamped(os.path.join(folder, name)) for name in names]
+        stamps.append([entry, info.st_mtime_ns, found])
     return stamps
 
 

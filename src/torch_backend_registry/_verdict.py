@@ -122,4 +122,31 @@ class Verdict(Frozen):
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, cached: bool = False) -> Verdict:
-        return cls(**{k: v for k, v in data.items() if k in cls.FACTS}, cached=cached)
+        """The verdict ``as_json`` (or ``facts``) gave; a :class:`TypeError` for anything
+        else (a remembered verdict of another shape is not one)."""
+        facts = {k: v for k, v in data.items() if k in cls.FACTS}
+        for fact, value in facts.items():  # what is left out takes its default
+            kinds = _KINDS[fact]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise TypeError(f"a verdict's {fact} cannot be {value!r}")
+        if facts.get("status") not in STATUSES:
+            raise TypeError(f"no such status: {facts.get('status')!r}")
+        return cls(**facts, cached=cached)
+
+
+_NUMBER = (int, float)
+_MAYBE = (int, float, type(None))
+#: The kinds of value each fact may hold.
+_KINDS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "status": (str,),
+    "level": (int,),
+    "reason": (str,),
+    "seconds": _NUMBER,
+    "member": (str, type(None)),
+    "compile_seconds": _MAYBE,
+    "per_call_seconds": _MAYBE,
+    "eager_seconds": _MAYBE,
+    "speedup": _MAYBE,
+    "spread": _MAYBE,
+}

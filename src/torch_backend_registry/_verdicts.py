@@ -40,27 +40,34 @@ def subject(
     torch_version: str | None,
     stamps: dict[Any, Any] | None = None,
 ) -> str:
-    """The key of what a verdict judges: ``identity``, the files of the targets of
-    ``definitions`` (the backend and what its chain reaches), and this machine.
+    """The key of what a verdict judges: ``identity``; for the backend and what its chain
+    reaches, the code their targets name, which of their requirements are missing and
+    which python-path folders the trust rule refuses; and this machine and environment
+    (what is installed in it, PyTorch's version).
 
-    ``stamps`` remembers a module's file across calls of one listing.
+    ``stamps`` remembers what was looked at across the calls of one listing.
     """
     import os
 
-    from ._finding import module_stamp
+    from ._files import untrusted_folder
+    from ._finding import code_stamp, installed_stamp, missing_requirements
 
     memo: dict[Any, Any] = {} if stamps is None else stamps
-    files = []
+    judged = []
     for definition in definitions:
-        if definition.target is None or definition.compiler_fn is not None:
-            continue  # PyTorch's and runtime backends: their version and module say it
-        module = (definition.target.partition(":")[0], definition.python_path)
-        if module not in memo:
-            memo[module] = module_stamp(definition.target, definition.python_path)
-        files.append(memo[module])
-    uname = getattr(os, "uname", None)
-    machine = uname().machine if uname is not None else sys.platform
-    return canonical([identity, files, sys.version, sys.platform, machine, torch_version])
+        key = (definition.target, definition.requires, definition.python_path)
+        if key not in memo:
+            code = None
+            if definition.target is not None and definition.compiler_fn is None:
+                code = code_stamp(definition.target, definition.python_path)
+            trust = [(p, untrusted_folder(p)) for p in definition.python_path]
+            memo[key] = [code, missing_requirements(definition), trust]
+        judged.append(memo[key])
+    if "installed" not in memo:
+        uname = getattr(os, "uname", None)
+        machine = uname().machine if uname is not None else sys.platform
+        memo["installed"] = [installed_stamp(), sys.version, sys.platform, machine]
+    return canonical([identity, judged, memo["installed"], torch_version])
 
 
 class Verdicts:
