@@ -664,3 +664,76 @@ def test_a_remembered_verdict_of_another_shape_is_not_shown(
         assert "Traceback" not in done.stderr
         said = done.stdout.replace('"doctor": null', "").replace("DOCTOR", "")
         assert ('"doctor"' in said or "doctor:" in said or " ok" in said) == shown, args
+
+
+# ------------------------------------------------------------------ on this repository
+
+
+def test_check_passes_on_this_repositorys_own_manifest_without_torch() -> None:
+    done = run("check", "--no-torch", cwd=ROOT)
+    assert done.stdout == ""
+    assert done.stderr == "no problems; 4 of 4 backend(s) usable\n"
+
+
+def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() -> None:
+    done = run("check", "--import", "--no-torch", cwd=ROOT)
+    assert done.stdout.splitlines() == [
+        "backends.toml:21: backends.tensorrt: unavailable here (missing torch_tensorrt);"
+        " not imported: its requires say it may be"
+    ]
+    assert done.stderr == "no problems; 3 of 4 backend(s) imported and usable, 1 unavailable here\n"
+
+
+def test_the_readme_s_isolated_registry_has_no_problems() -> None:
+    isolated = Registry(cwd=ROOT, environ={}, sources=("project", "entry-point"))
+    assert isolated.problems() == []
+    assert isolated.why_unavailable(isolated.backend_info("tensorrt")) == "missing torch_tensorrt"
+
+
+def test_check_counts_a_chain_that_can_never_work_as_unusable_and_sorts_by_line(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # README's broken.toml.
+    write(
+        "broken.toml",
+        "[backends.fast]\n"
+        'target = "my_pkg.compilers:fast_compile"\n'
+        'tag = ["experimental"]\n'
+        "\n"
+        "[backends.slow]\n"
+        'target = "slow_compile"\n'
+        "\n"
+        "[backends.portable]\n"
+        'chain = ["fast", "tensorrt"]\n',
+    )
+    write("b.toml", '[backends.x]\ntarget = "m:f"\ntagz = 1\n[backends.y]\nchain = ["x"]\n')
+    done = run("check", "broken.toml", "b.toml", "--no-torch", cwd=tmp_path, check=1)
+    lines = [line.split(": ", 1)[0] for line in done.stdout.splitlines()]
+    assert lines == ["b.toml:3", "b.toml:4", "broken.toml:3", "broken.toml:6", "broken.toml:8"]
+    assert done.stderr == "5 problem(s); 0 of 5 backend(s) usable\n"
+
+
+def test_list_says_when_no_backend_has_a_tag(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", PROJECT)
+    done = run("list", "--tag", "nosuchtag", "--no-torch", cwd=tmp_path, check=1)
+    assert done.stdout == ""
+    assert done.stderr == (
+        "torch-backends: error: no backend is tagged 'nosuchtag' (the tags here: debug)\n"
+    )
+
+
+def test_the_starter_says_how_to_check_it_and_what_enabled_hides() -> None:
+    for text in (STARTER, pyproject_starter()):
+        assert "torch-backends check --import" in text
+        assert "PyTorch's own\n# names cannot be hidden" in text
+
+
+def test_a_name_of_pytorchs_is_refused_before_torch_is_imported() -> None:
+    out = run_python(
+        "import sys, torch_backend_registry as t\n"
+        "try:\n"
+        "    t.register_backend(len, name='aot_eager_default_partitioner')\n"
+        "except t.DuplicateBackendError as e:\n"
+        "    print(type(e).__name__, 'torch._dynamo' in sys.modules)\n"
+    ).stdout
+    assert out == "DuplicateBackendError False\n"

@@ -172,7 +172,14 @@ def test_the_command_line_locks_and_finds_drift(tmp_path: Path) -> None:
     done = cli("lock")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("wrote backends.lock: ")
-    assert cli("check", "--locked").returncode == 0
+    assert "3 project" in done.stdout  # what was locked, by source
+    assert " backends, 1 alias; fingerprint " in done.stdout
+    for torch_or_not in ((), ("--no-torch",)):
+        # Without torch read, PyTorch's entries of the lock are neither compared nor reported.
+        matched = cli("check", "--locked", *torch_or_not)
+        assert matched.returncode == 0, matched.stdout
+        assert matched.stdout == ""
+        assert "; backends.lock matched (fingerprint " in matched.stderr
     (tmp_path / "p" / "backends.toml").write_text(MANIFEST.replace("level = 2", "level = 5"))
     drifted = cli("check", "--locked")
     assert drifted.returncode == 1
@@ -180,6 +187,18 @@ def test_the_command_line_locks_and_finds_drift(tmp_path: Path) -> None:
         'backends.lock: changed backend \'fast\': options: {"level": 2} -> {"level": 5};'
         " run 'torch-backends lock' to accept it"
     ) in drifted.stdout
+
+
+def test_verify_consistent_takes_seconds_or_a_timedelta() -> None:
+    pytest.importorskip("torch")
+    from datetime import timedelta
+
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        tbr.verify_consistent(timeout=timedelta(seconds=-1))
+    # Accepted: what is missing then is the process group, not a number of seconds.
+    for timeout in (timedelta(seconds=5), 5, 5.0):
+        with pytest.raises(tbr.BackendRegistryError, match=r"needs torch\.distributed initialised"):
+            tbr.verify_consistent(timeout=timeout)
 
 
 def test_install_refuses_a_registry_that_drifted_from_its_lock(

@@ -344,3 +344,21 @@ def test_an_untrusted_pyproject_toml_with_our_table_is_not_used(
     registry = Registry(cwd=tmp_path, environ={}, sources=("project",))
     with pytest.warns(ManifestWarning, match="pyproject.toml: manifest not used: it is writable"):
         assert registry.list_backends() == []
+
+
+def test_what_lock_writes_check_locked_reads_at_ten_thousand_backends(tmp_path: Path) -> None:
+    from torch_backend_registry._lock import differences, read_lock, write_lock
+
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    for f in range(100):
+        body = "".join(
+            f'[backends.b{f}_{b}]\ntarget = "pkg_{f}.compilers:compile_{b}"\n'
+            f'options = {{ level = {b}, name = "backend number {b} of file {f}" }}\n'
+            for b in range(100)
+        )
+        (folder / f"m{f:03}.toml").write_text(body, encoding="utf-8")
+    registry = Registry(environ={"TORCH_BACKENDS_PATH": str(folder)}, sources=("env",))
+    path = write_lock(registry, str(tmp_path / "backends.lock"))
+    assert Path(path).stat().st_size > MAX_BYTES  # larger than any manifest may be
+    assert differences(read_lock(path), registry.facts()) == []

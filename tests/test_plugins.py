@@ -240,3 +240,48 @@ def test_torch_compile_agrees_with_the_policy_and_the_pick(
 @given(st.text(alphabet=st.sampled_from("aB9-_.-_.x\u0130"), max_size=40) | st.text(max_size=20))
 def test_distribution_names_normalise_as_pep_503_says(name: str) -> None:
     assert distribution_key(name) == re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_deny_lists_combine_and_only_an_explicit_allow_admits_again(
+    tmp_path: Path, write: WriteFn, make_dist: MakeDist
+) -> None:
+    make_dist("sketchy-plugin", "0.1", {"sketchy": "sketchy_mod:fn"})
+    make_dist("unrelated-pkg", "1.0", {"unrelated": "unrelated_mod:fn"})
+    write("backends.toml", '[plugins]\ndeny = ["sketchy-plugin"]\n')
+    # Another deny list elsewhere, or the environment's, does not undo the project's.
+    assert "sketchy" not in registry(tmp_path, TORCH_BACKENDS_DENY="unrelated-pkg").list_backends()
+    extra = write("site.toml", '[plugins]\ndeny = ["unrelated-pkg"]\n')
+    assert "sketchy" not in registry(tmp_path, TORCH_BACKENDS_PATH=str(extra)).list_backends()
+    # An allow of that very distribution, above the deny, admits it: explain says why.
+    admitting = write("admit.toml", '[plugins]\nallow = ["sketchy-plugin", "unrelated-pkg"]\n')
+    reg = registry(tmp_path, TORCH_BACKENDS_PATH=str(admitting))
+    assert "sketchy" in reg.list_backends()
+    said = reg.index(with_torch=False).admitted["sketchy"]
+    assert said.startswith("distribution 'sketchy-plugin' is allowed by")
+    assert "over the deny of" in said
+    assert "backends.toml:2 (plugins.deny)" in said
+
+
+def test_a_pick_the_policy_excludes_names_the_policy_line(
+    tmp_path: Path, write: WriteFn, make_dist: MakeDist
+) -> None:
+    make_dist("acme-fast", "1.0", {"fast": "acme_mod:fn"})
+    write(
+        "backends.toml",
+        '[plugins]\nallow = ["other-dist"]\n[backends.fast]\ndistribution = "acme-fast"\n',
+    )
+    reg = registry(tmp_path)
+    with pytest.warns(ManifestWarning), pytest.raises(ManifestError) as caught:
+        reg.lookup_backend("fast")
+    assert "is not allowed by" in caught.value.message
+    assert "backends.toml:2 (plugins.allow)" in caught.value.message
+    assert "no installed distribution" not in caught.value.message
+
+
+def test_an_allow_list_naming_nothing_installed_says_so(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.mine]\ntarget = "m:f"\n')
+    reg = registry(tmp_path, TORCH_BACKENDS_ALLOW="nosuchdist")
+    with pytest.warns(
+        ManifestWarning, match="TORCH_BACKENDS_ALLOW: the allow list names 'nosuchdist'"
+    ):
+        reg.list_backends()

@@ -27,7 +27,8 @@ class CommandError(Exception):
 
 STARTER = """\
 # Backends for torch.compile(model, backend="NAME"), read by torch-backend-registry.
-# Check this file with `torch-backends check`; see every backend with `torch-backends list`.
+# Check this file, and import what it names, with `torch-backends check --import`;
+# see every backend with `torch-backends list`.
 # For validation in your editor (Taplo, Even Better TOML):
 #   torch-backends schema > backends.schema.json
 # and then add this line at the very top:  #:schema ./backends.schema.json
@@ -56,7 +57,8 @@ description = "My compiler"
 # requires = ["tensorrt"]
 # Optional: keyword arguments passed to the target on every call.
 # options = { fp16 = true }
-# Optional: false hides this name, also from entry points and PyTorch.
+# Optional: false hides this name, also from plugins' entry points (PyTorch's own
+# names cannot be hidden).
 # enabled = true
 
 # A fallback chain: the first member whose requirements are met and that
@@ -182,6 +184,11 @@ def _list(args: Arguments) -> int:
         rows = registry.definitions(exclude)
     if args.tag:
         wanted = set(args.tag)
+        known = {tag for d in rows for tag in d.tags}
+        if not wanted <= known:
+            missing = ", ".join(repr(t) for t in sorted(wanted - known))
+            there = ", ".join(sorted(known)) or "none"
+            raise CommandError(f"no backend is tagged {missing} (the tags here: {there})")
         rows = [d for d in rows if wanted.issubset(d.tags)]
     available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
@@ -297,6 +304,9 @@ def _explain(args: Arguments) -> int:
     else:
         out.append(f"{info.alias} (alias of {name}: resolves to whatever {name} does)")
     out.extend(_describe(registry, info.definition, _Remembered(registry)(name)))
+    policy = registry.index(with_torch=not args.no_torch).admitted.get(name)
+    if policy is not None:
+        out.append(f"  {'policy:':<13}{policy}")
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
@@ -381,12 +391,20 @@ def _check(args: Arguments) -> int:
             return EXIT_PROBLEMS
         with _Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems(with_torch=not args.no_torch)
+        matched = None
         if args.locked:
-            problems.extend(_drift(_registry(args.no_torch)))
-        return _report(registry, problems, args.import_targets)
+            locked = _registry(args.no_torch)
+            drift = _drift(locked, with_torch=not args.no_torch)
+            problems.extend(drift)
+            if not drift:
+                from ._lock import fingerprint, lock_path
+
+                where = _shown_path(lock_path(locked))
+                matched = f"{where} matched (fingerprint {fingerprint(locked)})"
+        return _report(registry, problems, args.import_targets, not args.no_torch, matched)
 
 
-def _drift(registry: Registry) -> list[Problem]:
+def _drift(registry: Registry, *, with_torch: bool) -> list[Problem]:
     """Each difference from backends.lock as a problem of the lock file."""
     from ._definition import Problem
     from ._errors import LockFileError
@@ -399,7 +417,7 @@ def _drift(registry: Registry) -> list[Problem]:
         return [Problem(exc.message, path=exc.path, line=exc.line)]
     return [
         Problem(f"{change}; run 'torch-backends lock' to accept it", path=path)
-        for change in differences(locked, registry.facts())
+        for change in differences(locked, registry.facts(), with_torch=with_torch)
     ]
 
 
@@ -425,46 +443,75 @@ def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
     return Registry(sources=("env", "project", *others))
 
 
-def _report(registry: Registry, problems: list[Problem], import_targets: bool) -> int:
-    here = _here()
-    for problem in problems:
-        print(printable(problem.shown(here)))
+def _report(
+    registry: Registry,
+    problems: list[Problem],
+    import_targets: bool,
+    with_torch: bool,
+    matched: str | None,
+) -> int:
+    """Print each problem (and, with ``--import``, each backend unavailable here, which is
+    no problem: ``requires`` says it may be), by file and line; then a summary."""
+    index = registry.index(with_torch=with_torch)
     checked = [
         d
         for d in registry.definitions((), with_torch=False, broken=True)
         if d.source.kind in _CHECKED
     ]
-    usable = sum(d.usable for d in checked)
+    # A chain none of whose members exists anywhere can never be used.
+    dead = {
+        d.name
+        for d in checked
+        if d.chain is not None
+        and all(index.get(m) is None and not index.could_be_pytorch(m) for m in d.chain)
+    }
+    usable = [d for d in checked if d.usable and d.name not in dead]
+    notes: list[Problem] = []
     if import_targets:
-        for d in checked:
-            if not d.usable:
-                continue  # its problem is printed above
+        from ._definition import Problem
+
+        for d in list(usable):
+            why = registry.why_unavailable(d)
+            if why is not None:
+                usable.remove(d)
+                said = f"unavailable here ({why}); not imported: its requires say it may be"
+                notes.append(Problem(said, path=d.source.path, line=d.source.line, key=_key(d)))
+                continue
             try:
                 registry.lookup_backend(d.name)
             except BackendRegistryError as exc:
-                usable -= 1
-                problem = _load_problem(d, exc)
-                problems.append(problem)
-                print(printable(problem.shown(here)))
+                usable.remove(d)
+                problems.append(_load_problem(d, exc))
+    here = _here()
+    for line in sorted([*problems, *notes], key=lambda p: (p.path or "", p.line or 0)):
+        print(printable(line.shown(here)))
     what = "imported and usable" if import_targets else "usable"
-    count = len(problems)
-    summary = f"{usable} of {len(checked)} backend(s) {what}"
-    if count:
-        print(f"{count} problem(s); {summary}", file=sys.stderr)
+    summary = f"{len(usable)} of {len(checked)} backend(s) {what}"
+    if notes:
+        summary += f", {len(notes)} unavailable here"
+    if matched:
+        summary += f"; {matched}"
+    if problems:
+        print(f"{len(problems)} problem(s); {summary}", file=sys.stderr)
         return EXIT_PROBLEMS
     print(f"no problems; {summary}", file=sys.stderr)
     return EXIT_OK
+
+
+def _key(d: BackendDefinition) -> str:
+    """The key of a backend's table, as a problem of it names it."""
+    from ._positions import table_prefix, toml_key
+
+    return toml_key((*table_prefix(d.source.path or ""), "backends", d.name))
 
 
 def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
     """A failed import as a problem at the backend's table, like the manifest's own."""
     from ._definition import Problem
     from ._errors import BackendLoadError
-    from ._positions import table_prefix, toml_key
 
     path = d.source.path
-    field = "chain" if d.chain is not None else "target"
-    key = toml_key((*table_prefix(path or ""), "backends", d.name, field))
+    key = _key(d) + (".chain" if d.chain is not None else ".target")
     if isinstance(exc, BackendLoadError):
         what = f" (target {exc.target!r})" if exc.target else ""
         message = f"cannot load backend {d.name!r}{what}: {exc.reason}"
@@ -620,16 +667,14 @@ def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
 
 
 def _lock(args: Arguments) -> int:
-    from ._lock import fingerprint as fingerprint_of
-    from ._lock import write_lock
+    from ._lock import digest, summary, write_lock
 
     registry = _registry()
     with _Waiting("loading PyTorch's backends", True):
         path = write_lock(registry, args.output)
-        fingerprint = fingerprint_of(registry)
-    count = len(registry.definitions(()))
+        facts = registry.facts()
     shown = _shown_path(path)
-    print(f"wrote {shown}: {count} backends, fingerprint {fingerprint}; commit it")
+    print(f"wrote {shown}: {summary(facts)}; fingerprint {digest(facts)[:16]}; commit it")
     return EXIT_OK
 
 
@@ -663,7 +708,8 @@ def pyproject_starter() -> str:
     body = body.replace("[backends.", "[tool.torch-backends.backends.")
     return (
         '# Backends for torch.compile(model, backend="NAME"), read by torch-backend-registry.\n'
-        "# Check them with `torch-backends check`; see them with `torch-backends list`.\n"
+        "# Check them, and import what they name, with `torch-backends check --import`;\n"
+        "# see them with `torch-backends list`.\n"
         "[tool.torch-backends]\nschema-version = 1\n" + body
     )
 
@@ -688,7 +734,7 @@ def _init(args: Arguments) -> int:
         return _init_pyproject(pyproject)
     with open(backends, "x", encoding="utf-8") as handle:
         handle.write(STARTER)
-    print(f"wrote {PROJECT_FILES[0]}; check it with 'torch-backends check'")
+    print(f"wrote {PROJECT_FILES[0]}; check it with 'torch-backends check --import'")
     if os.path.isfile(pyproject):
         print("(to keep the backends in pyproject.toml instead: remove it, then run"
               " 'torch-backends init --pyproject')")  # fmt: skip
@@ -715,7 +761,10 @@ def _init_pyproject(pyproject: str) -> int:
     parse_toml(pyproject, text + addition)  # refuses before writing if it would not parse
     with open(pyproject, "a", encoding="utf-8") as handle:
         handle.write(addition)
-    print("added [tool.torch-backends] to pyproject.toml; check it with 'torch-backends check'")
+    print(
+        "added [tool.torch-backends] to pyproject.toml;"
+        " check it with 'torch-backends check --import'"
+    )
     return EXIT_OK
 
 

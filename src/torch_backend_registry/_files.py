@@ -93,8 +93,9 @@ def untrusted_message(what: str, reason: str) -> str:
     return f"{what} not used: {reason}; fix its owner or mode (as git's safe.directory)"
 
 
-def read_text(path: str) -> str:
-    """A manifest's text; :class:`ManifestError` where it cannot or must not be used.
+def read_text(path: str, limit: int = MAX_BYTES) -> str:
+    """A manifest's text (of at most ``limit`` bytes); :class:`ManifestError` where it
+    cannot or must not be used.
 
     The checks are made on the opened file, so the file judged is the file read,
     and a symbolic link is judged by the file it points to and the folder holding
@@ -119,20 +120,20 @@ def read_text(path: str) -> str:
                 reason = "the folder holding it " + folder.removeprefix("it ")
         if reason is not None:
             raise Untrusted(untrusted_message("manifest", reason), path=path)
-        if info.st_size > MAX_BYTES:
-            raise _too_large(path)
+        if info.st_size > limit:
+            raise _too_large(path, limit)
         with open(fd, "rb", closefd=False) as handle:
             # A buffer of the size fstat gave, plus one byte that tells a file that grew
             # since; such a file is read on, up to the limit.
             data = handle.read(info.st_size + 1)
             if len(data) > info.st_size:
-                data += handle.read(MAX_BYTES + 1 - len(data))
+                data += handle.read(limit + 1 - len(data))
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     finally:
         os.close(fd)
-    if len(data) > MAX_BYTES:
-        raise _too_large(path)
+    if len(data) > limit:
+        raise _too_large(path, limit)
     try:
         # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
         return data.decode("utf-8-sig")
@@ -147,14 +148,17 @@ def read_text(path: str) -> str:
         ) from exc
 
 
-def _too_large(path: str) -> ManifestError:
+def _too_large(path: str, limit: int) -> ManifestError:
+    what = "a manifest" if limit == MAX_BYTES else "this file"
     return ManifestError(
-        f"is larger than {MAX_BYTES // 2**20} MiB, too large for a manifest; is it the right file?",
+        f"is larger than {limit // 2**20} MiB, too large for {what}; is it the right file?",
         path=path,
     )
 
 
-def parse_toml(path: str, text: str) -> tuple[dict[str, Any], KeyLines]:
+def parse_toml(
+    path: str, text: str, budget: int = MAX_KEY_PARTS
+) -> tuple[dict[str, Any], KeyLines]:
     """Parse ``text``, and find the line of each key (which the parser does not tell).
 
     Every way of failing is a :class:`ManifestError` with a line: the key budget
@@ -166,7 +170,7 @@ def parse_toml(path: str, text: str) -> tuple[dict[str, Any], KeyLines]:
     from ._positions import TooManyKeys, key_lines
 
     try:
-        lines = key_lines(text, MAX_KEY_PARTS)
+        lines = key_lines(text, budget)
     except TooManyKeys as exc:
         raise ManifestError(
             f"more than {exc.budget:,} keys and key parts in one manifest; split it into"

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 LOCK_FILE = "backends.lock"
 LOCK_VERSION = 1
+#: The largest lock read (and so written): 64 MiB, some 400,000 backends. A lock holds
+#: a registry whole, where manifests are split in files of at most 1 MiB.
+LOCK_MAX_BYTES = 64 * 2**20
 #: The environment variable that makes install() refuse a registry that drifted from
 #: its lock: "1" for the backends.lock beside the project manifest, or a lock's path.
 LOCKED_VAR = "TORCH_BACKENDS_LOCKED"
@@ -79,6 +82,12 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
     """Write the lock of ``registry``; return its path."""
     path = path or lock_path(registry)
     text = lock_text(registry.facts())
+    if len(text.encode()) > LOCK_MAX_BYTES:
+        raise LockFileError(
+            f"the lock would be larger than {LOCK_MAX_BYTES // 2**20} MiB, more than a lock"
+            " is read; lock fewer backends",
+            path=path,
+        )
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -88,10 +97,12 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
 
 def read_lock(path: str) -> Facts:
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used."""
-    from ._files import parse_toml, read_text
+    from ._files import MAX_KEY_PARTS, parse_toml, read_text
 
     try:
-        data, _lines = parse_toml(path, read_text(path))
+        text = read_text(path, LOCK_MAX_BYTES)
+        # Locks are written by lock_text: far fewer key parts than bytes.
+        data, _lines = parse_toml(path, text, max(MAX_KEY_PARTS, len(text) // 16))
     except ManifestError as exc:
         raise LockFileError(exc.message, path=path, line=exc.line) from exc
     version = data.get("lock-version")
@@ -110,8 +121,13 @@ def read_lock(path: str) -> Facts:
     return facts
 
 
-def differences(locked: Facts, now: Facts) -> list[str]:
-    """What changed from ``locked`` to ``now``, one readable line a difference, sorted."""
+def differences(locked: Facts, now: Facts, *, with_torch: bool = True) -> list[str]:
+    """What changed from ``locked`` to ``now``, one readable line a difference, sorted.
+
+    ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them).
+    """
+    if not with_torch:
+        locked, now = _without_torch(locked), _without_torch(now)
     changes: list[str] = []
     for section, noun in (("backends", "backend"), ("aliases", "alias")):
         before: Mapping[str, Any] = locked.get(section, {})
@@ -128,6 +144,31 @@ def differences(locked: Facts, now: Facts) -> list[str]:
             f"changed default: {_show(locked.get('default'))} -> {_show(now.get('default'))}"
         )
     return changes
+
+
+def _without_torch(facts: Facts) -> Facts:
+    backends = facts.get("backends", {})
+    kept = {
+        n: f for n, f in backends.items() if not (isinstance(f, dict) and f.get("kind") == "torch")
+    }
+    aliases = {a: n for a, n in facts.get("aliases", {}).items() if n not in backends or n in kept}
+    return {**facts, "backends": kept, "aliases": aliases}
+
+
+def summary(facts: Facts) -> str:
+    """What a lock holds, by source: ``1 project, 23 torch backends and 2 aliases``."""
+    kinds: dict[str, int] = {}
+    for backend in facts["backends"].values():
+        kinds[backend["kind"]] = kinds.get(backend["kind"], 0) + 1
+    parts = [f"{count} {kind}" for kind, count in sorted(kinds.items())] or ["no"]
+    said = (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
+    aliases = len(facts["aliases"])
+    said += f" backend{'s' if sum(kinds.values()) != 1 else ''}"
+    if aliases:
+        said += f", {aliases} alias{'es' if aliases != 1 else ''}"
+    if "default" in facts:
+        said += f", default {facts['default']!r}"
+    return said
 
 
 def differing_names(locked: Facts, now: Facts) -> set[str]:

@@ -159,7 +159,8 @@ class Snapshot:
                 index = self._indexes[with_torch] = merge(
                     discoveries,
                     pytorch,
-                    torch_read=with_torch,
+                    # Without torch installed there is no registry of PyTorch's to read.
+                    torch_read=with_torch and _torch_available(),
                     plugins_read="entry-point" in self.kinds,
                 )
                 for problem in index.problems:
@@ -240,6 +241,8 @@ class Snapshot:
             try:
                 resolved = index.resolve(member)
             except BackendRegistryError as exc:
+                if index.could_be_pytorch(member):
+                    return None  # one of PyTorch's, which was not read: there with torch
                 reasons.append(f"{member}: {str(exc).split('. ', 1)[0]}")
                 continue
             if resolved.name in visiting:
@@ -283,6 +286,12 @@ def _static_names() -> frozenset[str]:
     from ._pytorch import PYTORCH_NAMES
 
     return PYTORCH_NAMES
+
+
+def _torch_available() -> bool:
+    from ._pytorch import torch_available
+
+    return torch_available()
 
 
 def _own(fn: object) -> bool:
