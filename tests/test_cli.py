@@ -119,6 +119,7 @@ def test_list_json(tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path
         "name",
         "target",
         "chain",
+        "by_device",  # a table by device, or null
         "tags",
         "description",
         "aliases",
@@ -737,3 +738,20 @@ def test_a_name_of_pytorchs_is_refused_before_torch_is_imported() -> None:
         "    print(type(e).__name__, 'torch._dynamo' in sys.modules)\n"
     ).stdout
     assert out == "DuplicateBackendError False\n"
+
+
+def test_check_import_refuses_an_option_the_compiler_does_not_take(
+    tmp_path: Path, write: WriteFn, make_module: Callable[..., str], module_name: str
+) -> None:
+    make_module(module_name, "def fast(gm, inputs, *, level=1):\n    return gm\n")
+    write(
+        "backends.toml",
+        f'[backends.fast]\ntarget = "{module_name}:fast"\n\noptions = {{ levle = 2 }}\n',
+    )
+    env = {"PYTHONPATH": os.pathsep.join(sys.path)}
+    assert run("check", "--no-torch", cwd=tmp_path, env=env).returncode == 0
+    done = run("check", "--import", "--no-torch", cwd=tmp_path, env=env, check=1)
+    assert done.stdout == (
+        "backends.toml:4: backends.fast.options.levle: option 'levle' is not a parameter"
+        f" of {module_name}:fast; did you mean 'level'?\n"
+    )

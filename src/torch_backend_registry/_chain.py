@@ -1,4 +1,4 @@
-"""Fallback chains: a backend that compiles with the first member that works."""
+"""Backends made of other backends: fallback chains, and tables by device type."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import logging
 
 from ._errors import BackendChainError, BackendRegistryError
 from ._finding import missing_requirements
+from ._loader import call_options
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from contextlib import AbstractContextManager
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo
@@ -50,7 +52,7 @@ class ChainBackend:
 
     @property
     def members(self) -> tuple[str, ...]:
-        return self.definition.chain or ()
+        return self.definition.members
 
     def _skip(self, member: str) -> tuple[str, int] | None:
         """Why ``member`` is skipped before compiling, and how loudly; ``None`` to try it."""
@@ -78,14 +80,105 @@ class ChainBackend:
                     skipped = str(exc), logging.WARNING
             if skipped is None:
                 try:
-                    compiled = compiler(gm, example_inputs, **kwargs)
+                    with self._compiling():
+                        options = call_options(compiler, member, kwargs)
+                        compiled = compiler(gm, example_inputs, **options)
                 except Exception as exc:
                     skipped = f"compiling raised {type(exc).__name__}: {exc}", logging.WARNING
                 else:
-                    logger.info("backend %r: compiled with %r", name, member)
-                    self.used = member
-                    return compiled
+                    why = self._verify(gm, example_inputs, compiled)
+                    if why is None:
+                        logger.info("backend %r: compiled with %r", name, member)
+                        self.used = member
+                        return compiled
+                    skipped = f"verifying it failed: {why}", logging.WARNING
             reason, level = skipped
             failures.append((member, reason))
             logger.log(level, "backend %r: skipping %r: %s", name, member, reason)
         raise BackendChainError(name, failures)
+
+    def _compiling(self) -> AbstractContextManager[object]:
+        """How members are compiled: as they would be, or ready to be verified."""
+        import contextlib
+
+        if self.definition.verify is None:
+            return contextlib.nullcontext()
+        from ._verify import compiling
+
+        return compiling(self.definition.verify[0])
+
+    def _verify(self, gm: Any, example_inputs: Any, compiled: Any) -> str | None:
+        """Why the compiled graph is not the graph (``verify``), run once on copies."""
+        if self.definition.verify is None:
+            return None
+        from ._verify import check
+
+        level, rtol, atol = self.definition.verify
+        try:
+            return check(gm, example_inputs, compiled, level, rtol, atol)
+        except Exception as exc:  # the eager graph itself: nothing to hold against a member
+            logger.warning(
+                "backend %r: not verified: %s: %s", self.definition.name, type(exc).__name__, exc
+            )
+            return None
+
+
+class DeviceBackend:
+    """Compiles with the backend its ``by-device`` table names for the device type of the
+    graph's inputs (as ``torch.device(...).type`` names it), ``other`` for any not listed."""
+
+    def __init__(
+        self, definition: BackendDefinition, *, lookup: Callable[[str], Callable[..., Any]]
+    ) -> None:
+        self.definition = definition
+        self._lookup = lookup
+        self.table = dict(definition.by_device or ())
+        #: The member the last compile used.
+        self.used: str | None = None
+        self.__name__ = definition.name
+        self.__qualname__ = definition.name
+
+    def __repr__(self) -> str:
+        table = ", ".join(f"{device} -> {name}" for device, name in self.table.items())
+        return f"<by-device backend {self.definition.name!r}: {table}>"
+
+    def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        device = device_type(gm, example_inputs)
+        member = self.table.get(device, self.table.get("other"))
+        if member is None:
+            from ._errors import ManifestError
+            from ._positions import table_prefix, toml_key
+
+            source = self.definition.source
+            listed = ", ".join(self.table)
+            raise ManifestError(
+                f"backend {self.definition.name!r} names no backend for device {device!r}"
+                f" (by-device has {listed}); add it, or 'other' for every device not listed",
+                path=source.path,
+                line=source.line,
+                key=toml_key(
+                    (
+                        *table_prefix(source.path or ""),
+                        "backends",
+                        self.definition.name,
+                        "by-device",
+                    )
+                ),
+            )
+        logger.info(
+            "backend %r: device %s: compiling with %r", self.definition.name, device, member
+        )
+        self.used = member
+        compiler = self._lookup(member)
+        return compiler(gm, example_inputs, **call_options(compiler, member, kwargs))
+
+
+def device_type(gm: Any, example_inputs: Any) -> str:
+    """The device a graph runs on: that of its tensor inputs (then of its own parameters and
+    buffers), the first that is not the CPU where they are on several; else ``cpu``."""
+    import itertools
+
+    tensors = [x for x in example_inputs if hasattr(x, "device") and hasattr(x, "dtype")]
+    state = itertools.chain(gm.parameters(), gm.buffers()) if hasattr(gm, "parameters") else ()
+    types = [t.device.type for t in itertools.chain(tensors, state)]
+    return next((t for t in types if t != "cpu"), "cpu")

@@ -62,9 +62,16 @@ description = "My compiler"
 # enabled = true
 
 # A fallback chain: the first member whose requirements are met and that
-# compiles without raising is used.
+# compiles without raising is used. With verify = "forward" (or "backward"), a
+# member whose compiled graph gives other values than the graph run eagerly (or
+# other gradients) is skipped too.
 # [backends.portable]
 # chain = ["tensorrt", "inductor", "eager"]
+# verify = "forward"
+
+# A backend chosen by the device of the graph's inputs ("other": any other device).
+# [backends.auto]
+# by-device = { cuda = "inductor", cpu = "portable", other = "eager" }
 """
 
 
@@ -247,6 +254,7 @@ def _as_json(d: BackendDefinition, available: bool) -> dict[str, Any]:
         "name": d.name,
         "target": d.target,
         "chain": list(d.chain) if d.chain is not None else None,
+        "by_device": dict(d.by_device) if d.by_device is not None else None,
         "tags": list(d.tags),
         "description": d.description,
         "aliases": list(d.aliases),
@@ -264,6 +272,8 @@ def _as_json(d: BackendDefinition, available: bool) -> dict[str, Any]:
 def _what(d: BackendDefinition) -> str:
     if d.chain is not None:
         return "chain: " + " -> ".join(d.chain)
+    if d.by_device is not None:
+        return "by-device: " + ", ".join(f"{device} -> {name}" for device, name in d.by_device)
     return d.target or ""
 
 
@@ -332,6 +342,12 @@ def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None)
         fields.append(("target", d.target))
     if d.chain is not None:
         fields.append(("chain", " -> ".join(d.chain)))
+    if d.by_device is not None:
+        by_device = ", ".join(f"{device} -> {name}" for device, name in d.by_device)
+        fields.append(("by-device", by_device))
+    if d.verify is not None:
+        level, rtol, atol = d.verify
+        fields.append(("verify", f"{level} (rtol {rtol:g}, atol {atol:g})"))
     if d.tags:
         fields.append(("tags", ", ".join(d.tags)))
     if d.aliases:
@@ -462,8 +478,8 @@ def _report(
     dead = {
         d.name
         for d in checked
-        if d.chain is not None
-        and all(index.get(m) is None and not index.could_be_pytorch(m) for m in d.chain)
+        if d.members
+        and all(index.get(m) is None and not index.could_be_pytorch(m) for m in d.members)
     }
     usable = [d for d in checked if d.usable and d.name not in dead]
     notes: list[Problem] = []
@@ -508,10 +524,13 @@ def _key(d: BackendDefinition) -> str:
 def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
     """A failed import as a problem at the backend's table, like the manifest's own."""
     from ._definition import Problem
-    from ._errors import BackendLoadError
+    from ._errors import BackendLoadError, ManifestError
 
     path = d.source.path
-    key = _key(d) + (".chain" if d.chain is not None else ".target")
+    field = "target" if not d.members else "chain" if d.by_device is None else "by-device"
+    key = f"{_key(d)}.{field}"
+    if isinstance(exc, ManifestError):  # where it is written: an option's own line
+        return exc.problem
     if isinstance(exc, BackendLoadError):
         what = f" (target {exc.target!r})" if exc.target else ""
         message = f"cannot load backend {d.name!r}{what}: {exc.reason}"

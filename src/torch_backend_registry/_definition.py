@@ -218,6 +218,7 @@ class BackendDefinition(Frozen):
         "name",
         "target",
         "chain",
+        "by_device",
         "tags",
         "description",
         "aliases",
@@ -229,12 +230,15 @@ class BackendDefinition(Frozen):
         "compiler_fn",
         "problem",
         "skip_known_failures",
+        "verify",
         "distribution",
     )
 
     name: str
     target: str | None
     chain: tuple[str, ...] | None
+    #: Instead of a target or chain: ``(device type, backend name)`` pairs, ``other`` last.
+    by_device: tuple[tuple[str, str], ...] | None
     tags: tuple[str, ...]
     description: str | None
     aliases: tuple[str, ...]
@@ -250,6 +254,9 @@ class BackendDefinition(Frozen):
     problem: Problem | None
     #: For a chain: skip members that ``doctor`` found failing here.
     skip_known_failures: bool
+    #: For a chain: ``("forward" | "backward", rtol, atol)`` to check each member's compiled
+    #: graph against the graph run eagerly, or ``None``.
+    verify: tuple[str, float, float] | None
     #: The installed distribution a manifest picked to provide this name's entry point.
     distribution: str | None
 
@@ -260,6 +267,7 @@ class BackendDefinition(Frozen):
         *,
         target: str | None = None,
         chain: tuple[str, ...] | None = None,
+        by_device: tuple[tuple[str, str], ...] | None = None,
         tags: tuple[str, ...] = (),
         description: str | None = None,
         aliases: tuple[str, ...] = (),
@@ -270,12 +278,14 @@ class BackendDefinition(Frozen):
         compiler_fn: Callable[..., Any] | None = None,
         problem: Problem | None = None,
         skip_known_failures: bool = False,
+        verify: tuple[str, float, float] | None = None,
         distribution: str | None = None,
     ) -> None:
         init = object.__setattr__  # slot by slot: discovery makes one a backend
         init(self, "name", name)
         init(self, "target", target)
         init(self, "chain", chain)
+        init(self, "by_device", by_device)
         init(self, "tags", tags)
         init(self, "description", description)
         init(self, "aliases", aliases)
@@ -287,6 +297,7 @@ class BackendDefinition(Frozen):
         init(self, "compiler_fn", compiler_fn)
         init(self, "problem", problem)
         init(self, "skip_known_failures", skip_known_failures)
+        init(self, "verify", verify)
         init(self, "distribution", distribution)
 
     def _key(self) -> tuple[Any, ...]:
@@ -304,6 +315,13 @@ class BackendDefinition(Frozen):
     def usable(self) -> bool:
         """Whether this definition can be looked up (enabled and without a problem)."""
         return self.enabled and self.problem is None
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The backends this one runs: a chain's members, or a ``by-device`` table's."""
+        if self.by_device is not None:
+            return tuple(dict.fromkeys(name for _device, name in self.by_device))
+        return self.chain or ()
 
 
 def runtime_definition(

@@ -31,6 +31,10 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         facts["target"] = definition.target
     if definition.chain is not None:
         facts["chain"] = list(definition.chain)
+    if definition.by_device is not None:
+        facts["by-device"] = dict(definition.by_device)
+    if definition.verify is not None:
+        facts["verify"] = list(definition.verify)
     if definition.options:
         facts["options"] = _plain(definition.options)
     if definition.requires:
@@ -48,17 +52,18 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
 
 
 def reach(index: Index, definition: BackendDefinition) -> dict[str, BackendDefinition | None]:
-    """Every backend a chain may run, by name (``None`` for a name that resolves to nothing),
-    through chains inside it; linear in the chain graph. Empty for a backend that is no chain."""
+    """Every backend a chain (or ``by-device`` table) may run, by name (``None`` for a name
+    that resolves to nothing), through others inside it; linear in their graph. Empty for a
+    backend that runs no other."""
     found: dict[str, BackendDefinition | None] = {}
-    todo = list(definition.chain or ())
+    todo = list(definition.members)
     while todo:
         name = todo.pop()
         if name in found:
             continue
         member = found[name] = index.get(name)
-        if member is not None and member.chain is not None:
-            todo.extend(member.chain)
+        if member is not None:
+            todo.extend(member.members)
     return dict(sorted(found.items()))
 
 

@@ -6,6 +6,7 @@ it is loaded for the rest of the process (see ``_finding``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 
@@ -14,7 +15,7 @@ from ._finding import missing_requirements, python_path_finder, searching
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
     from ._definition import BackendDefinition
@@ -91,12 +92,87 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     if folders:
         python_path_finder().keep(folders)
     if definition.options:
+        for key, message in refused_options(obj, definition.options, target):
+            raise _option_error(definition, key, message)
         import functools
 
         bound = functools.partial(obj, **definition.options)
         functools.update_wrapper(bound, obj)
         return bound
     return obj  # type: ignore[no-any-return]
+
+
+def refused_options(fn: Any, keys: Iterable[str], target: str) -> list[tuple[str, str]]:
+    """Each key ``fn`` takes no keyword argument of, with why: it has no such parameter
+    (beyond the graph and its example inputs) and no ``**kwargs``. A function whose
+    signature cannot be read is taken at its word."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return []
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    taken = {p.name for p in positional[:2]}  # the graph module and its example inputs
+    accepted = [
+        p.name
+        for p in parameters
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in taken
+    ]
+    refused = []
+    for key in keys:
+        if key not in accepted:
+            import difflib
+
+            close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else f"it takes {', '.join(map(repr, accepted))}"
+                if accepted
+                else "it takes none"
+            )
+            refused.append((key, f"option {key!r} is not a parameter of {target}; {hint}"))
+    return refused
+
+
+def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments for ``fn`` from what torch.compile passed to backend ``name``:
+    its ``options`` table unpacked (unless ``fn`` takes ``options`` itself, as a backend
+    written for torch.compile does) and ``mode``; a :class:`TypeError`, worded as a
+    manifest's option would be, for one ``fn`` does not take."""
+    passed = dict(given)
+    options = passed.pop("options", None)
+    if options is not None and refused_options(fn, ["options"], name):
+        passed.update(options)
+    elif options is not None:
+        passed["options"] = options
+    from ._definition import target_of
+
+    for _key, message in refused_options(fn, passed, target_of(fn) or f"backend {name!r}"):
+        raise TypeError(message)
+    return passed
+
+
+def _option_error(definition: BackendDefinition, key: str, message: str) -> Exception:
+    """A refused option, where it is written: the line of its key in the manifest."""
+    from ._errors import ManifestError
+    from ._positions import table_prefix, toml_key
+
+    source = definition.source
+    path = source.path
+    parts = (*table_prefix(path or ""), "backends", definition.name, "options", key)
+    line = source.line
+    if path is not None:
+        from ._files import parse_toml, read_text
+
+        with contextlib.suppress(Exception):  # unreadable since: the table's line it is
+            line = parse_toml(path, read_text(path))[1].line_of(parts) or line
+    if path is None:
+        return _error(definition, message)
+    return ManifestError(message, path=path, line=line, key=toml_key(parts))
 
 
 def _a(noun: str) -> str:

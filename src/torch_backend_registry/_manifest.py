@@ -333,6 +333,7 @@ def _definition(
         source,
         target=entry.target,
         chain=tuple(entry.chain) if entry.chain is not None else None,
+        by_device=_by_device(entry.by_device),
         tags=tuple(entry.tags),
         description=entry.description,
         aliases=tuple(entry.aliases),
@@ -341,8 +342,26 @@ def _definition(
         enabled=entry.enabled,
         python_path=python_path,
         skip_known_failures=entry.skip_known_failures,
+        verify=_verify(entry),
         distribution=entry.distribution,
     )
+
+
+def _verify(entry: BackendEntry) -> tuple[str, float, float] | None:
+    """How a chain checks its members: a level and tolerances (doctor's unless given)."""
+    if entry.verify == "none":
+        return None
+    from ._verdict import ATOL, RTOL
+
+    rtol = RTOL if entry.rtol is None else entry.rtol
+    return entry.verify, rtol, ATOL if entry.atol is None else entry.atol
+
+
+def _by_device(table: dict[str, str] | None) -> tuple[tuple[str, str], ...] | None:
+    """The table as pairs, ``other`` last: the one asked when no device type matches."""
+    if table is None:
+        return None
+    return tuple(sorted(table.items(), key=lambda item: item[0] == "other"))
 
 
 def _too_deep(value: object) -> tuple[str | int, ...] | None:

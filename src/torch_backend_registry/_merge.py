@@ -19,9 +19,10 @@ The rules, in one place:
   deny; so deny lists combine, and only an explicit allow re-admits;
 - when several distributions declare one name, the first on ``sys.path`` (then
   by name) wins unless a manifest picks one with ``distribution = "..."``;
-- a chain may not name itself, directly or through other chains, and may nest
-  at most :data:`MAX_CHAIN_DEPTH` chains deep; a member that does not exist is
-  skipped when it runs, and reported by ``check``.
+- a chain (or a ``by-device`` table: both run other backends, their members)
+  may not name itself, directly or through others, and may nest at most
+  :data:`MAX_CHAIN_DEPTH` deep; a member that does not exist is skipped when it
+  runs, and reported by ``check``.
 """
 
 from __future__ import annotations
@@ -167,14 +168,14 @@ class Index:
         """
         problems: dict[str, Problem] = {}
         for definition in self.winners():
-            members = dict.fromkeys(definition.chain or ())
+            members = dict.fromkeys(definition.members)
             unknown = [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
             if unknown:
                 names = ", ".join(map(repr, unknown))
                 every = len(unknown) == len(members)
                 problems[definition.name] = chain_error(
                     definition,
-                    f"chain {definition.name!r} names {names}, which"
+                    f"{_what(definition)} {definition.name!r} names {names}, which"
                     f" {'is' if len(unknown) == 1 else 'are'} no usable backend"
                     + ("; no member can ever be used" if every else "")
                     + "; fix the name or remove it",
@@ -192,7 +193,7 @@ class Index:
 
     def _find_chain_problems(self) -> dict[str, Problem]:
         problems: dict[str, Problem] = {}
-        chains = {d.name: d for d in self.winners() if d.chain is not None}
+        chains = {d.name: d for d in self.winners() if d.members}
         depth: dict[str, int] = {}
         for start in chains:
             if start in depth:
@@ -224,7 +225,8 @@ class Index:
             if levels > MAX_CHAIN_DEPTH and name not in problems:
                 problems[name] = chain_error(
                     chains[name],
-                    f"chain {name!r} nests {levels} chains deep, more than {MAX_CHAIN_DEPTH};"
+                    f"{_what(chains[name])} {name!r} nests {levels} chains deep, more than"
+                    f" {MAX_CHAIN_DEPTH};"
                     " name the backends it ends in directly",
                 )
         return problems
@@ -233,9 +235,9 @@ class Index:
         self, definition: BackendDefinition, chains: dict[str, BackendDefinition]
     ) -> list[str]:
         members = []
-        for member in dict.fromkeys(definition.chain or ()):  # repeats walk once
+        for member in definition.members:  # repeats walk once
             resolved = self.get(member)
-            if resolved is not None and resolved.chain is not None and resolved.name in chains:
+            if resolved is not None and resolved.members and resolved.name in chains:
                 members.append(resolved.name)
         return members
 
@@ -469,11 +471,17 @@ def chain_error(definition: BackendDefinition, message: str) -> Problem:
         message,
         path=source.path,
         line=source.line,
-        key=toml_key((*prefix, "backends", definition.name, "chain")),
+        key=toml_key((*prefix, "backends", definition.name, _what(definition))),
     )
 
 
 def _loop_error(definition: BackendDefinition, loop: list[str], name: str) -> Problem:
     start = loop.index(name)
     trail = " -> ".join([*loop[start:-1], *loop[:start], name])
-    return chain_error(definition, f"chain {name!r} names itself ({trail}); remove the loop")
+    what = _what(definition)
+    return chain_error(definition, f"{what} {name!r} names itself ({trail}); remove the loop")
+
+
+def _what(definition: BackendDefinition) -> str:
+    """What runs other backends: a ``chain`` or a ``by-device`` table (the key it is under)."""
+    return "by-device" if definition.by_device is not None else "chain"

@@ -14,6 +14,9 @@ import os
 import sys
 import time
 
+from ._verdict import ATOL, RTOL
+from ._verify import summary
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -23,11 +26,6 @@ BOOT = (
     "import json, sys; config = json.loads(sys.stdin.readline()); sys.path[:] = config['path'];"
     " from torch_backend_registry._probe import main; main(config)"
 )
-
-#: How close compiled results must be to eager ones (``torch.testing.assert_close``):
-#: what bfloat16 arithmetic reaches (8 bits of mantissa), which CPU plugins such as
-#: OpenVINO may use for float32 models. A wrong kernel misses it by far more.
-RTOL, ATOL = 1e-2, 1e-2
 
 
 class ModelError(Exception):
@@ -48,13 +46,6 @@ def _short(exc: BaseException) -> str:
             said = f"{said.rstrip(':')}: {own}" if said else own
         current = current.__cause__ or getattr(current, "inner_exception", None)
     return said[:300]
-
-
-def _mismatch(exc: AssertionError) -> str:
-    """assert_close's message, shortened to how many elements differ and by how much."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    facts = [line for line in lines if line.startswith(("Mismatched", "Greatest"))]
-    return "; ".join(facts) or (lines[0] if lines else "values differ")
 
 
 def default_model() -> tuple[Any, tuple[Any, ...]]:
@@ -168,7 +159,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
     try:
         torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
     except AssertionError as exc:
-        reason = f"forward differs from eager beyond rtol={RTOL}, atol={ATOL}: {_mismatch(exc)}"
+        reason = f"forward differs from eager beyond rtol={RTOL}, atol={ATOL}: {summary(exc)}"
         return verdict("wrong-result", 3, reason, **extra)
     reached = 3
     if config.get("level", "backward") == "backward":
@@ -185,7 +176,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
             try:
                 torch.testing.assert_close(mine.grad, theirs.grad, rtol=RTOL, atol=ATOL)
             except AssertionError as exc:
-                reason = f"gradient of {param_name} differs from eager: {_mismatch(exc)}"
+                reason = f"gradient of {param_name} differs from eager: {summary(exc)}"
                 return verdict("wrong-result", 4, reason, **extra)
         reached = 4
     if not config.get("bench"):

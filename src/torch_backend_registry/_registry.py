@@ -251,21 +251,25 @@ class Registry:
         fn: CompilerFn
         if definition.compiler_fn is not None:
             fn = definition.compiler_fn
-        elif definition.chain is not None:
-            from ._chain import ChainBackend
+        elif definition.members:
+            from ._chain import ChainBackend, DeviceBackend
+            from ._errors import ManifestError
             from ._loader import check_requirements
 
             problem = index.chain_problems().get(definition.name)
             if problem is not None:
-                from ._errors import ManifestError
-
                 raise ManifestError.of(problem)
             check_requirements(definition)
-            fn = ChainBackend(
-                definition,
-                lookup=self.lookup_backend,
-                info=self.backend_info,
-                known_failure=self._known_failure if definition.skip_known_failures else None,
+            skip = self._known_failure if definition.skip_known_failures else None
+            fn = (
+                ChainBackend(
+                    definition,
+                    lookup=self.lookup_backend,
+                    info=self.backend_info,
+                    known_failure=skip,
+                )
+                if definition.by_device is None
+                else DeviceBackend(definition, lookup=self.lookup_backend)
             )
         else:
             from ._loader import load_target
@@ -363,14 +367,6 @@ class Registry:
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default."""
         return (self._live() if with_torch else self._current()).problems(with_torch)
-
-    def identity(self, name: str) -> dict[str, Any]:
-        """The facts that decide what ``name`` runs (see ``_identity``), its chain's members'
-        included: no paths of this checkout, no lines."""
-        from ._identity import identity
-
-        snapshot, index = self._resolving(name)
-        return identity(index, index.resolve(name), snapshot.torch_version())
 
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
         """Every usable name's facts and every alias: what the fingerprint and a lock hold."""

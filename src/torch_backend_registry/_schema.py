@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import reprlib
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
@@ -23,12 +23,16 @@ MODULE_PATTERN = rf"^{_DOTTED}$"
 FOLDER_PATTERN = r"^[^\x00]+$"
 #: A distribution's name as packaging allows it (PEP 508), compared normalised (PEP 503).
 DISTRIBUTION_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+#: A device type as ``torch.device(...).type`` names it, or ``other``.
+DEVICE_PATTERN = r"^[a-z][a-z0-9_]*$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 ModuleName = Annotated[str, Field(pattern=MODULE_PATTERN)]
 Target = Annotated[str, Field(pattern=TARGET_PATTERN)]
 Folder = Annotated[str, Field(pattern=FOLDER_PATTERN, min_length=1)]
 Distribution = Annotated[str, Field(pattern=DISTRIBUTION_PATTERN)]
+Device = Annotated[str, Field(pattern=DEVICE_PATTERN)]
+Tolerance = Annotated[float, Field(ge=0)]
 
 # What a user should have written, keyed by the pattern pydantic reports.
 _PATTERN_HINTS = {
@@ -38,6 +42,8 @@ _PATTERN_HINTS = {
     MODULE_PATTERN: "a dotted module name (e.g. 'tensorrt' or 'torch_tensorrt.dynamo')",
     FOLDER_PATTERN: "a folder path without NUL characters (e.g. 'src')",
     DISTRIBUTION_PATTERN: "a distribution's name, as pip installs it (e.g. 'openvino')",
+    DEVICE_PATTERN: "a device type as torch.device(...).type names it (e.g. 'cuda', 'cpu',"
+    " 'xpu', 'mps'), or 'other'",
 }
 _TYPE_WORDS = {
     "string_type": "a string",
@@ -70,15 +76,20 @@ class BackendEntry(BaseModel):
             "anyOf": [
                 {"required": ["target"]},
                 {"required": ["chain"]},
+                {"required": ["by-device"]},
                 {"required": ["distribution"]},
                 {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
             ],
             "not": {
                 "anyOf": [
                     {"required": ["target", "chain"]},
+                    {"required": ["target", "by-device"]},
                     {"required": ["target", "distribution"]},
+                    {"required": ["chain", "by-device"]},
                     {"required": ["chain", "distribution"]},
+                    {"required": ["by-device", "distribution"]},
                     {"required": ["chain", "options"]},
+                    {"required": ["by-device", "options"]},
                 ]
             },
         },
@@ -118,21 +129,50 @@ class BackendEntry(BaseModel):
         description="For a chain: skip members that `torch-backends doctor` found failing here.",
     )
 
+    by_device: dict[Device, Name] | None = Field(
+        default=None,
+        min_length=1,
+        description="Instead of target or chain: the backend for each device type of the"
+        " graph's inputs (as torch.device(...).type names it), 'other' for any not listed.",
+    )
+    verify: Literal["none", "forward", "backward"] = Field(
+        default="none",
+        description="For a chain: run each member's compiled graph once against the graph"
+        " run eagerly ('forward'), and its gradients too ('backward'); a member that differs"
+        " is skipped.",
+    )
+    rtol: Tolerance | None = Field(
+        default=None, description="With verify: the relative tolerance (default 0.01)."
+    )
+    atol: Tolerance | None = Field(
+        default=None, description="With verify: the absolute tolerance (default 0.01)."
+    )
+
     @model_validator(mode="after")
     def _target_or_chain(self) -> BackendEntry:
-        given = [k for k in ("target", "chain", "distribution") if getattr(self, k) is not None]
+        kinds = ("target", "chain", "by_device", "distribution")
+        given = [k.replace("_", "-") for k in kinds if getattr(self, k) is not None]
         if self.enabled and not given:
             raise ValueError(
-                "needs 'target' (\"module.path:attribute\") or 'chain' (a list of"
-                " backend names), or 'enabled = false'"
+                "needs 'target' (\"module.path:attribute\"), 'chain' (a list of backend"
+                " names) or 'by-device' (a table of device types), or 'enabled = false'"
             )
         if len(given) > 1:
-            raise ValueError(f"give exactly one of 'target' and 'chain', not {' and '.join(given)}")
-        if self.chain is not None and self.options:
-            # A chain calls its members as they are declared; options here would be lost.
-            raise ValueError("'options' go with a 'target'; set them on the chain's members")
-        if self.skip_known_failures and self.chain is None:
-            raise ValueError("'skip-known-failures' goes with a 'chain'")
+            raise ValueError(
+                "give exactly one of 'target' and 'chain' (or 'by-device'), not"
+                f" {' and '.join(given)}"
+            )
+        if (self.chain is not None or self.by_device is not None) and self.options:
+            # It calls its members as they are declared; options here would be lost.
+            raise ValueError("'options' go with a 'target'; set them on the members")
+        for key, value in (
+            ("skip-known-failures", self.skip_known_failures),
+            ("verify", self.verify != "none"),
+        ):
+            if value and self.chain is None:
+                raise ValueError(f"'{key}' goes with a 'chain'")
+        if self.verify == "none" and (self.rtol is not None or self.atol is not None):
+            raise ValueError("'rtol' and 'atol' go with 'verify = \"forward\"' or \"backward\"")
         return self
 
 

@@ -226,7 +226,7 @@ class Snapshot:
             from ._pytorch import missing_device
 
             reason = missing_device(definition.name)
-        elif definition.chain is not None:
+        elif definition.members:
             reason = self._why_chain(definition, visiting | {definition.name})
         self.available[definition] = reason  # the same answer whichever thread found it
         return reason
@@ -237,7 +237,7 @@ class Snapshot:
         if problem is not None:
             return problem.message
         reasons = []
-        for member in dict.fromkeys(definition.chain or ()):
+        for member in definition.members:
             try:
                 resolved = index.resolve(member)
             except BackendRegistryError as exc:
@@ -263,7 +263,7 @@ class Snapshot:
             problems.append(default)
         unknown = index.unknown_members()
         for definition in index.winners():
-            if definition.chain is not None:
+            if definition.members:
                 found = index.chain_problems().get(definition.name) or unknown.get(definition.name)
                 if found is not None:
                     problems.append(found)

@@ -43,7 +43,10 @@ class _LazyBackend:
         return f"<torch-backend-registry backend {self.name!r}>"
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        return self.registry.lookup_backend(self.name)(gm, example_inputs, **kwargs)
+        from ._loader import call_options
+
+        fn = self.registry.lookup_backend(self.name)
+        return fn(gm, example_inputs, **call_options(fn, self.name, kwargs))
 
 
 def _dynamo() -> Any:

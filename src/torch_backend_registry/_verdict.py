@@ -20,6 +20,12 @@ STATUSES = (
     "timeout",
 )
 
+#: How close compiled results must be to eager ones (``torch.testing.assert_close``), in
+#: doctor's probes and in chains that verify: what bfloat16 arithmetic reaches (8 bits of
+#: mantissa), which CPU plugins such as OpenVINO may use for float32 models. A wrong kernel
+#: misses it by far more.
+RTOL, ATOL = 1e-2, 1e-2
+
 #: The levels a probe goes through, in the order they are reached.
 LEVELS = ("requirements", "import", "forward", "backward", "bench")
 
