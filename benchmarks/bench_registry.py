@@ -288,7 +288,7 @@ REMEMBER = textwrap.dedent(
         (registry.subject(name), probe, tbr.Verdict(name, "ok", 4, seconds=1.0))
         for name in registry.list_backends(exclude_tags=())
     ]
-    Verdicts(registry.cache).remember(found)
+    Verdicts(registry.context.cache).remember(found)
     """
 )
 

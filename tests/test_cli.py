@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -496,6 +497,24 @@ def test_check_import_counts_what_it_checked(tmp_path: Path, write: WriteFn) -> 
     )
 
 
+def test_what_a_backend_prints_as_it_is_imported_stays_out_of_the_report(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write(
+        "mods/tbr_chatty_import.py",
+        "print('loading kernels')\ndef fn(gm, inputs):\n    return gm\n",
+    )
+    write(
+        "backends.toml",
+        'python-path = ["mods"]\n[backends.chatty]\ntarget = "tbr_chatty_import:fn"\n'
+        '[backends.gone]\ntarget = "tbr_chatty_missing:fn"\n',
+    )
+    done = run("check", "--import", "--no-torch", cwd=tmp_path, check=1)
+    assert done.stdout.startswith("backends.toml:4: backends.gone.target: cannot load backend")
+    assert "loading kernels" not in done.stdout
+    assert "loading kernels" in done.stderr
+
+
 def test_a_registry_in_a_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     with pytest.raises(NotADirectoryError, match="no such folder"):
         Registry(cwd=tmp_path / "not" / "there")
@@ -568,7 +587,7 @@ def test_shell_completion_offers_commands_and_backend_names(tmp_path: Path, writ
 def _remember(registry: Registry, name: str, verdict: Verdict) -> None:
     """Remember a verdict as doctor does: for what ``name`` runs here, on the built-in probe."""
     probe = {"model": None, "device": "cpu", "timeout": 300.0}
-    Verdicts(registry.cache).put(registry.subject(name), probe, verdict)
+    Verdicts(registry.context.cache).put(registry.subject(name), probe, verdict)
 
 
 def test_list_and_explain_show_a_remembered_verdict_also_of_an_override(
@@ -657,8 +676,9 @@ def test_a_remembered_verdict_of_another_shape_is_not_shown(
     probe = {"model": None, "device": "cpu", "timeout": 300.0}
     good = Verdict("fast", "ok", 4).facts()
     entry = {"verdict": {**good, **planted}, "when": 1.0, "probe": probe}
-    table = {registry.subject("fast"): {canonical(probe): entry}}
-    registry.cache.put(Verdicts.KIND, Verdicts.KEY, table)  # as another release might write
+    key = hashlib.sha256(registry.subject("fast").encode()).hexdigest()
+    table = {key: {canonical(probe): entry}}
+    registry.context.cache.put(Verdicts.KIND, Verdicts.KEY, table)  # as another release might write
     shown = not planted
     for args in (("list", "--all"), ("list", "--all", "--json"), ("explain", "f")):
         done = run(*args, "--no-torch", cwd=tmp_path)

@@ -138,6 +138,20 @@ def test_a_lock_round_trips_and_matches_from_another_folder(tmp_path: Path) -> N
     assert differences(read_lock(lock_path(other)), other.facts()) == []
 
 
+def test_a_python_path_beside_the_manifests_folder_is_the_same_in_any_checkout(
+    tmp_path: Path,
+) -> None:
+    body = 'python-path = ["../src", "/opt/tbr-shared"]\n' + MANIFEST
+    prints = set()
+    for checkout in (tmp_path / "a", tmp_path / "deeper" / "b"):
+        (checkout / "src").mkdir(parents=True)
+        registry = project(checkout / "conf", body)
+        facts = registry.facts()["backends"]["fast"]
+        assert facts["python-path"] == ["../src", "/opt/tbr-shared"]
+        prints.add(tbr.fingerprint(registry))
+    assert len(prints) == 1
+
+
 def test_each_kind_of_drift_is_named_field_by_field(
     tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
 ) -> None:
@@ -187,6 +201,47 @@ def test_the_command_line_locks_and_finds_drift(tmp_path: Path) -> None:
         'backends.lock: changed backend \'fast\': options: {"level": 2} -> {"level": 5};'
         " run 'torch-backends lock' to accept it"
     ) in drifted.stdout
+    assert "matched" not in drifted.stderr
+
+
+def test_the_lock_commands_refuse_what_they_cannot_mean(tmp_path: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry", *args],
+            cwd=cwd, env=environ, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    # No manifest: a lock of PyTorch's backends alone would pin nobody's.
+    nothing = cli("lock", cwd=empty)
+    assert nothing.returncode == 1
+    assert "no manifest found" in nothing.stderr
+    assert not (empty / "backends.lock").exists()
+    # --locked compares what is found here, never a file given beside it.
+    project(tmp_path / "p")
+    both = cli("check", "--locked", "backends.toml", "--no-torch", cwd=tmp_path / "p")
+    assert both.returncode == 1
+    assert "--locked compares the backends found here" in both.stderr
+    # A lock that cannot be written (a folder is there) leaves no temporary file behind.
+    (tmp_path / "p" / "folder").mkdir()
+    refused = cli("lock", "--output", "folder", cwd=tmp_path / "p")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("torch-backends: error: cannot write folder: ")
+    assert "Traceback" not in refused.stderr
+    assert sorted(os.listdir(tmp_path / "p")) == ["backends.toml", "folder"]
+
+
+def test_a_lock_says_exactly_its_own_version(tmp_path: Path) -> None:
+    registry = project(tmp_path / "p")
+    path = Path(write_lock(registry))
+    text = path.read_text(encoding="utf-8")
+    for wrong in ("true", "1.0", '"1"'):
+        path.write_text(text.replace("lock-version = 1", f"lock-version = {wrong}"))
+        with pytest.raises(tbr.LockFileError, match="run 'torch-backends lock' again"):
+            read_lock(str(path))
 
 
 def test_verify_consistent_takes_seconds_or_a_timedelta() -> None:

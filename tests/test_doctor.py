@@ -157,8 +157,8 @@ def test_every_failure_gets_its_own_status_and_spares_the_others(project: Regist
         "fine": ("ok", "backward"),
     }
     assert "no GPU here" in verdicts["explodes"].reason
-    assert verdicts["wrong"].reason.startswith("forward differs from eager beyond rtol=")
-    assert "does not require grad" in verdicts["forward_only"].reason
+    assert verdicts["wrong"].reason.startswith("forward output 0 differs from eager beyond rtol=")
+    assert "gives no backward pass" in verdicts["forward_only"].reason
     assert verdicts["aborts"].reason.startswith("killed by SIGABRT")
     assert verdicts["hangs"].reason == "no verdict after 60 s at level 3 (forward); killed"
     assert "a missing shared library" in verdicts["broken_import"].reason
@@ -218,6 +218,7 @@ def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Registry, tmp_path: Pat
     tbr.doctor(["needs_trt"], registry=project)
     [entry] = (tmp_path / "cache" / "torch-backend-registry" / "verdicts").iterdir()
     entry.write_bytes(b"\x00{not an entry")
+    project.refresh()  # verdicts are read once, until a refresh
     [verdict] = tbr.doctor(["needs_trt"], registry=project)
     assert (verdict.status, verdict.cached) == ("unavailable", False)
     [again] = tbr.doctor(["needs_trt"], registry=project)
@@ -237,7 +238,13 @@ def test_a_chain_may_skip_members_doctor_found_failing(
         MANIFEST + '[backends.careful]\nchain = ["explodes", "fine"]\nskip-known-failures = true\n',
     )
     project.refresh()
+    before = project.subject("careful")
     tbr.doctor(["explodes"], registry=project)  # remembered: compile-error here
+    # What the chain runs changed with it: its own verdict, if any, is no longer current.
+    assert (
+        Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch")).subject("careful")
+        != before
+    )
     tbr.install(project)
     records: list[str] = []
     handler = logging.Handler()
@@ -322,6 +329,31 @@ def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -
         assert (no_gpu.status, no_gpu.reason) == ("unavailable", "no cuda device here")
     with pytest.raises(ModelError, match="no module 'tbr_no_such_module'"):
         tbr.doctor(["fine"], registry=project, model="tbr_no_such_module:make")
+
+
+def test_a_model_that_cannot_run_is_the_users_error_not_the_backends(
+    project: Registry, write: WriteFn
+) -> None:
+    write(
+        "proj/fakes/tbr_doctor_models.py",
+        "import torch\n"
+        "def broken():\n"
+        "    return torch.nn.Linear(2, 3), (torch.ones(1, 5),)  # the wrong width\n"
+        "def not_a_pair():\n"
+        "    return torch.nn.Linear(2, 3)\n"
+        "def no_parameters():\n"
+        "    return torch.nn.ReLU(), (torch.randn(4, 4, requires_grad=True),)\n",
+    )
+    # Run eagerly before any backend is imported: no backend is blamed for the model.
+    with pytest.raises(ModelError, match="cannot be run: RuntimeError: mat1 and mat2"):
+        tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:broken")
+    with pytest.raises(ModelError, match="not_a_pair"):
+        tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:not_a_pair")
+    with pytest.raises(ModelError, match="--device 'sideways'"):
+        tbr.doctor(["fine"], registry=project, device="sideways")
+    # Nothing to differentiate: the most it can say is that the forward pass is right.
+    [plain] = tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:no_parameters")
+    assert (plain.status, plain.level_name) == ("ok", "forward")
 
 
 def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
@@ -472,6 +504,50 @@ def test_a_chains_member_changed_elsewhere_probes_the_chain_again(
     assert (second.status, second.cached) == ("compile-error", False)
 
 
+def test_an_edit_of_any_module_the_backend_imported_probes_again(
+    project: Registry, tmp_path: Path, write: WriteFn
+) -> None:
+    helper = write(
+        "proj/fakes/tbr_doctor_helper.py", "def make(gm):\n    raise RuntimeError('old')\n"
+    )
+    write(
+        "proj/fakes/tbr_doctor_user.py",
+        "from tbr_doctor_helper import make\ndef fn(gm, inputs):\n    return make(gm)\n",
+    )
+    (tmp_path / "proj" / "backends.toml").write_text(
+        MANIFEST + '[backends.user]\ntarget = "tbr_doctor_user:fn"\n'
+    )
+    project.refresh()
+    [broken] = tbr.doctor(["user"], registry=project)
+    assert (broken.status, broken.cached) == ("compile-error", False)
+    helper.write_text("def make(gm):\n    return gm.forward\n")
+    [fixed] = tbr.doctor(["user"], registry=project)
+    assert (fixed.status, fixed.cached) == ("ok", False)
+
+
+def test_a_backend_asked_for_by_two_names_is_probed_once(project: Registry) -> None:
+    done: list[str] = []
+
+    def progress(name: str, level: int, seconds: float, finished: bool) -> None:
+        if finished:
+            done.append(name)
+
+    verdicts = tbr.doctor(["fine", "fine_alias"], registry=project, on_progress=progress)
+    assert sorted((v.name, v.status, v.cached) for v in verdicts) == [
+        ("fine", "ok", False),
+        ("fine_alias", "ok", False),
+    ]
+    assert done == ["fine"]
+
+
+def test_a_backend_registered_in_this_process_alone_is_refused(project: Registry) -> None:
+    cwd = project.context.cwd
+    registry = Registry(cwd=cwd, environ={}, sources=("runtime", "project", "torch"))
+    registry.register_backend(lambda gm, inputs: gm.forward, name="only_in_here")
+    with pytest.raises(tbr.BackendRegistryError, match="registered at runtime in this process"):
+        tbr.doctor(["only_in_here"], registry=registry)
+
+
 def test_another_time_limit_or_level_probes_again_and_another_name_is_its_own(
     project: Registry,
 ) -> None:
@@ -496,7 +572,9 @@ def test_unknown_names_and_bad_arguments_fail_before_any_probe(project: Registry
         tbr.doctor(["fine"], registry=project, level="sideways")
     with pytest.raises(ModelError, match="expected MODULE:FACTORY"):
         tbr.doctor(["fine"], registry=project, model="no_colon")
-    cache = Path(project.cwd or ".").parent / "cache" / "torch-backend-registry"
+    with pytest.raises(ValueError, match="jobs must be 1 or more"):
+        tbr.doctor(["fine"], registry=project, jobs=0)
+    cache = Path(project.context.cwd or ".").parent / "cache" / "torch-backend-registry"
     assert not (cache / "verdicts").exists()  # nothing was probed
 
 
@@ -530,7 +608,15 @@ def test_the_command_judges_at_the_level_asked_and_names_a_bad_model(
 
     assert doctor("forward_only", "--level", "forward").returncode == 0
     assert doctor("forward_only").returncode == 1
-    for bad in (("--timeout", "0"), ("--timeout", "soon"), ("--level", "sideways")):
+    bad_arguments = (
+        ("--timeout", "0"),
+        ("--timeout", "inf"),
+        ("--timeout", "soon"),
+        ("--level", "sideways"),
+        ("--jobs", "0"),
+        ("--device", "sideways"),
+    )
+    for bad in bad_arguments:
         done = doctor("fine", *bad)
         assert done.returncode == 2, bad
     model = doctor("fine", "--model", "tbr_no_such_models:make")

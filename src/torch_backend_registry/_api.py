@@ -114,7 +114,7 @@ def install(
         lock = lock_path(registry) if locked is True else os.fspath(locked)
     if lock is not None:
         check_locked(registry, lock)
-    if registry.environ.get(VERIFY_VAR, "").strip() not in ("", "0"):
+    if registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0"):
         if distributed_ready():
             verify_consistent(registry=registry)
         else:

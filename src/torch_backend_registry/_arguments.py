@@ -47,8 +47,19 @@ def _positive(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    """A whole number above zero, for argparse."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {text}")
     return value
 
 
@@ -162,7 +173,7 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         "--device", default="cpu", help="the device to probe on, e.g. cuda (default cpu)"
     )
     doctor.add_argument(
-        "--jobs", type=int, metavar="N", help="backends probed at once (default: half the cores)"
+        "--jobs", type=_count, metavar="N", help="backends probed at once (default: half the cores)"
     )
     doctor.add_argument(
         "--fresh", action="store_true", help="probe again even where a verdict is remembered"

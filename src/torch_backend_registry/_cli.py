@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -12,7 +13,7 @@ from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from argparse import Namespace as Arguments
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from typing import Any
 
     from ._definition import BackendDefinition, Problem, SourceKind
@@ -373,10 +374,8 @@ class _Remembered:
     target's file looked at once, however many rows ask."""
 
     def __init__(self, registry: Registry) -> None:
-        from ._verdicts import Verdicts
-
         self.registry = registry
-        self.memory = Verdicts(registry.cache)
+        self.memory = registry.verdicts
         self.stamps: dict[Any, Any] = {}
 
     def __call__(self, name: str) -> Verdict | None:
@@ -402,6 +401,11 @@ def _check(args: Arguments) -> int:
     # Every problem is printed below as a line of its own; no need to warn too.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ManifestWarning)
+        if args.locked and args.files:
+            raise CommandError(
+                "--locked compares the backends found here (the project's manifest,"
+                " TORCH_BACKENDS_PATH, plugins) with backends.lock: give it no files"
+            )
         registry = _check_registry(args.files, args.no_torch)
         if registry is None:
             return EXIT_PROBLEMS
@@ -409,32 +413,29 @@ def _check(args: Arguments) -> int:
             problems = registry.problems(with_torch=not args.no_torch)
         matched = None
         if args.locked:
-            locked = _registry(args.no_torch)
-            drift = _drift(locked, with_torch=not args.no_torch)
-            problems.extend(drift)
-            if not drift:
-                from ._lock import fingerprint, lock_path
-
-                where = _shown_path(lock_path(locked))
-                matched = f"{where} matched (fingerprint {fingerprint(locked)})"
+            matched = _drift(_registry(args.no_torch), problems, with_torch=not args.no_torch)
         return _report(registry, problems, args.import_targets, not args.no_torch, matched)
 
 
-def _drift(registry: Registry, *, with_torch: bool) -> list[Problem]:
-    """Each difference from backends.lock as a problem of the lock file."""
+def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
+    """Add each difference from backends.lock to ``problems``, as a problem of the lock
+    file; where there is none, say which lock matched."""
     from ._definition import Problem
     from ._errors import LockFileError
-    from ._lock import differences, lock_path, read_lock
+    from ._lock import differences, digest, lock_path, read_lock
 
     path = lock_path(registry)
     try:
         locked = read_lock(path)
     except LockFileError as exc:
-        return [Problem(exc.message, path=exc.path, line=exc.line)]
-    return [
+        problems.append(Problem(exc.message, path=exc.path, line=exc.line))
+        return None
+    drift = [
         Problem(f"{change}; run 'torch-backends lock' to accept it", path=path)
         for change in differences(locked, registry.facts(), with_torch=with_torch)
     ]
+    problems.extend(drift)
+    return None if drift else f"{_shown_path(path)} matched (fingerprint {digest(locked)[:16]})"
 
 
 def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
@@ -446,17 +447,24 @@ def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
     others: tuple[SourceKind, ...] = ("entry-point",) if no_torch else ("entry-point", "torch")
     if files:
         return Registry(files=files, sources=("env", *others))
+    if _no_manifest():
+        _error(_NO_MANIFEST)
+        return None
+    return Registry(sources=("env", "project", *others))
+
+
+_NO_MANIFEST = (
+    "no manifest found: no backends.toml here or above, no [tool.torch-backends] in"
+    " pyproject.toml, and TORCH_BACKENDS_PATH is unset; create one with 'torch-backends init'"
+)
+
+
+def _no_manifest() -> bool:
+    """Whether no manifest is found from here: no project's, none named by the environment."""
     from ._sources import ENV_VAR, project_manifest
 
     here = _here()
-    if (here is None or project_manifest(here) is None) and not os.environ.get(ENV_VAR):
-        _error(
-            "no manifest found: no backends.toml here or above, no"
-            f" [tool.torch-backends] in pyproject.toml, and {ENV_VAR} is unset;"
-            " create one with 'torch-backends init'"
-        )
-        return None
-    return Registry(sources=("env", "project", *others))
+    return (here is None or project_manifest(here) is None) and not os.environ.get(ENV_VAR)
 
 
 def _report(
@@ -494,7 +502,9 @@ def _report(
                 notes.append(Problem(said, path=d.source.path, line=d.source.line, key=_key(d)))
                 continue
             try:
-                registry.lookup_backend(d.name)
+                # What a backend prints as it is imported must not mix with this report.
+                with contextlib.redirect_stdout(sys.stderr):
+                    registry.lookup_backend(d.name)
             except BackendRegistryError as exc:
                 usable.remove(d)
                 problems.append(_load_problem(d, exc))
@@ -552,23 +562,24 @@ def _doctor(args: Arguments) -> int:
     registry = _registry()
     # Listing every backend, or a name no manifest declares, reads PyTorch's: torch is imported.
     with _Waiting("importing PyTorch", not dynamo_imported()):
-        names = args.names or registry.list_backends(exclude_tags=() if args.all else None)
+        names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
         for name in names:
             registry.backend_info(name)  # an unknown name fails here, as explain says it
     progress = _Progress(sys.stderr.isatty(), len(names))
     try:
-        verdicts = doctor(
-            names,
-            registry=registry,
-            bench=args.bench,
-            timeout=args.timeout,
-            model=args.model,
-            device=args.device,
-            level=args.level,
-            jobs=args.jobs,
-            fresh=args.fresh,
-            on_progress=progress.update,
-        )
+        with _terminated_as_exit():
+            verdicts = doctor(
+                names,
+                registry=registry,
+                bench=args.bench,
+                timeout=args.timeout,
+                model=args.model,
+                device=args.device,
+                level=args.level,
+                jobs=args.jobs,
+                fresh=args.fresh,
+                on_progress=progress.update,
+            )
     except ModelError as exc:
         progress.done()
         _error(str(exc))
@@ -584,6 +595,26 @@ def _doctor(args: Arguments) -> int:
     named = set(args.names)
     failed = [v for v in verdicts if not v.ok and _fails(registry, v, named)]
     return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, ``kill``) as an exit, so that doctor kills its probes,
+    which run in process groups of their own, instead of leaving them running."""
+    import signal
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread: the caller handles signals
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
@@ -688,9 +719,14 @@ def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
 def _lock(args: Arguments) -> int:
     from ._lock import digest, summary, write_lock
 
+    if _no_manifest():  # a lock of PyTorch's backends alone pins nobody's
+        raise CommandError(_NO_MANIFEST)
     registry = _registry()
     with _Waiting("loading PyTorch's backends", True):
-        path = write_lock(registry, args.output)
+        try:
+            path = write_lock(registry, args.output)
+        except OSError as exc:
+            raise CommandError(f"cannot write {args.output or 'the lock'}: {exc.strerror}") from exc
         facts = registry.facts()
     shown = _shown_path(path)
     print(f"wrote {shown}: {summary(facts)}; fingerprint {digest(facts)[:16]}; commit it")

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from ._definition import BackendDefinition
     from ._registry import Registry
 
     Progress = Callable[[str, int, float, bool], None]
@@ -38,6 +39,8 @@ LEVELS = ("forward", "backward")
 TAIL = 64 * 1024
 #: Seconds to wait, once a probe process ended, for its last report.
 GRACE = 2.0
+#: Seconds a probe may take to start (Python, PyTorch), before a backend's time begins.
+STARTUP = 60.0
 
 
 class ModelError(BackendRegistryError, ValueError):
@@ -59,8 +62,10 @@ class Probe:
         jobs: int | None = None,
         fresh: bool = False,
     ) -> None:
-        if not timeout > 0:
+        if not 0 < timeout < float("inf"):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if jobs is not None and jobs < 1:
+            raise ValueError(f"jobs must be 1 or more, got {jobs!r}")
         if level not in LEVELS:
             raise ValueError(f"level must be one of {', '.join(LEVELS)}, got {level!r}")
         self.timeout = float(timeout)
@@ -71,14 +76,19 @@ class Probe:
         self.jobs = jobs
         self.fresh = fresh
 
-    def facts(self, model_file: object) -> dict[str, Any]:
-        """What a verdict found by this probe depends on, besides the backend."""
+    def facts(self, model_file: object, path: list[str]) -> dict[str, Any]:
+        """What a verdict found by this probe depends on, besides the backend: the model and
+        its file, the device and what makes one visible, the level, the time limit, and the
+        import path the probe runs with."""
+        visible = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
         return {
             "model": self.model,
             "model-file": model_file,
             "device": self.device,
+            "visible": {v: os.environ.get(v) for v in visible} if self.device != "cpu" else None,
             "level": self.level,
             "timeout": self.timeout,
+            "path": path,
         }
 
 
@@ -90,55 +100,121 @@ def run(
 ) -> list[Verdict]:
     """Probe ``names`` (default: every listed backend), in parallel where cores allow.
 
-    A name that resolves to nothing raises :class:`UnknownBackendError` at once,
-    a model that cannot be found or built :class:`ModelError`.
+    A name that resolves to nothing raises :class:`UnknownBackendError` at once, one
+    registered at runtime here (no other process has it) :class:`BackendRegistryError`,
+    a model or device that cannot be used :class:`ModelError`. A name and its alias are
+    probed once. An interruption kills every probe running.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     from ._pytorch import torch_available
-    from ._verdicts import Verdicts
 
     if not torch_available():
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
+    first: dict[str, str] = {}  # each name -> the first asked name of its backend
     for name in names:
-        registry.backend_info(name)  # an unknown name fails here, with the closest names
+        definition = registry.backend_info(name).definition  # unknown names fail here
+        if definition.source.kind == "runtime":
+            raise BackendRegistryError(
+                f"backend {name!r} is registered at runtime in this process, which no probe"
+                " shares: declare it in a manifest to probe it"
+            )
+        first[name] = next((n for n in first if first[n] == n and _same(registry, n, name)), name)
     model_path, model_file = _find_model(registry, probe.model)
-    facts = probe.facts(model_file)
-    memory = Verdicts(registry.cache)
-    results: dict[str, Verdict] = {}
-    subjects = {name: registry.subject(name) for name in names}
-    for name in names:
-        cached = None if probe.fresh else memory.get(subjects[name], facts)
-        if cached is not None and not (probe.bench and cached.ok and cached.speedup is None):
-            results[name] = _named(cached, name)  # found under another name of the backend
-    todo = [name for name in names if name not in results]
-    # Compiling takes a core: leave one free; timing wants the machine alone.
-    jobs = probe.jobs or (1 if probe.bench else max(1, (os.cpu_count() or 1) // 2))
+    path = _import_path()
     config = {
-        "cwd": registry.cwd,
-        "environ": dict(registry.environ),
+        "cwd": registry.context.cwd,
+        "environ": dict(registry.context.environ),
+        "files": None if registry.context.files is None else list(registry.context.files),
         "sources": list(registry.sources),
-        "path": _import_path(),
+        "path": path,
         "model_path": model_path,
         "bench": probe.bench,
         "model": probe.model,
         "device": probe.device,
         "level": probe.level,
     }
-    found = []
-    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1))) as pool:
-        futures = {name: pool.submit(_probe_one, name, config, probe, on_progress) for name in todo}
-        try:
-            for name, future in futures.items():
-                results[name] = verdict = future.result()
-                found.append((subjects[name], facts, verdict))
-        except ModelError:
-            for future in futures.values():
-                future.cancel()
-            raise
-    memory.remember(found)
-    return sorted((results[n] for n in names), key=_rank)
+    facts = probe.facts(model_file, path)
+    memory = registry.verdicts
+    subjects = {name: registry.subject(name) for name in names if first[name] == name}
+    results: dict[str, Verdict] = {}
+    for name, subject in subjects.items():
+        cached = None if probe.fresh else memory.get(subject, facts)
+        if cached is not None and not (probe.bench and cached.ok and cached.speedup is None):
+            results[name] = cached
+            if on_progress is not None:
+                on_progress(name, cached.level, 0.0, True)
+    todo = [name for name in subjects if name not in results]
+    # Compiling takes a core: leave one free; timing wants the machine alone.
+    jobs = probe.jobs or (1 if probe.bench else max(1, (os.cpu_count() or 1) // 2))
+    found: list[Any] = []
+    running = _Running()
+    pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo) or 1)))
+    futures = {
+        name: pool.submit(_probe_one, name, config, probe, running, on_progress) for name in todo
+    }
+    try:
+        for name, future in futures.items():
+            verdict, code, missing = future.result()
+            results[name] = _asked(verdict, probe, registry.backend_info(name).definition)
+            found.append((subjects[name], facts, results[name], code, missing))
+    except BaseException:  # a bad model, an interruption: nothing more is started or left
+        for future in futures.values():
+            future.cancel()
+        running.kill_all()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        memory.remember(found)
+    verdicts = [_named(results[first[name]], name) for name in names]
+    return sorted(verdicts, key=_rank)
+
+
+def _same(registry: Registry, one: str, other: str) -> bool:
+    """Whether two names resolve to one definition (a backend and its alias)."""
+    return registry.backend_info(one).definition == registry.backend_info(other).definition
+
+
+def _asked(verdict: Verdict, probe: Probe, definition: BackendDefinition) -> Verdict:
+    """A verdict held to what was asked.
+
+    A backend runs in the probe and could say more: levels and timings nobody asked
+    for, a member of a backend that has none.
+    """
+    facts = verdict.facts()
+    top = 5 if probe.bench else 4 if probe.level == "backward" else 3
+    facts["level"] = min(facts["level"], top)
+    if not probe.bench:
+        for fact in ("compile_seconds", "per_call_seconds", "eager_seconds", "speedup", "spread"):
+            facts[fact] = None
+    if not definition.members:
+        facts["member"] = None
+    return Verdict.from_json(facts)
+
+
+class _Running:
+    """The probe processes running, so that an interruption can end them all."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.children: set[subprocess.Popen[bytes]] = set()
+
+    def add(self, child: subprocess.Popen[bytes]) -> None:
+        with self.lock:
+            self.children.add(child)
+
+    def discard(self, child: subprocess.Popen[bytes]) -> None:
+        with self.lock:
+            self.children.discard(child)
+
+    def kill_all(self) -> None:
+        with self.lock:
+            children = list(self.children)
+        for child in children:
+            _kill(child)
 
 
 def _named(verdict: Verdict, name: str) -> Verdict:
@@ -154,11 +230,13 @@ def _import_path() -> list[str]:
     """This process's import path, less the working folder ``python -m`` or ``-c`` put first:
     a probe imports what the registry would here, and nothing a folder it runs in offers."""
     path = list(sys.path)
+    main = sys.modules.get("__main__")
+    by_module = getattr(main, "__spec__", None) is not None  # python -m: path[0] is the cwd
     try:
         here = os.path.realpath(os.getcwd())
     except OSError:
         here = None
-    if path and (path[0] == "" or os.path.realpath(path[0]) == here):
+    if path and (path[0] == "" or (by_module and os.path.realpath(path[0]) == here)):
         path = path[1:]
     return [entry for entry in path if entry]
 
@@ -192,13 +270,20 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
         raise ModelError(
             f"--model {spec!r}: no module {module!r} on the import path or in a python-path folder"
         )
+    if not os.path.isfile(origin):  # built into Python, frozen: it changes with Python
+        return path, [origin]
     info = os.stat(origin)
     return path, [origin, info.st_size, info.st_mtime_ns]
 
 
 def _probe_one(
-    name: str, config: dict[str, Any], probe: Probe, on_progress: Progress | None
-) -> Verdict:
+    name: str,
+    config: dict[str, Any],
+    probe: Probe,
+    running: _Running,
+    on_progress: Progress | None,
+) -> tuple[Verdict, Any, list[str]]:
+    """One probe: its verdict, the code it ran, the modules it found missing."""
     import json
     import subprocess
 
@@ -216,6 +301,7 @@ def _probe_one(
         # Its own process group: a hang is killed with whatever it started.
         start_new_session=True,
     )
+    running.add(child)
     os.close(their_end)
     assert child.stdin is not None
     assert child.stdout is not None
@@ -233,34 +319,61 @@ def _probe_one(
     except OSError:
         pass  # it died before reading: its exit says why
     try:
-        child.wait(timeout=probe.timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    _kill(child)  # at the time limit, or what it left behind
-    watch.finish(GRACE if not timed_out else 0.0)
-    os.close(channel)
-    child.stdout.close()
+        timed_out = not _wait(child, watch, probe.timeout, progress)
+    finally:
+        _kill(child)  # at the time limit, on an interruption, or what it left behind
+        running.discard(child)
+        watch.finish(GRACE)
+        os.close(channel)
+        child.stdout.close()
     progress(watch.level, True)
     seconds = round(time.perf_counter() - started, 3)
     if watch.model_error is not None:
         raise ModelError(watch.model_error)
     if timed_out:
         reason = f"no verdict after {probe.timeout:g} s at level {watch.level}"
-        return Verdict(
-            name, "timeout", watch.level, f"{reason} ({level_name(watch.level)}); killed", seconds
-        )
-    if watch.verdict is not None:
-        data = {**watch.verdict, "name": name}
+        reason = f"{reason} ({level_name(watch.level)}); killed"
+        return Verdict(name, "timeout", watch.level, reason, seconds), None, []
+    report = watch.report
+    if isinstance(report.get("verdict"), dict):
+        data = {**report["verdict"], "name": name}
+        missing = data.pop("missing", None)
         if data.get("status") == "crashed" and not data.get("level"):
             data["level"] = watch.level
         try:
-            return Verdict.from_json(data)
+            verdict = Verdict.from_json(data)
         except TypeError:
             pass
-    return Verdict(
-        name, "crashed", watch.level, _crash_reason(child.returncode, watch.tail), seconds
-    )
+        else:
+            code = report.get("code")
+            return verdict, code, [m for m in missing or [] if isinstance(m, str)]
+    reason = _crash_reason(child.returncode, watch.tail)
+    return Verdict(name, "crashed", watch.level, reason, seconds), None, []
+
+
+def _wait(
+    child: subprocess.Popen[bytes],
+    watch: _Watch,
+    timeout: float,
+    progress: Callable[[int, bool], None],
+) -> bool:
+    """Wait for the probe to end, telling ``progress`` about it as time passes; ``False``
+    at the time limit. The limit counts from the probe's first report, past starting
+    Python and importing PyTorch (within a minute or the limit, whichever is longer): it
+    is the backend's time, not the probe's."""
+    import subprocess
+
+    deadline = time.monotonic() + max(STARTUP, timeout)
+    while True:
+        if watch.level and deadline - time.monotonic() > timeout:
+            deadline = time.monotonic() + timeout  # the backend's time starts now
+        progress(watch.level, False)
+        try:
+            child.wait(timeout=min(0.25, max(0.0, deadline - time.monotonic())))
+            return True
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                return False
 
 
 class _Watch:
@@ -273,7 +386,8 @@ class _Watch:
         self.channel, self.output = channel, output
         self.progress = progress
         self.level = 0
-        self.verdict: dict[str, Any] | None = None
+        #: The probe's last report: its verdict, the code it ran.
+        self.report: dict[str, Any] = {}
         self.model_error: str | None = None
         self.tail = bytearray()
         self._pending = bytearray()
@@ -292,7 +406,7 @@ class _Watch:
         self._thread.join()
 
     def _ended(self) -> bool:
-        return self.verdict is not None or self.model_error is not None
+        return bool(self.report) or self.model_error is not None
 
     def _run(self) -> None:
         import select
@@ -327,7 +441,7 @@ class _Watch:
                 self.level = message["level"]
                 self.progress(self.level, False)
             if isinstance(message.get("verdict"), dict):
-                self.verdict = message["verdict"]
+                self.report = message
             if isinstance(message.get("model_error"), str):
                 self.model_error = message["model_error"]
 

@@ -196,8 +196,8 @@ def _site_packages() -> list[str]:
     import site
 
     folders = list(getattr(site, "getsitepackages", list)())
-    if getattr(site, "ENABLE_USER_SITE", False):
-        folders.append(site.getusersitepackages())
+    # Stamped even where this process skips it: a verdict may be read by one that does not.
+    folders.append(site.getusersitepackages())
     return folders
 
 

@@ -103,9 +103,16 @@ def registry_facts(index: Index, torch_version: str | None) -> Facts:
 
 def _where(folder: str, manifest: str) -> str:
     """A python-path folder as a checkout anywhere says it: relative to the manifest's
-    folder when it lies below it, else as it is (a folder outside the checkout)."""
-    relative = os.path.relpath(folder, os.path.dirname(os.path.realpath(manifest)))
-    return folder if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
+    folder (``../src`` beside a ``conf/`` folder) unless the two share nothing but the
+    root (``/opt/lib`` from a checkout in a home folder), as it is."""
+    here = os.path.dirname(os.path.realpath(manifest))
+    try:
+        shared = os.path.commonpath([folder, here])
+    except ValueError:  # other drives
+        return folder
+    if shared == os.path.dirname(shared):  # only the root
+        return folder
+    return os.path.relpath(folder, here)
 
 
 def _plain(value: Any) -> Any:

@@ -7,6 +7,7 @@ same fingerprint and a checkout anywhere matches the same lock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -24,9 +25,9 @@ if TYPE_CHECKING:
 
 LOCK_FILE = "backends.lock"
 LOCK_VERSION = 1
-#: The largest lock read (and so written): 64 MiB, some 400,000 backends. A lock holds
+#: The largest lock read (and so written): 16 MiB, some 100,000 backends. A lock holds
 #: a registry whole, where manifests are split in files of at most 1 MiB.
-LOCK_MAX_BYTES = 64 * 2**20
+LOCK_MAX_BYTES = 16 * 2**20
 #: The environment variable that makes install() refuse a registry that drifted from
 #: its lock: "1" for the backends.lock beside the project manifest, or a lock's path.
 LOCKED_VAR = "TORCH_BACKENDS_LOCKED"
@@ -59,7 +60,7 @@ def lock_path(registry: Registry) -> str:
     """``backends.lock`` beside the project manifest (else in the working folder)."""
     from ._sources import project_manifest
 
-    folder = registry.cwd or os.getcwd()
+    folder = registry.context.cwd or os.getcwd()
     manifest = project_manifest(folder)
     return os.path.join(os.path.dirname(manifest) if manifest else folder, LOCK_FILE)
 
@@ -89,9 +90,14 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
             path=path,
         )
     temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
     return path
 
 
@@ -106,7 +112,7 @@ def read_lock(path: str) -> Facts:
     except ManifestError as exc:
         raise LockFileError(exc.message, path=path, line=exc.line) from exc
     version = data.get("lock-version")
-    if version != LOCK_VERSION:
+    if type(version) is not int or version != LOCK_VERSION:  # true is 1 to Python
         raise LockFileError(
             f"lock version {version!r} is not {LOCK_VERSION}; run 'torch-backends lock' again",
             path=path,
@@ -223,7 +229,7 @@ def check_locked(registry: Registry, path: str | None = None) -> None:
 def lock_from_environment(registry: Registry) -> str | None:
     """The lock ``TORCH_BACKENDS_LOCKED`` (in the registry's environment) asks install()
     to hold to, or ``None``."""
-    value = registry.environ.get(LOCKED_VAR, "").strip()
+    value = registry.context.environ.get(LOCKED_VAR, "").strip()
     if not value or value == "0":
         return None
     return lock_path(registry) if value == "1" else value

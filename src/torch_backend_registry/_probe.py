@@ -15,7 +15,8 @@ import sys
 import time
 
 from ._verdict import ATOL, RTOL
-from ._verify import summary
+from ._verify import differ as _differ
+from ._verify import leaves as _leaves
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -92,7 +93,11 @@ class _Channel:
 
 
 def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
-    """Go through the levels for ``config["name"]``; the verdict as a dict."""
+    """Go through the levels for ``config["name"]``; the verdict as a dict.
+
+    The model is built and run eagerly before any code of the backend is imported, so
+    that what the backend does to this process cannot be taken for the model's fault.
+    """
     from ._registry import Registry
     from ._torch import install
 
@@ -117,72 +122,64 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         files=config.get("files"),
     )
     try:
-        info = registry.backend_info(name)
-        why = registry.why_unavailable(info)
+        why = registry.why_unavailable(registry.backend_info(name))
     except Exception as exc:
         return verdict("unavailable", 1, _short(exc))
     if why is not None:
         return verdict("unavailable", 1, why)
+    import torch
+
+    backward = config.get("level", "backward") == "backward"
+    device = _device(config.get("device") or "cpu")
+    if device is None:
+        return verdict("unavailable", 1, f"no {config.get('device')} device here")
+    sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
+    model, inputs, expected, grads = _eager(config.get("model"), device, backward)
     channel.say(level=2)
     try:
         registry.lookup_backend(name)
     except Exception as exc:
-        return verdict("import-error", 2, _short(exc))
+        return verdict("import-error", 2, _short(exc), missing=_missing(exc))
     channel.say(level=3)
-    import copy
-
-    import torch
-
-    device = torch.device(config.get("device") or "cpu")
-    accelerator = getattr(torch, device.type, None)
-    if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
-        return verdict("unavailable", 3, f"no {device.type} device here")
-    sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
-    model, inputs = build_model(config.get("model"))
-    try:
-        model = model.to(device)
-        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
-        twin = copy.deepcopy(model)
-    except Exception as exc:
-        raise ModelError(f"--model {config.get('model')!r} cannot be used: {_short(exc)}") from exc
     install(registry)  # torch.compile(backend=name) is what is probed
-    expected = twin(*inputs)
     try:
         compiled = torch.compile(model, backend=name)
         start = time.perf_counter()
         out = compiled(*inputs)
         compile_seconds = time.perf_counter() - start
     except Exception as exc:
-        return verdict("compile-error", 3, _short(exc))
+        return verdict("compile-error", 3, _short(exc), missing=_missing(exc))
     member = getattr(registry.lookup_backend(name), "used", None)
     extra: dict[str, Any] = {"member": member} if member else {}
-    try:
-        torch.testing.assert_close(out, expected, rtol=RTOL, atol=ATOL)
-    except AssertionError as exc:
-        reason = f"forward differs from eager beyond rtol={RTOL}, atol={ATOL}: {summary(exc)}"
-        return verdict("wrong-result", 3, reason, **extra)
+    wrong = _differ(_leaves(expected), _leaves(out), "forward output", RTOL, ATOL)
+    if wrong is not None:
+        return verdict("wrong-result", 3, wrong, **extra)
     reached = 3
-    if config.get("level", "backward") == "backward":
+    if backward and grads is not None:
         channel.say(level=4)
+        params = [p for p in model.parameters() if p.requires_grad]
+        loss = _loss(out)
+        if loss is None:
+            said = "no output of the compiled model requires grad: it gives no backward pass"
+            return verdict("backward-error", 4, said, **extra)
         try:
-            out.float().sum().backward()
+            got = torch.autograd.grad(loss, params, allow_unused=True)
         except Exception as exc:
             return verdict("backward-error", 4, _short(exc), **extra)
-        expected.float().sum().backward()
-        pairs = zip(model.named_parameters(), twin.parameters(), strict=True)
-        for (param_name, mine), theirs in pairs:
-            if mine.grad is None or theirs.grad is None:
-                continue
-            try:
-                torch.testing.assert_close(mine.grad, theirs.grad, rtol=RTOL, atol=ATOL)
-            except AssertionError as exc:
-                reason = f"gradient of {param_name} differs from eager: {summary(exc)}"
-                return verdict("wrong-result", 4, reason, **extra)
+        pairs = [(e, g) for e, g in zip(grads, got, strict=True) if e is not None]
+        if any(g is None for _e, g in pairs):
+            return verdict("wrong-result", 4, "some gradients eager gives are missing", **extra)
+        wrong = _differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", RTOL, ATOL)
+        if wrong is not None:
+            return verdict("wrong-result", 4, wrong, **extra)
         reached = 4
     if not config.get("bench"):
         return verdict("ok", reached, **extra)
     channel.say(level=5)
-    eager, timed = _bench(twin, compiled, inputs, config.get("rounds", 15))
+    try:
+        eager, timed = _bench(model, compiled, inputs, config.get("rounds", 15))
+    except Exception as exc:  # the backend works; only timing it failed
+        return verdict("ok", reached, f"timing failed: {_short(exc)}", **extra)
     per_call = timed[1]
     return verdict(
         "ok",
@@ -194,6 +191,95 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         speedup=round(eager[1] / per_call, 3) if per_call > 0 else None,
         spread=round(max((hi - lo) / mid for lo, mid, hi in (eager, timed) if mid > 0), 3),
     )
+
+
+def _device(spec: str) -> Any:
+    """The device to probe on (``None``: there is none of that kind here); :class:`ModelError`
+    for what names no device."""
+    import torch
+
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError) as exc:
+        raise ModelError(f"--device {spec!r}: {_short(exc)}") from exc
+    accelerator = getattr(torch, device.type, None)
+    if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
+        return None
+    return device
+
+
+def _eager(spec: str | None, device: Any, backward: bool) -> tuple[Any, Any, Any, Any]:
+    """The model on ``device``, its inputs, what it gives run eagerly, and with ``backward``
+    its gradients; :class:`ModelError` for a model that cannot give them."""
+    import copy
+
+    import torch
+
+    model, inputs = build_model(spec)
+    what = "the built-in model" if spec is None else f"--model {spec!r}"
+    try:
+        model = model.to(device)
+        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        expected = copy.deepcopy(model)(*inputs)
+    except Exception as exc:
+        raise ModelError(f"{what} cannot be run: {_short(exc)}") from exc
+    params = [p for p in model.parameters() if p.requires_grad]
+    if (
+        not backward
+        or not params
+        or not any(getattr(o, "requires_grad", False) for o in _leaves(expected))
+    ):
+        return model, inputs, expected, None  # nothing to differentiate: forward it is
+    try:
+        grads = torch.autograd.grad(_loss(expected), params, allow_unused=True)
+    except Exception as exc:
+        raise ModelError(f"{what} has no backward pass of its own: {_short(exc)}") from exc
+    return model, inputs, expected, grads
+
+
+def _loss(out: Any) -> Any:
+    """One number from a model's floating outputs that require gradients: their sum
+    (``None`` where none does)."""
+    leaves = [o for o in _leaves(out) if getattr(o, "requires_grad", False)]
+    if not leaves:
+        return None
+    return sum(o.float().sum() for o in leaves if o.is_floating_point())
+
+
+def _missing(exc: BaseException) -> list[str]:
+    """The modules an exception says are not there (installing one changes the verdict)."""
+    names = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ModuleNotFoundError) and current.name:
+            names.append(current.name)
+        current = current.__cause__ or getattr(current, "inner_exception", None)
+    return names
+
+
+def imported_code() -> list[list[object]]:
+    """The files of the modules this process imported that are neither Python's nor
+    installed (a project's own code, wherever it lies), each with its size and time."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    installed = [paths["stdlib"], paths["platstdlib"], *site.getsitepackages()]
+    installed.append(site.getusersitepackages())
+    ours = os.path.dirname(os.path.abspath(__file__))
+    skipped = tuple(os.path.join(os.path.realpath(p), "") for p in [*installed, ours])
+    found = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and not os.path.realpath(path).startswith(skipped):
+            try:
+                info = os.stat(path)
+            except OSError:
+                continue
+            found.append([path, info.st_size, info.st_mtime_ns])
+    return sorted(found)[:10_000]
 
 
 def _bench(
@@ -224,15 +310,21 @@ def _bench(
 
 
 def main(config: dict[str, Any]) -> None:
-    """Probe, report the verdict on the channel, and end at once."""
+    """Probe, report the verdict and the code it ran on the channel, and end at once."""
     channel = _Channel(config["channel"])
+    started = time.perf_counter()
     try:
         result: dict[str, Any] = {"verdict": probe(config, channel)}
     except ModelError as exc:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
+        seconds = round(time.perf_counter() - started, 3)
         verdict = {"name": config.get("name"), "status": "crashed", "level": 0}
-        result = {"verdict": {**verdict, "reason": _short(exc)}}
+        result = {"verdict": {**verdict, "reason": _short(exc), "seconds": seconds}}
+    try:
+        result["code"] = imported_code()
+    except Exception:
+        result["code"] = None  # not known: the verdict holds for this probe only
     channel.say(**result)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, TypeVar, overload
 
-    from ._cache import Cache
     from ._definition import (
         BackendDefinition,
         BackendInfo,
@@ -23,7 +22,9 @@ if TYPE_CHECKING:
     )
     from ._merge import Index
     from ._snapshot import Snapshot
+    from ._sources import Context
     from ._verdict import Verdict
+    from ._verdicts import Verdicts
 
     CompilerFn = Callable[..., Any]
     F = TypeVar("F", bound=Callable[..., Any])
@@ -79,19 +80,16 @@ class Registry:
         return self._kinds
 
     @property
-    def cwd(self) -> str | None:
-        """Where the project manifest is looked for (``None``: the folder was removed)."""
-        return self._current().cwd
+    def context(self) -> Context:
+        """What this registry reads with, fixed until refresh(): its ``cwd`` (``None``: the
+        folder was removed), ``environ``, ``files``, and the ``cache`` it remembers in."""
+        return self._current().context
 
     @property
-    def environ(self) -> Mapping[str, str]:
-        """The environment this registry reads its settings from (fixed until refresh())."""
-        return self._current().environ
-
-    @property
-    def cache(self) -> Cache:
-        """Where what was read (and doctor's verdicts) is remembered."""
-        return self._current().cache
+    def verdicts(self) -> Verdicts:
+        """Doctor's remembered verdicts, read once until refresh(); what doctor() finds
+        with this registry is added to them."""
+        return self._current().verdicts()
 
     def on_change(self, listener: Callable[[Registry], None]) -> None:
         """Call ``listener(self)`` after every refresh() and registration (once per listener)."""
@@ -286,7 +284,7 @@ class Registry:
         from ._verdicts import FAILURES
 
         try:
-            verdict = self._current().verdicts().latest(self.subject(name))
+            verdict = self.verdicts.latest(self.subject(name))
         except BackendRegistryError:
             return None
         return verdict if verdict is not None and verdict.status in FAILURES else None

@@ -270,15 +270,34 @@ class Snapshot:
         return problems
 
     def subject(
-        self, index: Index, definition: BackendDefinition, stamps: dict[Any, Any] | None
+        self,
+        index: Index,
+        definition: BackendDefinition,
+        stamps: dict[Any, Any] | None,
+        within: frozenset[str] = frozenset(),
     ) -> str:
-        """What a doctor verdict about ``definition`` judges (see ``_verdicts.subject``)."""
+        """What a doctor verdict about ``definition`` judges (see ``_verdicts.subject``).
+
+        A chain that skips known failures runs what its members' verdicts say: which
+        of them are known to fail belongs to what its own verdict judges.
+        """
         from ._identity import identity, reach
-        from ._verdicts import subject
+        from ._verdicts import FAILURES, subject
 
         members = [d for d in reach(index, definition).values() if d is not None]
         version = self.torch_version()
         facts = identity(index, definition, version)
+        if definition.skip_known_failures:
+            failing = []
+            for name in definition.members:
+                member = index.get(name)
+                if member is None or member.name in within:  # a cycle: the chain is broken
+                    continue
+                inner = self.subject(index, member, stamps, within | {definition.name})
+                verdict = self.verdicts().latest(inner)
+                if verdict is not None and verdict.status in FAILURES:
+                    failing.append(name)
+            facts["known_failures"] = failing
         return subject(facts, [definition, *members], version, stamps)
 
 

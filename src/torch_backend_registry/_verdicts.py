@@ -71,10 +71,16 @@ def subject(
 
 
 class Verdicts:
-    """The remembered verdicts, read once from the cache."""
+    """The remembered verdicts, read once from the cache.
+
+    Each is kept under a digest of its subject, with its probe and, as the probe found
+    them, the files of the code it ran (a project's own: an edit of any of them, the
+    target's imports included, makes it stale) and the modules it found missing
+    (installing one does too).
+    """
 
     KIND = "verdicts"
-    KEY = 1
+    KEY = 2
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
@@ -89,46 +95,87 @@ class Verdicts:
     def __len__(self) -> int:
         return len(self._load())
 
+    def _entries(self, subject: str) -> list[dict[str, Any]]:
+        probes = self._load().get(_digest(subject))
+        found = probes.values() if isinstance(probes, dict) else ()
+        return [entry for entry in found if _current(entry)]
+
     def get(self, subject: str, probe: Mapping[str, Any]) -> Verdict | None:
-        """The verdict of ``subject`` found by exactly ``probe``."""
-        probes = self._load().get(subject)
-        return _verdict(probes.get(canonical(probe)) if isinstance(probes, dict) else None)
+        """The verdict of ``subject`` found by exactly ``probe``, where still current."""
+        wanted = canonical(probe)
+        for entry in self._entries(subject):
+            if canonical(entry.get("probe")) == wanted:
+                return _verdict(entry)
+        return None
 
     def latest(self, subject: str) -> Verdict | None:
-        """The newest verdict of ``subject`` on the built-in model and the CPU."""
+        """The newest current verdict of ``subject`` on the built-in model and the CPU."""
         newest: tuple[float, Verdict] | None = None
-        probes = self._load().get(subject)
-        for found in probes.values() if isinstance(probes, dict) else ():
-            verdict = _verdict(found)
-            if verdict is None or not isinstance(found.get("probe"), dict):
+        for entry in self._entries(subject):
+            verdict = _verdict(entry)
+            when, probe = entry.get("when"), entry.get("probe")
+            if verdict is None or not isinstance(probe, dict) or not isinstance(when, float):
                 continue
-            when = found.get("when")
-            if not isinstance(when, (int, float)):
-                continue
-            on_built_in = all(found["probe"].get(k) == v for k, v in BUILT_IN.items())
+            on_built_in = all(probe.get(k) == v for k, v in BUILT_IN.items())
             if on_built_in and (newest is None or when > newest[0]):
                 newest = (when, verdict)
         return None if newest is None else newest[1]
 
     def put(self, subject: str, probe: Mapping[str, Any], verdict: Verdict) -> None:
         """Remember ``verdict`` of ``subject`` found by ``probe``."""
-        self.remember([(subject, probe, verdict)])
+        self.remember([(subject, probe, verdict, None, [])])
 
-    def remember(self, found: Iterable[tuple[str, Mapping[str, Any], Verdict]]) -> None:
-        """Remember verdicts, each with its subject and probe, in one write (the table is
-        read again first: another run may have added to it)."""
+    def remember(
+        self, found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]]
+    ) -> None:
+        """Remember verdicts, each with its subject, its probe, the code it ran and the
+        modules it missed, in one write (the table is read again first: another run may
+        have added to it)."""
         self._table = None
         table = self._load()
-        for subject, probe, verdict in found:
-            probes = table.get(subject)
+        for subject, probe, verdict, code, missing in found:
+            key = _digest(subject)
+            probes = table.get(key)
             if not isinstance(probes, dict):
-                probes = table[subject] = {}
-            entry = {"verdict": verdict.facts(), "when": time.time(), "probe": dict(probe)}
-            probes[canonical(probe)] = entry
+                probes = table[key] = {}
+            probes[canonical(probe)] = {
+                "verdict": verdict.facts(),
+                "when": time.time(),
+                "probe": dict(probe),
+                "code": code,
+                "missing": missing,
+            }
         if len(table) > LIMIT:
             for old in sorted(table, key=lambda s: _newest(table[s]))[: len(table) - LIMIT]:
                 del table[old]
         self.cache.put(self.KIND, self.KEY, table)
+
+
+def _digest(subject: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(subject.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _current(entry: object) -> bool:
+    """Whether what a verdict was found on is as it was: the code it ran, the modules it
+    missed (still missing)."""
+    if not isinstance(entry, dict):
+        return False
+    import os
+
+    from ._finding import find
+
+    code, missing = entry.get("code"), entry.get("missing") or []
+    for stamp in code if isinstance(code, list) else ():
+        try:
+            path, size, mtime = stamp
+            info = os.stat(path)
+        except (OSError, TypeError, ValueError):
+            return False
+        if (info.st_size, info.st_mtime_ns) != (size, mtime):
+            return False
+    return all(isinstance(m, str) and find(m) is None for m in missing)
 
 
 def _newest(probes: object) -> float:

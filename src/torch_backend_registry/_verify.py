@@ -76,7 +76,7 @@ def _check(
             eager = gm(*eager_inputs)
             # Run again (a graph that drew random numbers moved the generators on): does
             # it give other values (dropout)?
-            random = _differ(_leaves(eager), _leaves(gm(*_copies(example_inputs, False))), "", 0, 0)
+            random = differ(leaves(eager), leaves(gm(*_copies(example_inputs, False))), "", 0, 0)
             _set_rng_state(start, devices)
             mine = _copies(example_inputs, backward)
             try:
@@ -90,9 +90,9 @@ def _check(
     # A graph that draws random numbers is held to running, and to the shapes and types of
     # what it gives: compilers draw random numbers their own way, so values cannot agree.
     close: tuple[float | None, float | None] = (rtol, atol) if random is None else (None, None)
-    why = _differ(_leaves(eager), _leaves(out), "output", *close)
+    why = differ(leaves(eager), leaves(out), "output", *close)
     written = [i for i, x in enumerate(example_inputs) if _tensor(x) and not _parameter(x)]
-    why = why or _differ(
+    why = why or differ(
         [eager_inputs[i] for i in written], [mine[i] for i in written], "input", *close
     )
     if why is None and backward:
@@ -139,16 +139,16 @@ def _set_rng_state(state: tuple[Any, list[Any]], devices: Sequence[int]) -> None
         torch.cuda.set_rng_state(cuda, device)
 
 
-def _leaves(value: Any) -> list[Any]:
+def leaves(value: Any) -> list[Any]:
     """The values a graph returned, flattened (tuples, lists and dicts of tensors)."""
     if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in _leaves(item)]
+        return [leaf for item in value for leaf in leaves(item)]
     if isinstance(value, dict):
-        return [leaf for key in sorted(value, key=repr) for leaf in _leaves(value[key])]
+        return [leaf for key in sorted(value, key=repr) for leaf in leaves(value[key])]
     return [value]
 
 
-def _differ(
+def differ(
     eager: list[Any], mine: list[Any], what: str, rtol: float | None, atol: float | None
 ) -> str | None:
     """How ``mine`` differs from ``eager``; with no tolerances, in shapes and types only."""
@@ -193,7 +193,7 @@ def _gradients(
 
     floating = [
         (e, m)
-        for e, m in zip(_leaves(eager), _leaves(out), strict=True)
+        for e, m in zip(leaves(eager), leaves(out), strict=True)
         if _tensor(e) and e.is_floating_point() and e.requires_grad
     ]
     wanted = [i for i, x in enumerate(eager_inputs) if _tensor(x) and x.requires_grad]
@@ -213,4 +213,4 @@ def _gradients(
     pairs = [(e, g) for e, g in zip(expected, got, strict=True) if e is not None or g is not None]
     if any(e is None or g is None for e, g in pairs):
         return "its gradients reach other inputs than eager's"
-    return _differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", rtol, atol)
+    return differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", rtol, atol)
