@@ -28,11 +28,17 @@ def main() -> int:
     print("op_counts matches eager:", torch.allclose(out, model(x)))
     print("imported now?", "demo_backends" in sys.modules)
 
-    # The manifest's default ("portable", a chain): no TensorRT on a CPU machine,
-    # so it falls back to OpenVINO (an entry point) or Inductor.
+    # The manifest's default ("portable", a chain that verifies): no TensorRT on a
+    # CPU machine, so it falls back to OpenVINO (an entry point) or Inductor, keeping
+    # the first whose forward pass matches eager's.
     torch._dynamo.reset()
     out = torch.compile(model)(x)
     print("portable matches eager:", torch.allclose(out, model(x), atol=1e-2))
+
+    # "auto" picks by the device of the graph's inputs: the CPU's backend here.
+    torch._dynamo.reset()
+    out = torch.compile(model, backend="auto")(x)
+    print("auto matches eager:", torch.allclose(out, model(x), atol=1e-2))
 
     openvino = tbr.backend_info("openvino")
     print("openvino comes from:", openvino.source.describe())

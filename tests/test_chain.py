@@ -189,7 +189,9 @@ def test_a_chain_that_verifies_skips_what_fails_differs_or_has_no_backward(
     assert skipped[0].endswith("running it raised RuntimeError: kernel launch failed")
     assert "output 0 differs from eager beyond rtol=0.01, atol=0.01" in skipped[1]
     assert "its backward raised RuntimeError" in skipped[2]
-    assert logged[-1] == f"backend 'careful{uid}': compiled with 'fine{uid}'"
+    assert logged[-1] == (
+        f"backend 'careful{uid}': compiled with 'fine{uid}', backward verified against eager"
+    )
 
 
 def test_verifying_at_the_forward_level_keeps_an_inference_backend(
@@ -208,7 +210,9 @@ def test_verifying_at_the_forward_level_keeps_an_inference_backend(
         """,
     )
     torch.compile(model(), backend=f"serving{uid}")(torch.randn(5, 4))
-    assert logged[-1] == f"backend 'serving{uid}': compiled with 'inference{uid}'"
+    assert logged[-1] == (
+        f"backend 'serving{uid}': compiled with 'inference{uid}', forward verified against eager"
+    )
 
 
 def test_verifying_changes_no_state_of_the_model(write: WriteFn, members: str) -> None:

@@ -693,7 +693,7 @@ def test_a_remembered_verdict_of_another_shape_is_not_shown(
 def test_check_passes_on_this_repositorys_own_manifest_without_torch() -> None:
     done = run("check", "--no-torch", cwd=ROOT)
     assert done.stdout == ""
-    assert done.stderr == "no problems; 4 of 4 backend(s) usable\n"
+    assert done.stderr == "no problems; 5 of 5 backend(s) usable\n"
 
 
 def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() -> None:
@@ -702,7 +702,7 @@ def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() 
         "backends.toml:21: backends.tensorrt: unavailable here (missing torch_tensorrt);"
         " not imported: its requires say it may be"
     ]
-    assert done.stderr == "no problems; 3 of 4 backend(s) imported and usable, 1 unavailable here\n"
+    assert done.stderr == "no problems; 4 of 5 backend(s) imported and usable, 1 unavailable here\n"
 
 
 def test_the_readme_s_isolated_registry_has_no_problems() -> None:

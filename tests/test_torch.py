@@ -356,8 +356,10 @@ def test_example_session_runs_as_the_readme_shows() -> None:
     assert "op_counts matches eager: True" in out
     assert "portable matches eager: True" in out
     assert "skipping 'tensorrt': requires 'torch_tensorrt'" in done.stderr
+    assert "auto matches eager: True" in out
     if importlib.util.find_spec("openvino") is not None:
-        assert "compiled with 'openvino'" in done.stderr
+        assert "compiled with 'openvino', forward verified against eager" in done.stderr
+        assert "backend 'auto': device cpu: compiling with 'openvino'" in done.stderr
         assert "openvino comes from: distribution 'openvino'" in out
 
 

@@ -88,7 +88,9 @@ class ChainBackend:
                 else:
                     why = self._verify(gm, example_inputs, compiled)
                     if why is None:
-                        logger.info("backend %r: compiled with %r", name, member)
+                        checked = self.definition.verify
+                        said = f", {checked[0]} verified against eager" if checked else ""
+                        logger.info("backend %r: compiled with %r%s", name, member, said)
                         self.used = member
                         return compiled
                     skipped = f"verifying it failed: {why}", logging.WARNING

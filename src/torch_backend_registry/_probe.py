@@ -114,7 +114,6 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
             **extra,
         }
 
-    channel.say(level=1)
     registry = Registry(
         cwd=config.get("cwd"),
         environ=config.get("environ"),
@@ -135,6 +134,8 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         return verdict("unavailable", 1, f"no {config.get('device')} device here")
     sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
     model, inputs, expected, grads = _eager(config.get("model"), device, backward)
+    # The first report: doctor counts the backend's time limit from here, past starting
+    # Python, importing PyTorch and running the model eagerly.
     channel.say(level=2)
     try:
         registry.lookup_backend(name)
