@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,6 +50,38 @@ def inference_only(gm, example_inputs):
         with torch.no_grad():
             return gm(*args)
     return run
+
+def rewrites_in_place(gm, example_inputs):
+    # An FX pass with a bug, applied to the graph in place as FX passes are: * becomes +.
+    import operator
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (operator.mul, torch.mul):
+            node.target = operator.add
+    gm.recompile()
+    raise RuntimeError("gave up after rewriting")
+
+def tensor_for_int(gm, example_inputs):
+    def run(*args):
+        out = gm(*args)
+        return (out[0], torch.full((2,), 99.0))
+    return run
+
+import functools
+
+def _logged(fn):
+    @functools.wraps(fn)
+    def wrapper(gm, example_inputs, debug=False, **kw):
+        CALLS.append(("wrapper", debug))
+        return fn(gm, example_inputs)
+    return wrapper
+
+@_logged
+def wrapped(gm, example_inputs):
+    return gm.forward
+
+def takes_a_dict(gm, example_inputs, options=None):
+    CALLS.append(("dict", options))
+    return gm.forward
 
 def takes_anything(gm, example_inputs, **options):
     CALLS.append(("anything", options))
@@ -156,7 +191,63 @@ def test_a_table_by_device_is_checked_as_a_chain_is(tmp_path: Path, write: Write
     assert (
         registry.index(with_torch=False)
         .unknown_members()["auto"]
-        .message.startswith("by-device 'auto' names 'nowhere', which is no usable backend")
+        .message.startswith(
+            "by-device 'auto' names 'nowhere', which is not installed here; on cpu it fails"
+        )
+    )
+
+
+TABLES = """
+[backends.trt]
+target = "tbr_not_installed:compile"
+requires = ["tbr_not_installed"]
+[backends.auto]
+by-device = { cpu = "trt", other = "eager" }
+[backends.typo]
+by-device = { cdua = "eager", other = "eager" }
+[backends.loop]
+by-device = { cpu = "loop2" }
+[backends.loop2]
+chain = ["loop"]
+[backends.loose]
+chain = ["eager"]
+rtol = 0.1
+"""
+
+
+def test_check_judges_a_table_by_the_backend_it_gives_the_cpu(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", TABLES)
+    registry = Registry(cwd=tmp_path, environ={}, sources=("project",))
+    with pytest.warns(tbr.ManifestWarning) as warned:
+        registry.list_backends()
+    assert sum("device type 'cdua'" in str(w.message) for w in warned) == 1
+    # A table has no fallback: on a CPU, its CPU's backend is what runs.
+    assert registry.why_unavailable(registry.backend_info("auto")) == (
+        "for the CPU, trt: missing tbr_not_installed"
+    )
+    assert registry.why_unavailable(registry.backend_info("typo")) is None
+    said = {p.key: p for p in registry.problems(with_torch=False)}
+    typo = said["backends.typo.by-device.cdua"]
+    assert (typo.severity, typo.line) == ("warning", 7)
+    assert "did you mean 'cuda'?" in typo.message
+    # A rule of the whole table is reported at the key it rules out.
+    assert (said["backends.loose.rtol"].line, said["backends.loose.rtol"].message) == (
+        14,
+        "'rtol' goes with 'verify = \"forward\"' or \"backward\"",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", "check", "--import", "--no-torch"],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "TORCH_BACKENDS_PATH": ""},
+    )  # fmt: skip
+    # A loop is a problem once, never also a backend "unavailable here", nor a usable one.
+    assert [line.split(": ", 1)[0] for line in done.stdout.splitlines()] == [
+        "backends.toml:1", "backends.toml:4", "backends.toml:7", "backends.toml:8",
+        "backends.toml:10", "backends.toml:14",
+    ]  # fmt: skip
+    assert done.stderr == (
+        "4 problem(s); 1 of 6 backend(s) imported and usable, 2 unavailable here\n"
     )
 
 
@@ -188,7 +279,7 @@ def test_a_chain_that_verifies_skips_what_fails_differs_or_has_no_backward(
     skipped = [r for r in logged if "skipping" in r]
     assert skipped[0].endswith("running it raised RuntimeError: kernel launch failed")
     assert "output 0 differs from eager beyond rtol=0.01, atol=0.01" in skipped[1]
-    assert "its backward raised RuntimeError" in skipped[2]
+    assert "no output requires grad, where eager's do: it gives no backward pass" in skipped[2]
     assert logged[-1] == (
         f"backend 'careful{uid}': compiled with 'fine{uid}', backward verified against eager"
     )
@@ -245,6 +336,146 @@ def test_verifying_changes_no_state_of_the_model(write: WriteFn, members: str) -
     assert all(p.grad is None for p in compiled.parameters())
 
 
+WRONG_THEN_FINE = """
+[backends.careful_UID]
+chain = ["wrong_UID", "fine_UID"]
+verify = "LEVEL"
+[backends.wrong_UID]
+target = "MEMBERS:wrong"
+[backends.fine_UID]
+target = "MEMBERS:fine"
+"""
+
+
+def careful(write: WriteFn, members: str, level: str = "forward") -> str:
+    """A verifying chain of a member that adds 1 to every output, then a right one."""
+    body = WRONG_THEN_FINE.replace("LEVEL", level).replace("MEMBERS", members)
+    _registry, uid = installed(write, body)
+    return f"careful{uid}"
+
+
+def test_the_next_member_gets_the_graph_as_it_came_and_is_held_to_it(
+    write: WriteFn, members: str, logged: list[str]
+) -> None:
+    _registry, uid = installed(
+        write,
+        f"""
+        [backends.passes_UID]
+        chain = ["rewrites_UID", "fine_UID"]
+        verify = "forward"
+        [backends.rewrites_UID]
+        target = "{members}:rewrites_in_place"
+        [backends.fine_UID]
+        target = "{members}:fine"
+        """,
+    )
+    out = torch.compile(lambda x: x * 3, backend=f"passes{uid}")(torch.ones(2))
+    assert out.tolist() == [3.0, 3.0]
+    assert logged[-1].startswith(f"backend 'passes{uid}': compiled with 'fine{uid}'")
+
+
+def test_a_graph_that_writes_a_parameter_is_verified_and_writes_it_once(
+    write: WriteFn, members: str, logged: list[str]
+) -> None:
+    average = torch.nn.Module()  # state kept in a frozen parameter
+    average.avg = torch.nn.Parameter(torch.zeros(4), requires_grad=False)
+
+    def step(x: Any) -> Any:
+        average.avg.mul_(0.5).add_(x.mean(0), alpha=0.5)
+        return x - average.avg
+
+    out = torch.compile(step, backend=careful(write, members))(torch.ones(3, 4))
+    assert average.avg.tolist() == [0.5] * 4
+    assert out.tolist() == [[0.5] * 4] * 3
+    assert any("skipping 'wrong_" in r and "differs from eager" in r for r in logged)
+
+
+def test_a_graph_may_write_an_input_that_requires_grad(
+    write: WriteFn, members: str, logged: list[str]
+) -> None:
+    linear = torch.nn.Linear(4, 4)
+    h = linear(torch.randn(3, 4))  # an activation after a graph break: not a leaf
+    out = torch.compile(lambda h: torch.relu_(h) * 2, backend=careful(write, members, "backward"))(
+        h
+    )
+    out.sum().backward()
+    assert linear.weight.grad is not None
+    assert any("skipping 'wrong_" in r and "differs from eager" in r for r in logged)
+    assert logged[-1].endswith("backward verified against eager")
+
+
+def test_what_cannot_be_compared_with_eager_is_a_difference(
+    write: WriteFn, members: str, logged: list[str]
+) -> None:
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.mixed_UID]
+        chain = ["tensor_for_int_UID", "fine_UID"]
+        verify = "forward"
+        [backends.tensor_for_int_UID]
+        target = "{members}:tensor_for_int"
+        [backends.fine_UID]
+        target = "{members}:fine"
+        """,
+    )
+
+    # A graph that gives an int beside a tensor, called as torch.compile calls a backend.
+    gm = torch.fx.symbolic_trace(lambda x, n: (x * 2, n + 1))
+    compiled = registry.lookup_backend(f"mixed{uid}")(gm, [torch.ones(2), 3])
+    assert compiled(torch.ones(2), 3)[1] == 4
+    assert any("output 1 is Tensor, eager gives int" in r for r in logged)
+
+
+def test_inputs_that_share_memory_still_do_in_the_copies(
+    write: WriteFn, members: str, logged: list[str]
+) -> None:
+    _registry, uid = installed(
+        write,
+        """
+        [backends.real_UID]
+        chain = ["aot_eager", "eager"]
+        verify = "forward"
+        """,
+    )
+
+    def writes_a_view(x: Any, y: Any) -> Any:
+        y.add_(1)
+        return x * 2
+
+    base = torch.zeros(2, 3)
+    out = torch.compile(writes_a_view, backend=f"real{uid}")(base, base[0])
+    assert (
+        logged[-1]
+        == f"backend 'real{uid}': compiled with 'aot_eager', forward verified against eager"
+    )
+    assert base.tolist() == [[1.0] * 3, [0.0] * 3]  # written once, by the real call
+    assert out.tolist() == [[2.0] * 3, [0.0] * 3]
+
+
+def test_a_log_says_how_far_a_check_went_and_warns_when_less_than_asked(
+    write: WriteFn, members: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = careful(write, members, "backward")
+    dropout = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)).train()
+    with caplog.at_level(logging.INFO, logger="torch_backend_registry"):
+        torch.compile(dropout, backend=name)(torch.randn(3, 4))
+    [used] = [r for r in caplog.records if "compiled with" in r.getMessage()]
+    # Random numbers are drawn each compiler its own way: only shapes and types can agree.
+    assert "verified in shapes and types only (the graph draws random numbers)" in used.message
+    assert used.levelno == logging.WARNING
+    caplog.clear()
+    torch._dynamo.reset()
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="torch_backend_registry"):
+        torch.compile(model().eval(), backend=name)(torch.randn(3, 4))
+    [used] = [r for r in caplog.records if "compiled with" in r.getMessage()]
+    assert used.message.endswith(
+        "forward verified against eager; no backward to verify (gradients are off, or no"
+        " output requires them)"
+    )
+    assert used.levelno == logging.WARNING
+
+
 # ------------------------------------------------------------------ options
 
 
@@ -282,3 +513,34 @@ def test_torch_compiles_options_are_checked_with_the_same_words(
     with pytest.raises(Exception, match="did you mean 'level'") as caught:
         torch.compile(model(), backend=f"fine{uid}", options={"levle": 3})(torch.randn(5, 4))
     assert f"option 'levle' is not a parameter of {members}:fine" in str(caught.value)
+
+
+def test_every_refused_option_is_named_and_a_wrapper_is_read_as_it_is(
+    write: WriteFn, members: str
+) -> None:
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.typos_UID]
+        target = "{members}:fine"
+        options = {{ levle = 2, fats = true, "a.b" = 1 }}
+        [backends.wrapped_UID]
+        target = "{members}:wrapped"
+        options = {{ debug = true }}
+        [backends.dict_UID]
+        target = "{members}:takes_a_dict"
+        options = {{ fp16 = true }}
+        """,
+    )
+    with pytest.raises(ManifestError) as caught:
+        registry.lookup_backend(f"typos{uid}")
+    assert caught.value.key == f"backends.typos{uid}.options.levle"
+    assert caught.value.message.endswith("did you mean 'level'?; nor are 'fats', 'a.b'")
+    # functools.wraps points at the wrapped function: the wrapper's own parameters count.
+    registry.lookup_backend(f"wrapped{uid}")(torch.fx.symbolic_trace(torch.nn.ReLU()), [])
+    assert __import__(members).CALLS[-1] == ("wrapper", True)
+    with pytest.raises(ManifestError) as written_for_torch_compile:
+        registry.lookup_backend(f"dict{uid}")
+    assert written_for_torch_compile.value.message.endswith(
+        "it takes its options as one table: options = { options = { fp16 = ... } }"
+    )

@@ -118,6 +118,20 @@ BROKEN = "def compile(gm, inputs):\n    raise RuntimeError('broken')\n"
 FIXED = "def compile(gm, inputs):\n    return gm.forward  # fixed\n"
 
 
+def _command(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``torch-backends ARGS`` run as a user would, in the project, with its own cache."""
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry", *args],
+            cwd=tmp_path / "proj", env=environ, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+
+    return run
+
+
 @pytest.fixture
 def project(tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch) -> Registry:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -264,25 +278,13 @@ def test_a_chain_may_skip_members_doctor_found_failing(
 def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
     project: Registry, tmp_path: Path
 ) -> None:
-    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-
-    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "torch_backend_registry", "doctor", *args],
-            cwd=tmp_path / "proj",
-            env=environ,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-
-    good = doctor("fine", "leaks")
+    command = _command(tmp_path)
+    good = command("doctor", "fine", "leaks")
     assert good.returncode == 0, good.stderr
     lines = good.stdout.splitlines()
     assert lines[0].split() == ["NAME", "STATUS", "LEVEL", "SECONDS", "REASON"]
     assert [line.split()[:2] for line in lines[1:]] == [["fine", "ok"], ["leaks", "ok"]]
-    bad = doctor("fine", "explodes", "--json")
+    bad = command("doctor", "fine", "explodes", "--json")
     assert bad.returncode == 1
     rows = json.loads(bad.stdout)
     assert [(r["name"], r["status"], r["level"]) for r in rows] == [
@@ -291,24 +293,15 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
     ]
     assert {"name", "status", "level", "reason", "seconds"} <= set(rows[0])
     # Remembered: explain and list show the last verdict here.
-    explained = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "explain", "explodes", "--no-torch"],
-        cwd=tmp_path / "proj", env=environ, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    explained = command("explain", "explodes", "--no-torch").stdout
     [said] = [line for line in explained.splitlines() if line.startswith("  doctor:")]
     assert said.startswith("  doctor:      compile-error: BackendCompilerFailed")
     assert said.endswith("RuntimeError: no GPU here (last probe here, forward level)")
-    listed = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "list", "--no-torch", "--json"],
-        cwd=tmp_path / "proj", env=environ, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    listed = command("list", "--no-torch", "--json").stdout
     doctor_of = {row["name"]: row["doctor"] for row in json.loads(listed)}
     assert doctor_of["explodes"]["status"] == "compile-error"
     assert doctor_of["wrong"] is None
-    table = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "list", "--no-torch"],
-        cwd=tmp_path / "proj", env=environ, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()  # fmt: skip
+    table = command("list", "--no-torch").stdout.splitlines()
     assert table[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
     assert next(row for row in table if row.startswith("explodes")).endswith("compile-error")
 
@@ -597,14 +590,10 @@ def test_a_reason_says_its_cause_once(project: Registry) -> None:
 def test_the_command_judges_at_the_level_asked_and_names_a_bad_model(
     project: Registry, tmp_path: Path
 ) -> None:
-    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    command = _command(tmp_path)
 
     def doctor(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "torch_backend_registry", "doctor", *args],
-            cwd=tmp_path / "proj", env=environ, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+        return command("doctor", *args)
 
     assert doctor("forward_only", "--level", "forward").returncode == 0
     assert doctor("forward_only").returncode == 1

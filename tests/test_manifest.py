@@ -450,5 +450,5 @@ def test_unicode_line_separators_inside_strings_do_not_shift_lines(write: WriteF
 def test_options_on_a_chain_are_refused_not_lost(write: WriteFn) -> None:
     path = write("backends.toml", '[backends.c]\nchain = ["eager"]\noptions = { fp16 = true }\n')
     _, problems = read(path)
-    assert [(p.line, p.key) for p in problems] == [(1, "backends.c")]
+    assert [(p.line, p.key) for p in problems] == [(3, "backends.c.options")]  # the key's line
     assert "'options' go with a 'target'" in problems[0].message

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from ._definition import BackendDefinition, BackendInfo
     from ._verdict import Verdict
+    from ._verify import Reference
 
 logger = logging.getLogger("torch_backend_registry")
 
@@ -71,6 +72,8 @@ class ChainBackend:
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         name = self.definition.name
         failures: list[tuple[str, str]] = []
+        reference: Reference | None = None
+        pristine: _Pristine | None = None
         for member in self.members:
             skipped = self._skip(member)
             if skipped is None:
@@ -79,6 +82,12 @@ class ChainBackend:
                 except BackendRegistryError as exc:
                     skipped = str(exc), logging.WARNING
             if skipped is None:
+                if pristine is None:  # before any member sees the graph: it may rewrite it
+                    pristine = _Pristine(gm)
+                    if self.definition.verify is not None:
+                        reference = self._reference(gm, example_inputs)
+                else:
+                    pristine.restore()
                 try:
                     with self._compiling():
                         options = call_options(compiler, member, kwargs)
@@ -86,11 +95,13 @@ class ChainBackend:
                 except Exception as exc:
                     skipped = f"compiling raised {type(exc).__name__}: {exc}", logging.WARNING
                 else:
-                    why = self._verify(gm, example_inputs, compiled)
+                    why = None if reference is None else reference.check(compiled)
                     if why is None:
-                        checked = self.definition.verify
-                        said = f", {checked[0]} verified against eager" if checked else ""
-                        logger.info("backend %r: compiled with %r%s", name, member, said)
+                        said, level = "", logging.INFO
+                        if reference is not None:  # less than asked is worth a warning
+                            said = f", {reference.said}"
+                            level = logging.INFO if reference.complete else logging.WARNING
+                        logger.log(level, "backend %r: compiled with %r%s", name, member, said)
                         self.used = member
                         return compiled
                     skipped = f"verifying it failed: {why}", logging.WARNING
@@ -109,20 +120,33 @@ class ChainBackend:
 
         return compiling(self.definition.verify[0])
 
-    def _verify(self, gm: Any, example_inputs: Any, compiled: Any) -> str | None:
-        """Why the compiled graph is not the graph (``verify``), run once on copies."""
-        if self.definition.verify is None:
-            return None
-        from ._verify import check
+    def _reference(self, gm: Any, example_inputs: Any) -> Reference:
+        """The graph run eagerly, to hold each member to (``verify``)."""
+        from ._verify import Reference
 
-        level, rtol, atol = self.definition.verify
-        try:
-            return check(gm, example_inputs, compiled, level, rtol, atol)
-        except Exception as exc:  # the eager graph itself: nothing to hold against a member
-            logger.warning(
-                "backend %r: not verified: %s: %s", self.definition.name, type(exc).__name__, exc
-            )
-            return None
+        assert self.definition.verify is not None
+        return Reference(gm, example_inputs, *self.definition.verify)
+
+
+class _Pristine:
+    """The graph as torch.compile gave it: a member may rewrite it in place (FX passes do)
+    and then fail, and the next member must get the graph as it came."""
+
+    def __init__(self, gm: Any) -> None:
+        import copy
+
+        self.gm = gm
+        graph = getattr(gm, "graph", None)
+        self.graph = (
+            copy.deepcopy(graph) if hasattr(gm, "recompile") and graph is not None else None
+        )
+
+    def restore(self) -> None:
+        if self.graph is not None:
+            import copy
+
+            self.gm.graph = copy.deepcopy(self.graph)
+            self.gm.recompile()
 
 
 class DeviceBackend:

@@ -92,7 +92,11 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     if folders:
         python_path_finder().keep(folders)
     if definition.options:
-        for key, message in refused_options(obj, definition.options, target):
+        wrong = refused_options(obj, definition.options, target)
+        if wrong:
+            (key, message), others = wrong[0], [k for k, _m in wrong[1:]]
+            if others:
+                message += f"; nor are {', '.join(map(repr, others))}"
             raise _option_error(definition, key, message)
         import functools
 
@@ -109,7 +113,9 @@ def refused_options(fn: Any, keys: Iterable[str], target: str) -> list[tuple[str
     import inspect
 
     try:
-        parameters = list(inspect.signature(fn).parameters.values())
+        # A wrapper's own signature: functools.wraps points at the wrapped function,
+        # whose parameters may be fewer than the wrapper takes.
+        parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
     except (TypeError, ValueError):
         return []
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
@@ -127,13 +133,15 @@ def refused_options(fn: Any, keys: Iterable[str], target: str) -> list[tuple[str
             import difflib
 
             close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
-            hint = (
-                f"did you mean {close[0]!r}?"
-                if close
-                else f"it takes {', '.join(map(repr, accepted))}"
-                if accepted
-                else "it takes none"
-            )
+            if close:
+                hint = f"did you mean {close[0]!r}?"
+            elif "options" in accepted:  # written for torch.compile(options={...})
+                wrapped = f"options = {{ options = {{ {key} = ... }} }}"
+                hint = f"it takes its options as one table: {wrapped}"
+            elif accepted:
+                hint = f"it takes {', '.join(map(repr, accepted))}"
+            else:
+                hint = "it takes none"
             refused.append((key, f"option {key!r} is not a parameter of {target}; {hint}"))
     return refused
 

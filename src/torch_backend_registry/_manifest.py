@@ -244,11 +244,11 @@ class _Validation:
             for number, item in enumerate(items):
                 loc = tuple(item["loc"])
                 if number < MAX_PROBLEMS:
-                    problem = self.error(error_loc(loc), describe(item, loc))
+                    problem = self.error(error_loc(item), describe(item, loc))
                     self.found.problems.append(problem)
                 elif number == MAX_PROBLEMS:
                     problem = self.error(
-                        error_loc(loc),
+                        error_loc(item),
                         f"and {len(items) - MAX_PROBLEMS} more problems; fix those above first",
                     )
                     self.found.problems.append(problem)
@@ -302,6 +302,29 @@ class _Validation:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problem))
                 continue
             self.found.definitions.append(_definition(name, source, entry, python_path))
+            for device in entry.by_device or ():
+                self._known_device(name, device)
+
+    def _known_device(self, name: str, device: str) -> None:
+        """A device type PyTorch does not name is likely a typo (``cdua``): a warning, since
+        an extension's device (``npu``) is named by the extension."""
+        from ._schema import DEVICE_TYPES
+
+        if device == "other" or device in DEVICE_TYPES:
+            return
+        import difflib
+
+        close = {"gpu": ["cuda"]}.get(device) or difflib.get_close_matches(device, DEVICE_TYPES, 1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        keys = (*self.prefix, "backends", name, "by-device", device)
+        said = (
+            f"device type {device!r} is not one PyTorch names, so no graph will be on it;"
+            f" {hint}(an extension's own device type is fine as written)"
+        )
+        line = self.lines.line_of(keys)
+        self.found.problems.append(
+            Problem(said, path=self.path, line=line, key=toml_key(keys), severity="warning")
+        )
 
     def _alias_problem(
         self,

@@ -25,6 +25,32 @@ FOLDER_PATTERN = r"^[^\x00]+$"
 DISTRIBUTION_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 #: A device type as ``torch.device(...).type`` names it, or ``other``.
 DEVICE_PATTERN = r"^[a-z][a-z0-9_]*$"
+#: The device types PyTorch names (c10's DeviceType), and the best-known ones extensions add.
+DEVICE_TYPES = [
+    "cpu",
+    "cuda",
+    "xpu",
+    "mps",
+    "hip",
+    "meta",
+    "xla",
+    "lazy",
+    "hpu",
+    "mtia",
+    "maia",
+    "ipu",
+    "ve",
+    "fpga",
+    "vulkan",
+    "metal",
+    "mkldnn",
+    "opengl",
+    "opencl",
+    "ideep",
+    "privateuseone",
+    "npu",
+    "musa",
+]
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 ModuleName = Annotated[str, Field(pattern=MODULE_PATTERN)]
@@ -164,15 +190,17 @@ class BackendEntry(BaseModel):
             )
         if (self.chain is not None or self.by_device is not None) and self.options:
             # It calls its members as they are declared; options here would be lost.
-            raise ValueError("'options' go with a 'target'; set them on the members")
+            raise MisplacedKey("options", "'options' go with a 'target'; set them on the members")
         for key, value in (
             ("skip-known-failures", self.skip_known_failures),
             ("verify", self.verify != "none"),
         ):
             if value and self.chain is None:
-                raise ValueError(f"'{key}' goes with a 'chain'")
-        if self.verify == "none" and (self.rtol is not None or self.atol is not None):
-            raise ValueError("'rtol' and 'atol' go with 'verify = \"forward\"' or \"backward\"")
+                raise MisplacedKey(key, f"'{key}' goes with a 'chain'")
+        for key in ("rtol", "atol"):
+            if self.verify == "none" and getattr(self, key) is not None:
+                said = f"'{key}' goes with 'verify = \"forward\"' or \"backward\""
+                raise MisplacedKey(key, said)
         return self
 
 
@@ -244,9 +272,20 @@ def json_schema() -> dict[str, Any]:
     return Manifest.model_json_schema(by_alias=True, schema_generator=_TomlJsonSchema)
 
 
-def error_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
-    """pydantic's error location, without its ``[key]`` marker for a bad dict key."""
-    return tuple(part for part in loc if part != "[key]")
+class MisplacedKey(ValueError):
+    """A key that a table's other keys rule out: the error is at that key's line."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def error_loc(item: Any) -> tuple[str | int, ...]:
+    """Where a pydantic error is: its location without the ``[key]`` marker of a bad dict
+    key, down to the key a table-wide rule found misplaced."""
+    loc = tuple(part for part in item["loc"] if part != "[key]")
+    error = item.get("ctx", {}).get("error")
+    return (*loc, error.key) if isinstance(error, MisplacedKey) else loc
 
 
 def describe(item: Any, loc: tuple[str | int, ...]) -> str:

@@ -232,27 +232,41 @@ class Snapshot:
         return reason
 
     def _why_chain(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
-        index = self.index()
-        problem = index.chain_problems().get(definition.name)
+        """A chain can be used where one member can; a table by device where the backend it
+        gives the CPU can (every machine has one; what it gives an accelerator is known only
+        when a graph is on it)."""
+        problem = self.index().chain_problems().get(definition.name)
         if problem is not None:
             return problem.message
+        if definition.by_device is not None:
+            table = dict(definition.by_device)
+            member = table.get("cpu", table.get("other"))
+            if member is None:
+                return f"it gives the CPU no backend (by-device has {', '.join(table)})"
+            why = self._why_member(definition, member, visiting)
+            return None if why is None else f"for the CPU, {why}"
         reasons = []
         for member in definition.members:
-            try:
-                resolved = index.resolve(member)
-            except BackendRegistryError as exc:
-                if index.could_be_pytorch(member):
-                    return None  # one of PyTorch's, which was not read: there with torch
-                reasons.append(f"{member}: {str(exc).split('. ', 1)[0]}")
-                continue
-            if resolved.name in visiting:
-                reasons.append(f"{member}: it refers back to {definition.name!r}")
-                continue
-            why = self._why(resolved, visiting)
+            why = self._why_member(definition, member, visiting)
             if why is None:
                 return None
-            reasons.append(f"{member}: {why}")
+            reasons.append(why)
         return "no member can be used (" + "; ".join(reasons) + ")"
+
+    def _why_member(
+        self, definition: BackendDefinition, member: str, visiting: frozenset[str]
+    ) -> str | None:
+        index = self.index()
+        try:
+            resolved = index.resolve(member)
+        except BackendRegistryError as exc:
+            if index.could_be_pytorch(member):
+                return None  # one of PyTorch's, which was not read: there with torch
+            return f"{member}: {str(exc).split('. ', 1)[0]}"
+        if resolved.name in visiting:
+            return f"{member}: it refers back to {definition.name!r}"
+        why = self._why(resolved, visiting)
+        return None if why is None else f"{member}: {why}"
 
     def problems(self, with_torch: bool) -> list[Problem]:
         """Every problem found: the sources', the merge's, the default's, the chains'."""

@@ -1,21 +1,35 @@
 """Checking a compiled graph against the same graph run eagerly, on copies of its inputs.
 
-What is compared: the outputs, the inputs the graph writes in place (BatchNorm's
-running statistics), and with ``backward`` the gradients of the inputs that
-require them. Nothing of the model changes: parameters are shared but never
-written (a forward pass does not write them; gradients are taken with
-``torch.autograd.grad``, never accumulated into ``.grad``), every other input is
-copied, the graph's own buffers are put back, and the random number generators
-are as they were: both runs start from the same state, which is then restored.
+The eager run is the reference, taken once a compile, before any member of a
+chain sees the graph (a compiler may rewrite it in place). What is compared: the
+outputs, the inputs as the graph left them (it may write them in place), and
+with ``backward`` the gradients of the inputs that require them.
+
+Nothing of the model changes. Every run gets copies of the tensor inputs,
+parameters included, taken in one go so that inputs sharing memory still do;
+the graph's own parameters and buffers are put back after each run; gradients
+are taken with ``torch.autograd.grad``, never accumulated into ``.grad``; and
+every random number generator in use is as it was: each run starts from the
+same state, which is then restored. A graph that gives other values on a second
+run from that same state draws random numbers its own way (dropout): compilers
+draw theirs differently, so it is held to the shapes and types of what it gives,
+and the log says so.
 """
 
 from __future__ import annotations
 
+import contextlib
+
+from ._locks import ForkSafeLock
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from contextlib import AbstractContextManager
     from typing import Any
+
+#: Compiling for a backward check changes a setting of the whole process: one at a time.
+_SERIAL = ForkSafeLock()
 
 
 def compiling(level: str | None) -> AbstractContextManager[object]:
@@ -26,78 +40,138 @@ def compiling(level: str | None) -> AbstractContextManager[object]:
     way for its own. For ``backward``, members compile it at once, as PyTorch does for
     its ahead-of-time compiles (``force_non_lazy_backward_lowering``).
     """
-    import contextlib
-
     if level != "backward":
         return contextlib.nullcontext()
     import torch._functorch.config as functorch_config
 
     if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
         return contextlib.nullcontext()
-    patch: AbstractContextManager[object] = functorch_config.patch(
-        force_non_lazy_backward_lowering=True
-    )
-    return patch
+    return _patched(functorch_config)
 
 
-def check(
-    gm: Any,
-    example_inputs: Sequence[Any],
-    compiled: Callable[..., Any],
-    level: str,
-    rtol: float,
-    atol: float,
-) -> str | None:
-    """Why ``compiled`` does not compute what ``gm`` does on ``example_inputs``; ``None``."""
-    if any(type(x).__name__ == "FakeTensor" for x in example_inputs):
-        return None  # no values to run on: nothing to compare, nothing refused
-    return _check(gm, example_inputs, compiled, level, rtol, atol)
+@contextlib.contextmanager
+def _patched(config: Any) -> Iterator[None]:
+    # The setting is the process's: two threads patching it at once would leave it set.
+    with _SERIAL, config.patch(force_non_lazy_backward_lowering=True):
+        yield
 
 
-def _check(
-    gm: Any,
-    example_inputs: Sequence[Any],
-    compiled: Callable[..., Any],
-    level: str,
-    rtol: float,
-    atol: float,
-) -> str | None:
-    import torch
+class Reference:
+    """The graph run eagerly on copies of ``example_inputs``, to hold compiled ones to.
 
-    backward = level == "backward" and torch.is_grad_enabled()
-    devices = sorted(
-        {x.device.index or 0 for x in example_inputs if _tensor(x) and x.device.type == "cuda"}
-    )
-    buffers = {name: b.detach().clone() for name, b in gm.named_buffers()}
-    with torch.random.fork_rng(devices=devices):
-        start = _rng_state(devices)
+    ``said`` tells how far a check goes: ``"forward verified against eager"``, or in
+    shapes and types only, or ``"not verified: ..."`` where there is nothing to run
+    (fake tensors) or the eager run itself fails (then every member passes).
+    """
+
+    def __init__(
+        self, gm: Any, example_inputs: Sequence[Any], level: str, rtol: float, atol: float
+    ) -> None:
+        import torch
+
+        self.gm, self.inputs = gm, list(example_inputs)
+        self.asked = level
+        self.backward = level == "backward" and torch.is_grad_enabled()
+        self.close: tuple[float | None, float | None] = (rtol, atol)
+        self.eager: list[Any] = []
+        self.written: list[Any] = []
+        self.gradients: tuple[Any, ...] | None = None
+        self.unverified: str | None = None
+        if any(type(x).__name__ == "FakeTensor" for x in self.inputs):
+            self.unverified = "fake inputs have no values to run on"
+            return
         try:
-            eager_inputs = _copies(example_inputs, backward)
-            eager = gm(*eager_inputs)
-            # Run again (a graph that drew random numbers moved the generators on): does
-            # it give other values (dropout)?
-            random = differ(leaves(eager), leaves(gm(*_copies(example_inputs, False))), "", 0, 0)
-            _set_rng_state(start, devices)
-            mine = _copies(example_inputs, backward)
-            try:
-                out = compiled(*mine)  # as torch.compile calls what a backend returns
-            except Exception as exc:
-                return f"running it raised {type(exc).__name__}: {exc}"
+            with _generators():
+                out, passed, grads = self._run(gm, self.backward)
+                # Run on from where the first run left the generators: does it give other
+                # values then (it draws random numbers)?
+                again, _, _ = self._run(gm, False)
+            if differ(leaves(out), leaves(again), "", 0, 0) is not None:
+                self.close = (None, None)  # it draws random numbers: shapes and types only
+            self.gradients = self._gradients(out, grads) if self.backward else None
+        except Exception as exc:
+            self.unverified = f"the graph run eagerly raised {type(exc).__name__}: {exc}"
+            return
+        self.eager = [o.detach() if _tensor(o) else o for o in leaves(out)]
+        self.written = [x.detach() for x in passed]
+
+    @property
+    def complete(self) -> bool:
+        """Whether a check compares all that was asked, values included."""
+        whole = self.backward or self.asked != "backward"
+        return self.unverified is None and self.close != (None, None) and whole
+
+    @property
+    def said(self) -> str:
+        if self.unverified is not None:
+            return f"not verified: {self.unverified}"
+        level = "backward" if self.backward else "forward"
+        said = f"{level} verified against eager"
+        if self.close == (None, None):
+            said = f"{level} verified in shapes and types only (the graph draws random numbers)"
+        if level != self.asked:
+            said += "; no backward to verify (gradients are off, or no output requires them)"
+        return said
+
+    def check(self, compiled: Callable[..., Any]) -> str | None:
+        """Why ``compiled`` does not compute what the graph does; ``None`` where it does."""
+        if self.unverified is not None:
+            return None
+        try:
+            with _generators():  # from the state the eager run started from
+                out, passed, grads = self._run(compiled, self.backward)
+        except Exception as exc:
+            return f"running it raised {type(exc).__name__}: {exc}"
+        try:
+            why = differ(self.eager, leaves(out), "output", *self.close)
+            why = why or differ(self.written, passed, "input", *self.close)
+            if why is None and self.gradients is not None:
+                why = self._same_gradients(out, grads)
+        except Exception as exc:  # what it gave cannot even be compared with eager's
+            return f"comparing it with eager raised {type(exc).__name__}: {exc}"
+        return why
+
+    def _run(self, fn: Callable[..., Any], grad: bool) -> tuple[Any, list[Any], list[Any]]:
+        """``fn`` on fresh copies, the graph's own state put back. Returns what it gave,
+        the inputs as it left them, and the leaves to differentiate by."""
+        import torch
+
+        passed, grads = _copies(self.inputs, grad)
+        state = {name: t.detach().clone() for name, t in self.gm.state_dict(keep_vars=True).items()}
+        try:
+            out = fn(*passed)
         finally:
             with torch.no_grad():
-                for name, b in gm.named_buffers():
-                    b.copy_(buffers[name])
-    # A graph that draws random numbers is held to running, and to the shapes and types of
-    # what it gives: compilers draw random numbers their own way, so values cannot agree.
-    close: tuple[float | None, float | None] = (rtol, atol) if random is None else (None, None)
-    why = differ(leaves(eager), leaves(out), "output", *close)
-    written = [i for i, x in enumerate(example_inputs) if _tensor(x) and not _parameter(x)]
-    why = why or differ(
-        [eager_inputs[i] for i in written], [mine[i] for i in written], "input", *close
-    )
-    if why is None and backward:
-        why = _gradients(eager, out, eager_inputs, mine, *close)
-    return why
+                for name, t in self.gm.state_dict(keep_vars=True).items():
+                    if name in state:
+                        t.copy_(state[name])
+        return out, [x for x in passed if _tensor(x)], grads
+
+    def _gradients(self, out: Any, grads: list[Any]) -> tuple[Any, ...] | None:
+        import torch
+
+        loss = _loss(out)
+        if loss is None or not grads:
+            self.backward = False  # nothing to differentiate: the forward is all there is
+            return None
+        found: tuple[Any, ...] = torch.autograd.grad(loss, grads, allow_unused=True)
+        return found
+
+    def _same_gradients(self, out: Any, grads: list[Any]) -> str | None:
+        import torch
+
+        assert self.gradients is not None
+        loss = _loss(out)
+        if loss is None:
+            return "no output requires grad, where eager's do: it gives no backward pass"
+        try:
+            got = torch.autograd.grad(loss, grads, allow_unused=True)
+        except Exception as exc:
+            return f"its backward raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        pairs = [(e, g) for e, g in zip(self.gradients, got, strict=True) if (e, g) != (None, None)]
+        if any(e is None or g is None for e, g in pairs):
+            return "its gradients reach other inputs than eager's"
+        return differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", *self.close)
 
 
 def _tensor(x: object) -> bool:
@@ -106,37 +180,46 @@ def _tensor(x: object) -> bool:
     return isinstance(x, torch.Tensor)
 
 
-def _parameter(x: object) -> bool:
+def _copies(inputs: Sequence[Any], grad: bool) -> tuple[list[Any], list[Any]]:
+    """Copies of the tensor inputs, parameters included, in one ``deepcopy`` (inputs that
+    share memory still do); with ``grad``, the leaves to differentiate by, each given to
+    the graph through a clone of its own (a graph may write its inputs in place)."""
+    import copy
+
+    tensors = {i: x.detach() for i, x in enumerate(inputs) if _tensor(x)}
+    copied = copy.deepcopy(tensors)
+    passed, leaves_ = list(inputs), []
+    for i, y in copied.items():
+        if grad and inputs[i].requires_grad and (y.is_floating_point() or y.is_complex()):
+            leaf = y.requires_grad_(True)
+            leaves_.append(leaf)
+            y = leaf.clone()
+        passed[i] = y
+    return passed, leaves_
+
+
+def _loss(out: Any) -> Any:
+    """One number from the outputs that require gradients: their sum (``None``: none does)."""
+    outputs = [o for o in leaves(out) if _tensor(o) and o.requires_grad]
+    return sum(o.float().sum() for o in outputs) if outputs else None
+
+
+@contextlib.contextmanager
+def _generators() -> Iterator[None]:
+    """Every random number generator in use as it was, afterwards: the CPU's and each
+    accelerator's that is initialised (``torch.random.fork_rng`` for each kind)."""
     import torch
 
-    return isinstance(x, torch.nn.Parameter)
-
-
-def _copies(inputs: Sequence[Any], grad: bool) -> list[Any]:
-    """Parameters shared (a forward pass does not write them), other tensors copied."""
-    copies = []
-    for x in inputs:
-        if _tensor(x):
-            y = x.detach() if _parameter(x) else x.detach().clone()
-            if grad and x.requires_grad:
-                y.requires_grad_(True)
-            x = y
-        copies.append(x)
-    return copies
-
-
-def _rng_state(devices: Sequence[int]) -> tuple[Any, list[Any]]:
-    import torch
-
-    return torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
-
-
-def _set_rng_state(state: tuple[Any, list[Any]], devices: Sequence[int]) -> None:
-    import torch
-
-    torch.set_rng_state(state[0])
-    for device, cuda in zip(devices, state[1], strict=True):
-        torch.cuda.set_rng_state(cuda, device)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.random.fork_rng(devices=[]))
+        for kind in ("cuda", "xpu", "mps"):
+            module = getattr(torch, kind, None)
+            started = getattr(module, "is_initialized", getattr(module, "is_available", None))
+            if started is None or not started():
+                continue
+            count = getattr(module, "device_count", lambda: 1)()
+            stack.enter_context(torch.random.fork_rng(devices=range(count), device_type=kind))
+        yield
 
 
 def leaves(value: Any) -> list[Any]:
@@ -157,12 +240,14 @@ def differ(
     if len(eager) != len(mine):
         return f"{len(mine)} {what}s where eager gives {len(eager)}"
     for number, (expected, got) in enumerate(zip(eager, mine, strict=True)):
+        if _tensor(expected) != _tensor(got):
+            return f"{what} {number} is {type(got).__name__}, eager gives {type(expected).__name__}"
         if not _tensor(expected):
             if expected != got:
                 return f"{what} {number} is {got!r}, eager gives {expected!r}"
             continue
         if rtol is None or atol is None:
-            kind = (getattr(got, "shape", None), getattr(got, "dtype", None))
+            kind = (got.shape, got.dtype)
             if kind != (expected.shape, expected.dtype):
                 return f"{what} {number} is {kind}, eager gives {(expected.shape, expected.dtype)}"
             continue
@@ -179,38 +264,3 @@ def summary(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     facts = [line for line in lines if line.startswith(("Mismatched", "Greatest"))]
     return "; ".join(facts) or (lines[0] if lines else "values differ")
-
-
-def _gradients(
-    eager: Any,
-    out: Any,
-    eager_inputs: list[Any],
-    mine: list[Any],
-    rtol: float | None,
-    atol: float | None,
-) -> str | None:
-    import torch
-
-    floating = [
-        (e, m)
-        for e, m in zip(leaves(eager), leaves(out), strict=True)
-        if _tensor(e) and e.is_floating_point() and e.requires_grad
-    ]
-    wanted = [i for i, x in enumerate(eager_inputs) if _tensor(x) and x.requires_grad]
-    if not floating or not wanted:
-        return None
-    expected = torch.autograd.grad(
-        sum(e.float().sum() for e, _m in floating),
-        [eager_inputs[i] for i in wanted],
-        allow_unused=True,
-    )
-    try:
-        got = torch.autograd.grad(
-            sum(m.float().sum() for _e, m in floating), [mine[i] for i in wanted], allow_unused=True
-        )
-    except Exception as exc:
-        return f"its backward raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
-    pairs = [(e, g) for e, g in zip(expected, got, strict=True) if e is not None or g is not None]
-    if any(e is None or g is None for e, g in pairs):
-        return "its gradients reach other inputs than eager's"
-    return differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", rtol, atol)
