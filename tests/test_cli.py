@@ -474,16 +474,38 @@ def test_check_finds_chains_that_cannot_work(tmp_path: Path, write: WriteFn) -> 
         "backends.toml",
         '[backends.ok]\ntarget = "builtins:len"\n'
         '[backends.typo]\nchain = ["okk", "ok"]\n'
-        '[backends.nothing]\nchain = ["nope1", "nope2"]\n',
+        '[backends.nothing]\nchain = ["nope1", "nope2"]\n'
+        '[backends.portable]\nchain = ["some_plugin", "ok"]\n',
     )
     for extra in ((), ("--import",)):
         done = run("check", "--no-torch", *extra, cwd=tmp_path, check=1)
         assert done.stdout.splitlines() == [
             "backends.toml:3: backends.typo.chain: chain 'typo' names 'okk', which is no usable"
-            " backend; fix the name or remove it",
+            " backend (did you mean 'okk' -> 'ok'?); fix the name or remove it",
             "backends.toml:5: backends.nothing.chain: chain 'nothing' names 'nope1', 'nope2',"
             " which are no usable backend; no member can ever be used; fix the name or remove it",
+            "backends.toml:7: backends.portable.chain: chain 'portable' names 'some_plugin',"
+            " which is not installed here; it skips it when it runs",
         ]
+        assert done.stderr.startswith("2 problem(s); 3 of 4 backend(s) "), done.stderr
+        assert done.stderr.endswith(", 1 note(s)\n"), done.stderr
+
+
+def test_a_chain_member_not_installed_here_is_a_note_not_a_failure(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # A portable chain names plugins some machines lack: check passes there, and says so.
+    write(
+        "backends.toml",
+        '[backends.ok]\ntarget = "builtins:len"\n'
+        '[backends.portable]\nchain = ["some_plugin", "other_plugin", "ok", "inductor"]\n',
+    )
+    done = run("check", "--no-torch", cwd=tmp_path)
+    assert done.stdout == (
+        "backends.toml:3: backends.portable.chain: chain 'portable' names 'some_plugin',"
+        " 'other_plugin', which are not installed here; it skips them when it runs\n"
+    )
+    assert done.stderr == "no problems; 2 of 2 backend(s) usable, 1 note(s)\n"
 
 
 def test_check_import_counts_what_it_checked(tmp_path: Path, write: WriteFn) -> None:
@@ -690,19 +712,54 @@ def test_a_remembered_verdict_of_another_shape_is_not_shown(
 # ------------------------------------------------------------------ on this repository
 
 
+def _openvino_notes() -> list[str]:
+    """What check says of this repository's manifest where the openvino plugin is missing."""
+    import importlib.metadata
+
+    if any(
+        ep.name == "openvino"
+        for ep in importlib.metadata.entry_points(group="torch_dynamo_backends")
+    ):
+        return []
+    return [
+        "backends.toml:27: backends.portable.chain: chain 'portable' names 'openvino', which is"
+        " not installed here; it skips it when it runs",
+        "backends.toml:32: backends.auto.by-device: by-device 'auto' names 'openvino', which is"
+        " not installed here; on cpu it fails",
+    ]
+
+
 def test_check_passes_on_this_repositorys_own_manifest_without_torch() -> None:
     done = run("check", "--no-torch", cwd=ROOT)
-    assert done.stdout == ""
-    assert done.stderr == "no problems; 5 of 5 backend(s) usable\n"
+    notes = _openvino_notes()
+    assert done.stdout.splitlines() == notes
+    said = ", 2 note(s)" if notes else ""
+    assert done.stderr == f"no problems; 5 of 5 backend(s) usable{said}\n"
 
 
 def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() -> None:
     done = run("check", "--import", "--no-torch", cwd=ROOT)
-    assert done.stdout.splitlines() == [
+    tensorrt = (
         "backends.toml:21: backends.tensorrt: unavailable here (missing torch_tensorrt);"
-        " not imported: its requires say it may be"
+        " not imported"
+    )
+    notes = _openvino_notes()
+    if not notes:
+        assert done.stdout.splitlines() == [tensorrt]
+        assert done.stderr == (
+            "no problems; 4 of 5 backend(s) imported and usable, 1 unavailable here\n"
+        )
+        return
+    # Without openvino the table by device gives the CPU nothing: unavailable here too.
+    assert done.stdout.splitlines() == [
+        tensorrt,
+        *notes,
+        "backends.toml:32: backends.auto: unavailable here (for the CPU, openvino: unknown"
+        " backend 'openvino'); not imported",
     ]
-    assert done.stderr == "no problems; 4 of 5 backend(s) imported and usable, 1 unavailable here\n"
+    assert done.stderr == (
+        "no problems; 3 of 5 backend(s) imported and usable, 2 unavailable here, 2 note(s)\n"
+    )
 
 
 def test_the_readme_s_isolated_registry_has_no_problems() -> None:

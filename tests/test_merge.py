@@ -162,16 +162,28 @@ def test_unknown_members_are_named_and_a_chain_of_only_unknown_members_says_so()
             found(
                 "project",
                 backend("some", chain=("nope", "ok")),
-                backend("none", chain=("nope1", "nope2")),
+                backend("typo", chain=("okk", "ok")),
+                backend("dead", chain=("nope1", "nope2")),
                 backend("ok"),
             )
-        ]
+        ],
+        pytorch={"inductor"},
     )
     unknown = index.unknown_members()
-    assert "names 'nope', which is no usable backend; fix" in unknown["some"].message
+    assert "names 'nope', which is not installed here; it skips it" in unknown["some"].message
+    assert unknown["some"].severity == "note"
+    assert "(did you mean 'okk' -> 'ok'?)" in unknown["typo"].message
+    assert unknown["typo"].severity == "error"
     assert "'nope1', 'nope2', which are no usable backend; no member can ever" in (
-        unknown["none"].message
+        unknown["dead"].message
     )
+    assert unknown["dead"].severity == "error"
+    # PyTorch's names, not read here, count as names a typo may have meant.
+    typo = merge(
+        [found("project", backend("c", chain=("inductr", "ok")), backend("ok"))],
+        pytorch={"inductor"},
+    )
+    assert "(did you mean 'inductr' -> 'inductor'?)" in typo.unknown_members()["c"].message
 
 
 def test_suggestions_are_computed_once_per_index(counted_gets: list[str]) -> None:

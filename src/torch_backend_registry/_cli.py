@@ -315,7 +315,8 @@ def _explain(args: Arguments) -> int:
     else:
         out.append(f"{info.alias} (alias of {name}: resolves to whatever {name} does)")
     out.extend(_describe(registry, info.definition, _Remembered(registry)(name)))
-    policy = registry.index(with_torch=not args.no_torch).admitted.get(name)
+    # Entry points are admitted without PyTorch read: explaining needs no torch import.
+    policy = registry.index(with_torch=False).admitted.get(name)
     if policy is not None:
         out.append(f"  {'policy:':<13}{policy}")
     if info.shadowed:
@@ -474,8 +475,9 @@ def _report(
     with_torch: bool,
     matched: str | None,
 ) -> int:
-    """Print each problem (and, with ``--import``, each backend unavailable here, which is
-    no problem: ``requires`` says it may be), by file and line; then a summary."""
+    """Print each problem, each note (a chain member not installed here) and, with
+    ``--import``, each backend unavailable here (no problem: ``requires`` says it may
+    be), by file and line; then a summary. Only problems fail the check."""
     index = registry.index(with_torch=with_torch)
     checked = [
         d
@@ -489,8 +491,12 @@ def _report(
         if d.members
         and all(index.get(m) is None and not index.could_be_pytorch(m) for m in d.members)
     }
-    usable = [d for d in checked if d.usable and d.name not in dead]
-    notes: list[Problem] = []
+    looping = index.chain_problems()  # reported already, among the problems
+    usable = [d for d in checked if d.usable and d.name not in dead and d.name not in looping]
+    # A note is worth printing and no fault: a chain member not installed here.
+    notes = [p for p in problems if p.severity == "note"]
+    problems = [p for p in problems if p.severity != "note"]
+    unavailable: list[Problem] = []
     if import_targets:
         from ._definition import Problem
 
@@ -498,8 +504,10 @@ def _report(
             why = registry.why_unavailable(d)
             if why is not None:
                 usable.remove(d)
-                said = f"unavailable here ({why}); not imported: its requires say it may be"
-                notes.append(Problem(said, path=d.source.path, line=d.source.line, key=_key(d)))
+                said = f"unavailable here ({why}); not imported"
+                unavailable.append(
+                    Problem(said, path=d.source.path, line=d.source.line, key=_key(d))
+                )
                 continue
             try:
                 # What a backend prints as it is imported must not mix with this report.
@@ -509,12 +517,15 @@ def _report(
                 usable.remove(d)
                 problems.append(_load_problem(d, exc))
     here = _here()
-    for line in sorted([*problems, *notes], key=lambda p: (p.path or "", p.line or 0)):
+    shown = [*problems, *notes, *unavailable]
+    for line in sorted(shown, key=lambda p: (p.path or "", p.line or 0)):
         print(printable(line.shown(here)))
     what = "imported and usable" if import_targets else "usable"
     summary = f"{len(usable)} of {len(checked)} backend(s) {what}"
+    if unavailable:
+        summary += f", {len(unavailable)} unavailable here"
     if notes:
-        summary += f", {len(notes)} unavailable here"
+        summary += f", {len(notes)} note(s)"
     if matched:
         summary += f"; {matched}"
     if problems:

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     #: Where a definition comes from; SOURCE_KINDS orders them by precedence.
     SourceKind: TypeAlias = Literal["runtime", "env", "project", "entry-point", "torch"]
-    Severity: TypeAlias = Literal["error", "warning"]
+    Severity: TypeAlias = Literal["error", "warning", "note"]
 
 #: The source kinds, highest precedence first: the single source of truth for precedence.
 SOURCE_KINDS: tuple[SourceKind, ...] = ("runtime", "env", "project", "entry-point", "torch")

@@ -22,7 +22,8 @@ The rules, in one place:
 - a chain (or a ``by-device`` table: both run other backends, their members)
   may not name itself, directly or through others, and may nest at most
   :data:`MAX_CHAIN_DEPTH` deep; a member that does not exist is skipped when it
-  runs, and reported by ``check``.
+  runs, and reported by ``check`` (an error when it looks like a typo, or when no
+  member exists).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
 
-    from ._definition import DefaultDeclaration, PluginRule
+    from ._definition import DefaultDeclaration, PluginRule, Severity
 
 #: How many chains may stand inside one another. A chain calls its members in
 #: turn, each a Python call deeper; far beyond any real fallback order.
@@ -162,24 +163,51 @@ class Index:
     def unknown_members(self) -> dict[str, Problem]:
         """Each chain that names a backend that does not exist (here), by name.
 
-        Not fatal: a portable chain skips a member missing on one machine when it
-        runs, but ``check`` reports the name, which is often a typo. A member that
-        may be one of PyTorch's is not reported when PyTorch's registry was not read.
+        A portable chain names backends some machines lack (a plugin not installed
+        here) and skips them when it runs: that is a ``note``. A name close to one
+        that exists is likely a typo, and a chain none of whose members exists can
+        never be used: those are errors. A member that may be one of PyTorch's is not
+        reported when PyTorch's registry was not read.
         """
+        import difflib
+
+        known = [key for key in self.by_key if self.get(key) is not None]
+        if not self.torch_read:
+            known += sorted(self.pytorch)
         problems: dict[str, Problem] = {}
         for definition in self.winners():
             members = dict.fromkeys(definition.members)
             unknown = [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
-            if unknown:
-                names = ", ".join(map(repr, unknown))
-                every = len(unknown) == len(members)
+            if not unknown:
+                continue
+            names = ", ".join(map(repr, unknown))
+            said = f"{_what(definition)} {definition.name!r} names {names}, which"
+            if len(unknown) == len(members):
+                are = "is" if len(unknown) == 1 else "are"
                 problems[definition.name] = chain_error(
                     definition,
-                    f"{_what(definition)} {definition.name!r} names {names}, which"
-                    f" {'is' if len(unknown) == 1 else 'are'} no usable backend"
-                    + ("; no member can ever be used" if every else "")
-                    + "; fix the name or remove it",
+                    f"{said} {are} no usable backend; no member can ever be used;"
+                    " fix the name or remove it",
                 )
+                continue
+            typos = {m: difflib.get_close_matches(m, known, n=1, cutoff=0.75) for m in unknown}
+            meant = [f"{m!r} -> {close[0]!r}" for m, close in typos.items() if close]
+            if meant:
+                problems[definition.name] = chain_error(
+                    definition,
+                    f"{said} {'is' if len(unknown) == 1 else 'are'} no usable backend"
+                    f" (did you mean {', '.join(meant)}?); fix the name or remove it",
+                )
+                continue
+            are = "is" if len(unknown) == 1 else "are"
+            if definition.by_device is None:
+                happens = f"it skips {'it' if len(unknown) == 1 else 'them'} when it runs"
+            else:
+                devices = [device for device, name in definition.by_device if name in unknown]
+                happens = f"on {', '.join(devices)} it fails"
+            problems[definition.name] = chain_error(
+                definition, f"{said} {are} not installed here; {happens}", severity="note"
+            )
         return problems
 
     def chain_problems(self) -> dict[str, Problem]:
@@ -464,7 +492,9 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
     return Problem(message, path=source.path, line=source.line, key=toml_key(key))
 
 
-def chain_error(definition: BackendDefinition, message: str) -> Problem:
+def chain_error(
+    definition: BackendDefinition, message: str, severity: Severity = "error"
+) -> Problem:
     source = definition.source
     prefix = table_prefix(source.path) if source.path is not None else ()
     return Problem(
@@ -472,6 +502,7 @@ def chain_error(definition: BackendDefinition, message: str) -> Problem:
         path=source.path,
         line=source.line,
         key=toml_key((*prefix, "backends", definition.name, _what(definition))),
+        severity=severity,
     )
 
 

@@ -46,7 +46,8 @@ def _short(exc: BaseException) -> str:
         if own not in said:
             said = f"{said.rstrip(':')}: {own}" if said else own
         current = current.__cause__ or getattr(current, "inner_exception", None)
-    return said[:300]
+    # Bounded; the innermost cause, which says most, comes last: keep the end.
+    return said if len(said) <= 300 else f"{said[:99]}…{said[-200:]}"
 
 
 def default_model() -> tuple[Any, tuple[Any, ...]]:
