@@ -285,7 +285,7 @@ REMEMBER = textwrap.dedent(
     registry = tbr.Registry(sources=("env",), environ={"TORCH_BACKENDS_PATH": sys.argv[1]})
     probe = {"model": None, "device": "cpu", "timeout": 300.0}
     found = [
-        (registry.subject(name), probe, tbr.Verdict(name, "ok", 4, seconds=1.0))
+        (registry.subject(name), probe, tbr.Verdict(name, "ok", 4, seconds=1.0), None, [])
         for name in registry.list_backends(exclude_tags=())
     ]
     Verdicts(registry.context.cache).remember(found)

@@ -274,19 +274,15 @@ def _plain(value: object) -> object:
 
 
 def _decode(data: dict[str, Any]) -> Any:
-    import datetime
-
     if len(data) == 1:
         [(tag, value)] = data.items()
         if tag == "{}" and type(value) is list:
             return dict(value)
-        for kind, parse in (
-            ("datetime", datetime.datetime.fromisoformat),
-            ("date", datetime.date.fromisoformat),
-            ("time", datetime.time.fromisoformat),
-        ):
-            if tag == kind and type(value) is str:
-                return parse(value)
+        if tag in ("datetime", "date", "time") and type(value) is str:
+            import datetime  # only a manifest with a TOML date needs it
+
+            kind: Any = getattr(datetime, tag)
+            return kind.fromisoformat(value)
     name = data.get("@")
     if len(data) != 2 or (name != "Discovery" and name not in _CLASSES):
         return data

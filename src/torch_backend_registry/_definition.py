@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import json
     from collections.abc import Callable, Iterable, Mapping
     from typing import Any, Literal, TypeAlias
 
@@ -64,9 +65,14 @@ def canonical(value: object) -> str:
     its keys, writes the same text as a value of another kind (a date and a string,
     a table and an array of pairs); tuples are arrays.
     """
-    import json
+    if not _ENCODER:  # one for every call: json.dumps with options builds one a call
+        import json
 
-    return json.dumps(_typed(value), separators=(",", ":"))
+        _ENCODER.append(json.JSONEncoder(separators=(",", ":")))
+    return _ENCODER[0].encode(_typed(value))
+
+
+_ENCODER: list[json.JSONEncoder] = []
 
 
 def _typed(value: object) -> object:

@@ -149,8 +149,8 @@ def missing_requirements(definition: BackendDefinition) -> list[str]:
 MAX_STAMPED_FILES = 10_000
 
 
-def code_stamp(target: str, folders: Sequence[str] = ()) -> list[object] | None:
-    """What changes when the code ``target`` names is edited: the file its module would be
+def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
+    """What changes when the code of ``module`` is edited: the file it would be
     imported from, with size and modification time, and for a module of a package outside
     the installed ones (a project's own), every ``.py`` file of that package, so that an
     edit of a module it re-exports counts too. ``None`` where the module is not found.
@@ -159,7 +159,6 @@ def code_stamp(target: str, folders: Sequence[str] = ()) -> list[object] | None:
     """
     import os
 
-    module = target.partition(":")[0]
     spec = find(module, folders)
     origin = getattr(spec, "origin", None)
     if not isinstance(origin, str):

@@ -14,7 +14,11 @@ import os
 
 from ._definition import BackendInfo
 from ._errors import BackendRegistryError, warn_problem
+from ._finding import missing_requirements
+from ._identity import identity, reach
 from ._locks import ForkSafeLock
+from ._verdicts import FAILURES, Verdicts
+from ._verdicts import subject as verdict_subject
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,7 +29,6 @@ if TYPE_CHECKING:
     from ._definition import BackendDefinition, Discovery, Problem, SourceKind
     from ._merge import Index
     from ._sources import Context
-    from ._verdicts import Verdicts
 
 
 class Snapshot:
@@ -184,8 +187,6 @@ class Snapshot:
     def verdicts(self) -> Verdicts:
         """Doctor's remembered verdicts, read once."""
         if self._verdicts is None:
-            from ._verdicts import Verdicts
-
             self._verdicts = Verdicts(self.cache)
         return self._verdicts
 
@@ -216,8 +217,6 @@ class Snapshot:
     def _why(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
         if definition in self.available:
             return self.available[definition]
-        from ._finding import missing_requirements
-
         reason: str | None = None
         missing = missing_requirements(definition)
         if missing:
@@ -295,9 +294,6 @@ class Snapshot:
         A chain that skips known failures runs what its members' verdicts say: which
         of them are known to fail belongs to what its own verdict judges.
         """
-        from ._identity import identity, reach
-        from ._verdicts import FAILURES, subject
-
         members = [d for d in reach(index, definition).values() if d is not None]
         version = self.torch_version()
         facts = identity(index, definition, version)
@@ -312,7 +308,7 @@ class Snapshot:
                 if verdict is not None and verdict.status in FAILURES:
                     failing.append(name)
             facts["known_failures"] = failing
-        return subject(facts, [definition, *members], version, stamps)
+        return verdict_subject(facts, [definition, *members], version, stamps)
 
 
 def _static_names() -> frozenset[str]:

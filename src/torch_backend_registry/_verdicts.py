@@ -11,10 +11,13 @@ with ``skip-known-failures`` skips a member with such a verdict of failure.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 from ._definition import canonical
+from ._files import untrusted_folder
+from ._finding import code_stamp, find, installed_stamp, missing_requirements
 from ._verdict import Verdict
 
 TYPE_CHECKING = False
@@ -47,26 +50,25 @@ def subject(
 
     ``stamps`` remembers what was looked at across the calls of one listing.
     """
-    import os
-
-    from ._files import untrusted_folder
-    from ._finding import code_stamp, installed_stamp, missing_requirements
-
     memo: dict[Any, Any] = {} if stamps is None else stamps
     judged = []
     for definition in definitions:
-        key = (definition.target, definition.requires, definition.python_path)
-        if key not in memo:
-            code = None
-            if definition.target is not None and definition.compiler_fn is None:
-                code = code_stamp(definition.target, definition.python_path)
-            trust = [(p, untrusted_folder(p)) for p in definition.python_path]
-            memo[key] = [code, missing_requirements(definition), trust]
-        judged.append(memo[key])
+        folders = definition.python_path
+        module = None  # the stamp is the module's: many backends share one
+        if definition.target is not None and definition.compiler_fn is None:
+            module = definition.target.partition(":")[0]
+        code, needs = ("code", module, folders), ("requires", definition.requires, folders)
+        # Each part kept as its canonical text: a listing writes it once, not once a row.
+        if code not in memo:
+            memo[code] = canonical(None if module is None else code_stamp(module, folders))
+        if needs not in memo:
+            trust = [(p, untrusted_folder(p)) for p in folders]
+            memo[needs] = canonical([missing_requirements(definition), trust])
+        judged.append([memo[code], memo[needs]])
     if "installed" not in memo:
         uname = getattr(os, "uname", None)
         machine = uname().machine if uname is not None else sys.platform
-        memo["installed"] = [installed_stamp(), sys.version, sys.platform, machine]
+        memo["installed"] = canonical([installed_stamp(), sys.version, sys.platform, machine])
     return canonical([identity, judged, memo["installed"], torch_version])
 
 
@@ -110,16 +112,16 @@ class Verdicts:
 
     def latest(self, subject: str) -> Verdict | None:
         """The newest current verdict of ``subject`` on the built-in model and the CPU."""
-        newest: tuple[float, Verdict] | None = None
+        found = []
         for entry in self._entries(subject):
-            verdict = _verdict(entry)
             when, probe = entry.get("when"), entry.get("probe")
-            if verdict is None or not isinstance(probe, dict) or not isinstance(when, float):
+            if not isinstance(probe, dict) or not isinstance(when, float):
                 continue
-            on_built_in = all(probe.get(k) == v for k, v in BUILT_IN.items())
-            if on_built_in and (newest is None or when > newest[0]):
-                newest = (when, verdict)
-        return None if newest is None else newest[1]
+            if all(probe.get(k) == v for k, v in BUILT_IN.items()):
+                found.append((when, entry))
+        found.sort(key=lambda pair: pair[0], reverse=True)
+        # Only the newest that reads back as a verdict is built.
+        return next(filter(None, (_verdict(entry) for _when, entry in found)), None)
 
     def put(self, subject: str, probe: Mapping[str, Any], verdict: Verdict) -> None:
         """Remember ``verdict`` of ``subject`` found by ``probe``."""
@@ -138,8 +140,10 @@ class Verdicts:
             probes = table.get(key)
             if not isinstance(probes, dict):
                 probes = table[key] = {}
+            # What is None takes its default when read back: a listing reads every entry.
+            facts = {fact: value for fact, value in verdict.facts().items() if value is not None}
             probes[canonical(probe)] = {
-                "verdict": verdict.facts(),
+                "verdict": facts,
                 "when": time.time(),
                 "probe": dict(probe),
                 "code": code,
@@ -162,10 +166,6 @@ def _current(entry: object) -> bool:
     missed (still missing)."""
     if not isinstance(entry, dict):
         return False
-    import os
-
-    from ._finding import find
-
     code, missing = entry.get("code"), entry.get("missing") or []
     for stamp in code if isinstance(code, list) else ():
         try:
