@@ -363,11 +363,8 @@ class Registry:
         return self._current().index(with_torch=False).default
 
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
-        """Every problem of the discovered manifests: bad entries, chains, the default.
-
-        A problem whose ``severity`` is ``"note"`` is no fault: a chain member not
-        installed here, which the chain skips when it runs.
-        """
+        """Every problem of the discovered manifests: bad entries, chains, the default (a
+        ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
         return (self._live() if with_torch else self._current()).problems(with_torch)
 
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
