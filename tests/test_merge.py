@@ -184,6 +184,12 @@ def test_unknown_members_are_named_and_a_chain_of_only_unknown_members_says_so()
         pytorch={"inductor"},
     )
     assert "(did you mean 'inductr' -> 'inductor'?)" in typo.unknown_members()["c"].message
+    # A plugin named after another backend is no typo: a note, not an error.
+    plugin = merge(
+        [found("project", backend("c", chain=("inductor_cuda", "ok")), backend("ok"))],
+        pytorch={"inductor"},
+    )
+    assert plugin.unknown_members()["c"].severity == "note"
 
 
 def test_suggestions_are_computed_once_per_index(counted_gets: list[str]) -> None:

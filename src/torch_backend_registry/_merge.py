@@ -190,7 +190,7 @@ class Index:
                     " fix the name or remove it",
                 )
                 continue
-            typos = {m: difflib.get_close_matches(m, known, n=1, cutoff=0.75) for m in unknown}
+            typos = {m: difflib.get_close_matches(m, known, n=1, cutoff=0.8) for m in unknown}
             meant = [f"{m!r} -> {close[0]!r}" for m, close in typos.items() if close]
             if meant:
                 problems[definition.name] = chain_error(
