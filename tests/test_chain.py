@@ -125,6 +125,20 @@ def installed(write: WriteFn, body: str) -> tuple[Registry, str]:
     return registry, f"_{uid}"
 
 
+def verifying(
+    write: WriteFn, members: str, name: str, level: str, **targets: str
+) -> tuple[Registry, str]:
+    """A chain ``name`` that verifies at ``level``; its members, in order, run the
+    functions of the ``members`` module (``member=function``); installed as
+    :func:`installed` does."""
+    chain = ", ".join(f'"{member}_UID"' for member in targets)
+    body = f'[backends.{name}_UID]\nchain = [{chain}]\nverify = "{level}"\n' + "".join(
+        f'[backends.{member}_UID]\ntarget = "{members}:{function}"\n'
+        for member, function in targets.items()
+    )
+    return installed(write, body)
+
+
 def model() -> Any:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Tanh())
@@ -257,21 +271,15 @@ def test_check_judges_a_table_by_the_backend_it_gives_the_cpu(
 def test_a_chain_that_verifies_skips_what_fails_differs_or_has_no_backward(
     write: WriteFn, members: str, logged: list[str]
 ) -> None:
-    _registry, uid = installed(
+    _registry, uid = verifying(
         write,
-        f"""
-        [backends.careful_UID]
-        chain = ["launch_UID", "wrong_UID", "inference_UID", "fine_UID"]
-        verify = "backward"
-        [backends.launch_UID]
-        target = "{members}:fails_at_first_call"
-        [backends.wrong_UID]
-        target = "{members}:wrong"
-        [backends.inference_UID]
-        target = "{members}:inference_only"
-        [backends.fine_UID]
-        target = "{members}:fine"
-        """,
+        members,
+        "careful",
+        "backward",
+        launch="fails_at_first_call",
+        wrong="wrong",
+        inference="inference_only",
+        fine="fine",
     )
     x = torch.randn(5, 4)
     out = torch.compile(model(), backend=f"careful{uid}")(x)
@@ -288,17 +296,8 @@ def test_a_chain_that_verifies_skips_what_fails_differs_or_has_no_backward(
 def test_verifying_at_the_forward_level_keeps_an_inference_backend(
     write: WriteFn, members: str, logged: list[str]
 ) -> None:
-    _registry, uid = installed(
-        write,
-        f"""
-        [backends.serving_UID]
-        chain = ["inference_UID", "fine_UID"]
-        verify = "forward"
-        [backends.inference_UID]
-        target = "{members}:inference_only"
-        [backends.fine_UID]
-        target = "{members}:fine"
-        """,
+    _registry, uid = verifying(
+        write, members, "serving", "forward", inference="inference_only", fine="fine"
     )
     torch.compile(model(), backend=f"serving{uid}")(torch.randn(5, 4))
     assert logged[-1] == (
@@ -307,16 +306,7 @@ def test_verifying_at_the_forward_level_keeps_an_inference_backend(
 
 
 def test_verifying_changes_no_state_of_the_model(write: WriteFn, members: str) -> None:
-    _registry, uid = installed(
-        write,
-        f"""
-        [backends.careful_UID]
-        chain = ["fine_UID"]
-        verify = "backward"
-        [backends.fine_UID]
-        target = "{members}:fine"
-        """,
-    )
+    _registry, uid = verifying(write, members, "careful", "backward", fine="fine")
     x = torch.randn(8, 4)
     torch.manual_seed(1)
     eager = torch.nn.Sequential(
@@ -336,38 +326,17 @@ def test_verifying_changes_no_state_of_the_model(write: WriteFn, members: str) -
     assert all(p.grad is None for p in compiled.parameters())
 
 
-WRONG_THEN_FINE = """
-[backends.careful_UID]
-chain = ["wrong_UID", "fine_UID"]
-verify = "LEVEL"
-[backends.wrong_UID]
-target = "MEMBERS:wrong"
-[backends.fine_UID]
-target = "MEMBERS:fine"
-"""
-
-
 def careful(write: WriteFn, members: str, level: str = "forward") -> str:
     """A verifying chain of a member that adds 1 to every output, then a right one."""
-    body = WRONG_THEN_FINE.replace("LEVEL", level).replace("MEMBERS", members)
-    _registry, uid = installed(write, body)
+    _registry, uid = verifying(write, members, "careful", level, wrong="wrong", fine="fine")
     return f"careful{uid}"
 
 
 def test_the_next_member_gets_the_graph_as_it_came_and_is_held_to_it(
     write: WriteFn, members: str, logged: list[str]
 ) -> None:
-    _registry, uid = installed(
-        write,
-        f"""
-        [backends.passes_UID]
-        chain = ["rewrites_UID", "fine_UID"]
-        verify = "forward"
-        [backends.rewrites_UID]
-        target = "{members}:rewrites_in_place"
-        [backends.fine_UID]
-        target = "{members}:fine"
-        """,
+    _registry, uid = verifying(
+        write, members, "passes", "forward", rewrites="rewrites_in_place", fine="fine"
     )
     out = torch.compile(lambda x: x * 3, backend=f"passes{uid}")(torch.ones(2))
     assert out.tolist() == [3.0, 3.0]
@@ -407,17 +376,8 @@ def test_a_graph_may_write_an_input_that_requires_grad(
 def test_what_cannot_be_compared_with_eager_is_a_difference(
     write: WriteFn, members: str, logged: list[str]
 ) -> None:
-    registry, uid = installed(
-        write,
-        f"""
-        [backends.mixed_UID]
-        chain = ["tensor_for_int_UID", "fine_UID"]
-        verify = "forward"
-        [backends.tensor_for_int_UID]
-        target = "{members}:tensor_for_int"
-        [backends.fine_UID]
-        target = "{members}:fine"
-        """,
+    registry, uid = verifying(
+        write, members, "mixed", "forward", tensor_for_int="tensor_for_int", fine="fine"
     )
 
     # A graph that gives an int beside a tensor, called as torch.compile calls a backend.
