@@ -488,8 +488,7 @@ def _report(
     dead = {
         d.name
         for d in checked
-        if d.members
-        and all(index.get(m) is None and not index.could_be_pytorch(m) for m in d.members)
+        if d.members and len(index.missing_members(d)) == len(set(d.members))
     }
     looping = index.chain_problems()  # reported already, among the problems
     usable = [d for d in checked if d.usable and d.name not in dead and d.name not in looping]

@@ -160,6 +160,12 @@ class Index:
 
     # ----------------------------------------------------------------- validating
 
+    def missing_members(self, definition: BackendDefinition) -> list[str]:
+        """The members of a chain (or table) that exist nowhere here, each once. A name
+        that may be one of PyTorch's is not missing when PyTorch's registry was not read."""
+        members = dict.fromkeys(definition.members)
+        return [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
+
     def unknown_members(self) -> dict[str, Problem]:
         """Each chain that names a backend that does not exist (here), by name.
 
@@ -176,13 +182,12 @@ class Index:
             known += sorted(self.pytorch)
         problems: dict[str, Problem] = {}
         for definition in self.winners():
-            members = dict.fromkeys(definition.members)
-            unknown = [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
+            unknown = self.missing_members(definition)
             if not unknown:
                 continue
             names = ", ".join(map(repr, unknown))
             said = f"{_what(definition)} {definition.name!r} names {names}, which"
-            if len(unknown) == len(members):
+            if len(unknown) == len(set(definition.members)):
                 are = "is" if len(unknown) == 1 else "are"
                 problems[definition.name] = chain_error(
                     definition,
