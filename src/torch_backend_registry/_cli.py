@@ -476,8 +476,8 @@ def _report(
     matched: str | None,
 ) -> int:
     """Print each problem, each note (a chain member not installed here) and, with
-    ``--import``, each backend unavailable here (no problem: ``requires`` says it may
-    be), by file and line; then a summary. Only problems fail the check."""
+    ``--import``, each backend that cannot be used here (a missing requirement, a table
+    whose CPU backend is missing), by file and line; then a summary. Only problems fail."""
     index = registry.index(with_torch=with_torch)
     checked = [
         d
