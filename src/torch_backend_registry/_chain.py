@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 
 from ._errors import BackendChainError, BackendRegistryError
 from ._finding import missing_requirements
 from ._loader import call_options
+from ._verify import leaves
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator, Mapping
     from contextlib import AbstractContextManager
     from typing import Any
 
@@ -76,12 +79,16 @@ class ChainBackend:
         pristine: _Pristine | None = None
         for member in self.members:
             skipped = self._skip(member)
+            compiler = None
             if skipped is None:
                 try:
                     compiler = self._lookup(member)
                 except BackendRegistryError as exc:
                     skipped = str(exc), logging.WARNING
-            if skipped is None:
+            if compiler is not None:
+                # What torch.compile(backend=member, ...) would hand it; a member that takes no
+                # such argument is the caller's mistake, said at once, not a member to skip.
+                compile_fn = member_compiler(name, self._info(member).definition, compiler, kwargs)
                 if pristine is None:  # before any member sees the graph: it may rewrite it
                     pristine = _Pristine(gm)
                     if self.definition.verify is not None:
@@ -90,8 +97,9 @@ class ChainBackend:
                     pristine.restore()
                 try:
                     with self._compiling():
-                        options = call_options(compiler, member, kwargs)
-                        compiled = compiler(gm, example_inputs, **options)
+                        compiled = compile_fn(gm, example_inputs)
+                except passed_through():
+                    raise
                 except Exception as exc:
                     skipped = f"compiling raised {type(exc).__name__}: {exc}", logging.WARNING
                 else:
@@ -105,6 +113,7 @@ class ChainBackend:
                         self.used = member
                         return compiled
                     skipped = f"verifying it failed: {why}", logging.WARNING
+            assert skipped is not None
             reason, level = skipped
             failures.append((member, reason))
             logger.log(level, "backend %r: skipping %r: %s", name, member, reason)
@@ -112,8 +121,6 @@ class ChainBackend:
 
     def _compiling(self) -> AbstractContextManager[object]:
         """How members are compiled: as they would be, or ready to be verified."""
-        import contextlib
-
         if self.definition.verify is None:
             return contextlib.nullcontext()
         from ._verify import compiling
@@ -133,31 +140,49 @@ class _Pristine:
     and then fail, and the next member must get the graph as it came."""
 
     def __init__(self, gm: Any) -> None:
-        import copy
-
         self.gm = gm
         graph = getattr(gm, "graph", None)
-        self.graph = (
-            copy.deepcopy(graph) if hasattr(gm, "recompile") and graph is not None else None
-        )
+        self.graph = copy_graph(graph) if hasattr(gm, "recompile") and graph is not None else None
 
     def restore(self) -> None:
         if self.graph is not None:
-            import copy
-
-            self.gm.graph = copy.deepcopy(self.graph)
+            self.gm.graph = copy_graph(self.graph)
             self.gm.recompile()
+
+
+def copy_graph(graph: Any) -> Any:
+    """A copy of an FX graph that keeps what dynamo set on its nodes besides ``meta``.
+
+    ``copy.deepcopy`` copies each node's ``meta`` only; dynamo also sets attributes of its
+    own (``_dynamo_source`` on each placeholder), which AOTAutograd, and so inductor and
+    aot_eager, refuse to compile without. PyTorch's own passes carry them over by hand
+    (``propagate_dynamo_source``); this carries every one, node by node.
+    """
+    import copy
+
+    copied = copy.deepcopy(graph)
+    for old, new in zip(graph.nodes, copied.nodes, strict=True):
+        mine = vars(new)
+        for key, value in vars(old).items():
+            if key not in mine:
+                setattr(new, key, value)
+    return copied
 
 
 class DeviceBackend:
     """Compiles with the backend its ``by-device`` table names for the device type of the
-    graph's inputs (as ``torch.device(...).type`` names it), ``other`` for any not listed."""
+    graph (as ``torch.device(...).type`` names it), ``other`` for any not listed."""
 
     def __init__(
-        self, definition: BackendDefinition, *, lookup: Callable[[str], Callable[..., Any]]
+        self,
+        definition: BackendDefinition,
+        *,
+        lookup: Callable[[str], Callable[..., Any]],
+        info: Callable[[str], BackendInfo],
     ) -> None:
         self.definition = definition
         self._lookup = lookup
+        self._info = info
         self.table = dict(definition.by_device or ())
         #: The member the last compile used.
         self.used: str | None = None
@@ -196,15 +221,83 @@ class DeviceBackend:
         )
         self.used = member
         compiler = self._lookup(member)
-        return compiler(gm, example_inputs, **call_options(compiler, member, kwargs))
+        compile_fn = member_compiler(
+            self.definition.name, self._info(member).definition, compiler, kwargs
+        )
+        return compile_fn(gm, example_inputs)
+
+
+def member_compiler(
+    owner: str,
+    definition: BackendDefinition,
+    compiler: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+) -> Callable[[Any, Any], Any]:
+    """How ``torch.compile(backend=member, **kwargs)`` would compile with a member, named
+    alone: PyTorch's own ``inductor`` through the wrapper torch.compile puts around it, which
+    applies ``mode`` and ``options`` to inductor's configuration; any other backend with
+    them as keyword arguments. Raises, before anything compiles, where the member cannot
+    take them (a :class:`TypeError` naming the argument, inductor's own error for an option
+    it does not know)."""
+    if definition.source.kind == "torch" and definition.name == "inductor":
+        import torch
+
+        wrapper: Callable[[Any, Any], Any] = torch._TorchCompileInductorWrapper(
+            kwargs.get("mode"), kwargs.get("options"), None
+        )
+        return wrapper
+    try:
+        options = call_options(compiler, definition.name, kwargs)
+    except TypeError as exc:
+        given = ", ".join(f"{key}=..." for key in kwargs)
+        raise TypeError(
+            f"backend {owner!r}: its member {definition.name!r} cannot take what"
+            f" torch.compile was given ({given}), as torch.compile(backend="
+            f"{definition.name!r}) could not: {exc}"
+        ) from None
+    if not options:
+        return compiler
+    import functools
+
+    return functools.partial(compiler, **options)
+
+
+def passed_through() -> tuple[type[BaseException], ...]:
+    """What a chain lets through a member's compile rather than skip the member for: the
+    signals dynamo itself lets through a compiler call to act on, a restart of its analysis
+    (``TensorifyScalarRestartAnalysis`` under ``dynamic=True``) and a frame to skip. Any
+    other exception is a member failing."""
+    import torch._dynamo.exc as exc
+
+    names = ("RestartAnalysis", "SkipFrame")
+    return tuple(getattr(exc, name) for name in names if hasattr(exc, name))
 
 
 def device_type(gm: Any, example_inputs: Any) -> str:
-    """The device a graph runs on: that of its tensor inputs (then of its own parameters and
-    buffers), the first that is not the CPU where they are on several; else ``cpu``."""
-    import itertools
+    """The device a graph runs on: that of its tensor inputs, then of its own parameters and
+    buffers, then of the values its nodes make (a graph may create its own tensors); the
+    first that is not the CPU where there are several; else ``cpu``."""
+    return next((t for t in _device_types(gm, example_inputs) if t != "cpu"), "cpu")
 
-    tensors = [x for x in example_inputs if hasattr(x, "device") and hasattr(x, "dtype")]
-    state = itertools.chain(gm.parameters(), gm.buffers()) if hasattr(gm, "parameters") else ()
-    types = [t.device.type for t in itertools.chain(tensors, state)]
-    return next((t for t in types if t != "cpu"), "cpu")
+
+def _device_types(gm: Any, example_inputs: Any) -> Iterator[str]:
+    for x in example_inputs:
+        if hasattr(x, "device") and hasattr(x, "dtype"):
+            yield x.device.type
+    if hasattr(gm, "parameters"):
+        for t in itertools.chain(gm.parameters(), gm.buffers()):
+            yield t.device.type
+    graph = getattr(gm, "graph", None)
+    for node in getattr(graph, "nodes", ()):
+        # dynamo records each value a node gives (a fake tensor) in its meta.
+        meta = getattr(node, "meta", {})
+        for value in leaves(meta.get("example_value", meta.get("val"))):
+            device = getattr(value, "device", None)
+            if device is not None and hasattr(value, "dtype"):
+                yield device.type
+        device = getattr(node, "kwargs", {}).get("device")
+        if device is not None:
+            import torch
+
+            with contextlib.suppress(RuntimeError, TypeError, ValueError):
+                yield torch.device(device).type

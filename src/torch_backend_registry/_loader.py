@@ -92,12 +92,10 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     if folders:
         python_path_finder().keep(folders)
     if definition.options:
-        wrong = refused_options(obj, definition.options, target)
+        wrong = refused_options(obj, definition.options)
         if wrong:
-            (key, message), others = wrong[0], [k for k, _m in wrong[1:]]
-            if others:
-                message += f"; nor are {', '.join(map(repr, others))}"
-            raise _option_error(definition, key, message)
+            message = refusal(wrong, accepted_options(obj) or [], target, manifest=True)
+            raise _option_error(definition, wrong[0][0], message)
         import functools
 
         bound = functools.partial(obj, **definition.options)
@@ -106,44 +104,88 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-def refused_options(fn: Any, keys: Iterable[str], target: str) -> list[tuple[str, str]]:
-    """Each key ``fn`` takes no keyword argument of, with why: it has no such parameter
-    (beyond the graph and its example inputs) and no ``**kwargs``. A function whose
-    signature cannot be read is taken at its word."""
+def refused_options(fn: Any, keys: Iterable[str]) -> list[tuple[str, str | None]]:
+    """Each key ``fn`` takes no keyword argument of, with the closest it takes (or ``None``).
+    See :func:`accepted_options` for what it takes."""
+    accepted = accepted_options(fn)
+    if accepted is None:
+        return []
+    import difflib
+
+    return [
+        (key, next(iter(difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)), None))
+        for key in keys
+        if key not in accepted
+    ]
+
+
+def refusal(
+    refused: Sequence[tuple[str, str | None]],
+    accepted: Sequence[str],
+    target: str,
+    *,
+    manifest: bool,
+) -> str:
+    """The sentence that refuses options: each named, each with the parameter it was likely
+    meant for, else what ``target`` takes. A ``manifest`` option written for a compiler that
+    takes its options as one table is shown how to write it so."""
+    keys = [key for key, _close in refused]
+    quoted = [repr(key) for key in keys]
+    names = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if quoted[1:] else quoted)
+    if len(keys) == 1:
+        said = f"option {names} is not a parameter of {target}"
+    else:
+        said = f"options {names} are not parameters of {target}"
+    meant = [(key, close) for key, close in refused if close is not None]
+    if meant:
+        if len(keys) == 1:
+            return f"{said}; did you mean {meant[0][1]!r}?"
+        guesses = ", ".join(f"{close!r} for {key!r}" for key, close in meant)
+        said = f"{said}; did you mean {guesses}?"
+        if len(meant) == len(keys):
+            return said
+        return f"{said} It takes {', '.join(map(repr, accepted))}"
+    if manifest and "options" in accepted:  # written for torch.compile(options={...})
+        table = f"options = {{ options = {{ {keys[0]} = ... }} }}"
+        return f"{said}; it takes its options as one table: {table}"
+    if accepted:
+        return f"{said}; it takes {', '.join(map(repr, accepted))}"
+    return f"{said}; it takes none"
+
+
+def accepted_options(fn: Any) -> list[str] | None:
+    """The keyword arguments ``fn`` takes besides the graph and its example inputs, in the
+    order of its signature; ``None`` for any (``**kwargs`` that go nowhere known, or a
+    signature that cannot be read)."""
     import inspect
 
-    try:
-        # A wrapper's own signature: functools.wraps points at the wrapped function,
-        # whose parameters may be fewer than the wrapper takes.
-        parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
-    except (TypeError, ValueError):
-        return []
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return []
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    taken = {p.name for p in positional[:2]}  # the graph module and its example inputs
-    accepted = [
-        p.name
-        for p in parameters
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in taken
-    ]
-    refused = []
-    for key in keys:
-        if key not in accepted:
-            import difflib
-
-            close = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
-            if close:
-                hint = f"did you mean {close[0]!r}?"
-            elif "options" in accepted:  # written for torch.compile(options={...})
-                wrapped = f"options = {{ options = {{ {key} = ... }} }}"
-                hint = f"it takes its options as one table: {wrapped}"
-            elif accepted:
-                hint = f"it takes {', '.join(map(repr, accepted))}"
-            else:
-                hint = "it takes none"
-            refused.append((key, f"option {key!r} is not a parameter of {target}; {hint}"))
-    return refused
+    accepted: list[str] = []
+    seen: set[int] = set()
+    while id(fn) not in seen:
+        seen.add(id(fn))
+        try:
+            # A wrapper's own signature: functools.wraps points at the wrapped function,
+            # whose parameters may be fewer than the wrapper takes.
+            parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        positional = [
+            p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        taken = {p.name for p in positional[:2]}  # the graph module and its example inputs
+        accepted.extend(
+            p.name
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in taken
+            and p.name not in accepted
+        )
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return accepted
+        fn = getattr(fn, "__wrapped__", None)  # its **kwargs go on to what it wraps
+        if fn is None:
+            return None
+    return None
 
 
 def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,14 +195,16 @@ def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]
     manifest's option would be, for one ``fn`` does not take."""
     passed = dict(given)
     options = passed.pop("options", None)
-    if options is not None and refused_options(fn, ["options"], name):
+    if options is not None and refused_options(fn, ["options"]):
         passed.update(options)
     elif options is not None:
         passed["options"] = options
     from ._definition import target_of
 
-    for _key, message in refused_options(fn, passed, target_of(fn) or f"backend {name!r}"):
-        raise TypeError(message)
+    refused = refused_options(fn, passed)
+    if refused:
+        target = target_of(fn) or f"backend {name!r}"
+        raise TypeError(refusal(refused, accepted_options(fn) or [], target, manifest=False))
     return passed
 
 
