@@ -29,11 +29,19 @@ def main() -> int:
     print("imported now?", "demo_backends" in sys.modules)
 
     # The manifest's default ("portable", a chain that verifies): no TensorRT on a
-    # CPU machine, so it falls back to OpenVINO (an entry point) or Inductor, keeping
-    # the first whose forward pass matches eager's.
+    # CPU machine, so for inference (no gradients) it falls back to OpenVINO (an entry
+    # point) or Inductor, keeping the first whose forward pass matches eager's.
     torch._dynamo.reset()
-    out = torch.compile(model)(x)
+    with torch.no_grad():
+        out = torch.compile(model)(x)
     print("portable matches eager:", torch.allclose(out, model(x), atol=1e-2))
+
+    # For training, OpenVINO gives no backward pass (its outputs do not require grad):
+    # verifying sees that too, and the chain takes the next member.
+    torch._dynamo.reset()
+    compiled = torch.compile(model)
+    compiled(x).sum().backward()
+    print("portable trains:", all(p.grad is not None for p in model.parameters()))
 
     # "auto" picks by the device of the graph's inputs: the CPU's backend here.
     torch._dynamo.reset()

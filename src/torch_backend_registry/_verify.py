@@ -69,16 +69,28 @@ class Reference:
     ) -> None:
         import torch
 
-        self.gm, self.inputs = gm, list(example_inputs)
+        self.gm = gm
         self.asked = level
-        self.backward = level == "backward" and torch.is_grad_enabled()
+        #: Whether the graph is compiled for training: its outputs must then require grad
+        #: where eager's do, whatever the level.
+        self.training = torch.is_grad_enabled()
+        self.backward = level == "backward" and self.training
         self.close: tuple[float | None, float | None] = (rtol, atol)
         self.eager: list[Any] = []
         self.written: list[Any] = []
         self.gradients: tuple[Any, ...] | None = None
         self.unverified: str | None = None
-        if any(type(x).__name__ == "FakeTensor" for x in self.inputs):
+        #: For each tensor output, whether eager's requires grad.
+        self.requires_grad: list[bool] = []
+        if any(type(x).__name__ == "FakeTensor" for x in example_inputs):
+            self.inputs: list[Any] = []
             self.unverified = "fake inputs have no values to run on"
+            return
+        try:
+            # Under dynamic=True, sizes come as symbols: each is run at the value it stands for.
+            self.inputs = [_concrete(x) for x in example_inputs]
+        except ValueError as exc:
+            self.unverified = str(exc)
             return
         try:
             with _generators():
@@ -93,6 +105,7 @@ class Reference:
             self.unverified = f"the graph run eagerly raised {type(exc).__name__}: {exc}"
             return
         self.eager = [o.detach() if _tensor(o) else o for o in leaves(out)]
+        self.requires_grad = [o.requires_grad for o in leaves(out) if _tensor(o)]
         self.written = [x.detach() for x in passed]
 
     @property
@@ -124,6 +137,7 @@ class Reference:
             return f"running it raised {type(exc).__name__}: {exc}"
         try:
             why = differ(self.eager, leaves(out), "output", *self.close)
+            why = why or self._same_requires_grad(leaves(out))
             why = why or differ(self.written, passed, "input", *self.close)
             if why is None and self.gradients is not None:
                 why = self._same_gradients(out, grads)
@@ -131,12 +145,30 @@ class Reference:
             return f"comparing it with eager raised {type(exc).__name__}: {exc}"
         return why
 
+    def _same_requires_grad(self, out: list[Any]) -> str | None:
+        """Where the graph is compiled for training, an output that does not require grad
+        where eager's does gives no backward pass: ``loss.backward()`` would fail far from
+        here."""
+        if not self.training:
+            return None
+        tensors = [o for o in out if _tensor(o)]
+        if any(self.requires_grad) and not any(o.requires_grad for o in tensors):
+            return "no output requires grad, where eager's do: it gives no backward pass"
+        for number, (eager, got) in enumerate(zip(self.requires_grad, tensors, strict=False)):
+            if eager and not got.requires_grad:
+                return (
+                    f"output {number} does not require grad where eager's does: its"
+                    " gradient would be lost in training"
+                )
+        return None
+
     def _run(self, fn: Callable[..., Any], grad: bool) -> tuple[Any, list[Any], list[Any]]:
         """``fn`` on fresh copies, the graph's own state put back. Returns what it gave,
         the inputs as it left them, and the leaves to differentiate by."""
         import torch
 
-        passed, grads = _copies(self.inputs, grad)
+        passed, grads = _copies(self.inputs, self.training)
+        grads = grads if grad else []
         state = {name: t.detach().clone() for name, t in self.gm.state_dict(keep_vars=True).items()}
         try:
             out = fn(*passed)
@@ -174,6 +206,20 @@ class Reference:
         return differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", *self.close)
 
 
+def _concrete(value: Any) -> Any:
+    """The value a symbolic size (``SymInt``, ``SymFloat``, ``SymBool``) stands for in this
+    compile, as dynamo recorded it; anything else as it is. A :class:`ValueError` where a
+    symbol has no such value."""
+    import torch
+
+    if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return value
+    hint = getattr(getattr(value, "node", None), "hint", None)
+    if hint is None:
+        raise ValueError(f"the symbolic input {value} has no concrete value to run on")
+    return hint
+
+
 def _tensor(x: object) -> bool:
     import torch
 
@@ -182,8 +228,9 @@ def _tensor(x: object) -> bool:
 
 def _copies(inputs: Sequence[Any], grad: bool) -> tuple[list[Any], list[Any]]:
     """Copies of the tensor inputs, parameters included, in one ``deepcopy`` (inputs that
-    share memory still do); with ``grad``, the leaves to differentiate by, each given to
-    the graph through a clone of its own (a graph may write its inputs in place)."""
+    share memory still do); with ``grad``, each input that requires grad is a leaf that does
+    too (returned, to differentiate by), given to the graph through a clone of its own (a
+    graph may write its inputs in place)."""
     import copy
 
     tensors = {i: x.detach() for i, x in enumerate(inputs) if _tensor(x)}
@@ -251,9 +298,16 @@ def differ(
             if kind != (expected.shape, expected.dtype):
                 return f"{what} {number} is {kind}, eager gives {(expected.shape, expected.dtype)}"
             continue
+        # Integers, booleans and the like are exact: an index or a count is right or wrong.
+        exact = not (expected.is_floating_point() or expected.is_complex())
+        tolerances = (0.0, 0.0) if exact else (rtol, atol)
         try:
-            torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+            torch.testing.assert_close(
+                got, expected, rtol=tolerances[0], atol=tolerances[1], equal_nan=True
+            )
         except (AssertionError, TypeError) as exc:
+            if exact:
+                return f"{what} {number} ({expected.dtype}) differs from eager's: {summary(exc)}"
             limits = f"rtol={rtol}, atol={atol}"
             return f"{what} {number} differs from eager beyond {limits}: {summary(exc)}"
     return None
