@@ -7,6 +7,7 @@ importing it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from ._definition import BackendDefinition, Source, target_of
@@ -80,18 +81,55 @@ def dynamo_imported() -> bool:
     return "torch._dynamo" in sys.modules
 
 
-def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
-    """What PyTorch's registry holds now, by name, less ``entry_points`` (not loaded) and
-    this library's stand-ins; ``None`` while ``torch._dynamo`` is not imported. Dict reads."""
-    dynamo: Any = sys.modules.get("torch._dynamo")
-    if dynamo is None:
+#: Where PyTorch keeps its registry: ``_COMPILER_FNS``, the backends it has loaded, by name.
+REGISTRY_MODULE = "torch._dynamo.backends.registry"
+
+#: Plugins' own registrations (``torch._dynamo.register_backend`` at import) of a name this
+#: library's stand-in holds in PyTorch's registry, kept here instead (see ``_torch``): they
+#: are still PyTorch's registry's definitions of that name, shadowed by the registry's.
+DISPLACED: dict[str, Any] = {}
+
+
+def loaded_backends() -> dict[str, Any] | None:
+    """The backends PyTorch's registry has loaded, by name; ``None`` while torch.compile's
+    registry is not imported. A dict read: an entry point PyTorch knows of but has not
+    loaded (a plugin since upgraded or removed, say) is neither loaded nor looked at."""
+    module: Any = sys.modules.get(REGISTRY_MODULE)
+    if module is None:
         return None
+    found = getattr(module, "_COMPILER_FNS", None)
+    if isinstance(found, dict):
+        return dict(found)
+    # Another layout: ask by name, each alone, for the names that are not entry points.
+    dynamo: Any = sys.modules.get("torch._dynamo")
+    loaded: dict[str, Any] = {}
     try:
         names = dynamo.list_backends(exclude_tags=())
-        found = {name: dynamo.lookup_backend(name) for name in names if name not in entry_points}
     except Exception:
+        return loaded
+    for name in names:
+        point = getattr(module, "_BACKENDS", {}).get(name)
+        if point is None:  # registered by code, not an entry point it would load now
+            with contextlib.suppress(Exception):
+                loaded[name] = dynamo.lookup_backend(name)
+    return loaded
+
+
+def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
+    """What PyTorch's registry holds now, by name: what it has loaded, less ``entry_points``
+    and this library's stand-ins, with the registrations a stand-in displaced; ``None`` while
+    ``torch._dynamo`` is not imported. Dict reads: nothing is loaded."""
+    found = loaded_backends()
+    if found is None:
         return None
-    return {name: fn for name, fn in found.items() if getattr(fn, STAND_IN, False) is not True}
+    held = {
+        name: fn
+        for name, fn in found.items()
+        if name not in entry_points and getattr(fn, STAND_IN, False) is not True
+    }
+    for name, fn in list(DISPLACED.items()):
+        held.setdefault(name, fn)
+    return held
 
 
 def own(fn: object) -> bool:

@@ -139,22 +139,21 @@ class Registry:
         for listener in listeners:  # outside the lock: the torch bridge takes its own first
             listener(self)
 
-    def _resolving(self, name: str) -> tuple[Snapshot, Index]:
-        """The snapshot and index to resolve ``name`` in. PyTorch's backends, the lowest
-        source, are read (importing torch) on a miss, or once torch.compile's registry is
-        loaded anyway; a name PyTorch's registry gained since is found at once."""
+    def _resolving(self, name: str, *, shadows: bool = False) -> tuple[Snapshot, Index]:
+        """The snapshot and index to resolve ``name`` in. A name another source defines needs
+        nothing of PyTorch's registry (the lowest source), unless what it ``shadows`` is
+        asked for; PyTorch's backends are read (importing torch) on a miss, and a name its
+        registry gained since is found at once."""
         snapshot = self._current()
         index = snapshot.index(with_torch=False)
         if "torch" not in self._kinds:
             return snapshot, index
         from ._pytorch import dynamo_imported
 
-        if name in index.by_key and not dynamo_imported():
+        if name in index.by_key and not (shadows and dynamo_imported()):
             return snapshot, index
+        snapshot = self._live()
         index = snapshot.index()
-        if name not in index.by_key:
-            snapshot = self._live()
-            index = snapshot.index()
         return snapshot, index
 
     # ------------------------------------------------------------------ registering
@@ -267,7 +266,7 @@ class Registry:
                     known_failure=skip,
                 )
                 if definition.by_device is None
-                else DeviceBackend(definition, lookup=self.lookup_backend)
+                else DeviceBackend(definition, lookup=self.lookup_backend, info=self.backend_info)
             )
         else:
             from ._loader import load_target
@@ -322,7 +321,7 @@ class Registry:
     def backend_info(self, name: str) -> BackendInfo:
         """What ``name`` resolves to: its definition, the lower definitions of that name
         it shadows, and the alias asked for. Imports nothing."""
-        return self._resolving(name)[1].info(name)
+        return self._resolving(name, shadows=True)[1].info(name)
 
     def why_unavailable(self, definition: BackendDefinition | BackendInfo) -> str | None:
         """Why ``definition`` cannot be used here, or ``None`` when it can, without importing.

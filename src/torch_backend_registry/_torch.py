@@ -1,15 +1,24 @@
 """The bridge to torch.compile: install() puts a registry's backends into PyTorch's registry.
 
-Only public or long-stable parts of ``torch._dynamo`` are used:
-``list_backends``, ``lookup_backend``, ``register_backend`` and
-``torch.compiler.set_default_backend``.
+What it uses of PyTorch: ``torch._dynamo.list_backends``, ``register_backend``,
+``torch.compiler.set_default_backend``, and the registry module's own dict of
+loaded backends, ``_COMPILER_FNS`` (stable since torch 2.0), for the one thing no
+public function does: a plugin that registers its own name when it is imported
+(``@torch._dynamo.register_backend(name="tensorrt")`` in torch-tensorrt, ipex,
+torch_npu) where a stand-in of this library holds that name. PyTorch's
+``register_backend`` would raise ``duplicate name``; instead, while stand-ins are
+installed, it keeps such a registration aside as PyTorch's registry's definition
+of that name (``_pytorch.DISPLACED``), below the registry's by precedence, so
+that ``torch.compile`` and ``lookup_backend`` still run the same backend.
 """
 
 from __future__ import annotations
 
+import functools
+
 from ._errors import BackendRegistryError, warn
 from ._locks import ForkSafeLock
-from ._pytorch import STAND_IN, torch_available
+from ._pytorch import DISPLACED, REGISTRY_MODULE, STAND_IN, own, torch_available
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -71,6 +80,7 @@ def install(registry: Registry) -> None:
     # PyTorch registers its own backends and reads its entry points now, so that a
     # later import of its backends cannot collide with ours.
     _dynamo().list_backends(exclude_tags=())
+    _let_plugins_register()
     registry.on_change(_follow)
     _install_names(registry)
     _apply_default(registry)
@@ -98,14 +108,71 @@ def _install_names(registry: Registry) -> None:
             try:
                 dynamo.register_backend(proxy, name=name, tags=tags)
             except AssertionError:
-                # PyTorch raises AssertionError("duplicate name") for a name it has
-                # loaded already: an entry point someone compiled with before install().
-                warn(
-                    f"backend {name!r} is not installed into torch.compile: PyTorch has"
-                    " loaded a backend of that name already; call install() first"
-                )
-                continue
+                # PyTorch raises AssertionError("duplicate name") for a name it holds: a
+                # plugin's own registration, or an entry point compiled with before install().
+                if not _hold(name, proxy, tags):
+                    warn(
+                        f"backend {name!r} is not installed into torch.compile: PyTorch's own"
+                        " backend of that name is there already"
+                    )
+                    continue
             _INSTALLED[name] = proxy
+
+
+def _registry_module() -> Any:
+    import sys
+
+    return sys.modules[REGISTRY_MODULE]
+
+
+def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
+    """Put ``proxy`` under ``name`` in place of what a plugin registered there, which is
+    kept aside (still PyTorch's registry's definition of the name, shadowed by the
+    registry's); ``False`` where PyTorch's own backend holds the name."""
+    loaded = getattr(_registry_module(), "_COMPILER_FNS", None)
+    held = loaded.get(name) if isinstance(loaded, dict) else None
+    if held is None or own(held):
+        return False
+    DISPLACED[name] = held
+    proxy._tags = tuple(tags)  # type: ignore[attr-defined]  # what PyTorch's listing reads
+    loaded[name] = proxy  # type: ignore[index]
+    return True
+
+
+def _let_plugins_register() -> None:
+    """Make PyTorch's ``register_backend`` keep aside a registration of a name a stand-in
+    holds, rather than raise (see the module's docstring). Once a process: every
+    ``register_backend`` PyTorch exports is replaced by one that does so."""
+    import torch._dynamo
+
+    module = _registry_module()
+    original = module.register_backend
+    if getattr(original, STAND_IN, False):
+        return
+
+    @functools.wraps(original)
+    def register_backend(
+        compiler_fn: Any = None, name: str | None = None, tags: Any = ()
+    ) -> Any:
+        if compiler_fn is None:
+            return functools.partial(register_backend, name=name, tags=tags)
+        key = name or getattr(compiler_fn, "__name__", None)
+        loaded = getattr(module, "_COMPILER_FNS", {})
+        held = loaded.get(key) if isinstance(key, str) else None
+        if getattr(held, STAND_IN, False) is True and not getattr(compiler_fn, STAND_IN, False):
+            compiler_fn._tags = tuple(tags)
+            DISPLACED[key] = compiler_fn  # type: ignore[index]
+            return compiler_fn
+        return original(compiler_fn, name=name, tags=tags)
+
+    setattr(register_backend, STAND_IN, True)
+    for holder in (module, torch._dynamo):
+        if getattr(holder, "register_backend", None) is original:
+            holder.register_backend = register_backend
+    module.register_debug_backend = functools.partial(register_backend, tags=("debug",))
+    module.register_experimental_backend = functools.partial(
+        register_backend, tags=("experimental",)
+    )
 
 
 def stand_in_names(registry: Registry) -> list[str]:
