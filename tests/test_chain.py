@@ -187,7 +187,8 @@ def test_no_backend_for_the_device_names_the_device_and_the_line(
         # torch.compile wraps what a backend raises
         error = getattr(error, "inner_exception", None) or error.__cause__
     assert isinstance(error, ManifestError)
-    assert (error.line, error.key) == (1, f"backends.gpu_only{uid}.by-device")
+    # The line of the by-device key it names, below the table's header.
+    assert (error.line, error.key) == (2, f"backends.gpu_only{uid}.by-device")
 
 
 def test_a_table_by_device_is_checked_as_a_chain_is(tmp_path: Path, write: WriteFn) -> None:
@@ -255,13 +256,16 @@ def test_check_judges_a_table_by_the_backend_it_gives_the_cpu(
         [sys.executable, "-m", "torch_backend_registry", "check", "--import", "--no-torch"],
         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "TORCH_BACKENDS_PATH": ""},
     )  # fmt: skip
-    # A loop is a problem once, never also a backend "unavailable here", nor a usable one.
-    assert [line.split(": ", 1)[0] for line in done.stdout.splitlines()] == [
-        "backends.toml:1", "backends.toml:4", "backends.toml:7", "backends.toml:8",
-        "backends.toml:10", "backends.toml:14",
+    # A loop is a problem once, never also a backend "unavailable here", nor a usable one;
+    # each at the line of the key it names (the loops' by-device and chain keys).
+    assert [line.split(": ", 2)[:2] for line in done.stdout.splitlines()] == [
+        ["backends.toml:1", "note"], ["backends.toml:4", "note"],
+        ["backends.toml:7", "warning"], ["backends.toml:9", "error"],
+        ["backends.toml:11", "error"], ["backends.toml:14", "error"],
     ]  # fmt: skip
+    # A device type PyTorch does not name is a warning: printed, and no failure.
     assert done.stderr == (
-        "4 problem(s); 1 of 6 backend(s) imported and usable, 2 unavailable here\n"
+        "3 problem(s); 1 of 6 backend(s) imported and usable, 2 unavailable here, 1 warning(s)\n"
     )
 
 

@@ -245,13 +245,19 @@ def test_check_reports_every_problem_of_every_file(tmp_path: Path, write: WriteF
     three = write("three.toml", '[backends.c]\nchain = ["c"]\n')
     done = run("check", one.name, str(two), str(three), "missing.toml", cwd=tmp_path, check=1)
     lines = done.stdout.splitlines()
-    assert "missing.toml: no such file" in lines
-    assert any(line.startswith(f"{one.name}:2: backends.a.target: ") for line in lines)
+    assert "missing.toml: error: no such file" in lines
+    assert any(line.startswith(f"{one.name}:2: error: backends.a.target: ") for line in lines)
     assert any(
-        line.startswith(f"{one.name}:3: backends.a.tagz: unknown key 'tagz'") for line in lines
+        line.startswith(f"{one.name}:3: error: backends.a.tagz: unknown key 'tagz'")
+        for line in lines
     )
-    assert any(line.startswith(f"{two.name}:2: ") and "invalid TOML" in line for line in lines)
-    assert any(line.startswith(f"{three.name}:1: ") and "names itself" in line for line in lines)
+    assert any(
+        line.startswith(f"{two.name}:2: error: ") and "invalid TOML" in line for line in lines
+    )
+    # The loop is written in the chain key, on line 2.
+    assert any(
+        line.startswith(f"{three.name}:2: error: ") and "names itself" in line for line in lines
+    )
     assert len(lines) == 5
     assert "5 problem(s)" in done.stderr
     assert "Traceback" not in done.stderr
@@ -262,7 +268,7 @@ def test_check_takes_file_names_holding_the_path_separator(tmp_path: Path, write
     good = write("good.toml", '[backends.g]\ntarget = "m:f"\n')
     done = run("check", odd.name, good.name, cwd=tmp_path, check=1)
     assert done.stdout.splitlines() == [
-        f"{odd.name}:2: backends.a.target: expected a string, got integer 1"
+        f"{odd.name}:2: error: backends.a.target: expected a string, got integer 1"
     ]
     assert "1 problem(s); 1 of 2 backend(s) usable" in done.stderr
 
@@ -283,12 +289,15 @@ def test_check_import_finds_uncallable_and_missing_targets(
     lines = done.stdout.splitlines()
     assert len(lines) == 2
     assert any(
-        line.startswith("backends.toml:3: backends.value.target: cannot load backend 'value'")
+        # At the line of the key that names it, not of the table's header.
+        line.startswith(
+            "backends.toml:4: error: backends.value.target: cannot load backend 'value'"
+        )
         and "not callable" in line
         for line in lines
     )
     assert any(
-        line.startswith("backends.toml:5: backends.gone.target: cannot load backend 'gone'")
+        line.startswith("backends.toml:6: error: backends.gone.target: cannot load backend 'gone'")
         for line in lines
     )
 
@@ -472,7 +481,7 @@ def test_global_options_work_before_and_after_the_command(tmp_path: Path) -> Non
 def test_check_finds_chains_that_cannot_work(tmp_path: Path, write: WriteFn) -> None:
     write(
         "backends.toml",
-        '[backends.ok]\ntarget = "builtins:len"\n'
+        '[backends.ok]\ntarget = "operator:add"\n'
         '[backends.typo]\nchain = ["okk", "ok"]\n'
         '[backends.nothing]\nchain = ["nope1", "nope2"]\n'
         '[backends.portable]\nchain = ["some_plugin", "ok"]\n',
@@ -480,11 +489,12 @@ def test_check_finds_chains_that_cannot_work(tmp_path: Path, write: WriteFn) -> 
     for extra in ((), ("--import",)):
         done = run("check", "--no-torch", *extra, cwd=tmp_path, check=1)
         assert done.stdout.splitlines() == [
-            "backends.toml:3: backends.typo.chain: chain 'typo' names 'okk', which is no usable"
-            " backend (did you mean 'okk' -> 'ok'?); fix the name or remove it",
-            "backends.toml:5: backends.nothing.chain: chain 'nothing' names 'nope1', 'nope2',"
-            " which are no usable backend; no member can ever be used; fix the name or remove it",
-            "backends.toml:7: backends.portable.chain: chain 'portable' names 'some_plugin',"
+            "backends.toml:4: error: backends.typo.chain: chain 'typo' names 'okk', which is no"
+            " usable backend (did you mean 'okk' -> 'ok'?); fix the name or remove it",
+            "backends.toml:6: error: backends.nothing.chain: chain 'nothing' names 'nope1',"
+            " 'nope2', which are no usable backend; no member can ever be used; fix the name or"
+            " remove it",
+            "backends.toml:8: note: backends.portable.chain: chain 'portable' names 'some_plugin',"
             " which is not installed here; it skips it when it runs",
         ]
         assert done.stderr.startswith("2 problem(s); 3 of 4 backend(s) "), done.stderr
@@ -497,19 +507,19 @@ def test_a_chain_member_not_installed_here_is_a_note_not_a_failure(
     # A portable chain names plugins some machines lack: check passes there, and says so.
     write(
         "backends.toml",
-        '[backends.ok]\ntarget = "builtins:len"\n'
+        '[backends.ok]\ntarget = "operator:add"\n'
         '[backends.portable]\nchain = ["some_plugin", "other_plugin", "ok", "inductor"]\n',
     )
     done = run("check", "--no-torch", cwd=tmp_path)
     assert done.stdout == (
-        "backends.toml:3: backends.portable.chain: chain 'portable' names 'some_plugin',"
+        "backends.toml:4: note: backends.portable.chain: chain 'portable' names 'some_plugin',"
         " 'other_plugin', which are not installed here; it skips them when it runs\n"
     )
     assert done.stderr == "no problems; 2 of 2 backend(s) usable, 1 note(s)\n"
 
 
 def test_check_import_counts_what_it_checked(tmp_path: Path, write: WriteFn) -> None:
-    good = "".join(f'[backends.good{i}]\ntarget = "builtins:len"\n' for i in range(2))
+    good = "".join(f'[backends.good{i}]\ntarget = "operator:add"\n' for i in range(2))
     bad = "".join(f'[backends.bad{i}]\ntarget = "tbr_missing_{i}:f"\n' for i in range(3))
     write("backends.toml", good + bad)
     done = run("check", "--import", "--no-torch", cwd=tmp_path, check=1)
@@ -532,7 +542,9 @@ def test_what_a_backend_prints_as_it_is_imported_stays_out_of_the_report(
         '[backends.gone]\ntarget = "tbr_chatty_missing:fn"\n',
     )
     done = run("check", "--import", "--no-torch", cwd=tmp_path, check=1)
-    assert done.stdout.startswith("backends.toml:4: backends.gone.target: cannot load backend")
+    assert done.stdout.startswith(
+        "backends.toml:5: error: backends.gone.target: cannot load backend"
+    )
     assert "loading kernels" not in done.stdout
     assert "loading kernels" in done.stderr
 
@@ -722,10 +734,10 @@ def _openvino_notes() -> list[str]:
     ):
         return []
     return [
-        "backends.toml:27: backends.portable.chain: chain 'portable' names 'openvino', which is"
-        " not installed here; it skips it when it runs",
-        "backends.toml:32: backends.auto.by-device: by-device 'auto' names 'openvino', which is"
-        " not installed here; on cpu it fails",
+        "backends.toml:28: note: backends.portable.chain: chain 'portable' names 'openvino',"
+        " which is not installed here; it skips it when it runs",
+        "backends.toml:33: note: backends.auto.by-device: by-device 'auto' names 'openvino',"
+        " which is not installed here; on cpu it fails",
     ]
 
 
@@ -740,22 +752,24 @@ def test_check_passes_on_this_repositorys_own_manifest_without_torch() -> None:
 def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() -> None:
     done = run("check", "--import", "--no-torch", cwd=ROOT)
     tensorrt = (
-        "backends.toml:21: backends.tensorrt: unavailable here (missing torch_tensorrt);"
+        "backends.toml:21: note: backends.tensorrt: unavailable here (missing torch_tensorrt);"
         " not imported"
     )
     notes = _openvino_notes()
     if not notes:
         assert done.stdout.splitlines() == [tensorrt]
-        assert done.stderr == (
-            "no problems; 4 of 5 backend(s) imported and usable, 1 unavailable here\n"
+        # What the plugins it imports warn of comes first, in Python's own form.
+        assert done.stderr.splitlines()[-1] == (
+            "no problems; 4 of 5 backend(s) imported and usable, 1 unavailable here"
         )
+        assert "torch-backends: warning" not in done.stderr
         return
     # Without openvino the table by device gives the CPU nothing: unavailable here too.
     assert done.stdout.splitlines() == [
         tensorrt,
         *notes,
-        "backends.toml:32: backends.auto: unavailable here (for the CPU, openvino: unknown"
-        " backend 'openvino'); not imported",
+        "backends.toml:32: note: backends.auto: unavailable here (for the CPU, openvino:"
+        " unknown backend 'openvino'); not imported",
     ]
     assert done.stderr == (
         "no problems; 3 of 5 backend(s) imported and usable, 2 unavailable here, 2 note(s)\n"
@@ -792,7 +806,8 @@ def test_check_counts_a_chain_that_can_never_work_as_unusable_and_sorts_by_line(
     write("b.toml", '[backends.x]\ntarget = "m:f"\ntagz = 1\n[backends.y]\nchain = ["x"]\n')
     done = run("check", "broken.toml", "b.toml", "--no-torch", cwd=tmp_path, check=1)
     lines = [line.split(": ", 1)[0] for line in done.stdout.splitlines()]
-    assert lines == ["b.toml:3", "b.toml:4", "broken.toml:3", "broken.toml:6", "broken.toml:8"]
+    # Each at the line of the key it names: the chain keys are on b.toml:5 and broken.toml:9.
+    assert lines == ["b.toml:3", "b.toml:5", "broken.toml:3", "broken.toml:6", "broken.toml:9"]
     assert done.stderr == "5 problem(s); 0 of 5 backend(s) usable\n"
 
 
@@ -834,6 +849,6 @@ def test_check_import_refuses_an_option_the_compiler_does_not_take(
     assert run("check", "--no-torch", cwd=tmp_path, env=env).returncode == 0
     done = run("check", "--import", "--no-torch", cwd=tmp_path, env=env, check=1)
     assert done.stdout == (
-        "backends.toml:4: backends.fast.options.levle: option 'levle' is not a parameter"
+        "backends.toml:4: error: backends.fast.options.levle: option 'levle' is not a parameter"
         f" of {module_name}:fast; did you mean 'level'?\n"
     )

@@ -198,7 +198,7 @@ def test_the_command_line_locks_and_finds_drift(tmp_path: Path) -> None:
     drifted = cli("check", "--locked")
     assert drifted.returncode == 1
     assert (
-        'backends.lock: changed backend \'fast\': options: {"level": 2} -> {"level": 5};'
+        'backends.lock: error: changed backend \'fast\': options: {"level": 2} -> {"level": 5};'
         " run 'torch-backends lock' to accept it"
     ) in drifted.stdout
     assert "matched" not in drifted.stderr

@@ -281,7 +281,7 @@ def test_a_broken_installed_distribution_spares_the_others(
 
 _SAFE_TARGETS = [
     "tbr_fuzz_nowhere.mod:fn",  # no such module
-    "builtins:len",  # a real callable
+    "operator:add",  # a real callable
     "builtins:copyright.__class__",  # a real class: callable
     "math:pi",  # real, not callable
     "json:no_such_attribute",
@@ -448,7 +448,7 @@ def test_a_hostile_manifest_can_only_name_a_target_imported_on_that_exact_lookup
     write("site/tbr_side_effect.py", f"open({str(marker)!r}, 'w').close()\ndef fn(gm, i): ...\n")
     write(
         "backends.toml",
-        HOSTILE.format(module="tbr_side_effect") + '[backends.other]\ntarget = "builtins:len"\n',
+        HOSTILE.format(module="tbr_side_effect") + '[backends.other]\ntarget = "operator:add"\n',
     )
     env = {"PYTHONPATH": str(tmp_path / "site")}
     # Every command that reads manifests, and install(), leave the target alone.

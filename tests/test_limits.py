@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import shutil
 import subprocess
@@ -118,7 +119,7 @@ def test_options_nested_too_deep_break_that_backend_only_and_check_says_so(
 ) -> None:
     path = write(
         "deep.toml",
-        '[backends.ok]\ntarget = "builtins:len"\n[backends.a]\ntarget = "builtins:len"\n'
+        '[backends.ok]\ntarget = "operator:add"\n[backends.a]\ntarget = "operator:add"\n'
         + _deep_table("options", 400),
     )
     registry = env_registry(path)
@@ -130,7 +131,7 @@ def test_options_nested_too_deep_break_that_backend_only_and_check_says_so(
     with pytest.raises(ManifestError) as caught:
         registry.lookup_backend("a")
     assert caught.value.problem == problem
-    assert registry.lookup_backend("ok") is len
+    assert registry.lookup_backend("ok") is operator.add
 
 
 def test_options_within_the_depth_limit_pass_check_and_load(tmp_path: Path, write: WriteFn) -> None:
@@ -154,9 +155,9 @@ def test_chains_of_repeated_members_and_of_any_depth_list_and_check(
     path = write(
         "chains.toml",
         doubled
-        + f'[backends.c{levels}]\ntarget = "builtins:len"\n'
+        + f'[backends.c{levels}]\ntarget = "operator:add"\n'
         + deep
-        + '[backends.d3000]\ntarget = "builtins:len"\n',
+        + '[backends.d3000]\ntarget = "operator:add"\n',
     )
     registry = env_registry(path)
     names = registry.list_backends()

@@ -111,7 +111,7 @@ def test_a_pick_of_a_distribution_that_does_not_declare_the_name_is_a_problem(
     with pytest.raises(ManifestError) as caught:
         reg.lookup_backend("dup")
     problem = caught.value
-    assert (problem.line, problem.key) == (2, "backends.dup.distribution")
+    assert (problem.line, problem.key) == (3, "backends.dup.distribution")  # the key's line
     assert problem.message == (
         "no installed distribution 'gamma' declares the entry point 'dup' (declared by:"
         " 'alpha-dist' 1.0)"

@@ -229,7 +229,7 @@ def test_pyproject_problems_name_the_full_key(tmp_path: Path, write: WriteFn) ->
         problems = [p for p in registry.problems() if isinstance(p, Problem)]
     assert sorted((p.line, p.key) for p in problems) == [
         (2, "tool.torch-backends.default"),
-        (4, "tool.torch-backends.backends.loop.chain"),
+        (5, "tool.torch-backends.backends.loop.chain"),  # the chain key's own line
         (9, "tool.torch-backends.backends.typo.tag"),
     ]
 

@@ -315,9 +315,10 @@ def test_chain_that_names_itself_is_a_manifest_error(write: WriteFn) -> None:
     )
     with pytest.raises(ManifestError) as caught:
         registry.lookup_backend("a")
-    assert (caught.value.line, caught.value.key) == (1, "backends.a.chain")
+    # At the line of each chain key, below its table's header.
+    assert (caught.value.line, caught.value.key) == (2, "backends.a.chain")
     assert "a -> b -> c -> a" in str(caught.value)
-    assert {p.line for p in registry.problems() if isinstance(p, Problem)} == {1, 4, 7}
+    assert {p.line for p in registry.problems() if isinstance(p, Problem)} == {2, 5, 8}
 
 
 def test_unknown_name_lists_close_torch_names(write: WriteFn) -> None:
@@ -371,7 +372,7 @@ PATIENCE = 120  # seconds a subprocess may take; a hang shows as this running ou
 def test_register_and_refresh_after_install_never_deadlock(tmp_path: Path, write: WriteFn) -> None:
     # register_backend() installs into torch.compile and refresh() re-installs; the
     # two once took the registry's lock and the bridge's in opposite orders.
-    write("backends.toml", '[backends.proj]\ntarget = "builtins:len"\n')
+    write("backends.toml", '[backends.proj]\ntarget = "operator:add"\n')
     code = """
 import threading, torch_backend_registry as t
 r = t.Registry(environ={}, sources=("runtime", "project"))
@@ -400,7 +401,7 @@ print("done")
 def test_a_fork_while_another_thread_discovers_leaves_the_child_working(
     tmp_path: Path, write: WriteFn
 ) -> None:
-    write("backends.toml", '[backends.proj]\ntarget = "builtins:len"\n')
+    write("backends.toml", '[backends.proj]\ntarget = "operator:add"\n')
     code = """
 import os, signal, sys, threading, time, torch_backend_registry as t
 r = t.Registry(environ={}, sources=("project", "torch"))
@@ -411,7 +412,8 @@ while "torch" not in sys.modules:
 pid = os.fork()
 if pid == 0:
     signal.alarm(60)  # a child that hangs is killed, and says so by its status
-    os._exit(0 if r.lookup_backend("proj") is len else 3)
+    import operator
+    os._exit(0 if r.lookup_backend("proj") is operator.add else 3)
 _, status = os.waitpid(pid, 0)
 lister.join()
 print(os.waitstatus_to_exitcode(status))

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from typing import Any
 
-    from ._definition import BackendDefinition, BackendInfo
+    from ._definition import BackendDefinition, BackendInfo, Severity
     from ._verdict import Verdict
     from ._verify import Reference
 
@@ -58,18 +58,18 @@ class ChainBackend:
     def members(self) -> tuple[str, ...]:
         return self.definition.members
 
-    def _skip(self, member: str) -> tuple[str, int] | None:
+    def _skip(self, member: str) -> tuple[str, Severity] | None:
         """Why ``member`` is skipped before compiling, and how loudly; ``None`` to try it."""
         if self._known_failure is not None:
             verdict = self._known_failure(member)
             if verdict is not None:
-                return f"doctor found {verdict.status} here ({verdict.reason})", logging.INFO
+                return f"doctor found {verdict.status} here ({verdict.reason})", "note"
         try:
             missing = missing_requirements(self._info(member).definition)
         except BackendRegistryError as exc:
-            return str(exc), logging.WARNING
+            return unusable(exc)
         if missing:
-            return f"requires {', '.join(map(repr, missing))}, which cannot be found", logging.INFO
+            return f"requires {', '.join(map(repr, missing))}, which cannot be found", "note"
         return None
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
@@ -84,7 +84,7 @@ class ChainBackend:
                 try:
                     compiler = self._lookup(member)
                 except BackendRegistryError as exc:
-                    skipped = str(exc), logging.WARNING
+                    skipped = unusable(exc)
             if compiler is not None:
                 # What torch.compile(backend=member, ...) would hand it; a member that takes no
                 # such argument is the caller's mistake, said at once, not a member to skip.
@@ -101,22 +101,30 @@ class ChainBackend:
                 except passed_through():
                     raise
                 except Exception as exc:
-                    skipped = f"compiling raised {type(exc).__name__}: {exc}", logging.WARNING
+                    skipped = f"compiling raised {type(exc).__name__}: {exc}", "warning"
                 else:
                     why = None if reference is None else reference.check(compiled)
                     if why is None:
-                        said, level = "", logging.INFO
-                        if reference is not None:  # less than asked is worth a warning
+                        said = ""
+                        if reference is not None:
                             said = f", {reference.said}"
-                            level = logging.INFO if reference.complete else logging.WARNING
-                        logger.log(level, "backend %r: compiled with %r%s", name, member, said)
+                        if reference is None or reference.complete:
+                            logger.info("backend %r: compiled with %r%s", name, member, said)
+                        else:  # less than asked is worth a warning
+                            say(
+                                "warning",
+                                "backend %r: warning: compiled with %r%s",
+                                name,
+                                member,
+                                said,
+                            )
                         self.used = member
                         return compiled
-                    skipped = f"verifying it failed: {why}", logging.WARNING
+                    skipped = f"verifying it failed: {why}", "warning"
             assert skipped is not None
-            reason, level = skipped
+            reason, severity = skipped
             failures.append((member, reason))
-            logger.log(level, "backend %r: skipping %r: %s", name, member, reason)
+            say(severity, "backend %r: %s: skipping %r: %s", name, severity, member, reason)
         raise BackendChainError(name, failures)
 
     def _compiling(self) -> AbstractContextManager[object]:
@@ -198,23 +206,14 @@ class DeviceBackend:
         member = self.table.get(device, self.table.get("other"))
         if member is None:
             from ._errors import ManifestError
-            from ._positions import table_prefix, toml_key
 
-            source = self.definition.source
             listed = ", ".join(self.table)
-            raise ManifestError(
-                f"backend {self.definition.name!r} names no backend for device {device!r}"
-                f" (by-device has {listed}); add it, or 'other' for every device not listed",
-                path=source.path,
-                line=source.line,
-                key=toml_key(
-                    (
-                        *table_prefix(source.path or ""),
-                        "backends",
-                        self.definition.name,
-                        "by-device",
-                    )
-                ),
+            raise ManifestError.of(
+                self.definition.located(
+                    f"backend {self.definition.name!r} names no backend for device {device!r}"
+                    f" (by-device has {listed}); add it, or 'other' for every device not listed",
+                    "by-device",
+                )
             )
         logger.info(
             "backend %r: device %s: compiling with %r", self.definition.name, device, member
@@ -225,6 +224,34 @@ class DeviceBackend:
             self.definition.name, self._info(member).definition, compiler, kwargs
         )
         return compile_fn(gm, example_inputs)
+
+
+#: The logging level of each severity, so that the log says what ``check`` says.
+LEVELS: dict[Severity, int] = {
+    "note": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+def say(severity: Severity, message: str, *args: object) -> None:
+    """Log ``message`` at the level of ``severity`` (which it names, as ``check`` does)."""
+    logger.log(LEVELS[severity], message, *args)
+
+
+def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:
+    """Why a member that cannot be looked up is skipped, and how loudly: a name that exists
+    nowhere here (a plugin not installed) or is disabled is a note, as ``check`` says; one
+    that looks like a typo is a warning; a broken definition is an error."""
+    from ._errors import ManifestError, UnknownBackendError
+
+    if isinstance(exc, UnknownBackendError) and not exc.suggestions:
+        # Disabled, or left out by the plugin policy: it says so; else it is not here.
+        said = exc.note if exc.note.startswith(("disabled by", "distribution ")) else ""
+        return said or "not installed here", "note"
+    if isinstance(exc, UnknownBackendError):
+        return exc.brief, "warning"
+    return str(exc), "error" if isinstance(exc, ManifestError) else "warning"
 
 
 def member_compiler(

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from typing import Any
 
-    from ._definition import BackendDefinition, Problem, SourceKind
+    from ._definition import BackendDefinition, Problem, Severity, SourceKind
     from ._verdict import Verdict
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -82,11 +82,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     import warnings
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
+    from ._errors import ManifestWarning
+
+    show = warnings.showwarning
+    caught: list[str] = []
+
+    def said(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
+        if issubclass(category, ManifestWarning):
+            caught.append(str(message))
+        else:  # what an imported backend warns of keeps Python's form, as it happens
+            show(message, category, *args, **kw)
+
+    with warnings.catch_warnings():
+        # This library's own warnings are the command's to say, each once; others keep
+        # Python's filters.
+        warnings.simplefilter("default", ManifestWarning)
+        warnings.showwarning = said
         code, error = _run(args)
-    for warning in caught:
-        message = str(warning.message)
+    for message in caught:
         # The error below says the same thing; one line is enough.
         if error is None or not message.startswith(error):
             print(f"{PROG}: warning: {printable(message)}", file=sys.stderr)
@@ -485,11 +498,7 @@ def _report(
         if d.source.kind in _CHECKED
     ]
     # A chain none of whose members exists anywhere can never be used.
-    dead = {
-        d.name
-        for d in checked
-        if d.members and len(index.missing_members(d)) == len(set(d.members))
-    }
+    dead = {d.name for d in checked if d.members and index.all_members_missing(d)}
     looping = index.chain_problems()  # reported already, among the problems
     usable = [d for d in checked if d.usable and d.name not in dead and d.name not in looping]
     # A note is worth printing and no fault: a chain member not installed here.
@@ -497,24 +506,18 @@ def _report(
     problems = [p for p in problems if p.severity != "note"]
     unavailable: list[Problem] = []
     if import_targets:
-        from ._definition import Problem
-
+        imports = _Imports(registry, {d.name for d in checked})
         for d in list(usable):
             why = registry.why_unavailable(d)
             if why is not None:
                 usable.remove(d)
                 said = f"unavailable here ({why}); not imported"
-                unavailable.append(
-                    Problem(said, path=d.source.path, line=d.source.line, key=_key(d))
-                )
+                unavailable.append(d.located(said, severity="note"))
                 continue
-            try:
-                # What a backend prints as it is imported must not mix with this report.
-                with contextlib.redirect_stdout(sys.stderr):
-                    registry.lookup_backend(d.name)
-            except BackendRegistryError as exc:
+            found = imports.check(d)
+            problems.extend(found)
+            if imports.failure(d.name) is not None:
                 usable.remove(d)
-                problems.append(_load_problem(d, exc))
     here = _here()
     shown = [*problems, *notes, *unavailable]
     for line in sorted(shown, key=lambda p: (p.path or "", p.line or 0)):
@@ -523,32 +526,107 @@ def _report(
     summary = f"{len(usable)} of {len(checked)} backend(s) {what}"
     if unavailable:
         summary += f", {len(unavailable)} unavailable here"
+    errors = [p for p in problems if p.severity == "error"]
+    warnings = len(problems) - len(errors)
+    if warnings:
+        summary += f", {warnings} warning(s)"
     if notes:
         summary += f", {len(notes)} note(s)"
     if matched:
         summary += f"; {matched}"
-    if problems:
-        print(f"{len(problems)} problem(s); {summary}", file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} problem(s); {summary}", file=sys.stderr)
         return EXIT_PROBLEMS
     print(f"no problems; {summary}", file=sys.stderr)
     return EXIT_OK
 
 
-def _key(d: BackendDefinition) -> str:
-    """The key of a backend's table, as a problem of it names it."""
-    from ._positions import table_prefix, toml_key
+class _Imports:
+    """What ``check --import`` imports, each backend once: a target itself; a chain's members
+    (usable where one is); a table's (usable where the one it gives the CPU is)."""
 
-    return toml_key((*table_prefix(d.source.path or ""), "backends", d.name))
+    def __init__(self, registry: Registry, declared: set[str]) -> None:
+        self.registry = registry
+        self.index = registry.index()
+        #: The backends the checked manifests declare: each is reported at its own table.
+        self.declared = declared
+        #: Why each backend looked at cannot be used here (``None``: it can), and whether
+        #: that is a failure (it was imported and broke) or unavailability (not imported).
+        self.found: dict[str, tuple[str, bool] | None] = {}
+
+    def failure(self, name: str) -> str | None:
+        said = self.found.get(name)
+        return None if said is None else said[0]
+
+    def check(self, d: BackendDefinition) -> list[Problem]:
+        """Import what ``d`` may run; the problems found, where they are written."""
+        if not d.members:
+            problem = self._load(d)
+            self.found[d.name] = None if problem is None else (problem.message, True)
+            return [] if problem is None else [problem]
+        self._judge(d.name)
+        problems = []
+        what = "chain" if d.by_device is None else "by-device"
+        fatal = self.failure(d.name) is not None
+        for member in d.members:
+            said = self.found.get(member)
+            resolved = self.index.get(member)
+            if said is None or not said[1] or (resolved and resolved.name in self.declared):
+                continue  # it loads; or is unavailable here (noted); or has its own report
+            severity: Severity = "error" if fatal else "warning"
+            message = f"{what} member {member!r}: {said[0]}"
+            if not fatal:
+                message += f"; {d.name!r} " + (
+                    "uses the next member" if d.by_device is None else "fails on that device"
+                )
+            problems.append(d.located(message, what, severity=severity))
+        return problems
+
+    def _judge(self, name: str) -> tuple[str, bool] | None:
+        if name in self.found:
+            return self.found[name]
+        self.found[name] = None  # a loop is reported already: do not walk it again
+        definition = self.index.get(name)
+        if definition is None:
+            return None  # unknown here (noted), or one of PyTorch's not read (--no-torch)
+        why = self.registry.why_unavailable(definition)
+        result: tuple[str, bool] | None
+        if why is not None:
+            result = (f"unavailable here ({why})", False)
+        elif definition.members:
+            result = self._judge_members(definition)
+        else:
+            problem = self._load(definition)
+            result = None if problem is None else (problem.message, True)
+        self.found[name] = result
+        return result
+
+    def _judge_members(self, definition: BackendDefinition) -> tuple[str, bool] | None:
+        judged = {m: self._judge(m) for m in definition.members}
+        if definition.by_device is not None:
+            table = dict(definition.by_device)
+            cpu = table.get("cpu", table.get("other"))
+            said = judged.get(cpu) if cpu is not None else ("it gives the CPU no backend", True)
+            return None if said is None else (f"for the CPU, {cpu}: {said[0]}", said[1])
+        if any(said is None for said in judged.values()):
+            return None
+        reasons = "; ".join(f"{m}: {said[0]}" for m, said in judged.items() if said)
+        return f"no member can be used ({reasons})", any(s[1] for s in judged.values() if s)
+
+    def _load(self, d: BackendDefinition) -> Problem | None:
+        try:
+            # What a backend prints as it is imported must not mix with this report.
+            with contextlib.redirect_stdout(sys.stderr):
+                self.registry.lookup_backend(d.name)
+        except BackendRegistryError as exc:
+            return _load_problem(d, exc)
+        return None
 
 
 def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
-    """A failed import as a problem at the backend's table, like the manifest's own."""
-    from ._definition import Problem
+    """A failed import as a problem at the backend's ``target``, like the manifest's own."""
     from ._errors import BackendLoadError, ManifestError
 
-    path = d.source.path
-    field = "target" if not d.members else "chain" if d.by_device is None else "by-device"
-    key = f"{_key(d)}.{field}"
     if isinstance(exc, ManifestError):  # where it is written: an option's own line
         return exc.problem
     if isinstance(exc, BackendLoadError):
@@ -556,7 +634,11 @@ def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
         message = f"cannot load backend {d.name!r}{what}: {exc.reason}"
     else:
         message = str(exc)
-    return Problem(message, path=path, line=d.source.line, key=key)
+    if d.source.path is None:
+        from ._definition import Problem
+
+        return Problem(message)
+    return d.located(message, "target")
 
 
 # -------------------------------------------------------------------------- doctor

@@ -51,7 +51,9 @@ class Frozen:
         fields = ", ".join(
             f"{slot}={getattr(self, slot)!r}"
             for slot in self.__slots__
-            if not slot.startswith("_") and getattr(self, slot) not in (None, (), _EMPTY)
+            if not slot.startswith("_")
+            and slot != "lines"
+            and getattr(self, slot) not in (None, (), _EMPTY)
         )
         return f"{type(self).__name__}({fields})"
 
@@ -179,12 +181,15 @@ class Source(Frozen):
 
 
 class Problem(Frozen):
-    """What reading or merging found wrong, with where: a value, printed or warned.
+    """What reading, merging or checking found, with where: a value, printed or warned.
 
-    An ``error`` leaves out what it names (a file, a backend); a ``warning`` says
-    what was left out on purpose (the trust rule) or what was chosen (two
-    plugins declaring one name). Raising happens only where it makes something
-    fail: looking up a broken backend raises :class:`ManifestError` from it.
+    Its ``severity`` says what it costs: an ``error`` leaves out what it names (a file
+    that cannot be read or may not be trusted, a backend that cannot be used as
+    written) and makes ``check`` fail; a ``warning`` is about something used, but
+    likely not as meant (a device type no graph is on, one of two plugins chosen, a
+    chain member that fails while others work); a ``note`` is no fault at all (a chain
+    member not installed here, which the chain skips). Raising happens only where it
+    makes something fail: looking up a broken backend raises :class:`ManifestError`.
     """
 
     __slots__ = ("severity", "message", "path", "line", "key")  # noqa: RUF023
@@ -210,11 +215,13 @@ class Problem(Frozen):
         return location(self.path, self.line, self.key) + self.message
 
     def shown(self, relative_to: str | None) -> str:
-        """The message with its path relative to ``relative_to`` where it lies below it."""
+        """The line ``check`` prints: ``PATH:LINE: SEVERITY: KEY: message``, as compilers
+        print theirs, with the path relative to ``relative_to`` where it lies below it."""
         path = self.path
         if path is not None and relative_to is not None:
             path = shown_path(path, relative_to)
-        return location(path, self.line, self.key) + self.message
+        where = location(path, self.line, None)
+        return f"{where}{self.severity}: " + location(None, None, self.key) + self.message
 
 
 class BackendDefinition(Frozen):
@@ -238,6 +245,7 @@ class BackendDefinition(Frozen):
         "skip_known_failures",
         "verify",
         "distribution",
+        "lines",
     )
 
     name: str
@@ -265,6 +273,9 @@ class BackendDefinition(Frozen):
     verify: tuple[str, float, float] | None
     #: The installed distribution a manifest picked to provide this name's entry point.
     distribution: str | None
+    #: Where each key of a manifest's table is written: its line, by the key as TOML writes
+    #: it relative to the table (``target``, ``options.fp16``); circumstance, not value.
+    lines: Mapping[str, int]
 
     def __init__(
         self,
@@ -286,6 +297,7 @@ class BackendDefinition(Frozen):
         skip_known_failures: bool = False,
         verify: tuple[str, float, float] | None = None,
         distribution: str | None = None,
+        lines: Mapping[str, int] | None = None,
     ) -> None:
         init = object.__setattr__  # slot by slot: discovery makes one a backend
         init(self, "name", name)
@@ -305,12 +317,44 @@ class BackendDefinition(Frozen):
         init(self, "skip_known_failures", skip_known_failures)
         init(self, "verify", verify)
         init(self, "distribution", distribution)
+        init(self, "lines", _EMPTY if not lines else MappingProxyType(dict(lines)))
 
     def _key(self) -> tuple[Any, ...]:
         key = list(super()._key())
         # Options hold any TOML value, nan included: compared by their canonical text.
         key[self.__slots__.index("options")] = canonical(self.options) if self.options else ""
+        key[self.__slots__.index("lines")] = None  # where it is written is not what it is
         return tuple(key)
+
+    def line_of(self, *parts: str) -> int | None:
+        """The line ``parts`` (a key of this backend's table, and one inside it) are written
+        on: the key's own, else the nearest written key above it, else the table header's."""
+        from ._positions import toml_key
+
+        for depth in range(len(parts), 0, -1):
+            line = self.lines.get(toml_key(parts[:depth]))
+            if line is not None:
+                return line
+        return self.source.line
+
+    def key_of(self, *parts: str) -> str:
+        """The full key of ``parts`` of this backend's table, as its file writes it
+        (``backends.fast.target``, or under ``tool.torch-backends`` in pyproject.toml)."""
+        from ._positions import table_prefix, toml_key
+
+        path = self.source.path
+        prefix = table_prefix(path) if path is not None else ()
+        return toml_key((*prefix, "backends", self.name, *parts))
+
+    def located(self, message: str, *parts: str, severity: Severity = "error") -> Problem:
+        """A problem of this backend, at the line and key of ``parts`` (none: its table)."""
+        return Problem(
+            message,
+            path=self.source.path,
+            line=self.line_of(*parts),
+            key=self.key_of(*parts),
+            severity=severity,
+        )
 
     def __hash__(self) -> int:
         # The identifying fields only: options may be large, and equal definitions

@@ -46,10 +46,6 @@ class ManifestError(BackendRegistryError):
         """The same facts as a :class:`Problem` (what discovery collects)."""
         return Problem(self.message, path=self.path, line=self.line, key=self.key)
 
-    def shown(self, relative_to: str | None) -> str:
-        """The message with its path relative to ``relative_to`` where it lies below it."""
-        return self.problem.shown(relative_to)
-
 
 class UnknownBackendError(BackendRegistryError, LookupError):
     """No backend of that name is registered (or it is disabled)."""
@@ -181,4 +177,8 @@ def warn(message: str) -> None:
 
 def warn_problem(problem: Problem) -> None:
     """Say a problem found while discovering as a :class:`ManifestWarning`."""
-    warn(str(problem) if problem.severity == "warning" else f"{problem} (left out)")
+    said = str(problem)
+    # An error leaves out what it names; the trust rule's own words say so already.
+    if problem.severity == "error" and " not used: " not in problem.message:
+        said += " (left out)"
+    warn(said)

@@ -6,7 +6,6 @@ it is loaded for the rest of the process (see ``_finding``).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import sys
 
@@ -89,6 +88,10 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         raise _error(
             definition, f"{target!r} is {_a(type(obj).__name__)}, which is not callable"
         ) from TypeError(f"{type(obj).__name__} object is not callable")
+    why = cannot_compile(obj)
+    if why is not None:
+        _forget(before, module_name, folders)
+        raise _error(definition, f"{target!r} {why}") from TypeError(why)
     if folders:
         python_path_finder().keep(folders)
     if definition.options:
@@ -102,6 +105,35 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         functools.update_wrapper(bound, obj)
         return bound
     return obj  # type: ignore[no-any-return]
+
+
+def cannot_compile(fn: Any) -> str | None:
+    """Why ``fn`` cannot be called as torch.compile calls a backend, ``fn(graph_module,
+    example_inputs)``, or ``None``; a hint where it looks
+    like a factory that returns the compiler. Read from its signature (a wrapper's own);
+    one that cannot be read is taken at its word."""
+    import inspect
+
+    try:
+        signature = inspect.signature(fn, follow_wrapped=False)
+    except (TypeError, ValueError):
+        return None
+    parameters = signature.parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return None
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2:
+        return None
+    said = (
+        f"takes {len(positional) or 'no'} positional argument{'s' * (len(positional) != 1)},"
+        " but torch.compile calls a backend with two: (graph_module, example_inputs)"
+    )
+    if all(p.default is not p.empty or p.kind is p.VAR_KEYWORD for p in parameters):
+        said += (
+            "; it looks like a factory that returns the compiler: name what it returns"
+            " instead (in a module of yours, compiler = factory(...), and target that)"
+        )
+    return said
 
 
 def refused_options(fn: Any, keys: Iterable[str]) -> list[tuple[str, str | None]]:
@@ -211,20 +243,10 @@ def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]
 def _option_error(definition: BackendDefinition, key: str, message: str) -> Exception:
     """A refused option, where it is written: the line of its key in the manifest."""
     from ._errors import ManifestError
-    from ._positions import table_prefix, toml_key
 
-    source = definition.source
-    path = source.path
-    parts = (*table_prefix(path or ""), "backends", definition.name, "options", key)
-    line = source.line
-    if path is not None:
-        from ._files import parse_toml, read_text
-
-        with contextlib.suppress(Exception):  # unreadable since: the table's line it is
-            line = parse_toml(path, read_text(path))[1].line_of(parts) or line
-    if path is None:
+    if definition.source.path is None:
         return _error(definition, message)
-    return ManifestError(message, path=path, line=line, key=toml_key(parts))
+    return ManifestError.of(definition.located(message, "options", key))
 
 
 def _a(noun: str) -> str:
@@ -250,7 +272,22 @@ def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
 
 
 def _why(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exc}" + built_for_another_torch(exc)
+
+
+def built_for_another_torch(exc: BaseException) -> str:
+    """What an import error of a compiled extension means, where it says ``undefined
+    symbol``: it was built against another PyTorch's C++ library (or "")."""
+    if "undefined symbol" not in str(exc):
+        return ""
+    from ._pytorch import torch_version
+
+    version = torch_version()
+    here = f" ({version})" if version else ""
+    return (
+        f"; it was built for another PyTorch than the one installed here{here}:"
+        " install the build of it made for this one"
+    )
 
 
 def _error(definition: BackendDefinition, reason: str) -> BackendLoadError:

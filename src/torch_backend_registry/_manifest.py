@@ -55,7 +55,7 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Di
     try:
         text = read_text(path)  # the trust rule and the limits: judged every time
     except Untrusted as exc:
-        found.problems.append(Problem(exc.message, path=exc.path, severity="warning"))
+        found.problems.append(Problem(exc.message, path=exc.path))
         return found
     except ManifestError as exc:
         found.problems.append(exc.problem)
@@ -301,9 +301,23 @@ class _Validation:
             if problem is not None:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problem))
                 continue
-            self.found.definitions.append(_definition(name, source, entry, python_path))
+            lines = self._key_lines(name, raw)
+            self.found.definitions.append(_definition(name, source, entry, python_path, lines))
             for device in entry.by_device or ():
                 self._known_device(name, device)
+
+    def _key_lines(self, name: str, raw: object) -> dict[str, int]:
+        """The line of each key of a backend's table, and of each key one level inside it
+        (an option, a device type), by the key as TOML writes it relative to the table."""
+        lines: dict[str, int] = {}
+        table = (*self.prefix, "backends", name)
+        for key, value in raw.items() if isinstance(raw, dict) else ():
+            below = value.items() if isinstance(value, dict) else ()
+            for parts in [(key,), *((key, inner) for inner, _v in below)]:
+                line = self.lines.line_of((*table, *parts))
+                if line is not None:
+                    lines[toml_key(parts)] = line
+        return lines
 
     def _known_device(self, name: str, device: str) -> None:
         """A device type PyTorch does not name is likely a typo (``cdua``): a warning, since
@@ -349,7 +363,11 @@ class _Validation:
 
 
 def _definition(
-    name: str, source: Source, entry: BackendEntry, python_path: tuple[str, ...]
+    name: str,
+    source: Source,
+    entry: BackendEntry,
+    python_path: tuple[str, ...],
+    lines: dict[str, int],
 ) -> BackendDefinition:
     return BackendDefinition(
         name,
@@ -367,6 +385,7 @@ def _definition(
         skip_known_failures=entry.skip_known_failures,
         verify=_verify(entry),
         distribution=entry.distribution,
+        lines=lines,
     )
 
 

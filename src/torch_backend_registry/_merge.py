@@ -31,7 +31,6 @@ from __future__ import annotations
 from ._definition import BackendDefinition, BackendInfo, Discovery, Problem, Source
 from ._definition import distribution_key as _dist_key
 from ._errors import ManifestError, UnknownBackendError
-from ._positions import table_prefix, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -166,6 +165,19 @@ class Index:
         members = dict.fromkeys(definition.members)
         return [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
 
+    def why_missing(self, name: str) -> str:
+        """Why a member resolves to no usable backend: disabled where, left out by the
+        plugin policy, or not installed here."""
+        definition = self._follow(name)
+        if definition is not None and not definition.enabled:
+            return f"disabled by {definition.source.describe()}"
+        excluded = self.excluded.get(name)
+        return excluded[0][1] if excluded else "not installed here"
+
+    def all_members_missing(self, definition: BackendDefinition) -> bool:
+        """Whether no member of a chain (or table) exists here: it can never be used."""
+        return len(self.missing_members(definition)) == len(set(definition.members))
+
     def unknown_members(self) -> dict[str, Problem]:
         """Each chain that names a backend that does not exist (here), by name.
 
@@ -187,7 +199,7 @@ class Index:
                 continue
             names = ", ".join(map(repr, unknown))
             said = f"{_what(definition)} {definition.name!r} names {names}, which"
-            if len(unknown) == len(set(definition.members)):
+            if self.all_members_missing(definition):
                 are = "is" if len(unknown) == 1 else "are"
                 problems[definition.name] = chain_error(
                     definition,
@@ -210,8 +222,14 @@ class Index:
             else:
                 devices = [device for device, name in definition.by_device if name in unknown]
                 happens = f"on {', '.join(devices)} it fails"
+            whys = {m: self.why_missing(m) for m in unknown}
+            if set(whys.values()) == {"not installed here"}:
+                said = f"{said} {are} not installed here"
+            else:  # disabled, or left out by the plugin policy: each says why
+                listed = ", ".join(f"{m!r} ({why})" for m, why in whys.items())
+                said = f"{_what(definition)} {definition.name!r} names {listed}"
             problems[definition.name] = chain_error(
-                definition, f"{said} {are} not installed here; {happens}", severity="note"
+                definition, f"{said}; {happens}", severity="note"
             )
         return problems
 
@@ -422,8 +440,6 @@ def _picked(
     wanted = _dist_key(pick.distribution or "")
     match = next((p for p in points if _dist_key(p.source.distribution or "") == wanted), None)
     if match is None:
-        prefix = table_prefix(source.path) if source.path is not None else ()
-        key = toml_key((*prefix, "backends", pick.name, "distribution"))
         why = next(
             (why for p, why in excluded if _dist_key(p.source.distribution or "") == wanted), None
         )
@@ -435,8 +451,10 @@ def _picked(
             )
         else:
             why = f"the entry point {pick.name!r} it picks is left out: {why}"
-        problem = Problem(why, path=source.path, line=source.line, key=key)
-        return BackendDefinition(pick.name, source, distribution=pick.distribution, problem=problem)
+        problem = pick.located(why, "distribution")
+        return BackendDefinition(
+            pick.name, source, distribution=pick.distribution, problem=problem, lines=pick.lines
+        )
     return BackendDefinition(
         pick.name,
         Source(
@@ -454,6 +472,7 @@ def _picked(
         options=pick.options,
         python_path=pick.python_path,
         distribution=pick.distribution,
+        lines=pick.lines,
     )
 
 
@@ -473,18 +492,15 @@ def _conflict(name: str, points: list[BackendDefinition]) -> Problem:
 
 
 def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) -> Problem:
-    source = definition.source
-    prefix = table_prefix(source.path) if source.path is not None else ()
-    key = (*prefix, "backends", definition.name)
-    where = "" if source.path is not None else f"{source.describe()}: "
+    where = "" if definition.source.path is not None else f"{definition.source.describe()}: "
     if aliases:
         names = ", ".join(map(repr, aliases))
         message = (
             f"{where}alias {names} of {definition.name!r} names one of PyTorch's own"
             " backends, which torch.compile keeps using; it is left out: remove it"
         )
-        key = (*key, "aliases")
-    elif not definition.enabled:
+        return definition.located(message, "aliases")
+    if not definition.enabled:
         message = (
             f"{where}{definition.name!r} is one of PyTorch's own backends and cannot be"
             " disabled: torch.compile keeps using it; remove this entry"
@@ -494,21 +510,14 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
             f"{where}{definition.name!r} is one of PyTorch's own backends, which"
             " torch.compile keeps using; this definition is left out: rename it"
         )
-    return Problem(message, path=source.path, line=source.line, key=toml_key(key))
+    return definition.located(message)
 
 
 def chain_error(
     definition: BackendDefinition, message: str, severity: Severity = "error"
 ) -> Problem:
-    source = definition.source
-    prefix = table_prefix(source.path) if source.path is not None else ()
-    return Problem(
-        message,
-        path=source.path,
-        line=source.line,
-        key=toml_key((*prefix, "backends", definition.name, _what(definition))),
-        severity=severity,
-    )
+    """A problem of a chain or table, at its ``chain`` (``by-device``) key."""
+    return definition.located(message, _what(definition), severity=severity)
 
 
 def _loop_error(definition: BackendDefinition, loop: list[str], name: str) -> Problem:

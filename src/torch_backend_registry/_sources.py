@@ -96,7 +96,7 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
             reason = untrusted_folder(path)
             if reason is not None:
                 message = untrusted_message(f"folder named by {ENV_VAR}", reason)
-                found.problems.append(Problem(message, path=path, severity="warning"))
+                found.problems.append(Problem(message, path=path))
                 continue
             try:
                 names = sorted(os.listdir(path))

@@ -151,9 +151,7 @@ def _let_plugins_register() -> None:
         return
 
     @functools.wraps(original)
-    def register_backend(
-        compiler_fn: Any = None, name: str | None = None, tags: Any = ()
-    ) -> Any:
+    def register_backend(compiler_fn: Any = None, name: str | None = None, tags: Any = ()) -> Any:
         if compiler_fn is None:
             return functools.partial(register_backend, name=name, tags=tags)
         key = name or getattr(compiler_fn, "__name__", None)
