@@ -15,6 +15,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -630,3 +631,183 @@ def test_only_a_named_or_declared_backend_that_is_unavailable_fails_the_run(
     assert _fails(project, tvm, named={"tvm"})
     assert _fails(project, needs_trt, named=set())  # the project declares it
     assert _fails(project, Verdict("tvm", "crashed", 3), named=set())
+
+
+# ------------------------------------------------------------------ real models, real reasons
+
+#: Backends and models of the probes below, all probed in one run that the tests read.
+REAL = """
+import sys, time
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+def _forward(gm, example_inputs):
+    return gm.forward
+
+def _doubled(gm, example_inputs):
+    def run(*args):
+        return [g * 2 if isinstance(g, torch.Tensor) else g for g in gm(*args)]
+    return run
+
+# Built with PyTorch's aot_autograd, as real backends are, with a backward that doubles
+# every gradient: right forward, wrong training.
+doubles_gradients = aot_autograd(fw_compiler=_forward, bw_compiler=_doubled)
+
+def points_elsewhere(gm, example_inputs):
+    print("error: unhandled torch type: '!torch.none'", file=sys.stderr)
+    raise RuntimeError("JIT compilation failed. See diagnostics.")
+
+def stalls_once(gm, example_inputs):
+    calls = []
+    def run(*args):
+        calls.append(1)
+        if len(calls) == 100:  # one round of the timing stalls, as on a busy machine
+            time.sleep(0.2)
+        return gm(*args)
+    return run
+"""
+
+SLOWS_EAGER = """
+import time
+import torch
+
+# Importing it slows every later call of an eager Linear (as a plugin's threads may).
+_forward = torch.nn.Linear.forward
+def _slow(self, x):
+    time.sleep(0.002)
+    return _forward(self, x)
+torch.nn.Linear.forward = _slow
+
+def compile(gm, example_inputs):
+    return gm.forward
+"""
+
+MODELS = """
+import torch
+
+class Tagger(torch.nn.Module):
+    # As a Hugging Face model: keyword inputs, a dict out, dropout (built in training mode).
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 8)
+        self.drop = torch.nn.Dropout(0.3)
+    def forward(self, input_ids, attention_mask=None):
+        return {"logits": self.drop(self.embed(input_ids)) * attention_mask}
+
+def keyword_inputs():
+    torch.manual_seed(0)
+    return Tagger(), {"input_ids": torch.randn(2, 8), "attention_mask": torch.ones(2, 8)}
+
+def module_alone():
+    return torch.nn.Linear(2, 2)
+"""
+
+REAL_MANIFEST = """
+python-path = ["fakes"]
+[backends.doubles_gradients]
+target = "tbr_doctor_real:doubles_gradients"
+[backends.points_elsewhere]
+target = "tbr_doctor_real:points_elsewhere"
+[backends.stalls_once]
+target = "tbr_doctor_real:stalls_once"
+[backends.slows_eager]
+target = "tbr_doctor_slows:compile"
+[backends.needs_other_torch]
+target = "tbr_doctor_built_elsewhere:compile"
+[backends.prints_why]
+target = "tbr_doctor_prints_why:compile"
+"""
+
+
+@pytest.fixture(scope="module")
+def real_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("real") / "proj"
+    fakes = root / "fakes"
+    fakes.mkdir(parents=True)
+    (fakes / "tbr_doctor_real.py").write_text(REAL)
+    (fakes / "tbr_doctor_slows.py").write_text(SLOWS_EAGER)
+    (fakes / "tbr_doctor_models.py").write_text(MODELS)
+    (fakes / "tbr_doctor_built_elsewhere.py").write_text(
+        "raise ImportError('_C.so: undefined symbol: _ZN3c104impl8GPUTrace13gpuTraceStateE')\n"
+    )
+    (fakes / "tbr_doctor_prints_why.py").write_text(
+        "import os, sys\n"
+        "print('needs PyTorch 2.8.*, but 2.13.0 is found', file=sys.stderr)\n"
+        "os.exit(1)  # as one plugin does: the error it raises says nothing of why\n"
+    )
+    (root / "backends.toml").write_text(REAL_MANIFEST)
+    return root
+
+
+def _real(root: Path, names: list[str], **kwargs: Any) -> dict[str, Verdict]:
+    registry = Registry(cwd=root, environ={}, sources=("project", "torch"))
+    return {v.name: v for v in tbr.doctor(names, registry=registry, jobs=2, **kwargs)}
+
+
+@pytest.fixture(scope="module")
+def real_verdicts(real_project: Path) -> dict[str, Verdict]:
+    names = ["doubles_gradients", "points_elsewhere", "needs_other_torch", "prints_why", "eager"]
+    return _real(real_project, names)
+
+
+def test_the_backward_level_compares_gradients(real_verdicts: dict[str, Verdict]) -> None:
+    doubled = real_verdicts["doubles_gradients"]
+    assert (doubled.status, doubled.level_name) == ("wrong-result", "backward")
+    assert doubled.reason.startswith("gradient 0 differs from eager beyond rtol=")
+    assert (real_verdicts["eager"].status, real_verdicts["eager"].level_name) == (
+        "ok",
+        "backward",
+    )
+
+
+def test_a_reason_that_points_elsewhere_carries_what_the_probe_printed(
+    real_verdicts: dict[str, Verdict],
+) -> None:
+    elsewhere = real_verdicts["points_elsewhere"]
+    assert elsewhere.status == "compile-error"
+    assert "JIT compilation failed. See diagnostics.; it printed: error: unhandled torch type" in (
+        elsewhere.reason
+    )
+    printed = real_verdicts["prints_why"]
+    assert printed.status == "import-error"
+    assert "no attribute 'exit'" in printed.reason
+    assert "it printed: needs PyTorch 2.8.*, but 2.13.0 is found" in printed.reason
+    other = real_verdicts["needs_other_torch"]
+    assert other.status == "import-error"
+    assert "built for another PyTorch than the one installed here" in other.reason
+
+
+def test_a_model_of_keyword_inputs_that_draws_random_numbers_is_judged_as_a_chain_would(
+    real_project: Path,
+) -> None:
+    verdicts = _real(real_project, ["eager", "aot_eager"], model="tbr_doctor_models:keyword_inputs")
+    for verdict in verdicts.values():  # eager itself included: never wrong against itself
+        assert (verdict.status, verdict.level_name) == ("ok", "backward")
+        assert verdict.reason.startswith("verified in shapes and types only: the model draws")
+    with pytest.raises(ModelError, match=r"returned Linear; it must return \(model, inputs\)"):
+        _real(real_project, ["eager"], model="tbr_doctor_models:module_alone")
+
+
+def test_bench_times_eager_before_any_backend_code_and_ranks_what_it_can(
+    real_project: Path,
+) -> None:
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", "doctor", "--bench", "--json",
+         "slows_eager", "stalls_once", "eager"],
+        cwd=real_project, env=environ, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    # Eager was timed before the backend slowed eager's Linear: its speed-up is eager's own,
+    # not some 50x from a slowed reference.
+    assert rows["slows_eager"]["speedup"] < 5
+    # One stalled round of fifteen does not decide the spread: it can be ranked.
+    assert rows["stalls_once"]["spread"] < 0.5
+    table = subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", "doctor", "--bench", "stalls_once",
+         "eager"],
+        cwd=real_project, env=environ, capture_output=True, text=True, timeout=600,
+    ).stdout.splitlines()  # fmt: skip
+    assert "RANK" in table[0].split()
+    assert "spread too wide" not in "\n".join(table)

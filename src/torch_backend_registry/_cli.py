@@ -756,14 +756,15 @@ class _Progress:
 
 
 def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) -> None:
-    """A table sorted by result and speed; with ``bench``, a bar for each speed-up, and
-    the spread of the timed rounds, which says whether the speeds can be ranked."""
+    """A table sorted by result and speed; with ``bench``, a bar for each speed-up, the
+    spread of the timed rounds, and a rank where the speeds can be told apart."""
     header = ["NAME", "STATUS", "LEVEL", "SECONDS"]
     if bench:
-        header += ["COMPILE", "PER CALL", "SPEED-UP", "SPREAD"]
+        header += ["COMPILE", "PER CALL", "SPEED-UP", "SPREAD", "RANK"]
     header.append("REASON")
     table = [tuple(header)]
     fastest = max((v.speedup or 0.0 for v in verdicts), default=0.0)
+    ranks = _ranks(verdicts) if bench else {}
     for v in verdicts:
         status = v.status + (" (cached)" if v.cached else "")
         name = v.name + (f" -> {v.member}" if v.member else "")
@@ -774,16 +775,39 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
                 _duration(v.per_call_seconds),
                 _speedup(v.speedup, fastest, terminal),
                 "" if v.spread is None else f"±{v.spread * 50:.0f}%",
+                ranks.get(v.name, ""),
             ]
         row.append(v.reason)
         table.append(tuple(row))
     _print_rows(table)
-    wide = [v.name for v in verdicts if v.spread is not None and v.spread > 0.5]
+    wide = [v.name for v in verdicts if v.spread is not None and v.spread > WIDE]
     if wide:
         print(
             f"(the timed rounds of {', '.join(wide)} spread too wide to rank: the machine"
             " was busy; run again with nothing else running)"
         )
+
+
+#: A spread (the middle half of the timed rounds over their median) past which a speed
+#: is not ranked.
+WIDE = 0.5
+
+
+def _ranks(verdicts: Sequence[Verdict]) -> dict[str, str]:
+    """Each timed backend's rank by speed-up, fastest first. Backends whose speeds lie
+    within each other's spread share a rank; one spread too wide is not ranked."""
+    timed = sorted(
+        (v for v in verdicts if v.speedup and v.spread is not None and v.spread <= WIDE),
+        key=lambda v: -(v.speedup or 0.0),
+    )
+    ranks: dict[str, str] = {}
+    rank, floor = 0, float("inf")
+    for number, v in enumerate(timed, start=1):
+        speedup, half = v.speedup or 0.0, (v.spread or 0.0) / 2
+        if speedup * (1 + half) < floor:  # clearly slower than the fastest of the rank above
+            rank, floor = number, speedup * (1 - half)
+        ranks[v.name] = str(rank)
+    return ranks
 
 
 def _duration(seconds: float | None) -> str:

@@ -14,6 +14,7 @@ found (model, device, level, time limit): any change probes again.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -295,7 +296,7 @@ def _probe_one(
         [sys.executable, "-I", "-c", BOOT],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=subprocess.PIPE,
         pass_fds=(their_end,),
         cwd=config.get("cwd"),
         # Its own process group: a hang is killed with whatever it started.
@@ -305,12 +306,13 @@ def _probe_one(
     os.close(their_end)
     assert child.stdin is not None
     assert child.stdout is not None
+    assert child.stderr is not None
 
     def progress(level: int, done: bool) -> None:
         if on_progress is not None:
             on_progress(name, level, time.perf_counter() - started, done)
 
-    watch = _Watch(channel, child.stdout.fileno(), progress)
+    watch = _Watch(channel, child.stdout.fileno(), child.stderr.fileno(), progress)
     watch.start()
     try:
         child.stdin.write(json.dumps({**config, "name": name, "channel": their_end}).encode())
@@ -326,6 +328,7 @@ def _probe_one(
         watch.finish(GRACE)
         os.close(channel)
         child.stdout.close()
+        child.stderr.close()
     progress(watch.level, True)
     seconds = round(time.perf_counter() - started, 3)
     if watch.model_error is not None:
@@ -346,6 +349,7 @@ def _probe_one(
             pass
         else:
             code = report.get("code")
+            verdict = _diagnosed(verdict, watch.errors)
             return verdict, code, [m for m in missing or [] if isinstance(m, str)]
     reason = _crash_reason(child.returncode, watch.tail)
     return Verdict(name, "crashed", watch.level, reason, seconds), None, []
@@ -380,16 +384,20 @@ class _Watch:
     """Reads a probe's report pipe and its output, in a thread, until told to stop: a pipe
     that a process the backend started keeps open must not keep doctor waiting."""
 
-    def __init__(self, channel: int, output: int, progress: Callable[[int, bool], None]) -> None:
+    def __init__(
+        self, channel: int, output: int, errors: int, progress: Callable[[int, bool], None]
+    ) -> None:
         import threading
 
-        self.channel, self.output = channel, output
+        self.channel, self.output, self.error_fd = channel, output, errors
         self.progress = progress
         self.level = 0
         #: The probe's last report: its verdict, the code it ran.
         self.report: dict[str, Any] = {}
         self.model_error: str | None = None
+        #: The last of what it printed, and of what it printed to stderr alone.
         self.tail = bytearray()
+        self.errors = bytearray()
         self._pending = bytearray()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -411,16 +419,19 @@ class _Watch:
     def _run(self) -> None:
         import select
 
-        open_fds = [self.channel, self.output]
+        open_fds = [self.channel, self.output, self.error_fd]
         while open_fds and not self._stop.is_set():
             ready, _, _ = select.select(open_fds, [], [], 0.05)
             for fd in ready:
                 data = os.read(fd, 65536)
                 if not data:
                     open_fds.remove(fd)
-                elif fd == self.output:
+                elif fd in (self.output, self.error_fd):
                     self.tail += data
                     del self.tail[:-TAIL]  # a backend may print without end: keep its last words
+                    if fd == self.error_fd:
+                        self.errors += data
+                        del self.errors[:-TAIL]
                 else:
                     self._report(data)
 
@@ -444,6 +455,49 @@ class _Watch:
                 self.report = message
             if isinstance(message.get("model_error"), str):
                 self.model_error = message["model_error"]
+
+
+#: A reason that sends its reader elsewhere for the cause ("JIT compilation failed. See
+#: diagnostics."): the probe's last words on stderr are that elsewhere.
+_ELSEWHERE = re.compile(
+    r"\bsee (the )?(diagnostics|above|logs?|output|stderr|console|messages)\b"
+    r"|for (more )?(details|information)\b|check the log",
+    re.IGNORECASE,
+)
+
+
+def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
+    """``verdict`` with what the probe last wrote to stderr, where that is the diagnosis: a
+    reason that points elsewhere, or a failed import (a plugin that prints why, "needs
+    PyTorch 2.8.*, but 2.13.0 is found", and then fails on something else)."""
+    if verdict.ok or verdict.status in ("unavailable", "timeout"):
+        return verdict
+    if verdict.status != "import-error" and not _ELSEWHERE.search(verdict.reason):
+        return verdict
+    said = _last_words(errors, verdict.reason)
+    if not said:
+        return verdict
+    return Verdict.from_json({**verdict.facts(), "reason": f"{verdict.reason}; it printed: {said}"})
+
+
+def _last_words(errors: bytes | bytearray, known: str, lines: int = 3) -> str:
+    """The last few lines written to stderr that say something new: not Python's warnings
+    (a file:line: SomeWarning: header and its source line), not what ``known`` holds."""
+    kept: list[str] = []
+    warning = re.compile(r"^\S.*:\d+: \w*Warning: ")
+    after_warning = False
+    for line in errors.decode("utf-8", "replace").splitlines():
+        text = line.strip()
+        if warning.match(line):
+            after_warning = True
+            continue
+        if after_warning and line[:1].isspace():  # the source line a warning quotes
+            continue
+        after_warning = False
+        if text and text not in known:
+            kept.append(text)
+    said = " | ".join(kept[-lines:])
+    return said if len(said) <= 300 else "…" + said[-299:]
 
 
 def _crash_reason(code: int | None, tail: bytes | bytearray) -> str:

@@ -11,6 +11,7 @@ the last level reported for the parent to tell.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -61,10 +62,20 @@ def default_model() -> tuple[Any, tuple[Any, ...]]:
     return model, (torch.randn(4, 16),)
 
 
-def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...]]:
-    """The model and example inputs ``spec`` (``module:factory``) names; :class:`ModelError`."""
+#: What a ``--model`` factory returns, said where it returns something else.
+FACTORY_SHAPE = (
+    "(model, inputs): inputs a tuple of positional inputs, a dict of keyword inputs (a"
+    " Hugging Face model's input_ids and attention_mask) or one tensor; or (model, args,"
+    " kwargs). For example: return model, (torch.randn(4, 16),)"
+)
+
+
+def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """The model ``spec`` (``module:factory``) names, with its positional and keyword
+    inputs; :class:`ModelError` where it cannot be built."""
     if spec is None:
-        return default_model()
+        model, args = default_model()
+        return model, args, {}
     import importlib
 
     try:
@@ -72,10 +83,88 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...]]:
         factory: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             factory = getattr(factory, part)
-        model, inputs = factory()
+        made = factory()
     except Exception as exc:
         raise ModelError(f"--model {spec!r} cannot be built: {_short(exc)}") from exc
-    return model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+    if not isinstance(made, (tuple, list)) or len(made) not in (2, 3) or not callable(made[0]):
+        got = type(made).__name__
+        raise ModelError(
+            f"--model {spec!r}: the factory returned {got}; it must return {FACTORY_SHAPE}"
+        )
+    model, *rest = made
+    if len(rest) == 2:
+        args, kwargs = rest
+    elif isinstance(rest[0], dict):
+        args, kwargs = (), rest[0]
+    else:
+        args, kwargs = rest[0], {}
+    if not isinstance(args, (tuple, list)):
+        args = (args,)
+    if not isinstance(kwargs, dict):
+        got = type(kwargs).__name__
+        raise ModelError(
+            f"--model {spec!r}: its keyword inputs are {got}; it must return {FACTORY_SHAPE}"
+        )
+    return model, tuple(args), dict(kwargs)
+
+
+class _Eager:
+    """The model run eagerly, before any backend's code is imported: what it gives, and with
+    ``backward`` the gradients of its parameters. It runs on copies of the model, so the
+    model itself is as it was built for the backend; a model that gives other values on a
+    second run (dropout in training mode) draws random numbers, which compilers draw their
+    own way: it is judged by the shapes and types of what it gives."""
+
+    def __init__(self, spec: str | None, device: Any, backward: bool) -> None:
+        import copy
+
+        import torch
+
+        model, args, kwargs = build_model(spec)
+        self.what = "the built-in model" if spec is None else f"--model {spec!r}"
+        try:
+            self.model = model.to(device)
+            self.args = tuple(_on(x, device) for x in args)
+            self.kwargs = {key: _on(x, device) for key, x in kwargs.items()}
+            reference = copy.deepcopy(self.model)
+            with torch.random.fork_rng(devices=[]):
+                self.expected = reference(*self.args, **self.kwargs)
+                again = copy.deepcopy(self.model)(*self.args, **self.kwargs)
+        except Exception as exc:
+            raise ModelError(f"{self.what} cannot be run: {_short(exc)}") from exc
+        #: Whether the model draws random numbers: then only shapes and types are compared.
+        self.random = _differ(_leaves(self.expected), _leaves(again), "", 0, 0) is not None
+        self.tolerance: tuple[float | None, float | None] = (
+            (None, None) if self.random else (RTOL, ATOL)
+        )
+        self.grads: tuple[Any, ...] | None = None
+        params = [p for p in reference.parameters() if p.requires_grad]
+        if backward and params and _loss(self.expected) is not None:
+            try:
+                self.grads = torch.autograd.grad(_loss(self.expected), params, allow_unused=True)
+            except Exception as exc:
+                raise ModelError(
+                    f"{self.what} has no backward pass of its own: {_short(exc)}"
+                ) from exc
+
+    def __call__(self, fn: Any) -> Any:
+        return fn(*self.args, **self.kwargs)
+
+    @property
+    def said(self) -> str:
+        """What a verdict on this model is worth saying."""
+        if not self.random:
+            return ""
+        return (
+            "verified in shapes and types only: the model draws random numbers (dropout in"
+            " training mode, say; call model.eval() in the factory to compare values)"
+        )
+
+
+def _on(value: Any, device: Any) -> Any:
+    import torch
+
+    return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 class _Channel:
@@ -134,7 +223,11 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
     if device is None:
         return verdict("unavailable", 1, f"no {config.get('device')} device here")
     sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
-    model, inputs, expected, grads = _eager(config.get("model"), device, backward)
+    eager = _Eager(config.get("model"), device, backward)
+    rounds = config.get("rounds", 15)
+    # Eager is timed before any backend's code is loaded (a backend may start threads that
+    # slow every later call): each row's speed-up is against the same eager.
+    eager_times = _timed(eager, eager.model, rounds) if config.get("bench") else []
     # The first report: doctor counts the backend's time limit from here, past starting
     # Python, importing PyTorch and running the model eagerly.
     channel.say(level=2)
@@ -144,20 +237,21 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         return verdict("import-error", 2, _short(exc), missing=_missing(exc))
     channel.say(level=3)
     install(registry)  # torch.compile(backend=name) is what is probed
+    model = eager.model
     try:
         compiled = torch.compile(model, backend=name)
         start = time.perf_counter()
-        out = compiled(*inputs)
+        out = eager(compiled)
         compile_seconds = time.perf_counter() - start
     except Exception as exc:
         return verdict("compile-error", 3, _short(exc), missing=_missing(exc))
     member = getattr(registry.lookup_backend(name), "used", None)
     extra: dict[str, Any] = {"member": member} if member else {}
-    wrong = _differ(_leaves(expected), _leaves(out), "forward output", RTOL, ATOL)
+    wrong = _differ(_leaves(eager.expected), _leaves(out), "forward output", *eager.tolerance)
     if wrong is not None:
         return verdict("wrong-result", 3, wrong, **extra)
     reached = 3
-    if backward and grads is not None:
+    if backward and eager.grads is not None:
         channel.say(level=4)
         params = [p for p in model.parameters() if p.requires_grad]
         loss = _loss(out)
@@ -168,30 +262,35 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
             got = torch.autograd.grad(loss, params, allow_unused=True)
         except Exception as exc:
             return verdict("backward-error", 4, _short(exc), **extra)
-        pairs = [(e, g) for e, g in zip(grads, got, strict=True) if e is not None]
+        pairs = [(e, g) for e, g in zip(eager.grads, got, strict=True) if e is not None]
+        if not pairs:
+            said = "no parameter gets a gradient run eagerly: there is no backward to compare"
+            return verdict("ok", 3, said, **extra)
         if any(g is None for _e, g in pairs):
             return verdict("wrong-result", 4, "some gradients eager gives are missing", **extra)
-        wrong = _differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", RTOL, ATOL)
+        expected, mine = [e for e, _g in pairs], [g for _e, g in pairs]
+        wrong = _differ(expected, mine, "gradient", *eager.tolerance)
         if wrong is not None:
             return verdict("wrong-result", 4, wrong, **extra)
         reached = 4
     if not config.get("bench"):
-        return verdict("ok", reached, **extra)
+        return verdict("ok", reached, eager.said, **extra)
     channel.say(level=5)
     try:
-        eager, timed = _bench(model, compiled, inputs, config.get("rounds", 15))
+        timed = _timed(eager, compiled, rounds)
     except Exception as exc:  # the backend works; only timing it failed
         return verdict("ok", reached, f"timing failed: {_short(exc)}", **extra)
-    per_call = timed[1]
+    eager_call, per_call = statistics.median(eager_times), statistics.median(timed)
     return verdict(
         "ok",
         5,
+        eager.said,
         **extra,
         compile_seconds=round(compile_seconds, 4),
         per_call_seconds=per_call,
-        eager_seconds=eager[1],
-        speedup=round(eager[1] / per_call, 3) if per_call > 0 else None,
-        spread=round(max((hi - lo) / mid for lo, mid, hi in (eager, timed) if mid > 0), 3),
+        eager_seconds=eager_call,
+        speedup=round(eager_call / per_call, 3) if per_call > 0 else None,
+        spread=round(max(_spread(eager_times), _spread(timed)), 3),
     )
 
 
@@ -208,35 +307,6 @@ def _device(spec: str) -> Any:
     if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
         return None
     return device
-
-
-def _eager(spec: str | None, device: Any, backward: bool) -> tuple[Any, Any, Any, Any]:
-    """The model on ``device``, its inputs, what it gives run eagerly, and with ``backward``
-    its gradients; :class:`ModelError` for a model that cannot give them."""
-    import copy
-
-    import torch
-
-    model, inputs = build_model(spec)
-    what = "the built-in model" if spec is None else f"--model {spec!r}"
-    try:
-        model = model.to(device)
-        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
-        expected = copy.deepcopy(model)(*inputs)
-    except Exception as exc:
-        raise ModelError(f"{what} cannot be run: {_short(exc)}") from exc
-    params = [p for p in model.parameters() if p.requires_grad]
-    if (
-        not backward
-        or not params
-        or not any(getattr(o, "requires_grad", False) for o in _leaves(expected))
-    ):
-        return model, inputs, expected, None  # nothing to differentiate: forward it is
-    try:
-        grads = torch.autograd.grad(_loss(expected), params, allow_unused=True)
-    except Exception as exc:
-        raise ModelError(f"{what} has no backward pass of its own: {_short(exc)}") from exc
-    return model, inputs, expected, grads
 
 
 def _loss(out: Any) -> Any:
@@ -284,31 +354,31 @@ def imported_code() -> list[list[object]]:
     return sorted(found)[:10_000]
 
 
-def _bench(
-    eager: Any, compiled: Any, inputs: tuple[Any, ...], rounds: int
-) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-    """Seconds a call, eager and compiled, alternating run by run: (fastest, median,
-    slowest) of the rounds, each round the mean of a batch of calls."""
-    import statistics
-
+def _timed(eager: _Eager, fn: Any, rounds: int) -> list[float]:
+    """Seconds a call of ``fn`` on the model's inputs, for each of ``rounds`` rounds (each
+    the mean of a batch of calls), after one call to warm it."""
     import torch
 
     calls = 20
-    times: dict[int, list[float]] = {0: [], 1: []}
+    times = []
     with torch.no_grad():
-        for fn in (eager, compiled):  # warm both
-            fn(*inputs)
-        for i in range(rounds):
-            order = (0, 1) if i % 2 == 0 else (1, 0)
-            for side in order:
-                fn = (eager, compiled)[side]
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn(*inputs)
-                times[side].append((time.perf_counter() - start) / calls)
-    return tuple(  # type: ignore[return-value]
-        (min(t), statistics.median(t), max(t)) for t in (times[0], times[1])
-    )
+        eager(fn)
+        for _round in range(rounds):
+            start = time.perf_counter()
+            for _ in range(calls):
+                eager(fn)
+            times.append((time.perf_counter() - start) / calls)
+    return times
+
+
+def _spread(times: list[float]) -> float:
+    """How far the middle half of the rounds spread, as a share of their median (the
+    interquartile range over the median): one stalled round on a busy machine moves it
+    little, where the range from fastest to slowest is decided by it."""
+    if len(times) < 2:
+        return 0.0
+    low, middle, high = statistics.quantiles(times, n=4)
+    return (high - low) / middle if middle > 0 else 0.0
 
 
 def main(config: dict[str, Any]) -> None:
