@@ -19,6 +19,19 @@ from torch_backend_registry._api import default_registry
 
 NO_TORCH = ("runtime", "env", "project", "entry-point")
 
+
+def _installed_plugins() -> frozenset[str]:
+    import importlib.metadata
+
+    return frozenset(
+        ep.name for ep in importlib.metadata.entry_points(group="torch_dynamo_backends")
+    )
+
+
+#: The backend names real plugins installed here declare (openvino's, iree-turbine's):
+#: listings show them beside a test's own.
+PLUGINS = _installed_plugins()
+
 WriteFn = Callable[..., Path]
 
 

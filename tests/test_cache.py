@@ -19,7 +19,7 @@ from torch_backend_registry import Registry
 from torch_backend_registry._cache import Cache, cache_folder
 from torch_backend_registry._manifest import read_manifest
 
-from .conftest import NOBODY, WriteFn
+from .conftest import NOBODY, PLUGINS, WriteFn
 
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.toml"))
 
@@ -35,7 +35,7 @@ def cache_files() -> list[Path]:
 
 def listing(folder: Path) -> list[str]:
     reg = Registry(cwd=folder, environ={}, sources=("project", "entry-point"))
-    return [n for n in reg.list_backends(exclude_tags=()) if n != "openvino"]
+    return [n for n in reg.list_backends(exclude_tags=()) if n not in PLUGINS]
 
 
 def described(result: object) -> object:

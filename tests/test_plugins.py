@@ -22,7 +22,7 @@ import torch_backend_registry as tbr
 from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
 from torch_backend_registry._definition import distribution_key
 
-from .conftest import WriteFn
+from .conftest import PLUGINS, WriteFn
 
 MakeDist = Callable[..., Path]
 
@@ -43,8 +43,8 @@ def registry(folder: Path, **environ: str) -> Registry:
 
 
 def ours(names: list[str]) -> list[str]:
-    """The names a test made (a real plugin, openvino, may be installed beside them)."""
-    return [name for name in names if name != "openvino"]
+    """The names a test made (real plugins may be installed beside them)."""
+    return [name for name in names if name not in PLUGINS]
 
 
 def listed(reg: Registry) -> tuple[list[str], list[str]]:

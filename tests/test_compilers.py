@@ -1,0 +1,597 @@
+"""Chains and tables with the compilers people use, through torch.compile after install():
+PyTorch's inductor, aot_eager (AOTAutograd, where dynamo's graphs are strict) and eager,
+and real plugins (openvino; iree-turbine where installed), for a forward pass and a
+training step, on a model with buffers and one with dropout.
+
+Marked ``compilers`` (besides ``torch``): ``pytest -m "not compilers"`` skips them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torch_backend_registry as tbr
+from torch_backend_registry import Registry
+
+from .conftest import WriteFn
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.torch, pytest.mark.compilers]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Members that fail in each way a member can, written as plugins and projects write them.
+FAILING = """
+import operator
+import torch
+
+def fails_at_compile(gm, example_inputs, **options):  # takes what torch.compile gives
+    raise RuntimeError("no kernel for this graph")
+
+def rewrites_then_fails(gm, example_inputs):
+    # An FX pass applied in place, as FX passes are, that then gives up: the next member
+    # must get the graph as it came, with what dynamo put on its nodes.
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (operator.add, torch.add):
+            node.target = operator.sub
+    gm.recompile()
+    raise RuntimeError("gave up after rewriting")
+
+def fails_at_first_call(gm, example_inputs):
+    def run(*args):
+        raise RuntimeError("kernel launch failed")
+    return run
+
+def off_by_one(gm, example_inputs):
+    def run(*args):
+        out = gm(*args)
+        if isinstance(out, (list, tuple)):
+            return type(out)(o + 1 if o.is_floating_point() else o + 3 for o in out)
+        return out + 1
+    return run
+
+def inference_only(gm, example_inputs):
+    def run(*args):
+        with torch.no_grad():
+            return gm(*args)
+    return run
+"""
+
+PLUGINS = [
+    "openvino",
+    pytest.param(
+        "iree_boo",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("iree") is None, reason="iree-turbine is not installed"
+        ),
+    ),
+]
+REAL = ["inductor", "aot_eager", "eager", *PLUGINS]
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo() -> Iterator[None]:
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def failing(make_module: Callable[..., str], module_name: str) -> str:
+    return make_module(module_name, FAILING)
+
+
+@pytest.fixture
+def logged() -> Iterator[list[str]]:
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("torch_backend_registry")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def installed(write: WriteFn, body: str) -> tuple[Registry, str]:
+    """A project manifest whose names carry a fresh suffix (PyTorch's registry is
+    process-wide), installed; the registry and the suffix."""
+    uid = f"_{uuid.uuid4().hex[:8]}"
+    path = write("backends.toml", textwrap.dedent(body).replace("_UID", uid))
+    registry = Registry(cwd=path.parent, environ={})
+    tbr.install(registry)
+    return registry, uid
+
+
+def plugin_here(name: str) -> None:
+    if name == "openvino":
+        pytest.importorskip("openvino")
+
+
+def chain_before(real: str, failing: str, verify: str, *, differs: bool = True) -> str:
+    """A chain of every kind of failing member, then ``real``; with ``verify``, the members
+    only verification can catch too (they compile, then fail at their first call, or give
+    other values: ``differs``, which a graph that draws random numbers cannot show)."""
+    members = ["gone_UID", "fails_compile_UID", "rewrites_UID"]
+    if verify != "none":
+        members += ["fails_call_UID", "wrong_UID"] if differs else ["fails_call_UID"]
+    listed = ", ".join(f'"{m}"' for m in [*members, real])
+    said = "" if verify == "none" else f'verify = "{verify}"\n'
+    return f"""
+        [backends.chain_UID]
+        chain = [{listed}]
+        {said}
+        [backends.gone_UID]
+        target = "tbr_not_installed_anywhere:compile"
+        [backends.fails_compile_UID]
+        target = "{failing}:fails_at_compile"
+        [backends.rewrites_UID]
+        target = "{failing}:rewrites_then_fails"
+        [backends.fails_call_UID]
+        target = "{failing}:fails_at_first_call"
+        [backends.wrong_UID]
+        target = "{failing}:off_by_one"
+    """
+
+
+def with_buffers() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+    )
+
+
+def with_dropout() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 3))
+
+
+def close(a: Any, b: Any) -> bool:
+    return bool(torch.allclose(a, b, rtol=1e-2, atol=1e-2))
+
+
+@pytest.mark.parametrize("verify", ["none", "forward", "backward"])
+@pytest.mark.parametrize("real", REAL)
+def test_a_chain_falls_back_past_every_kind_of_failure_to_a_real_compiler(
+    write: WriteFn, failing: str, logged: list[str], real: str, verify: str
+) -> None:
+    plugin_here(real)
+    registry, uid = installed(write, chain_before(real, failing, verify))
+    x = torch.randn(6, 4)
+    twin, model = with_buffers().eval(), with_buffers().eval()
+    compiled = torch.compile(model, backend=f"chain{uid}")
+
+    # A forward pass for inference: every failure before the real compiler is skipped.
+    with torch.no_grad():
+        out = compiled(x)
+        expected = twin(x)
+    assert close(out, expected)
+    assert registry.lookup_backend(f"chain{uid}").used == real
+    skipped = [r for r in logged if ": skipping " in r]
+    assert len(skipped) == (3 if verify == "none" else 5), skipped
+
+    # A training step: gradients and BatchNorm's statistics as eager's.
+    torch._dynamo.reset()
+    logged.clear()
+    model, twin = with_buffers(), with_buffers()
+    compiled = torch.compile(model, backend=f"chain{uid}")
+    if real in ("openvino",):
+        # Inference only: its outputs require no grad. Unverified, it is used and training
+        # fails; verified, the difference is seen and no member is left.
+        if verify == "none":
+            with pytest.raises(RuntimeError, match="does not require grad"):
+                compiled(x).sum().backward()
+        else:
+            with pytest.raises(Exception, match="no member of fallback chain") as caught:
+                compiled(x)
+            assert "does not require grad where eager's" in str(caught.value) or (
+                "no output requires grad" in str(caught.value)
+            )
+        return
+    compiled(x).sum().backward()
+    twin(x).sum().backward()
+    assert registry.lookup_backend(f"chain{uid}").used == real
+    for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+        assert mine.grad is not None
+        assert close(mine.grad, theirs.grad)
+    assert close(model[1].running_mean, twin[1].running_mean)
+    assert close(model[1].running_var, twin[1].running_var)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("real", ["inductor", "aot_eager", "eager", "openvino"])
+def test_a_model_with_dropout_is_verified_in_shapes_and_types_and_trains(
+    write: WriteFn, failing: str, logged: list[str], real: str, training: bool
+) -> None:
+    plugin_here(real)
+    if real == "openvino" and training:
+        pytest.skip("openvino compiles for inference only (test above)")
+    # Its values cannot be compared with eager's (they are random): only a member that gives
+    # other values would pass, and none is in the chain.
+    registry, uid = installed(write, chain_before(real, failing, "backward", differs=False))
+    model, twin = with_dropout(), with_dropout()
+    x = torch.randn(6, 4)
+    compiled = torch.compile(model, backend=f"chain{uid}")
+    torch.manual_seed(3)
+    if training:
+        out = compiled(x)
+        out.sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+    else:
+        with torch.no_grad():
+            out = compiled(x)
+    assert registry.lookup_backend(f"chain{uid}").used == real
+    assert out.shape == (6, 3)
+    assert any("verified in shapes and types only" in r for r in logged), logged
+    if real in ("eager", "aot_eager"):
+        # They draw random numbers as eager does: the same values as an uncompiled twin.
+        torch.manual_seed(3)
+        expected = twin(x)
+        assert torch.equal(out.detach(), expected.detach())
+
+
+def test_without_verify_a_member_that_fails_later_is_not_caught(
+    write: WriteFn, failing: str
+) -> None:
+    # What a chain cannot help with, unless it verifies: a member that compiles, then
+    # fails at its first call, or gives wrong values.
+    _registry, uid = installed(
+        write,
+        f"""
+        [backends.late_UID]
+        chain = ["fails_call_UID", "eager"]
+        [backends.wrong_chain_UID]
+        chain = ["wrong_UID", "eager"]
+        [backends.fails_call_UID]
+        target = "{failing}:fails_at_first_call"
+        [backends.wrong_UID]
+        target = "{failing}:off_by_one"
+        """,
+    )
+    x = torch.randn(6, 4)
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
+        torch.compile(with_buffers(), backend=f"late{uid}")(x)
+    torch._dynamo.reset()
+    out = torch.compile(with_buffers(), backend=f"wrong_chain{uid}")(x)
+    assert not close(out, with_buffers()(x))
+
+
+# ------------------------------------------------------------------ what torch.compile passes
+
+
+def _recording_inductor(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Record the configuration inductor compiles with (torch.compile's wrapper passes it)."""
+    import torch._inductor.compile_fx as compile_fx_module
+
+    seen: list[dict[str, Any]] = []
+    real = compile_fx_module.compile_fx
+
+    def compile_fx(*args: Any, config_patches: Any = None, **kwargs: Any) -> Any:
+        seen.append(dict(config_patches or {}))
+        return real(*args, config_patches=config_patches, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", compile_fx)
+    return seen
+
+
+def test_inductor_as_a_member_gets_mode_and_options_as_torch_compile_gives_them(
+    write: WriteFn, failing: str, logged: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _recording_inductor(monkeypatch)
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.chain_UID]
+        chain = ["fails_compile_UID", "inductor", "eager"]
+        [backends.table_UID]
+        by-device = {{ cpu = "inductor", other = "eager" }}
+        [backends.fails_compile_UID]
+        target = "{failing}:fails_at_compile"
+        """,
+    )
+    x = torch.randn(6, 4)
+    mode = "max-autotune-no-cudagraphs"
+    torch.compile(with_buffers(), backend="inductor", mode=mode)(x)
+    direct = seen[0]  # the outermost call: what torch.compile's wrapper asked for
+    assert direct.get("max_autotune") is True
+    for backend in (f"chain{uid}", f"table{uid}"):
+        torch._dynamo.reset()
+        seen.clear()
+        out = torch.compile(with_buffers(), backend=backend, mode=mode)(x)
+        assert close(out, with_buffers()(x))
+        assert registry.lookup_backend(backend).used == "inductor"  # not a silent eager
+        assert seen[0] == direct
+    torch._dynamo.reset()
+    seen.clear()
+    options = {"epilogue_fusion": False}
+    torch.compile(with_buffers(), backend=f"chain{uid}", options=options)(x)
+    assert seen[0].get("epilogue_fusion") is False
+    # An option inductor does not know is inductor's own error, at once: no fall to eager.
+    torch._dynamo.reset()
+    logged.clear()
+    with pytest.raises(Exception, match="Unexpected optimization option epilogue_fusin"):
+        torch.compile(with_buffers(), backend=f"chain{uid}", options={"epilogue_fusin": 1})(x)
+    assert not any("compiled with 'eager'" in r for r in logged)
+
+
+def test_a_member_that_cannot_take_what_torch_compile_gives_is_an_error_at_once(
+    write: WriteFn, logged: list[str]
+) -> None:
+    pytest.importorskip("openvino")
+    _registry, uid = installed(write, '[backends.chain_UID]\nchain = ["openvino", "eager"]\n')
+    with pytest.raises(Exception, match="its member 'openvino' cannot take") as caught:
+        torch.compile(with_buffers(), backend=f"chain{uid}", mode="max-autotune")(torch.randn(6, 4))
+    assert "option 'mode' is not a parameter of openvino" in str(caught.value)
+    assert not any("compiled with 'eager'" in r for r in logged)
+
+
+# ------------------------------------------------------------------ verification
+
+
+EXACT = """
+import torch
+
+def shifted_argmax(gm, example_inputs):
+    def run(*args):
+        out = gm(*args)
+        return type(out)(o + 3 if not o.is_floating_point() else o for o in out)
+    return run
+
+def off_by_one(gm, example_inputs):
+    def run(*args):
+        out = gm(*args)
+        return type(out)(o + 1.0 if o.is_floating_point() else o for o in out)
+    return run
+"""
+
+
+def test_verification_holds_integers_exactly_and_sees_lost_gradients(
+    write: WriteFn, make_module: Callable[..., str], module_name: str, failing: str
+) -> None:
+    exact = make_module(module_name + "_exact", EXACT)
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.exact_UID]
+        chain = ["argmax_UID", "aot_eager"]
+        verify = "forward"
+        [backends.training_UID]
+        chain = ["no_grad_UID", "aot_eager"]
+        verify = "forward"
+        [backends.argmax_UID]
+        target = "{exact}:shifted_argmax"
+        [backends.no_grad_UID]
+        target = "{failing}:inference_only"
+        """,
+    )
+
+    def top(x: Any) -> Any:
+        return (x * 100).long().argmax(dim=1), x.sum()
+
+    x = torch.randn(4, 600)
+    got = torch.compile(top, backend=f"exact{uid}")(x)
+    assert torch.equal(got[0], top(x)[0])  # 503 for 500 is wrong, whatever the tolerance
+    assert registry.lookup_backend(f"exact{uid}").used == "aot_eager"
+    # Training at the forward level: an inference-only member would lose the gradients.
+    model = with_buffers()
+    torch.compile(model, backend=f"training{uid}")(torch.randn(6, 4)).sum().backward()
+    assert registry.lookup_backend(f"training{uid}").used == "aot_eager"
+    assert all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():  # for inference, nothing is lost: the first member serves
+        torch._dynamo.reset()
+        torch.compile(with_buffers(), backend=f"training{uid}")(torch.randn(6, 4))
+    assert registry.lookup_backend(f"training{uid}").used == f"no_grad{uid}"
+
+
+def test_under_dynamic_shapes_members_are_verified_and_restarts_pass_through(
+    write: WriteFn, make_module: Callable[..., str], module_name: str, logged: list[str]
+) -> None:
+    exact = make_module(module_name + "_dyn", EXACT)
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.checked_UID]
+        chain = ["off_UID", "aot_eager", "eager"]
+        verify = "forward"
+        [backends.off_UID]
+        target = "{exact}:off_by_one"
+        """,
+    )
+
+    def scaled(x: Any, p: float) -> Any:
+        # A float argument used in an op makes AOTAutograd restart dynamo's analysis under
+        # dynamic=True; a size-dependent op gives the graph symbolic inputs.
+        return torch.nn.functional.leaky_relu(x, p) * x.shape[0], torch.add(x, x, alpha=p)
+
+    x = torch.randn(3, 4)
+    out = torch.compile(scaled, backend=f"checked{uid}", dynamic=True)(x, 0.2)
+    expected = scaled(x, 0.2)
+    assert all(close(a, b) for a, b in zip(out, expected, strict=True))
+    assert registry.lookup_backend(f"checked{uid}").used == "aot_eager"
+    assert any("skipping 'off" in r and "differs from eager" in r for r in logged), logged
+    assert not any("Restart" in r for r in logged)
+    assert not any("not verified" in r for r in logged)
+
+
+def test_a_table_picks_by_the_device_a_graph_makes_its_tensors_on(
+    write: WriteFn, failing: str
+) -> None:
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.auto_UID]
+        by-device = {{ meta = "eager", cpu = "fails_compile_UID" }}
+        [backends.fails_compile_UID]
+        target = "{failing}:fails_at_compile"
+        """,
+    )
+
+    def made() -> Any:  # no inputs at all: the graph makes its own tensors
+        return torch.ones(3, device="meta") * 2
+
+    assert torch.compile(made, backend=f"auto{uid}")().device.type == "meta"
+    assert registry.lookup_backend(f"auto{uid}").used == "eager"
+
+
+# ------------------------------------------------------------------ plugins that register
+
+
+TENSORRT = """
+import torch
+
+CALLS = []
+
+@torch._dynamo.register_backend(name="tensorrt")
+def tensorrt_backend(gm, example_inputs, **kwargs):
+    CALLS.append("plugin's own")
+    return gm.forward
+
+def compile(gm, inputs, ir):
+    CALLS.append("compile")
+    return gm.forward
+"""
+
+
+@pytest.mark.parametrize("when", ["after install()", "before install()"])
+def test_a_plugin_that_registers_its_own_name_on_import_beside_this_repository(
+    tmp_path: Path, when: str
+) -> None:
+    # A real distribution, as pip leaves it, whose import registers 'tensorrt' with
+    # PyTorch (as torch-tensorrt does); this repository's manifest declares 'tensorrt' too.
+    site = tmp_path / "site"
+    (site / "torch_tensorrt").mkdir(parents=True)
+    (site / "torch_tensorrt" / "__init__.py").write_text(TENSORRT)
+    info = site / "torch_tensorrt-9.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-tensorrt\nVersion: 9.9\n")
+    early = "import torch_tensorrt\n" if when == "before install()" else ""
+    late = "" if early else "import torch_tensorrt\n"
+    code = f"""
+import sys, warnings, torch
+sys.path.insert(0, {str(site)!r})
+import torch_backend_registry as tbr
+warnings.simplefilter("error", tbr.ManifestWarning)
+{early}tbr.install()
+{late}model = torch.nn.Linear(3, 3)
+out = torch.compile(model, backend="tensorrt")(torch.ones(2, 3))
+import torch_tensorrt
+info = tbr.backend_info("tensorrt")
+print(info.source.kind, [(d.source.kind, d.target) for d in info.shadowed])
+print(torch_tensorrt.CALLS)
+print(tbr.lookup_backend("tensorrt").__name__, "tensorrt" in torch._dynamo.list_backends(()))
+"""
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "project [('torch', 'torch_tensorrt:tensorrt_backend')]",  # both known, by precedence
+        "['compile']",  # torch.compile ran the manifest's backend, which lookup returns
+        "tensorrt_compile True",
+    ]
+
+
+def test_a_stale_or_renamed_entry_point_is_never_loaded_by_a_listing(tmp_path: Path) -> None:
+    def installed_plugin(site: Path) -> None:
+        info = site / "stale_plugin-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stale-plugin\nVersion: 1.0\n")
+        points = info / "entry_points.txt"
+        points.write_text("[torch_dynamo_backends]\nold_name = tbr_stale_plugin:compile\n")
+        (site / "tbr_stale_plugin.py").write_text(
+            "import sys\nprint('plugin code ran', file=sys.stderr)\n"
+            "def compile(gm, inputs):\n    return gm.forward\n"
+        )
+
+    code = """
+import shutil, sys, pathlib
+sys.path.insert(0, sys.argv[2])
+import torch, torch_backend_registry as tbr
+torch._dynamo.list_backends()  # PyTorch reads the entry points, once a process
+assert "old_name" in tbr.list_backends()
+site = pathlib.Path(sys.argv[2])
+if sys.argv[1] == "upgraded":  # a new version renames its entry point
+    (site / "stale_plugin-1.0.dist-info" / "entry_points.txt").write_text(
+        "[torch_dynamo_backends]\\nnew_name = tbr_stale_plugin:compile\\n"
+    )
+else:  # uninstalled
+    shutil.rmtree(site / "stale_plugin-1.0.dist-info")
+    (site / "tbr_stale_plugin.py").unlink()
+import importlib; importlib.invalidate_caches()
+tbr.refresh()
+names = tbr.list_backends(exclude_tags=())
+print("inductor" in names, "old_name" in names, "tbr_stale_plugin" in sys.modules)
+print(callable(tbr.lookup_backend("inductor")))
+"""
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    for case in ("uninstalled", "upgraded"):
+        site = tmp_path / case
+        installed_plugin(site)
+        done = subprocess.run(
+            [sys.executable, "-c", code, case, str(site)], cwd=tmp_path, env=environ,
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == ["True False False", "True"], case
+        assert "plugin code ran" not in done.stderr, case
+
+
+# ------------------------------------------------------------------ check --import
+
+
+def test_check_import_imports_what_chains_and_tables_run(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    # A plugin that is installed but cannot be imported (built for another PyTorch).
+    info = make_dist("broken-plugin", "1.0", {"broken_plugin": "tbr_broken_plugin_mod:compile"})
+    (info.parent / "tbr_broken_plugin_mod.py").write_text(
+        "raise ImportError('libbroken.so: undefined symbol: _ZN3c1017RegisterOperators')\n"
+    )
+    write(
+        "backends.toml",
+        """
+        [backends.table]
+        by-device = { cpu = "broken_plugin", other = "eager" }
+        [backends.only]
+        chain = ["broken_plugin"]
+        [backends.mixed]
+        chain = ["broken_plugin", "eager"]
+        [backends.factory]
+        target = "json:JSONEncoder"
+        """,
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    environ["PYTHONPATH"] = os.pathsep.join(sys.path)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", "check", "--import"],
+        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(": ", 3)[:3] for line in lines] == [
+        ["backends.toml:2", "error", "backends.table.by-device"],
+        ["backends.toml:4", "error", "backends.only.chain"],
+        ["backends.toml:6", "warning", "backends.mixed.chain"],
+        ["backends.toml:8", "error", "backends.factory.target"],
+    ]
+    assert "built for another PyTorch than the one installed here" in lines[0]
+    assert lines[2].endswith("'mixed' uses the next member")
+    assert "it looks like a factory that returns the compiler" in lines[3]
+    assert done.stderr.splitlines()[-1] == (
+        "3 problem(s); 1 of 4 backend(s) imported and usable, 1 warning(s)"
+    )
