@@ -614,13 +614,19 @@ class _Imports:
         return f"no member can be used ({reasons})", any(s[1] for s in judged.values() if s)
 
     def _load(self, d: BackendDefinition) -> Problem | None:
+        from ._loader import cannot_compile
+
         try:
             # What a backend prints as it is imported must not mix with this report.
             with contextlib.redirect_stdout(sys.stderr):
-                self.registry.lookup_backend(d.name)
+                fn = self.registry.lookup_backend(d.name)
         except BackendRegistryError as exc:
             return _load_problem(d, exc)
-        return None
+        why = cannot_compile(fn)
+        if why is None:
+            return None
+        message = f"backend {d.name!r} (target {d.target!r}) {why}"
+        return Problem(message) if d.source.path is None else d.located(message, "target")
 
 
 def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:

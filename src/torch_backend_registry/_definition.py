@@ -240,6 +240,8 @@ class BackendDefinition(Frozen):
         "source",
         "enabled",
         "python_path",
+        "search_path",
+        "written_path",
         "compiler_fn",
         "problem",
         "skip_known_failures",
@@ -262,6 +264,12 @@ class BackendDefinition(Frozen):
     enabled: bool
     #: The manifest's ``python-path`` folders, absolute.
     python_path: tuple[str, ...]
+    #: Where a lookup of this backend finds modules, after every other place: the
+    #: ``python-path`` folders, then the manifest's own folder, last.
+    search_path: tuple[str, ...]
+    #: The manifest's ``python-path`` entries as written (what its identity holds: the
+    #: same in every checkout).
+    written_path: tuple[str, ...]
     #: The callable itself, where the source holds one (runtime, PyTorch).
     compiler_fn: Callable[..., Any] | None
     #: Why this definition cannot be used as declared, or ``None``.
@@ -292,6 +300,8 @@ class BackendDefinition(Frozen):
         options: Mapping[str, Any] | None = _EMPTY,
         enabled: bool = True,
         python_path: tuple[str, ...] = (),
+        search_path: tuple[str, ...] = (),
+        written_path: tuple[str, ...] = (),
         compiler_fn: Callable[..., Any] | None = None,
         problem: Problem | None = None,
         skip_known_failures: bool = False,
@@ -312,6 +322,8 @@ class BackendDefinition(Frozen):
         init(self, "source", source)
         init(self, "enabled", enabled)
         init(self, "python_path", python_path)
+        init(self, "search_path", search_path)
+        init(self, "written_path", written_path)
         init(self, "compiler_fn", compiler_fn)
         init(self, "problem", problem)
         init(self, "skip_known_failures", skip_known_failures)

@@ -257,7 +257,7 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
             folder
             for d in registry.definitions((), with_torch=False)
             if d.source.path is not None
-            for folder in d.python_path
+            for folder in d.search_path
         )
     )
     found = find(module)

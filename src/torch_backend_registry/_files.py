@@ -172,11 +172,14 @@ def parse_toml(
     try:
         lines = key_lines(text, budget)
     except TooManyKeys as exc:
+        advice = (
+            "in one manifest; split it into several files (a TORCH_BACKENDS_PATH folder"
+            " reads them all)"
+            if budget == MAX_KEY_PARTS
+            else "in one file, more than this file is read"
+        )
         raise ManifestError(
-            f"more than {exc.budget:,} keys and key parts in one manifest; split it into"
-            " several files (a TORCH_BACKENDS_PATH folder reads them all)",
-            path=path,
-            line=exc.line,
+            f"more than {exc.budget:,} keys and key parts {advice}", path=path, line=exc.line
         ) from None
     try:
         return tomli.loads(text), lines

@@ -142,7 +142,7 @@ def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
 
 def missing_requirements(definition: BackendDefinition) -> list[str]:
     """The ``requires`` modules that cannot be found; no code of any of them runs."""
-    return [m for m in definition.requires if find(m, definition.python_path) is None]
+    return [m for m in definition.requires if find(m, definition.search_path) is None]
 
 
 #: The most files of a package stamped for its code; past them, its folder stands for it.

@@ -3,15 +3,13 @@ the lock file, doctor's verdict keys and the verdicts a listing shows.
 
 Pure: an index in, facts out. The facts leave out where a checkout lies
 (absolute paths, line numbers) and keep what decides what runs: the source
-kind, the target or chain, options, requires, ``python-path`` (relative to
-its manifest), a plugin's distribution and version, ``skip-known-failures``,
-PyTorch's version for its own backends, and for a chain the same facts of
-every backend it may reach.
+kind, the target or chain, options, requires, ``python-path`` (as written),
+a plugin's distribution and version, ``skip-known-failures``, PyTorch's public
+version for its own backends, and for a chain the same facts of every backend
+it may reach.
 """
 
 from __future__ import annotations
-
-import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,15 +37,24 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         facts["options"] = _plain(definition.options)
     if definition.requires:
         facts["requires"] = sorted(set(definition.requires))
-    if definition.python_path and source.path is not None:
-        facts["python-path"] = [_where(p, source.path) for p in definition.python_path]
+    if definition.written_path:
+        # As written: an absolute folder is the same folder from every checkout, and a
+        # relative one the same place in each.
+        facts["python-path"] = list(definition.written_path)
     if source.distribution is not None:
         facts["distribution"] = source.distribution
         facts["version"] = source.version or ""
     if definition.skip_known_failures:
         facts["skip-known-failures"] = True
+    fn = definition.compiler_fn
+    if fn is not None and source.kind != "torch":
+        described = callable_facts(fn)
+        if described != definition.target:  # a partial, a callable object: what it holds
+            facts["callable"] = described
     if source.kind == "torch":
-        facts["torch"] = torch_version or ""
+        from ._pytorch import public_version
+
+        facts["torch"] = public_version(torch_version) or ""
     return facts
 
 
@@ -101,18 +108,52 @@ def registry_facts(index: Index, torch_version: str | None) -> Facts:
     return facts
 
 
-def _where(folder: str, manifest: str) -> str:
-    """A python-path folder as a checkout anywhere says it: relative to the manifest's
-    folder (``../src`` beside a ``conf/`` folder) unless the two share nothing but the
-    root (``/opt/lib`` from a checkout in a home folder), as it is."""
-    here = os.path.dirname(os.path.realpath(manifest))
-    try:
-        shared = os.path.commonpath([folder, here])
-    except ValueError:  # other drives
-        return folder
-    if shared == os.path.dirname(shared):  # only the root
-        return folder
-    return os.path.relpath(folder, here)
+def callable_facts(fn: Any, depth: int = 0) -> Any:
+    """What a registered callable runs, as plain facts that two processes running the same
+    code agree on: a function's ``module:qualname``; a ``functools.partial``'s function and
+    the arguments it binds; a callable object's class and its attributes. Never an address
+    (``repr`` of an object holds one)."""
+    import functools
+    import inspect
+
+    from ._definition import target_of
+
+    if depth > 8:  # objects that hold themselves, or each other
+        return "..."
+    if isinstance(fn, functools.partial):
+        return {
+            "partial": callable_facts(fn.func, depth + 1),
+            "args": [_held(a, depth) for a in fn.args],
+            "keywords": {str(k): _held(v, depth) for k, v in sorted(fn.keywords.items())},
+        }
+    named = inspect.isfunction(fn) or inspect.isbuiltin(fn) or isinstance(fn, type)
+    target = target_of(fn)
+    if named and target is not None:  # its name says what it runs
+        return target
+    cls = type(fn)
+    # What registering set on it (its tags, as PyTorch sets them) is not what it runs.
+    state = {k: v for k, v in getattr(fn, "__dict__", {}).items() if k != "_tags"}
+    return {
+        "instance of": f"{cls.__module__}:{cls.__qualname__}",
+        "state": {
+            str(k): _held(v, depth) for k, v in sorted(state.items(), key=lambda i: str(i[0]))
+        },
+    }
+
+
+def _held(value: Any, depth: int) -> Any:
+    """A value a callable holds, as plain facts: data as it is, a callable as what it runs,
+    anything else by its kind."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_held(v, depth + 1) for v in value][:100]
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda i: str(i[0]))[:100]
+        return {str(k): _held(v, depth + 1) for k, v in items}
+    if callable(value):
+        return callable_facts(value, depth + 1)
+    return {"object of": f"{type(value).__module__}:{type(value).__qualname__}"}
 
 
 def _plain(value: Any) -> Any:

@@ -41,7 +41,7 @@ def trusted_folders(definition: BackendDefinition) -> tuple[list[str], list[str]
     from ._files import untrusted_folder, untrusted_message
 
     trusted, refused = [], []
-    for folder in definition.python_path:
+    for folder in definition.search_path:
         reason = untrusted_folder(folder)
         if reason is None or reason.startswith("it cannot be examined"):
             trusted.append(folder)  # a missing folder serves nothing either way
@@ -88,10 +88,6 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         raise _error(
             definition, f"{target!r} is {_a(type(obj).__name__)}, which is not callable"
         ) from TypeError(f"{type(obj).__name__} object is not callable")
-    why = cannot_compile(obj)
-    if why is not None:
-        _forget(before, module_name, folders)
-        raise _error(definition, f"{target!r} {why}") from TypeError(why)
     if folders:
         python_path_finder().keep(folders)
     if definition.options:

@@ -28,6 +28,10 @@ LOCK_VERSION = 1
 #: The largest lock read (and so written): 16 MiB, some 100,000 backends. A lock holds
 #: a registry whole, where manifests are split in files of at most 1 MiB.
 LOCK_MAX_BYTES = 16 * 2**20
+#: The most keys and key parts a lock may hold, read or written: 100,000 backends with
+#: options and aliases take some 1.5 million in the lock ``lock`` writes (about 13 MiB).
+#: The budget bounds the parser's work on any file named ``backends.lock``.
+LOCK_MAX_KEY_PARTS = 2_000_000
 #: The environment variable that makes install() refuse a registry that drifted from
 #: its lock: "1" for the backends.lock beside the project manifest, or a lock's path.
 LOCKED_VAR = "TORCH_BACKENDS_LOCKED"
@@ -83,12 +87,7 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
     """Write the lock of ``registry``; return its path."""
     path = path or lock_path(registry)
     text = lock_text(registry.facts())
-    if len(text.encode()) > LOCK_MAX_BYTES:
-        raise LockFileError(
-            f"the lock would be larger than {LOCK_MAX_BYTES // 2**20} MiB, more than a lock"
-            " is read; lock fewer backends",
-            path=path,
-        )
+    _readable(text, path)
     temporary = f"{path}.tmp-{os.getpid()}"
     try:
         with open(temporary, "w", encoding="utf-8") as handle:
@@ -101,14 +100,32 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
     return path
 
 
+def _readable(text: str, path: str) -> None:
+    """Refuse to write a lock that read_lock would refuse: larger than it reads, or holding
+    more keys than it parses."""
+    from ._positions import TooManyKeys, key_lines
+
+    too_large = len(text.encode()) > LOCK_MAX_BYTES
+    if not too_large:
+        try:
+            key_lines(text, LOCK_MAX_KEY_PARTS)
+        except TooManyKeys:
+            too_large = True
+    if too_large:
+        raise LockFileError(
+            f"the lock would be larger than a lock is read ({LOCK_MAX_BYTES // 2**20} MiB,"
+            f" {LOCK_MAX_KEY_PARTS:,} keys and key parts); lock fewer backends",
+            path=path,
+        )
+
+
 def read_lock(path: str) -> Facts:
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used."""
-    from ._files import MAX_KEY_PARTS, parse_toml, read_text
+    from ._files import parse_toml, read_text
 
     try:
         text = read_text(path, LOCK_MAX_BYTES)
-        # Locks are written by lock_text: far fewer key parts than bytes.
-        data, _lines = parse_toml(path, text, max(MAX_KEY_PARTS, len(text) // 16))
+        data, _lines = parse_toml(path, text, LOCK_MAX_KEY_PARTS)
     except ManifestError as exc:
         raise LockFileError(exc.message, path=path, line=exc.line) from exc
     version = data.get("lock-version")

@@ -180,12 +180,14 @@ class _Validation:
         # Relative to the real file: a link to a manifest must not make its code
         # come from the folder the link is in.
         base = os.path.dirname(os.path.realpath(self.path))
-        python_path = tuple(
-            dict.fromkeys(os.path.normpath(os.path.join(base, p)) for p in header.python_path)
-        )
+        folders = [os.path.normpath(os.path.join(base, p)) for p in header.python_path]
+        # The manifest's own folder is searched last, whatever python-path says: a module
+        # beside the manifest is found from any working folder, as a script's is.
+        search = (*dict.fromkeys(f for f in folders if f != base), base)
+        paths = (tuple(dict.fromkeys(folders)), search, tuple(header.python_path))
         raw_backends = table.get("backends")
         if isinstance(raw_backends, dict):
-            self._definitions(raw_backends, manifest, broken, python_path)
+            self._definitions(raw_backends, manifest, broken, paths)
 
     def _version_supported(self, table: dict[str, Any]) -> bool:
         from ._schema import SCHEMA_VERSION
@@ -277,7 +279,7 @@ class _Validation:
         raw_backends: dict[str, Any],
         manifest: Manifest | None,
         broken: dict[str, list[Problem]],
-        python_path: tuple[str, ...],
+        paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
     ) -> None:
         from ._schema import BackendEntry
 
@@ -302,7 +304,7 @@ class _Validation:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problem))
                 continue
             lines = self._key_lines(name, raw)
-            self.found.definitions.append(_definition(name, source, entry, python_path, lines))
+            self.found.definitions.append(_definition(name, source, entry, paths, lines))
             for device in entry.by_device or ():
                 self._known_device(name, device)
 
@@ -366,9 +368,11 @@ def _definition(
     name: str,
     source: Source,
     entry: BackendEntry,
-    python_path: tuple[str, ...],
+    paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
     lines: dict[str, int],
 ) -> BackendDefinition:
+    """The definition of one validated table; ``paths`` are its manifest's ``python-path``
+    folders, the folders its lookups search, and ``python-path`` as written."""
     return BackendDefinition(
         name,
         source,
@@ -381,7 +385,9 @@ def _definition(
         requires=tuple(entry.requires),
         options=entry.options,
         enabled=entry.enabled,
-        python_path=python_path,
+        python_path=paths[0],
+        search_path=paths[1],
+        written_path=paths[2],
         skip_known_failures=entry.skip_known_failures,
         verify=_verify(entry),
         distribution=entry.distribution,

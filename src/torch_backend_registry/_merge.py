@@ -471,6 +471,8 @@ def _picked(
         requires=pick.requires,
         options=pick.options,
         python_path=pick.python_path,
+        search_path=pick.search_path,
+        written_path=pick.written_path,
         distribution=pick.distribution,
         lines=pick.lines,
     )

@@ -67,18 +67,53 @@ def torch_available() -> bool:
 
 
 def torch_version() -> str | None:
-    """The installed PyTorch's version, read from its metadata (no import of torch)."""
-    from importlib.metadata import PackageNotFoundError, version
+    """The installed PyTorch's version, as ``torch.__version__`` gives it, without importing
+    torch or ``importlib.metadata``: from the ``version.py`` beside its ``__init__``."""
+    module = sys.modules.get("torch")
+    version = getattr(module, "__version__", None)
+    if isinstance(version, str):
+        return version
+    import importlib.util
+    import os
+    import re
 
     try:
-        return version("torch")
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    if not isinstance(origin, str):
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
+            found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(), re.MULTILINE)
+    except OSError:
+        found = None
+    if found is not None:
+        return found.group(1)
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:  # a PyTorch laid out otherwise: its metadata says
+        return installed("torch")
     except PackageNotFoundError:
         return None
 
 
+def public_version(version: str | None) -> str | None:
+    """A version without its local label (``2.13.0`` of ``2.13.0+cu128``): what decides
+    what PyTorch's own backends run. The CPU and the CUDA build of one release run the
+    same Python code for every backend name, so a login node and its GPU nodes agree."""
+    return None if version is None else version.split("+", 1)[0]
+
+
 def dynamo_imported() -> bool:
-    """Whether torch.compile's registry is in this process already (no import)."""
-    return "torch._dynamo" in sys.modules
+    """Whether torch.compile's registry is in this process, imported whole (no import; a
+    module another thread is still importing is not: reading it could wait on that
+    thread's import, for ever in the child of a fork)."""
+    module = sys.modules.get("torch._dynamo")
+    spec = getattr(module, "__spec__", None)
+    return module is not None and not getattr(spec, "_initializing", False)
 
 
 #: Where PyTorch keeps its registry: ``_COMPILER_FNS``, the backends it has loaded, by name.
@@ -95,7 +130,7 @@ def loaded_backends() -> dict[str, Any] | None:
     registry is not imported. A dict read: an entry point PyTorch knows of but has not
     loaded (a plugin since upgraded or removed, say) is neither loaded nor looked at."""
     module: Any = sys.modules.get(REGISTRY_MODULE)
-    if module is None:
+    if module is None or not dynamo_imported():
         return None
     found = getattr(module, "_COMPILER_FNS", None)
     if isinstance(found, dict):

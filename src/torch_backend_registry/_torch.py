@@ -52,9 +52,12 @@ class _LazyBackend:
         return f"<torch-backend-registry backend {self.name!r}>"
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        from ._loader import call_options
+        from ._loader import call_options, cannot_compile
 
         fn = self.registry.lookup_backend(self.name)
+        why = cannot_compile(fn)
+        if why is not None:  # said plainly, not as the TypeError calling it would raise
+            raise TypeError(f"backend {self.name!r} {why}")
         return fn(gm, example_inputs, **call_options(fn, self.name, kwargs))
 
 

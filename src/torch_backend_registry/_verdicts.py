@@ -53,7 +53,7 @@ def subject(
     memo: dict[Any, Any] = {} if stamps is None else stamps
     judged = []
     for definition in definitions:
-        folders = definition.python_path
+        folders = definition.search_path
         module = None  # the stamp is the module's: many backends share one
         if definition.target is not None and definition.compiler_fn is None:
             module = definition.target.partition(":")[0]
