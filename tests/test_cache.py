@@ -360,3 +360,72 @@ def test_a_distribution_folder_in_capitals_is_seen_warm(
     (info / "entry_points.txt").write_text("[torch_dynamo_backends]\nplugged = m:f\n")
     importlib.invalidate_caches()
     assert listing(tmp_path) == ["plugged"]
+
+
+def _shape(value: object) -> object:
+    """A value with the type of every part beside it: what a round trip must keep."""
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, [_shape(v) for v in value])
+    if isinstance(value, dict) or type(value).__name__ == "mappingproxy":
+        return (type(value).__name__, sorted((k, _shape(v)) for k, v in value.items()))  # type: ignore[attr-defined]
+    return (type(value).__name__, repr(value))
+
+
+_NAMES = st.from_regex(r"[a-z][a-z0-9_]{0,5}", fullmatch=True)
+_DEVICES = st.sampled_from(["cpu", "cuda", "xpu", "mps", "other"])
+_SCALARS = st.one_of(st.integers(-5, 5), st.booleans(), st.text(max_size=4), st.floats())
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(_NAMES, inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@st.composite
+def _manifests(draw: st.DrawFn) -> str:
+    """A manifest of every kind of backend, with values of every TOML kind."""
+    import tomli_w
+
+    backends: dict[str, object] = {}
+    for name in draw(st.lists(_NAMES, min_size=1, max_size=4, unique=True)):
+        kind = draw(st.sampled_from(["target", "chain", "by-device", "disabled"]))
+        entry: dict[str, object] = {
+            "tags": draw(st.lists(_NAMES, max_size=2)),
+            "aliases": [f"{name}_alias"] if draw(st.booleans()) else [],
+            "requires": draw(st.lists(_NAMES, max_size=2)),
+        }
+        if kind == "target":
+            entry["target"] = f"{draw(_NAMES)}:{draw(_NAMES)}"
+            entry["options"] = draw(st.dictionaries(_NAMES, _VALUES, max_size=3))
+        elif kind == "chain":
+            entry["chain"] = draw(st.lists(_NAMES, min_size=1, max_size=3))
+            entry["verify"] = draw(st.sampled_from(["none", "forward", "backward"]))
+        elif kind == "by-device":
+            entry["by-device"] = draw(st.dictionaries(_DEVICES, _NAMES, min_size=1, max_size=3))
+        else:
+            entry = {"enabled": False}
+        backends[name] = entry
+    return tomli_w.dumps({"python-path": ["src", "/opt/kernels"], "backends": backends})
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=_manifests())
+def test_a_warm_reading_gives_back_equal_values_of_the_same_types(
+    tmp_path: Path, text: str
+) -> None:
+    path = tmp_path / f"m{abs(hash(text))}.toml"
+    path.write_text(text, encoding="utf-8")
+    cache = the_cache()
+    cold = read_manifest(str(path), "env", cache)
+    warm = read_manifest(str(path), "env", cache)
+    assert cold is not None
+    assert warm is not None
+    assert warm.definitions == cold.definitions
+    for was, now in zip(cold.definitions, warm.definitions, strict=True):
+        assert hash(now) == hash(was)  # hashable, from the second run on too
+        for field in type(was).__slots__:
+            assert _shape(getattr(now, field)) == _shape(getattr(was, field)), field

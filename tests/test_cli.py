@@ -124,6 +124,11 @@ def test_list_json(tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path
         "tags",
         "description",
         "aliases",
+        "requires",
+        "options",
+        "verify",  # a chain's level and tolerances, or null
+        "skip_known_failures",
+        "default",  # whether it is the manifest's default
         "source",
         "available",
         "doctor",  # the last doctor verdict here, or null
@@ -638,8 +643,9 @@ def test_list_and_explain_show_a_remembered_verdict_also_of_an_override(
     listed = run("list", "--no-torch", cwd=tmp_path / "proj", env=env).stdout.splitlines()
     assert listed[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
     rows = {row.split()[0]: row for row in listed[1:]}
-    assert rows["fast"].endswith("compile-error")
-    assert rows["portable"].endswith("ok")
+    # Each verdict with the level it was judged at.
+    assert rows["fast"].endswith("compile-error (forward)")
+    assert rows["portable"].endswith("ok (backward)")
     assert rows["trt"].endswith("-")
     explained = run("explain", "f", "--no-torch", cwd=tmp_path / "proj", env=env).stdout
     assert "  doctor:      compile-error: RuntimeError: no GPU here (last probe here," in explained
@@ -853,3 +859,132 @@ def test_check_import_refuses_an_option_the_compiler_does_not_take(
         "backends.toml:4: error: backends.fast.options.levle: option 'levle' is not a parameter"
         f" of {module_name}:fast; did you mean 'level'?\n"
     )
+
+
+# ------------------------------------------------------------------ answers a new user meets
+
+
+def test_a_module_beside_the_manifest_is_found_from_any_folder(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "mycompilers.py").write_text("def graph_printer(gm, inputs):\n    return gm\n")
+    (project / "backends.toml").write_text(
+        '[backends.printer]\ntarget = "mycompilers:graph_printer"\n'
+        '[backends.typo_module]\ntarget = "mycompiler:graph_printer"\n'
+        '[backends.typo_function]\ntarget = "mycompilers:graph_printr"\n'
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"TORCH_BACKENDS_PATH": str(project / "backends.toml")}
+    for cwd in (project, elsewhere):
+        done = run("check", "--import", "--no-torch", cwd=cwd, env=env, check=1)
+        lines = done.stdout.splitlines()
+        assert len(lines) == 2, lines  # the printer is found; the two misspellings are not
+        assert lines[0].endswith("No module named 'mycompiler'; did you mean 'mycompilers'?")
+        assert lines[1].endswith("has no attribute 'graph_printr'; did you mean 'graph_printer'?")
+        assert done.stderr.endswith("2 problem(s); 1 of 3 backend(s) imported and usable\n")
+
+
+def test_pytorchs_name_under_no_torch_says_why_it_is_unknown(tmp_path: Path) -> None:
+    done = run("explain", "inductor", "--no-torch", cwd=tmp_path, check=1)
+    assert done.stderr == (
+        "torch-backends: error: unknown backend 'inductor' with --no-torch: it is one of"
+        " PyTorch's own backends, which --no-torch leaves out; run it without --no-torch\n"
+    )
+
+
+def test_close_words_are_proposed_where_a_word_is_wrong(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    info = make_dist("openvino-like", "1.0", {"ov_like": "ov_like_mod:compile"})
+    write(
+        "backends.toml",
+        '[plugins]\ndeny = ["openvino-lik"]\n'
+        '[backends.mine]\ntarget = "m:f"\ntags = ["mine"]\n'
+        '[backends.careful]\nchain = ["mine"]\nverify = "forwards"\n',
+    )
+    env = {"PYTHONPATH": str(info.parent)}
+    done = run("check", "--no-torch", cwd=tmp_path, env=env, check=1)
+    assert done.stdout.splitlines() == [
+        "backends.toml:2: warning: plugins.deny: the deny list names 'openvino-lik', which is"
+        " no installed distribution declaring a torch_dynamo_backends entry point; did you"
+        " mean 'openvino-like'?",
+        "backends.toml:8: error: backends.careful.verify: invalid value 'forwards'; did you"
+        " mean 'forward'?",
+    ]
+    tagged = run("list", "--tag", "mien", "--no-torch", cwd=tmp_path, env=env, check=1)
+    assert tagged.stderr.endswith("; did you mean 'mine'?\n")
+
+
+def test_what_a_user_could_not_see_is_shown(tmp_path: Path, write: WriteFn) -> None:
+    write(
+        "backends.toml",
+        'default = "careful"\n'
+        '[backends.fast]\ntarget = "m:f"\noptions = { level = 2, when = 1979-05-27 }\n'
+        'requires = ["json"]\ndescription = "Fast, for a terminal of any width"\n'
+        '[backends.careful]\nchain = ["fast", "eager"]\nverify = "backward"\n'
+        "skip-known-failures = true\n",
+    )
+    explained = run("explain", "careful", "--no-torch", cwd=tmp_path).stdout
+    assert "  skips:       members doctor found failing here (skip-known-failures)" in explained
+    assert (
+        "  default:     yes: torch.compile uses it when given none (backends.toml:1)" in explained
+    )
+    as_json = json.loads(run("explain", "careful", "--json", "--no-torch", cwd=tmp_path).stdout)
+    assert as_json["verify"] == {"level": "backward", "rtol": 0.01, "atol": 0.01}
+    assert (as_json["default"], as_json["skip_known_failures"], as_json["shadowed"]) == (
+        True,
+        True,
+        [],
+    )
+    rows = {
+        r["name"]: r for r in json.loads(run("list", "--json", "--no-torch", cwd=tmp_path).stdout)
+    }
+    assert rows["fast"]["options"] == {"level": 2, "when": "1979-05-27"}
+    assert rows["fast"]["requires"] == ["json"]
+    checked = json.loads(run("check", "--json", "--no-torch", cwd=tmp_path).stdout)
+    assert (checked["backends"], checked["usable"], checked["errors"]) == (2, 2, 0)
+    assert checked["problems"] == []
+    if sys.platform != "win32":  # a terminal of 120 columns shows the description and default
+        screen, _ = on_terminal("list", "--no-torch", cwd=tmp_path, columns=120)
+        lines = screen.splitlines()
+        assert "DESCRIPTION" in lines[0]
+        assert all(len(line) <= 120 for line in lines)
+        assert "Fast, for a terminal" in screen
+        assert lines[-1].startswith("default: careful (what torch.compile uses when given none")
+
+
+def test_check_json_names_every_problem_with_its_severity(tmp_path: Path, write: WriteFn) -> None:
+    write(
+        "backends.toml",
+        '[backends.a]\ntarget = "nocolon"\n[backends.b]\nby-device = { mlu = "eager" }\n'
+        '[backends.c]\nchain = ["not_installed_here", "eager"]\n',
+    )
+    done = run("check", "--json", "--no-torch", cwd=tmp_path, check=1)
+    checked = json.loads(done.stdout)
+    assert [(p["line"], p["severity"], p["key"]) for p in checked["problems"]] == [
+        (2, "error", "backends.a.target"),
+        (4, "warning", "backends.b.by-device.mlu"),  # an extension's device: fine, said once
+        (6, "note", "backends.c.chain"),
+    ]
+    assert (checked["errors"], checked["warnings"], checked["notes"]) == (1, 1, 1)
+
+
+def test_a_warm_listing_with_remembered_verdicts_imports_no_package_metadata(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", PROJECT)
+    registry = Registry(cwd=tmp_path, environ={}, sources=("project",))
+    subject = registry.subject("fast")
+    registry.verdicts.put(subject, {"model": None, "device": "cpu"}, Verdict("fast", "ok", 4))
+    code = (
+        "import sys\n"
+        "sys.argv = ['torch-backends', 'list', '--no-torch']\n"
+        "from torch_backend_registry._cli import main\n"
+        "main()\n"
+        "print('metadata' if 'importlib.metadata' in sys.modules else 'no metadata')\n"
+    )
+    run_python(code, cwd=tmp_path)  # cold: reads the entry points
+    warm = run_python(code, cwd=tmp_path).stdout.splitlines()
+    assert warm[-1] == "no metadata"
+    assert any(line.startswith("fast") and "ok (backward)" in line for line in warm)

@@ -440,3 +440,112 @@ def test_the_check_can_run_itself_at_install(tmp_path: Path) -> None:
         {"installed": True},
         {"installed": True},
     ]
+
+
+# ------------------------------------------------------------------ one identity, any checkout
+
+
+def test_an_absolute_python_path_is_the_same_from_every_checkout(tmp_path: Path) -> None:
+    # The shared folder lies beside the checkouts, not at the root: one manifest, one print.
+    shared = tmp_path / "shared" / "kernels"
+    shared.mkdir(parents=True)
+    body = f'python-path = ["{shared}"]\n' + MANIFEST
+    prints = {
+        tbr.fingerprint(project(checkout / "proj", body))
+        for checkout in (tmp_path / "one", tmp_path / "a" / "b" / "two")
+    }
+    assert len(prints) == 1
+    registry = project(tmp_path / "one" / "proj", body)
+    assert registry.facts()["backends"]["fast"]["python-path"] == [str(shared)]
+
+
+def test_a_lock_of_a_cpu_build_holds_on_a_cuda_build_of_the_same_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch_backend_registry._pytorch as pytorch
+
+    body = MANIFEST + '\n[backends.fallback]\nchain = ["fast", "inductor"]\n'
+    registry = Registry(cwd=tmp_path, environ={}, sources=("project", "torch"))
+    monkeypatch.setattr(pytorch, "torch_version", lambda: "2.13.0+cpu")
+    (tmp_path / "backends.toml").write_text(body, encoding="utf-8")
+    write_lock(registry)
+    for version, drifts in (("2.13.0+cu128", False), ("2.13.0", False), ("2.14.0+cpu", True)):
+        monkeypatch.setattr(pytorch, "torch_version", lambda v=version: v)
+        again = Registry(cwd=tmp_path, environ={}, sources=("project", "torch"))
+        changes = differences(read_lock(lock_path(again)), again.facts())
+        assert bool(changes) is drifts, (version, changes)
+
+
+def test_what_a_runtime_registration_runs_is_its_identity(tmp_path: Path) -> None:
+    import functools
+    import operator
+
+    class Compiler:
+        def __init__(self, level: int) -> None:
+            self.level = level
+
+        def __call__(self, gm: Any, example_inputs: Any) -> Any:
+            return gm
+
+    class Other(Compiler):
+        pass
+
+    def fingerprint_of(fn: Any) -> str:
+        registry = Registry(cwd=tmp_path, environ={}, sources=("runtime",))
+        registry.register_backend(fn, name="mine")
+        return tbr.fingerprint(registry)
+
+    made = [
+        functools.partial(operator.add, 1),
+        functools.partial(operator.sub, 1),
+        functools.partial(operator.add, 2),
+        functools.partial(max, key=len),
+        functools.partial(max, key=abs),
+        Compiler(2),
+        Compiler(9),
+        Other(2),
+    ]
+    prints = [fingerprint_of(fn) for fn in made]
+    assert len(set(prints)) == len(made)  # each runs other code: each its own print
+    assert fingerprint_of(Compiler(2)) == prints[5]  # the same code: the same print
+
+
+def test_lock_writes_what_its_reader_reads_at_some_100000_backends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch_backend_registry._lock import lock_text
+
+    facts: dict[str, Any] = {"backends": {}, "aliases": {}}
+    for i in range(100_000):
+        facts["backends"][f"b{i}"] = {
+            "kind": "env",
+            "target": f"pkg{i % 100}.compilers:fn{i}",
+            "options": {"level": i % 7, "fast": True},
+        }
+        facts["aliases"][f"a{i}"] = f"b{i}"
+    path = tmp_path / "backends.lock"
+    path.write_text(lock_text(facts), encoding="utf-8")
+    assert read_lock(str(path))["backends"] == facts["backends"]
+    # Past what a lock is read at, lock refuses to write one (never one its reader refuses).
+    from torch_backend_registry import _lock
+
+    monkeypatch.setattr(_lock, "LOCK_MAX_KEY_PARTS", 10)
+    registry = project(tmp_path / "p")
+    with pytest.raises(tbr.LockFileError, match="larger than a lock is read"):
+        write_lock(registry)
+    assert not (tmp_path / "p" / "backends.lock").exists()
+    monkeypatch.undo()
+    read_lock(write_lock(registry))
+
+
+def test_a_missing_lock_says_how_to_make_one(tmp_path: Path) -> None:
+    project(tmp_path / "p")
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", "check", "--locked", "--no-torch"],
+        cwd=tmp_path / "p", env=environ, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stdout == (
+        "backends.lock: error: no such file; run 'torch-backends lock' to write it, and commit it\n"
+    )

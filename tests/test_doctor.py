@@ -304,7 +304,9 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
     assert doctor_of["wrong"] is None
     table = command("list", "--no-torch").stdout.splitlines()
     assert table[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
-    assert next(row for row in table if row.startswith("explodes")).endswith("compile-error")
+    assert next(row for row in table if row.startswith("explodes")).endswith(
+        "compile-error (forward)"
+    )
 
 
 def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -> None:
@@ -811,3 +813,42 @@ def test_bench_times_eager_before_any_backend_code_and_ranks_what_it_can(
     ).stdout.splitlines()  # fmt: skip
     assert "RANK" in table[0].split()
     assert "spread too wide" not in "\n".join(table)
+
+
+def test_two_runs_ending_together_keep_every_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes remember verdicts into one cache at once, as two doctor runs do.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code = """
+import sys
+from torch_backend_registry import Registry, Verdict
+registry = Registry(environ={}, sources=("project",))
+for i in range(40):
+    registry.verdicts.put(f"{sys.argv[1]}-{i}", {"model": None}, Verdict("x", "ok", 4))
+"""
+    environ = dict(os.environ)
+    runs = [
+        subprocess.Popen([sys.executable, "-c", code, side], env=environ, cwd=tmp_path)
+        for side in ("a", "b")
+    ]
+    assert [run.wait(timeout=300) for run in runs] == [0, 0]
+    remembered = Registry(environ={}, sources=("project",)).verdicts
+    found = [remembered.get(f"{side}-{i}", {"model": None}) for side in "ab" for i in range(40)]
+    assert all(verdict is not None for verdict in found)
+
+
+def test_a_verdict_holds_for_the_host_it_was_found_on(
+    project: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    [found] = tbr.doctor(["needs_trt"], registry=project)
+    assert found.cached is False
+    [again] = tbr.doctor(["needs_trt"], registry=project)
+    assert again.cached is True
+    # Another node sharing this home folder (over NFS, say) probes for itself.
+    real = os.uname()
+    elsewhere = type(real)((real.sysname, "another-node", *real[2:]))
+    monkeypatch.setattr(os, "uname", lambda: elsewhere)
+    project.refresh()
+    [there] = tbr.doctor(["needs_trt"], registry=project)
+    assert there.cached is False

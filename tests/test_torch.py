@@ -457,3 +457,28 @@ def test_install_says_what_it_cannot_honour(tmp_path: Path, write: WriteFn) -> N
     )
     said = run_python(code, cwd=tmp_path / "proj").stdout
     assert "backends.aot_eager: 'aot_eager' is one of PyTorch's own backends and cannot be" in said
+
+
+def test_a_fork_while_another_thread_imports_pytorch_gives_the_child_its_backend(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # The default registry, which reads PyTorch's registry too; the child needs none of it
+    # for a name the project defines, and must not wait on an import no thread finishes.
+    write("backends.toml", '[backends.proj]\ntarget = "json:dumps"\n')
+    code = """
+import os, signal, sys, threading, time
+import torch_backend_registry as t
+importer = threading.Thread(target=lambda: __import__("torch._dynamo"))
+importer.start()
+while "torch._dynamo" not in sys.modules:
+    time.sleep(0.0005)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # a child that hangs is killed, and says so by its status
+    os._exit(0 if t.lookup_backend("proj").__name__ == "dumps" else 3)
+_, status = os.waitpid(pid, 0)
+importer.join()
+print(status)
+"""
+    for _ in range(3):  # the fork lands at another point of the import each time
+        assert run_python(code, cwd=tmp_path).stdout == "0\n"

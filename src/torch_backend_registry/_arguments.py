@@ -116,6 +116,9 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
     if complete_names is not None:
         name.completer = complete_names  # type: ignore[attr-defined]  # read by argcomplete
     explain.add_argument("--no-torch", action="store_true", help="leave out PyTorch's own backends")
+    explain.add_argument(
+        "--json", action="store_true", help="print one JSON object (as list --json, and more)"
+    )
 
     check = command("check", "validate manifests (the discovered ones, or those given)")
     check.add_argument(
@@ -138,7 +141,11 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         "--import",
         dest="import_targets",
         action="store_true",
-        help="also import every target and check that it is callable",
+        help="also import every target, and what chains and tables run, and check that each"
+        " can be called as a compiler",
+    )
+    check.add_argument(
+        "--json", action="store_true", help="print one JSON object: every problem, and counts"
     )
 
     doctor = command("doctor", "probe backends in subprocesses: which work here, and how fast")

@@ -37,7 +37,7 @@ from ._definition import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
     from typing import Any
 
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
@@ -133,6 +133,31 @@ class Cache:
                 raise
         except (OSError, TypeError, ValueError, RecursionError):
             pass  # a read-only home, a full disk: no cache, that is all
+
+    @contextlib.contextmanager
+    def locked(self, kind: str) -> Iterator[None]:
+        """Hold the lock of the entries of ``kind`` (a file ``KIND.lock`` beside their folder)
+        for the time of the block, so that a read, change and write of them is one step for
+        every process. Where there is no lock to take (no cache, no ``fcntl``), the block
+        runs unlocked."""
+        root = self.folder
+        fd = -1
+        if root is not None and self._usable(os.path.join(root, kind), make=True):
+            flags = (
+                os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+            )
+            with contextlib.suppress(OSError):
+                fd = os.open(os.path.join(root, f"{kind}.lock"), flags, 0o600)
+        try:
+            if fd >= 0:
+                with contextlib.suppress(ImportError, OSError):
+                    import fcntl
+
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            if fd >= 0:
+                os.close(fd)  # closing releases the lock
 
     def _entry(self, kind: str, key: object) -> tuple[str, bytes] | None:
         """Where the entry of ``key`` lies, and the digest of its key (which its seal holds)."""

@@ -16,7 +16,13 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from typing import Any
 
-    from ._definition import BackendDefinition, Problem, Severity, SourceKind
+    from ._definition import (
+        BackendDefinition,
+        DefaultDeclaration,
+        Problem,
+        Severity,
+        SourceKind,
+    )
     from ._verdict import Verdict
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -146,6 +152,13 @@ def _run(args: Arguments) -> tuple[int, str | None]:
     except UnknownBackendError as exc:
         if debug:
             raise
+        from ._pytorch import PYTORCH_NAMES
+
+        if getattr(args, "no_torch", False) and exc.name in PYTORCH_NAMES:
+            return EXIT_PROBLEMS, (
+                f"unknown backend {exc.name!r} with --no-torch: it is one of PyTorch's own"
+                " backends, which --no-torch leaves out; run it without --no-torch"
+            )
         return EXIT_PROBLEMS, f"{exc.brief} '{PROG} list --all' shows every name."
     except (BackendRegistryError, CommandError) as exc:
         if debug:
@@ -207,29 +220,17 @@ def _list(args: Arguments) -> int:
         wanted = set(args.tag)
         known = {tag for d in rows for tag in d.tags}
         if not wanted <= known:
-            missing = ", ".join(repr(t) for t in sorted(wanted - known))
-            there = ", ".join(sorted(known)) or "none"
-            raise CommandError(f"no backend is tagged {missing} (the tags here: {there})")
+            raise CommandError(_no_such_tag(sorted(wanted - known), sorted(known)))
         rows = [d for d in rows if wanted.issubset(d.tags)]
     available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
         rows = [d for d in rows if available[d.name]]
     remembered = _Remembered(registry)
     verdicts = {d.name: remembered(d.name) for d in rows}
+    default = registry.default_backend()
     if args.json:
-        import json
-
-        objects = []
-        for d in rows:
-            verdict = verdicts[d.name]
-            objects.append(
-                {
-                    **_as_json(d, available[d.name]),
-                    "doctor": verdict.as_json() if verdict is not None else None,
-                }
-            )
-        json.dump(objects, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        objects = [_as_json(d, available[d.name], verdicts[d.name], default=default) for d in rows]
+        _print_json(objects)
         return EXIT_OK
     here = _here()
     doctored = any(v is not None for v in verdicts.values())
@@ -238,10 +239,46 @@ def _list(args: Arguments) -> int:
     for d in rows:
         source = f"{d.source.kind} {d.source.short(here)}".rstrip()
         verdict = verdicts[d.name]
-        said = (verdict.status if verdict is not None else "-",) if doctored else ()
+        said = (_verdict_cell(verdict),) if doctored else ()
         table.append((d.name, ",".join(d.tags), source, _what(d), *said, d.description or ""))
-    _print_rows(table, optional_last=True)
+    _print_rows(table, optional_last=True, shrinkable=(3, len(header)))
+    if default is not None and _terminal_width() is not None:
+        where = _shown_path(default.path) + (f":{default.line}" if default.line else "")
+        print(f"default: {default.name} (what torch.compile uses when given none; {where})")
     return EXIT_OK
+
+
+def _verdict_cell(verdict: Verdict | None) -> str:
+    """The DOCTOR cell: the last verdict here and the level it was judged at."""
+    if verdict is None:
+        return "-"
+    return f"{verdict.status} ({verdict.level_name})"
+
+
+def _no_such_tag(missing: Sequence[str], known: Sequence[str]) -> str:
+    import difflib
+
+    quoted = ", ".join(map(repr, missing))
+    there = ", ".join(known) or "none"
+    said = f"no backend is tagged {quoted} (the tags here: {there})"
+    close = [c for m in missing for c in difflib.get_close_matches(m, known, n=1, cutoff=0.6)]
+    return said + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
+
+
+def _print_json(value: object) -> None:
+    import json
+
+    json.dump(value, sys.stdout, indent=2, default=_json_default, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+def _json_default(value: object) -> object:
+    """TOML's dates and times, and mappings, as JSON can hold them."""
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "items"):
+        return dict(value.items())
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 class _Waiting:
@@ -262,8 +299,18 @@ class _Waiting:
             sys.stderr.flush()
 
 
-def _as_json(d: BackendDefinition, available: bool) -> dict[str, Any]:
+def _as_json(
+    d: BackendDefinition,
+    available: bool,
+    verdict: Verdict | None = None,
+    *,
+    default: DefaultDeclaration | None = None,
+) -> dict[str, Any]:
+    """A backend as ``list --json`` and ``explain --json`` give it."""
     s = d.source
+    verify = (
+        None if d.verify is None else dict(zip(("level", "rtol", "atol"), d.verify, strict=True))
+    )
     return {
         "name": d.name,
         "target": d.target,
@@ -272,6 +319,11 @@ def _as_json(d: BackendDefinition, available: bool) -> dict[str, Any]:
         "tags": list(d.tags),
         "description": d.description,
         "aliases": list(d.aliases),
+        "requires": list(d.requires),
+        "options": dict(d.options),
+        "verify": verify,
+        "skip_known_failures": d.skip_known_failures,
+        "default": default is not None and default.name == d.name,
         "source": {
             "kind": s.kind,
             "path": s.path,
@@ -280,6 +332,7 @@ def _as_json(d: BackendDefinition, available: bool) -> dict[str, Any]:
             "version": s.version,
         },
         "available": available,
+        "doctor": verdict.as_json() if verdict is not None else None,
     }
 
 
@@ -299,20 +352,61 @@ def _terminal_width(stream: Any = None) -> int | None:
     return shutil.get_terminal_size().columns
 
 
-def _print_rows(rows: Sequence[tuple[str, ...]], *, optional_last: bool = False) -> None:
-    """Aligned columns, the last one as it is; cut to a terminal's width. With
-    ``optional_last``, the last column only on a terminal wide enough to hold it."""
+def _print_rows(
+    rows: Sequence[tuple[str, ...]],
+    *,
+    optional_last: bool = False,
+    shrinkable: Sequence[int] = (),
+) -> None:
+    """Aligned columns, the last one as it is. On a terminal, the ``shrinkable`` columns are
+    cut (down to :data:`NARROWEST` each) to fit its width, and then each line; the last
+    column, if ``optional_last``, only where it still fits. Piped, nothing is cut, and an
+    optional last column is left out (the columns scripts know)."""
     rows = [tuple(printable(cell) for cell in row) for row in rows]
     limit = _terminal_width()
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    if optional_last and (limit is None or sum(widths) + 2 * (len(widths) - 1) > limit):
+    if optional_last and limit is None:
         rows = [row[:-1] for row in rows]
+    elif limit is not None:
+        fitted = _fitted(rows, limit, shrinkable)
+        if fitted is None and optional_last:
+            rows = [row[:-1] for row in rows]
+            shrinkable = [i for i in shrinkable if i < len(rows[0])]
+            fitted = _fitted(rows, limit, shrinkable)
+        rows = fitted or rows
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
         line = "  ".join([*cells, row[-1]]).rstrip()
         if limit is not None and len(line) > limit:
             line = line[: max(limit - 1, 0)] + "…"
         print(line)
+
+
+#: The narrowest a column is cut to, to fit a terminal.
+NARROWEST = 20
+
+
+def _fitted(
+    rows: Sequence[tuple[str, ...]], limit: int, shrinkable: Sequence[int]
+) -> list[tuple[str, ...]] | None:
+    """``rows`` with the ``shrinkable`` columns cut so that every line fits ``limit``;
+    ``None`` where even cut to :data:`NARROWEST` they do not."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    over = sum(widths) + 2 * (len(widths) - 1) - limit
+    for column in shrinkable:
+        if over <= 0:
+            break
+        by = min(over, widths[column] - NARROWEST)
+        if by > 0:
+            widths[column] -= by
+            over -= by
+    if over > 0:
+        return None
+
+    def cut(cell: str, width: int) -> str:
+        return cell if len(cell) <= width else cell[: width - 1] + "…"
+
+    return [tuple(cut(cell, widths[i]) for i, cell in enumerate(row)) for row in rows]
 
 
 # ------------------------------------------------------------------------- explain
@@ -322,14 +416,33 @@ def _explain(args: Arguments) -> int:
     registry = _registry(args.no_torch)
     info = registry.backend_info(args.name)
     name = info.definition.name
+    verdict = _Remembered(registry)(name)
+    default = registry.default_backend()
+    # Entry points are admitted without PyTorch read: explaining needs no torch import.
+    policy = registry.index(with_torch=False).admitted.get(name)
+    if args.json:
+        available = registry.why_unavailable(info.definition) is None
+        _print_json(
+            {
+                **_as_json(info.definition, available, verdict, default=default),
+                "alias": info.alias,
+                "policy": policy,
+                "shadowed": [
+                    _as_json(lower, registry.why_unavailable(lower) is None)
+                    for lower in info.shadowed
+                ],
+            }
+        )
+        return EXIT_OK
     out: list[str] = []
     if info.alias is None:
         out.append(name)
     else:
         out.append(f"{info.alias} (alias of {name}: resolves to whatever {name} does)")
-    out.extend(_describe(registry, info.definition, _Remembered(registry)(name)))
-    # Entry points are admitted without PyTorch read: explaining needs no torch import.
-    policy = registry.index(with_torch=False).admitted.get(name)
+    out.extend(_describe(registry, info.definition, verdict))
+    if default is not None and default.name in (name, info.alias):
+        where = _shown_path(default.path) + (f":{default.line}" if default.line else "")
+        out.append(f"  {'default:':<13}yes: torch.compile uses it when given none ({where})")
     if policy is not None:
         out.append(f"  {'policy:':<13}{policy}")
     if info.shadowed:
@@ -363,6 +476,8 @@ def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None)
     if d.verify is not None:
         level, rtol, atol = d.verify
         fields.append(("verify", f"{level} (rtol {rtol:g}, atol {atol:g})"))
+    if d.skip_known_failures:
+        fields.append(("skips", "members doctor found failing here (skip-known-failures)"))
     if d.tags:
         fields.append(("tags", ", ".join(d.tags)))
     if d.aliases:
@@ -428,7 +543,9 @@ def _check(args: Arguments) -> int:
         matched = None
         if args.locked:
             matched = _drift(_registry(args.no_torch), problems, with_torch=not args.no_torch)
-        return _report(registry, problems, args.import_targets, not args.no_torch, matched)
+        return _report(
+            registry, problems, args.import_targets, not args.no_torch, matched, args.json
+        )
 
 
 def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
@@ -487,6 +604,7 @@ def _report(
     import_targets: bool,
     with_torch: bool,
     matched: str | None,
+    as_json: bool = False,
 ) -> int:
     """Print each problem, each note (a chain member not installed here) and, with
     ``--import``, each backend that cannot be used here (a missing requirement, a table
@@ -519,14 +637,38 @@ def _report(
             if imports.failure(d.name) is not None:
                 usable.remove(d)
     here = _here()
-    shown = [*problems, *notes, *unavailable]
-    for line in sorted(shown, key=lambda p: (p.path or "", p.line or 0)):
+    shown = sorted([*problems, *notes, *unavailable], key=lambda p: (p.path or "", p.line or 0))
+    errors = [p for p in problems if p.severity == "error"]
+    if as_json:
+        _print_json(
+            {
+                "problems": [
+                    {
+                        "path": p.path,
+                        "line": p.line,
+                        "key": p.key,
+                        "severity": p.severity,
+                        "message": p.message,
+                    }
+                    for p in shown
+                ],
+                "backends": len(checked),
+                "usable": len(usable),
+                "unavailable": len(unavailable),
+                "errors": len(errors),
+                "warnings": len(problems) - len(errors),
+                "notes": len(notes),
+                "imported": import_targets,
+                "lock": matched,
+            }
+        )
+        return EXIT_PROBLEMS if errors else EXIT_OK
+    for line in shown:
         print(printable(line.shown(here)))
     what = "imported and usable" if import_targets else "usable"
     summary = f"{len(usable)} of {len(checked)} backend(s) {what}"
     if unavailable:
         summary += f", {len(unavailable)} unavailable here"
-    errors = [p for p in problems if p.severity == "error"]
     warnings = len(problems) - len(errors)
     if warnings:
         summary += f", {warnings} warning(s)"

@@ -310,24 +310,26 @@ class BackendDefinition(Frozen):
         lines: Mapping[str, int] | None = None,
     ) -> None:
         init = object.__setattr__  # slot by slot: discovery makes one a backend
+        # Each field of the type it is declared, whatever sequence was given (a cache
+        # reads arrays back as lists): a value read back equals, and hashes as, the first.
         init(self, "name", name)
         init(self, "target", target)
-        init(self, "chain", chain)
-        init(self, "by_device", by_device)
-        init(self, "tags", tags)
+        init(self, "chain", None if chain is None else tuple(chain))
+        init(self, "by_device", None if by_device is None else tuple(map(tuple, by_device)))
+        init(self, "tags", tuple(tags))
         init(self, "description", description)
-        init(self, "aliases", aliases)
-        init(self, "requires", requires)
+        init(self, "aliases", tuple(aliases))
+        init(self, "requires", tuple(requires))
         init(self, "options", _EMPTY if not options else MappingProxyType(dict(options)))
         init(self, "source", source)
         init(self, "enabled", enabled)
-        init(self, "python_path", python_path)
-        init(self, "search_path", search_path)
-        init(self, "written_path", written_path)
+        init(self, "python_path", tuple(python_path))
+        init(self, "search_path", tuple(search_path))
+        init(self, "written_path", tuple(written_path))
         init(self, "compiler_fn", compiler_fn)
         init(self, "problem", problem)
         init(self, "skip_known_failures", skip_known_failures)
-        init(self, "verify", verify)
+        init(self, "verify", None if verify is None else tuple(verify))
         init(self, "distribution", distribution)
         init(self, "lines", _EMPTY if not lines else MappingProxyType(dict(lines)))
 
@@ -453,16 +455,34 @@ def distribution_key(name: str) -> str:
 
 
 class PluginRule(Frozen):
-    """An ``allow`` or ``deny`` list of distributions, with where it was declared."""
+    """An ``allow`` or ``deny`` list of distributions, with where it was declared: a
+    manifest's line and key, or (``path`` ``None``) the environment variable ``key``."""
 
-    __slots__ = ("kind", "names", "where")
+    __slots__ = ("kind", "names", "path", "line", "key")  # noqa: RUF023
 
     kind: Literal["allow", "deny"]
     names: frozenset[str]
-    where: str
+    path: str | None
+    line: int | None
+    key: str
 
-    def __init__(self, kind: Literal["allow", "deny"], names: Iterable[str], where: str) -> None:
-        super().__init__(kind=kind, names=frozenset(map(distribution_key, names)), where=where)
+    def __init__(
+        self,
+        kind: Literal["allow", "deny"],
+        names: Iterable[str],
+        key: str,
+        path: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        names = frozenset(map(distribution_key, names))
+        super().__init__(kind=kind, names=names, path=path, line=line, key=key)
+
+    @property
+    def where(self) -> str:
+        """Where the list is, for a sentence: ``PATH:LINE (KEY)``, or the variable."""
+        if self.path is None:
+            return self.key
+        return f"{location(self.path, self.line, None).rstrip(': ')} ({self.key})"
 
 
 class Discovery:

@@ -82,15 +82,34 @@ class Probe:
         its file, the device and what makes one visible, the level, the time limit, and the
         import path the probe runs with."""
         visible = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+        accelerator = self.device != "cpu"
         return {
             "model": self.model,
             "model-file": model_file,
             "device": self.device,
-            "visible": {v: os.environ.get(v) for v in visible} if self.device != "cpu" else None,
+            # Which accelerator: nodes sharing a home folder may hold different ones.
+            "device-name": device_name(self.device) if accelerator else None,
+            "visible": {v: os.environ.get(v) for v in visible} if accelerator else None,
             "level": self.level,
             "timeout": self.timeout,
             "path": path,
         }
+
+
+def device_name(device: str) -> str | None:
+    """The name of the accelerator ``device`` names here (``NVIDIA A100-SXM4-80GB``), or
+    ``None`` where there is none or it cannot tell."""
+    try:
+        import torch
+
+        kind = torch.device(device).type
+        module = getattr(torch, kind, None)
+        if module is None or not module.is_available():
+            return None
+        name = module.get_device_name(torch.device(device))
+    except Exception:
+        return None
+    return name if isinstance(name, str) else None
 
 
 def run(

@@ -73,16 +73,17 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     except (Exception, SystemExit) as exc:
         _forget(before, module_name, folders)
         note = f" ({'; '.join(refused)})" if refused else ""
-        raise _error(definition, f"import of {module_name!r} failed: {_why(exc)}{note}") from exc
+        hint = _close_module(exc, module_name, folders)
+        said = f"import of {module_name!r} failed: {_why(exc)}{hint}{note}"
+        raise _error(definition, said) from exc
     for part in attr_path.split(".") if attr_path else ():
         try:
             obj = getattr(obj, part)
         except AttributeError as exc:
             _forget(before, module_name, folders)
-            raise _error(
-                definition,
-                f"{type(obj).__name__} {getattr(obj, '__name__', obj)!r} has no attribute {part!r}",
-            ) from exc
+            what = f"{type(obj).__name__} {getattr(obj, '__name__', obj)!r}"
+            said = f"{what} has no attribute {part!r}{_did_you_mean(part, dir(obj))}"
+            raise _error(definition, said) from exc
     if not callable(obj):
         _forget(before, module_name, folders)
         raise _error(
@@ -265,6 +266,37 @@ def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
             or (roots and origin.startswith(roots))
         ):
             sys.modules.pop(name, None)
+
+
+def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    import difflib
+
+    public = [c for c in candidates if not c.startswith("_") or name.startswith("_")]
+    close = difflib.get_close_matches(name, public, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) -> str:
+    """Where the target's own module (not one it imports) is missing: the closest module
+    that exists, at the same level (``mycompilers`` beside the manifest for ``mycompiler``)."""
+    missing = getattr(exc, "name", None)
+    if not isinstance(exc, ModuleNotFoundError) or not isinstance(missing, str):
+        return ""
+    if missing != module_name and not module_name.startswith(missing + "."):
+        return ""  # a module the target imports: installing it is the fix
+    import pkgutil
+
+    parent, _, leaf = missing.rpartition(".")
+    if parent:
+        package = sys.modules.get(parent)
+        places = list(getattr(package, "__path__", None) or [])
+    else:
+        places = [*sys.path, *folders]
+    try:
+        names = [m.name for m in pkgutil.iter_modules(places)]
+    except Exception:  # an unreadable folder on the path: no hint, that is all
+        return ""
+    return _did_you_mean(leaf, names)
 
 
 def _why(exc: BaseException) -> str:

@@ -127,7 +127,12 @@ def read_lock(path: str) -> Facts:
         text = read_text(path, LOCK_MAX_BYTES)
         data, _lines = parse_toml(path, text, LOCK_MAX_KEY_PARTS)
     except ManifestError as exc:
-        raise LockFileError(exc.message, path=path, line=exc.line) from exc
+        from ._files import NO_SUCH_FILE
+
+        message = exc.message
+        if message == NO_SUCH_FILE:
+            message += "; run 'torch-backends lock' to write it, and commit it"
+        raise LockFileError(message, path=path, line=exc.line) from exc
     version = data.get("lock-version")
     if type(version) is not int or version != LOCK_VERSION:  # true is 1 to Python
         raise LockFileError(

@@ -168,8 +168,9 @@ class _Validation:
                 names = getattr(plugins, field)
                 if names is not None and (names or field == "allow"):
                     key = (*self.prefix, "plugins", field)
-                    where = f"{self.path}:{self.lines.line_of(key)} ({toml_key(key)})"
-                    self.found.rules.append(PluginRule(field, names, where))
+                    line = self.lines.line_of(key)
+                    rule = PluginRule(field, names, toml_key(key), self.path, line)
+                    self.found.rules.append(rule)
         if header.default is not None:
             self.found.default = DefaultDeclaration(
                 header.default,

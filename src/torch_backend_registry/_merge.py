@@ -366,19 +366,30 @@ def merge(
 
 
 def _rules_naming_nothing(found: Discovery) -> list[Problem]:
-    """An allow or deny list naming a distribution that declares no backend here (a typo?)."""
-    declaring = {
-        _dist_key(d.source.distribution or "")
-        for d in found.definitions
-        if d.source.kind == "entry-point"
-    }
+    """An allow or deny list naming a distribution that declares no backend here (a typo?),
+    at the line of its list, with the closest name that does."""
+    import difflib
+
+    declaring = sorted(
+        {
+            _dist_key(d.source.distribution or "")
+            for d in found.definitions
+            if d.source.kind == "entry-point"
+        }
+    )
     said = []
     for rule in found.rules:
-        for name in sorted(rule.names - declaring):
+        for name in sorted(rule.names - set(declaring)):
+            close = difflib.get_close_matches(name, declaring, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else "check the name"
+            where = f"{rule.key}: " if rule.path is None else ""
             said.append(
                 Problem(
-                    f"{rule.where}: the {rule.kind} list names {name!r}, which is no installed"
-                    " distribution declaring a torch_dynamo_backends entry point; check the name",
+                    f"{where}the {rule.kind} list names {name!r}, which is no installed"
+                    f" distribution declaring a torch_dynamo_backends entry point; {hint}",
+                    path=rule.path,
+                    line=rule.line,
+                    key=rule.key if rule.path is not None else None,
                     severity="warning",
                 )
             )

@@ -314,16 +314,39 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         return f"unsupported schema version {short(given)}; this release reads {SCHEMA_VERSION}"
     if kind in ("too_short", "string_too_short"):
         return f"{at}must not be empty"
+    if kind == "literal_error":
+        expected = [str(v) for v in getattr(_field(loc), "__args__", ())]
+        close = difflib.get_close_matches(str(given), expected, n=1, cutoff=0.6)
+        hint = (
+            f"did you mean {close[0]!r}?"
+            if close
+            else "expected " + " or ".join(map(repr, expected))
+        )
+        return f"{at}invalid value {short(given)}; {hint}"
     return f"{at}{item['msg']}"
 
 
-def _fields_of(loc: tuple[str | int, ...]) -> list[str]:
+def _field(loc: tuple[str | int, ...]) -> Any:
+    """The declared type of the key at ``loc`` (a ``Literal`` names its values)."""
+    model = _model_of(loc)
+    key = str(next((part for part in reversed(loc) if isinstance(part, str)), ""))
+    for name, field in model.model_fields.items():
+        if key in (name, field.alias):
+            return field.annotation
+    return None
+
+
+def _model_of(loc: tuple[str | int, ...]) -> type[BaseModel]:
     strings = [part for part in loc if isinstance(part, str)]
-    model: type[BaseModel] = Manifest
     if len(strings) >= 3 and strings[0] == "backends":
-        model = BackendEntry
-    elif len(strings) >= 2 and strings[0] == "plugins":
-        model = Plugins
+        return BackendEntry
+    if len(strings) >= 2 and strings[0] == "plugins":
+        return Plugins
+    return Manifest
+
+
+def _fields_of(loc: tuple[str | int, ...]) -> list[str]:
+    model = _model_of(loc)
     return [field.alias or name for name, field in model.model_fields.items()]
 
 

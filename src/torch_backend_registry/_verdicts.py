@@ -66,10 +66,22 @@ def subject(
             memo[needs] = canonical([missing_requirements(definition), trust])
         judged.append([memo[code], memo[needs]])
     if "installed" not in memo:
-        uname = getattr(os, "uname", None)
-        machine = uname().machine if uname is not None else sys.platform
-        memo["installed"] = canonical([installed_stamp(), sys.version, sys.platform, machine])
+        memo["installed"] = canonical([installed_stamp(), sys.version, *this_machine()])
     return canonical([identity, judged, memo["installed"], torch_version])
+
+
+def this_machine() -> list[str]:
+    """What tells this machine from another that shares its home folder (nodes of a
+    cluster over NFS, one with a GPU and one without): its platform, processor, host."""
+    uname = getattr(os, "uname", None)
+    if uname is None:  # pragma: no cover - Windows
+        return [
+            sys.platform,
+            os.environ.get("PROCESSOR_ARCHITECTURE", ""),
+            os.environ.get("COMPUTERNAME", ""),
+        ]
+    found = uname()
+    return [sys.platform, found.machine, found.nodename]
 
 
 class Verdicts:
@@ -131,10 +143,17 @@ class Verdicts:
         self, found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]]
     ) -> None:
         """Remember verdicts, each with its subject, its probe, the code it ran and the
-        modules it missed, in one write (the table is read again first: another run may
-        have added to it)."""
-        self._table = None
-        table = self._load()
+        modules it missed, in one write. The table is read again and written under the
+        cache's lock: two runs ending together both keep what they found."""
+        with self.cache.locked(self.KIND):
+            self._table = None
+            self._remember(self._load(), found)
+
+    def _remember(
+        self,
+        table: dict[str, Any],
+        found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]],
+    ) -> None:
         for subject, probe, verdict, code, missing in found:
             key = _digest(subject)
             probes = table.get(key)
