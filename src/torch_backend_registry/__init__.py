@@ -2,45 +2,85 @@
 
 Backends are declared in TOML manifests, merged with entry points and
 ``register_backend`` calls by a documented precedence, and imported only when
-first looked up. Importing this package imports neither torch, pydantic nor
-importlib.metadata.
+first looked up. Importing this package imports nothing: each name below is
+imported on its first use (PyTorch loads this package at ``import torch``, for
+``TORCH_BACKENDS_AUTOLOAD``, and that must cost nothing when it is off).
 """
 
 from __future__ import annotations
 
-from ._api import (
-    backend_info,
-    doctor,
-    fingerprint,
-    install,
-    is_registered_backend,
-    list_backends,
-    lookup_backend,
-    refresh,
-    register_backend,
-    register_debug_backend,
-    register_experimental_backend,
-    verify_consistent,
-)
-from ._definition import BackendDefinition, BackendInfo, Problem, Source
-from ._errors import (
-    BackendChainError,
-    BackendLoadError,
-    BackendRegistryError,
-    DuplicateBackendError,
-    InconsistentRegistryError,
-    LockDriftError,
-    LockFileError,
-    ManifestError,
-    ManifestWarning,
-    UnknownBackendError,
-)
-from ._registry import Registry
-from ._verdict import Verdict
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from ._api import (
+        backend_info,
+        doctor,
+        fingerprint,
+        install,
+        is_registered_backend,
+        list_backends,
+        lookup_backend,
+        refresh,
+        register_backend,
+        register_debug_backend,
+        register_experimental_backend,
+        verify_consistent,
+    )
+    from ._definition import BackendDefinition, BackendInfo, Problem, Source
+    from ._errors import (
+        BackendChainError,
+        BackendLoadError,
+        BackendRegistryError,
+        DuplicateBackendError,
+        InconsistentRegistryError,
+        LockDriftError,
+        LockFileError,
+        ManifestError,
+        ManifestWarning,
+        UnknownBackendError,
+    )
+    from ._registry import Registry
+    from ._verdict import Verdict
+
+#: The module each public name is defined in.
+_HOMES = {
+    **dict.fromkeys(
+        (
+            "backend_info",
+            "doctor",
+            "fingerprint",
+            "install",
+            "is_registered_backend",
+            "list_backends",
+            "lookup_backend",
+            "refresh",
+            "register_backend",
+            "register_debug_backend",
+            "register_experimental_backend",
+            "verify_consistent",
+        ),
+        "_api",
+    ),
+    **dict.fromkeys(("BackendDefinition", "BackendInfo", "Problem", "Source"), "_definition"),
+    **dict.fromkeys(
+        (
+            "BackendChainError",
+            "BackendLoadError",
+            "BackendRegistryError",
+            "DuplicateBackendError",
+            "InconsistentRegistryError",
+            "LockDriftError",
+            "LockFileError",
+            "ManifestError",
+            "ManifestWarning",
+            "UnknownBackendError",
+        ),
+        "_errors",
+    ),
+    "Registry": "_registry",
+    "Verdict": "_verdict",
+}
 
 __all__ = [
     "BackendChainError",
@@ -76,9 +116,19 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # importlib.metadata costs milliseconds: pay for it only when asked.
-    if name == "__version__":
+    home = _HOMES.get(name)
+    if home is not None:
+        from importlib import import_module
+
+        value = getattr(import_module(f"{__name__}.{home}"), name)
+        globals()[name] = value  # from now on a plain attribute: no second call
+        return value
+    if name == "__version__":  # importlib.metadata costs milliseconds: only when asked
         from importlib.metadata import version
 
         return version("torch-backend-registry")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -427,6 +427,7 @@ def _explain(args: Arguments) -> int:
                 **_as_json(info.definition, available, verdict, default=default),
                 "alias": info.alias,
                 "policy": policy,
+                "autoload": _autoload_on(),
                 "shadowed": [
                     _as_json(lower, registry.why_unavailable(lower) is None)
                     for lower in info.shadowed
@@ -445,6 +446,7 @@ def _explain(args: Arguments) -> int:
         out.append(f"  {'default:':<13}yes: torch.compile uses it when given none ({where})")
     if policy is not None:
         out.append(f"  {'policy:':<13}{policy}")
+    out.append(f"  {'autoload:':<13}{_autoload_state(info.definition)}")
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
@@ -454,6 +456,22 @@ def _explain(args: Arguments) -> int:
         out.append("shadows nothing")
     print("\n".join(printable(line) for line in out))
     return EXIT_OK
+
+
+def _autoload_on() -> bool:
+    from ._autoload import enabled
+
+    return enabled()
+
+
+def _autoload_state(d: BackendDefinition) -> str:
+    """Whether ``d`` is a torch.compile name in a process of this environment that did not
+    call install(): PyTorch's own and its entry points always are; the others with autoload."""
+    if d.source.kind in ("torch", "entry-point") and d.distribution is None:
+        return "not needed: PyTorch finds this backend itself"
+    from ._autoload import state
+
+    return state()
 
 
 def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None) -> list[str]:
@@ -660,6 +678,7 @@ def _report(
                 "notes": len(notes),
                 "imported": import_targets,
                 "lock": matched,
+                "autoload": _autoload_on(),
             }
         )
         return EXIT_PROBLEMS if errors else EXIT_OK
@@ -676,6 +695,10 @@ def _report(
         summary += f", {len(notes)} note(s)"
     if matched:
         summary += f"; {matched}"
+    if _autoload_on():  # why these are torch.compile names in processes nobody changed
+        from ._autoload import state
+
+        summary += f"; autoload {state()}"
     if errors:
         print(f"{len(errors)} problem(s); {summary}", file=sys.stderr)
         return EXIT_PROBLEMS

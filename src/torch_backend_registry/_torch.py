@@ -77,12 +77,20 @@ def _dynamo() -> Any:
     return torch._dynamo
 
 
-def install(registry: Registry) -> None:
+def install(registry: Registry, *, early: bool = False) -> None:
     """Make every backend of ``registry`` a ``torch.compile`` name, importing no target;
-    apply its manifest ``default``. Idempotent; later refreshes and registrations follow."""
-    # PyTorch registers its own backends and reads its entry points now, so that a
-    # later import of its backends cannot collide with ours.
-    _dynamo().list_backends(exclude_tags=())
+    apply its manifest ``default``. Idempotent; later refreshes and registrations follow.
+
+    ``early``: while ``torch._dynamo`` is still being imported (autoload), when the modules
+    that import it are not whole yet: PyTorch's own backends are left for PyTorch to import
+    when it first needs them. Its registration of them cannot collide with a stand-in,
+    which never takes one of PyTorch's names (and ``register_backend`` keeps aside what
+    would: see the module's docstring).
+    """
+    if not early:
+        # PyTorch registers its own backends and reads its entry points now, so that a
+        # later import of its backends cannot collide with ours.
+        _dynamo().list_backends(exclude_tags=())
     _let_plugins_register()
     registry.on_change(_follow)
     _install_names(registry)

@@ -1,0 +1,203 @@
+"""Zero-code install(): with ``TORCH_BACKENDS_AUTOLOAD=1``, every process that imports torch
+behaves as if it had called ``install()``.
+
+PyTorch calls :func:`autoload` at ``import torch``: it is this package's entry point in
+PyTorch's ``torch.backends`` group, the way PyTorch loads out-of-tree extensions. Unset
+or ``0``, it returns after one look at the environment. Set, it imports nothing: a finder
+placed first on ``sys.meta_path`` waits for ``torch._dynamo`` to be imported (by the first
+``torch.compile``, or by whoever imports it), and once that module has run, installs the
+default registry: its backends become ``torch.compile`` names, the manifest's ``default``
+applies, ``TORCH_BACKENDS_LOCKED`` and ``TORCH_BACKENDS_VERIFY`` are honoured.
+
+Nothing here makes ``import torch`` or ``import torch._dynamo`` raise: a problem is a
+warning, and what ``install()`` would raise (a lock the backends drifted from, ranks that
+resolve names differently) is raised by the first ``torch.compile`` instead, through
+dynamo's compile-start callbacks. The ranks are compared there too when
+``torch.distributed`` was not initialised yet when ``torch._dynamo`` was imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+    from typing import Any
+
+#: The environment variable that turns autoload on (any value but "" and "0").
+AUTOLOAD_VAR = "TORCH_BACKENDS_AUTOLOAD"
+#: The module whose import autoload waits for.
+DYNAMO = "torch._dynamo"
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TORCH_BACKENDS_AUTOLOAD`` turns autoload on in ``environ``."""
+    value = (os.environ if environ is None else environ).get(AUTOLOAD_VAR, "")
+    return value.strip() not in ("", "0")
+
+
+def state(environ: Mapping[str, str] | None = None) -> str:
+    """Whether a process that imports torch here gets the registry's backends without
+    calling install(), in words for the command to show."""
+    if not enabled(environ):
+        return f"off: only processes that call install() ({AUTOLOAD_VAR}=1 would make it every one)"
+    from importlib.metadata import entry_points
+
+    if not any(
+        ep.value.startswith(f"{__package__}.") for ep in entry_points(group="torch.backends")
+    ):
+        return (
+            f"{AUTOLOAD_VAR} is set, but no torch.backends entry point of this package is"
+            " installed: install torch-backend-registry (pip install .), then it is on"
+        )
+    return f"on: every process that imports torch here ({AUTOLOAD_VAR} is set)"
+
+
+def autoload() -> None:
+    """PyTorch's ``torch.backends`` entry point: arrange install() for when torch._dynamo
+    is imported, where ``TORCH_BACKENDS_AUTOLOAD`` asks for it. Never raises."""
+    if not enabled():
+        return
+    try:
+        if DYNAMO in sys.modules:  # imported already (a process that imported torch twice)
+            _install()
+        elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+            sys.meta_path.insert(0, _AfterImport(DYNAMO, _install))
+    except Exception as exc:  # pragma: no cover - import torch must not fail for us
+        _say(f"{AUTOLOAD_VAR} is set, but autoload could not start: {type(exc).__name__}: {exc}")
+
+
+class _AfterImport:
+    """A finder that finds one module as the others do, and runs ``then`` once it has run."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        # Once: and the finders asked below must not come back here.
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec: ModuleSpec | None = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _Then(spec.loader, self.then)  # type: ignore[assignment]
+                return spec
+        return None
+
+
+class _Then:
+    """A loader that runs a module as its own loader does, then ``then``; anything else
+    asked of it (its source, its code) is its own loader's answer."""
+
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+        self.loader = loader
+        self.then = then
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        create = getattr(self.loader, "create_module", None)
+        module: ModuleType | None = None if create is None else create(spec)
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        self.then()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+def _install() -> None:
+    """install() of the default registry, as a process would call it; never raises."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            _install_or_defer()
+    except Exception as exc:
+        _say(f"{AUTOLOAD_VAR}: install() failed: {type(exc).__name__}: {exc}")
+        return
+    for warning in said:  # said again outside: the filters of the process decide
+        try:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+        except Exception:  # -W error: say it rather than raise into torch's import
+            _say(str(warning.message))
+
+
+def _install_or_defer() -> None:
+    """install(), its checks at the first compile: while torch._dynamo is still being
+    imported, neither PyTorch's registry can be read whole nor may be imported further."""
+    from ._api import default_registry
+    from ._cluster import VERIFY_VAR
+    from ._lock import lock_from_environment
+    from ._torch import install
+
+    registry = default_registry
+    # Early: the modules importing torch._dynamo (torch._inductor, say) are not whole yet.
+    install(registry, early=True)
+    lock = lock_from_environment(registry)
+    verify = registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0")
+    if lock is not None or verify:
+        _at_compile_start(_checks(registry, lock, verify))
+
+
+def _checks(registry: Any, lock: str | None, verify: bool) -> Callable[[object], None]:
+    """What install() checks before it installs, run when the first compile starts (each
+    once; what fails is raised by every compile): the lock (``TORCH_BACKENDS_LOCKED``), the
+    ranks (``TORCH_BACKENDS_VERIFY``, where torch.distributed is initialised by then)."""
+    failed: list[BaseException | None] = []
+
+    def check(args: object) -> None:
+        if not failed:
+            from ._errors import BackendRegistryError
+
+            try:
+                _check(registry, lock, verify)
+            except BackendRegistryError as exc:
+                failed.append(exc)
+            else:
+                failed.append(None)
+        if failed[0] is not None:
+            raise failed[0]
+
+    return check
+
+
+def _check(registry: Any, lock: str | None, verify: bool) -> None:
+    from ._api import verify_consistent
+    from ._cluster import VERIFY_VAR, distributed_ready
+    from ._errors import warn
+    from ._lock import check_locked
+
+    if lock is not None:
+        check_locked(registry, lock)
+    if verify and distributed_ready():
+        verify_consistent(registry=registry)
+    elif verify:
+        warn(
+            f"{VERIFY_VAR} is set but torch.distributed was not initialised by the first"
+            " torch.compile: the ranks were not compared"
+        )
+
+
+def _at_compile_start(callback: Callable[[object], None]) -> None:
+    from torch._dynamo.callback import on_compile_start
+
+    on_compile_start(callback)
+
+
+def _say(message: str) -> None:
+    print(f"torch-backend-registry: warning: {message}", file=sys.stderr)

@@ -1,0 +1,321 @@
+"""Zero code: declared backends in every process that imports torch, with
+TORCH_BACKENDS_AUTOLOAD=1 and no install() call; and in frameworks that take a backend name.
+
+Every test runs real processes (a script, torchrun ranks on the loopback address,
+DataLoader workers under spawn, accelerate) with time limits; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+PATIENCE = 240  # seconds a process may take; a hang shows as this running out
+
+COMPILERS = """
+import torch
+
+CALLS = []
+
+def traced(gm, example_inputs, *, tag="traced"):
+    print(f"[{tag}] {len(list(gm.graph.nodes))} nodes", flush=True)
+    return gm.forward
+"""
+
+MANIFEST = """
+default = "mine"
+
+[backends.mine]
+target = "tbr_autoload_compilers:traced"
+options = { tag = "mine" }
+
+[backends.careful]
+chain = ["not_installed_here", "aot_eager"]
+verify = "backward"
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "tbr_autoload_compilers.py").write_text(COMPILERS)  # beside the manifest
+    (folder / "backends.toml").write_text(MANIFEST)
+    return folder
+
+
+def run(
+    code: str, cwd: Path, *, autoload: str | None = "1", args: tuple[str, ...] = (), **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``code`` as a script of its own in ``cwd``, which calls no install()."""
+    script = cwd / "script.py"
+    script.write_text(textwrap.dedent(code))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+    if autoload is not None:
+        environ["TORCH_BACKENDS_AUTOLOAD"] = autoload
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, *args, str(script)], cwd=cwd, env=environ, capture_output=True,
+        text=True, timeout=PATIENCE,
+    )  # fmt: skip
+
+
+SCRIPT = """
+import torch
+model = torch.nn.Linear(4, 2)
+out = torch.compile(model, backend="mine")(torch.randn(3, 4))
+print("compiled", tuple(out.shape))
+print("default", torch.compiler.get_default_backend())
+print("listed", "mine" in torch._dynamo.list_backends(), "careful" in torch._dynamo.list_backends())
+"""
+
+
+def test_a_script_that_only_compiles_gets_the_declared_backend(project: Path) -> None:
+    done = run(SCRIPT, project)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "[mine] 5 nodes",
+        "compiled (3, 2)",
+        "default mine",  # the manifest's default applied, as install() applies it
+        "listed True True",  # a torch.compile name, as vLLM looks for them
+    ]
+    for off in (None, "0"):
+        plain = run(SCRIPT, project, autoload=off)
+        assert plain.returncode == 1
+        assert "Invalid backend: 'mine'" in plain.stderr
+
+
+def test_a_chain_that_verifies_trains_in_a_process_nobody_changed(project: Path) -> None:
+    done = run(
+        """
+        import logging, torch
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        for name in ("torch",):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+        compiled = torch.compile(model, backend="careful")
+        compiled(torch.randn(6, 4)).sum().backward()
+        print("trained", all(p.grad is not None for p in model.parameters()))
+        """,
+        project,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "trained True" in done.stdout
+    assert "backend 'careful': compiled with 'aot_eager', backward verified against eager" in (
+        done.stderr
+    )
+
+
+def test_import_torch_never_fails_for_autoload(project: Path) -> None:
+    (project / "backends.toml").write_text('[backends.broken]\ntarget = "no colon"\n[oops\n')
+    code = """
+    import torch
+    print("imported")
+    out = torch.compile(torch.nn.Linear(4, 2), backend="eager")(torch.randn(3, 4))
+    print("compiled", tuple(out.shape))
+    """
+    # Warnings as errors, too: what autoload says must not become an exception in torch.
+    done = run(code, project, args=("-W", "error"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["imported", "compiled (3, 2)"]
+    assert "invalid TOML" in done.stderr  # said, as a warning
+    assert "Traceback" not in done.stderr
+
+
+def test_a_drifted_lock_fails_the_first_compile_with_installs_error(project: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+    subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", "lock"],
+        cwd=project, env=environ, check=True, capture_output=True, timeout=PATIENCE,
+    )  # fmt: skip
+    (project / "backends.toml").write_text(MANIFEST.replace('tag = "mine"', 'tag = "changed"'))
+    code = """
+    import torch, torch._dynamo
+    print("imported")
+    try:
+        torch.compile(torch.nn.Linear(4, 2), backend="eager")(torch.randn(3, 4))
+    except Exception as exc:
+        print("refused:", str(exc).splitlines()[0])
+    """
+    done = run(code, project, TORCH_BACKENDS_LOCKED="1")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "imported"  # importing never fails
+    assert lines[1].startswith("refused: ")
+    assert "the backends drifted from this lock (1 difference: changed backend 'mine':" in lines[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+RANK = """
+import os, sys
+if os.environ["RANK"] == "1" and len(sys.argv) > 1:  # this rank reads one manifest more
+    os.environ["TORCH_BACKENDS_PATH"] = sys.argv[1]
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+try:
+    out = torch.compile(torch.nn.Linear(4, 2), backend="mine")(torch.randn(3, 4))
+    print(f"rank {rank} compiled {tuple(out.shape)}", flush=True)
+except Exception as exc:
+    said = str(exc).splitlines()[0][:160]
+    print(f"rank {rank} refused: {type(exc).__name__}: {said}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(project: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    (project / "rank.py").write_text(RANK)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+    environ.update(TORCH_BACKENDS_AUTOLOAD="1", TORCH_BACKENDS_VERIFY="1")
+    environ["GLOO_SOCKET_IFNAME"] = "lo"
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+         str(project / "rank.py"), *extra],
+        cwd=project, env=environ, capture_output=True, text=True, timeout=PATIENCE,
+    )  # fmt: skip
+
+
+def test_every_torchrun_rank_compiles_and_the_ranks_are_compared(project: Path) -> None:
+    done = _torchrun(project)
+    assert done.returncode == 0, done.stderr
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank")) == [
+        "rank 0 compiled (3, 2)",
+        "rank 1 compiled (3, 2)",
+    ]
+    # One rank with another backend more: every rank refuses at its first compile.
+    extra = project / "extra.toml"
+    extra.write_text('[backends.only_on_rank_1]\ntarget = "tbr_autoload_compilers:traced"\n')
+    differs = _torchrun(project, str(extra))
+    said = sorted(line for line in differs.stdout.splitlines() if line.startswith("rank"))
+    assert len(said) == 2, differs.stdout + differs.stderr
+    for line in said:
+        assert "refused: InternalTorchDynamoError: InconsistentRegistryError: ranks [1]" in line
+
+
+def test_dataloader_workers_under_spawn_compile_with_a_declared_backend(project: Path) -> None:
+    (project / "tbr_autoload_data.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+
+            class Compiled(torch.utils.data.Dataset):
+                def __len__(self):
+                    return 4
+
+                def __getitem__(self, i):
+                    fn = torch.compile(lambda x: x * 2, backend="mine")
+                    return fn(torch.full((2,), float(i)))
+            """
+        )
+    )
+    code = """
+    import torch
+    from tbr_autoload_data import Compiled
+    if __name__ == "__main__":
+        loader = torch.utils.data.DataLoader(
+            Compiled(), batch_size=2, num_workers=2, multiprocessing_context="spawn"
+        )
+        print("batches", [batch.tolist() for batch in loader])
+    """
+    done = run(code, project)
+    assert done.returncode == 0, done.stderr
+    assert "batches [[[0.0, 0.0], [2.0, 2.0]], [[4.0, 4.0], [6.0, 6.0]]]" in done.stdout
+    assert done.stdout.count("[mine]") >= 2  # compiled in the workers, with the declared one
+
+
+def test_a_framework_that_passes_a_configured_name_on(project: Path) -> None:
+    # As torchtitan (compile.backend), vLLM's stock modes and Lightning do: a string from a
+    # config file, straight to torch.compile, in a process nobody added a line to.
+    (project / "train.json").write_text(json.dumps({"compile": {"backend": "mine"}}))
+    done = run(
+        """
+        import json, torch
+        backend = json.load(open("train.json"))["compile"]["backend"]
+        assert backend in torch._dynamo.list_backends(exclude_tags=())  # vLLM's own check
+        out = torch.compile(torch.nn.Linear(4, 2), backend=backend)(torch.randn(3, 4))
+        print("compiled", tuple(out.shape))
+        """,
+        project,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)"]
+
+
+def test_accelerate_compiles_with_a_declared_backend_it_does_not_know(project: Path) -> None:
+    pytest.importorskip("accelerate")
+    done = run(
+        """
+        import logging, torch
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        logging.getLogger("torch").setLevel(logging.WARNING)
+        from accelerate import Accelerator
+        from accelerate.utils import TorchDynamoPlugin
+        from torch_backend_registry.integrations.accelerate import dynamo_plugin
+
+        try:
+            TorchDynamoPlugin(backend="careful")
+        except ValueError as exc:
+            print("accelerate alone:", exc)
+        plugin = dynamo_plugin("careful", mode="max-autotune-no-cudagraphs", dynamic=False)
+        accelerator = Accelerator(cpu=True, dynamo_plugin=plugin)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        loss = model(torch.randn(6, 4)).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        print("kwargs", sorted(plugin.to_kwargs().items()))
+        print("stepped", all(p.grad is not None for p in model.parameters()))
+        """,
+        project,
+        autoload=None,  # dynamo_plugin installs the registry's backends itself
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "accelerate alone: 'CAREFUL' is not a valid DynamoBackend"
+    assert lines[1] == (
+        "kwargs [('backend', 'careful'), ('dynamic', False),"
+        " ('mode', 'max-autotune-no-cudagraphs')]"
+    )
+    assert lines[2] == "stepped True"
+    assert "backend 'careful': compiled with 'aot_eager', backward verified against eager" in (
+        done.stderr
+    )
+
+
+def test_explain_and_check_say_whether_autoload_is_on(project: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+
+    def command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry", *args, "--no-torch"],
+            cwd=project, env={**environ, **env}, capture_output=True, text=True,
+            timeout=PATIENCE,
+        )  # fmt: skip
+
+    off = command("explain", "mine").stdout
+    assert "  autoload:    off: only processes that call install()" in off
+    on = command("explain", "mine", TORCH_BACKENDS_AUTOLOAD="1").stdout
+    assert "  autoload:    on: every process that imports torch here" in on
+    checked = command("check", TORCH_BACKENDS_AUTOLOAD="1").stderr
+    assert checked.rstrip().endswith("; autoload on: every process that imports torch here"
+                                     " (TORCH_BACKENDS_AUTOLOAD is set)")  # fmt: skip
+    assert json.loads(command("check", "--json", TORCH_BACKENDS_AUTOLOAD="1").stdout)["autoload"]
