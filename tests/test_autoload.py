@@ -171,41 +171,40 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 try:
     out = torch.compile(torch.nn.Linear(4, 2), backend="mine")(torch.randn(3, 4))
-    print(f"rank {rank} compiled {tuple(out.shape)}", flush=True)
+    said = f"rank {rank} compiled {tuple(out.shape)}"
 except Exception as exc:
-    said = str(exc).splitlines()[0][:160]
-    print(f"rank {rank} refused: {type(exc).__name__}: {said}", flush=True)
+    said = f"rank {rank} refused: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+with open(f"rank{rank}.said", "w") as out:  # a file each: the ranks' stdout interleave
+    out.write(said)
 dist.destroy_process_group()
 """
 
 
-def _torchrun(project: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _torchrun(project: Path, *extra: str) -> list[str]:
+    """What each rank said, rank by rank, after a 2-rank torchrun in ``project``."""
     (project / "rank.py").write_text(RANK)
+    for old in project.glob("rank*.said"):
+        old.unlink()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
     environ.update(TORCH_BACKENDS_AUTOLOAD="1", TORCH_BACKENDS_VERIFY="1")
     environ["GLOO_SOCKET_IFNAME"] = "lo"
-    return subprocess.run(
+    done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
          str(project / "rank.py"), *extra],
         cwd=project, env=environ, capture_output=True, text=True, timeout=PATIENCE,
     )  # fmt: skip
+    said = [(project / f"rank{rank}.said") for rank in (0, 1)]
+    assert all(p.exists() for p in said), done.stdout + done.stderr
+    return [p.read_text() for p in said]
 
 
 def test_every_torchrun_rank_compiles_and_the_ranks_are_compared(project: Path) -> None:
-    done = _torchrun(project)
-    assert done.returncode == 0, done.stderr
-    assert sorted(line for line in done.stdout.splitlines() if line.startswith("rank")) == [
-        "rank 0 compiled (3, 2)",
-        "rank 1 compiled (3, 2)",
-    ]
+    assert _torchrun(project) == ["rank 0 compiled (3, 2)", "rank 1 compiled (3, 2)"]
     # One rank with another backend more: every rank refuses at its first compile.
     extra = project / "extra.toml"
     extra.write_text('[backends.only_on_rank_1]\ntarget = "tbr_autoload_compilers:traced"\n')
-    differs = _torchrun(project, str(extra))
-    said = sorted(line for line in differs.stdout.splitlines() if line.startswith("rank"))
-    assert len(said) == 2, differs.stdout + differs.stderr
-    for line in said:
+    for line in _torchrun(project, str(extra)):
         assert "refused: InternalTorchDynamoError: InconsistentRegistryError: ranks [1]" in line
 
 

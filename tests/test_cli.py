@@ -988,3 +988,177 @@ def test_a_warm_listing_with_remembered_verdicts_imports_no_package_metadata(
     warm = run_python(code, cwd=tmp_path).stdout.splitlines()
     assert warm[-1] == "no metadata"
     assert any(line.startswith("fast") and "ok (backward)" in line for line in warm)
+
+
+# ------------------------------------------------------------------ what an attack found
+
+
+def test_what_hides_or_disables_a_backend_by_mistake_is_said(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    info = make_dist("tbr-real-plugin", "2.0", {"realplug": "tbr_real_mod:compile"})
+    env = {"PYTHONPATH": str(info.parent)}
+    write(
+        "backends.toml",
+        '[backends.realplug]\ndistribution = "tbr-real-plugn"\n'  # a typo: hides the plugin
+        '[backends.ov]\ntarget = "m:f"\naliases = ["realplug2"]\n'
+        "[backends.fsat]\nenabled = false\n"  # disables nothing
+        '[backends.fast]\ntarget = "m:f"\n'
+        '[backends.ch]\nchain = ["fats", "eager"]\n',  # two letters swapped
+    )
+    done = run("check", "--no-torch", cwd=tmp_path, env=env, check=1)
+    lines = done.stdout.splitlines()
+    assert any(
+        "backends.realplug.distribution: no installed distribution 'tbr-real-plugn' declares"
+        in line
+        and "did you mean 'tbr-real-plugin'?" in line
+        for line in lines
+    ), lines
+    assert any(
+        "warning: backends.fsat.enabled: 'fsat' is disabled, but no lower source"
+        " defines it: nothing is hidden; did you mean 'fast'?" in line
+        for line in lines
+    ), lines
+    assert any(
+        "error: backends.ch.chain:" in line and "(did you mean 'fats' -> 'fast'?)" in line
+        for line in lines
+    ), lines
+
+
+def test_an_alias_that_hides_a_lower_backend_is_said_and_explained(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    info = make_dist("tbr-hidden-plugin", "1.0", {"hiddenplug": "tbr_hidden_mod:compile"})
+    env = {"PYTHONPATH": str(info.parent)}
+    write("backends.toml", '[backends.ov]\ntarget = "m:f"\naliases = ["hiddenplug"]\n')
+    checked = run("check", "--no-torch", cwd=tmp_path, env=env)
+    assert checked.stdout == (
+        "backends.toml:3: warning: backends.ov.aliases: alias 'hiddenplug' of 'ov' hides"
+        " backend 'hiddenplug' of distribution 'tbr-hidden-plugin' 1.0, which ranks lower:"
+        " 'hiddenplug' now runs 'ov'; rename the alias if that is not meant\n"
+    )
+    explained = run("explain", "hiddenplug", "--no-torch", cwd=tmp_path, env=env).stdout
+    assert "shadows (lower precedence, not used):\n  hiddenplug\n" in explained
+
+
+def test_explain_of_a_disabled_name_says_what_disables_it_and_what_it_hides(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    info = make_dist("tbr-off-plugin", "1.0", {"offplug": "tbr_off_mod:compile"})
+    write("backends.toml", "# off here\n[backends.offplug]\nenabled = false\n")
+    env = {"PYTHONPATH": str(info.parent)}
+    done = run("explain", "offplug", "--no-torch", cwd=tmp_path, env=env, check=1)
+    assert done.stdout.splitlines() == [
+        "offplug (no backend here)",
+        "  disabled:    by backends.toml:2 (enabled = false)",
+        "  hides:       entry-point: distribution 'tbr-off-plugin' 1.0",
+    ]
+    assert "disabled by" in done.stderr
+
+
+def test_a_plugins_entry_point_that_cannot_be_a_backend_is_a_warning_not_a_failure(
+    tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    info = make_dist(
+        "tbr-odd-dist",
+        "1.0",
+        {"inductor": "odd:compile", "bad name": "odd:compile", "weird": "not a target"},
+    )
+    write("backends.toml", '[backends.fast]\ntarget = "m:f"\n')
+    done = run("check", cwd=tmp_path, env={"PYTHONPATH": str(info.parent)})
+    said = done.stdout
+    assert (
+        "warning: distribution 'tbr-odd-dist' 1.0 declares the entry point 'inductor', one of"
+        in said
+    )
+    assert "[plugins] deny = ['tbr-odd-dist']" in said
+    assert "declares the entry point 'bad name', which is no backend name" in said
+    assert "declares the entry point 'weird', whose value 'not a target' is no module:attr" in said
+    names = run("list", "--all", "--no-torch", cwd=tmp_path, env={"PYTHONPATH": str(info.parent)})
+    assert "weird" not in names.stdout
+    assert "bad name" not in names.stdout
+
+
+def test_check_says_what_it_cannot_find_and_what_the_user_likely_meant(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("pyproject.toml", '[tool.torch_backends.backends.fast]\ntarget = "m:f"\n')
+    missing = run("check", cwd=tmp_path, check=1)
+    assert "pyproject.toml has [tool.torch_backends]: did you mean [tool.torch-backends]?" in (
+        missing.stderr
+    )
+    (tmp_path / "pyproject.toml").unlink()
+    write(
+        "backends.toml",
+        'default = "inductr"\npython-path = ["srcc"]\n[backends.fast]\ntarget = "m:f"\n',
+    )
+    done = run("check", "--no-torch", cwd=tmp_path, check=1)
+    assert done.stdout.splitlines() == [
+        "backends.toml:1: error: default: unknown backend 'inductr'. Did you mean 'inductor'?;"
+        " name a backend that exists here",
+        f"backends.toml:2: warning: python-path: python-path folder 'srcc' does not exist"
+        f" ({tmp_path / 'srcc'}); a target in it would not be found",
+    ]
+
+
+def test_lock_pins_no_broken_manifest_and_sees_a_hand_edited_lock(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", '[backends.fast]\ntarget = "m:f"\n[backends.bad]\ntarget = 1\n')
+    refused = run("lock", cwd=tmp_path, check=1)
+    assert "not written: the manifests have 1 error(s), the first backends.toml:4:" in (
+        refused.stderr
+    )
+    assert not (tmp_path / "backends.lock").exists()
+    write("backends.toml", '[backends.fast]\ntarget = "m:f"\n')
+    run("lock", cwd=tmp_path)
+    lock = tmp_path / "backends.lock"
+    text = lock.read_text()
+    lock.write_text(text.replace('fingerprint = "', 'fingerprint = "0000', 1))
+    edited = run("check", "--locked", "--no-torch", cwd=tmp_path, check=1)
+    assert "it was edited by hand; run 'torch-backends lock' again" in edited.stdout
+
+
+def test_every_problem_is_counted_when_only_some_are_printed(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("many.toml", "".join(f"[backends.b{i}]\ntarget = 'm:f'\ntagz = 1\n" for i in range(150)))
+    done = run("check", "many.toml", "--no-torch", cwd=tmp_path, check=1)
+    assert done.stdout.splitlines()[-1].endswith("and 50 more problems; fix those above first")
+    assert done.stderr.startswith("150 problem(s);")
+
+
+def test_tag_filters_that_contradict_or_name_nothing_say_so(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.a]\ntarget = "m:f"\ntags = ["gpu"]\n')
+    both = run("list", "--tag", "gpu", "--exclude-tag", "gpu", "--no-torch", cwd=tmp_path, check=2)
+    assert both.stderr == "torch-backends: error: --tag and --exclude-tag both name 'gpu'\n"
+    typo = run("list", "--exclude-tag", "gpuu", "--no-torch", cwd=tmp_path)
+    assert "warning: no backend is tagged 'gpuu' (the tags here: gpu); did you mean 'gpu'?" in (
+        typo.stderr
+    )
+
+
+def test_check_import_refuses_a_compiler_that_needs_what_nothing_gives(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write(
+        "mm.py",
+        "class Stop(BaseException):\n    pass\n"
+        "def f3(gm, ex, mode):\n    return gm\n"
+        "def kwreq(gm, ex, *, must):\n    return gm\n"
+        "def given(gm, ex, *, must):\n    return gm\n",
+    )
+    write("stops.py", "import mm\nraise mm.Stop('at import')\n")
+    write(
+        "backends.toml",
+        '[backends.a]\ntarget = "mm:f3"\n[backends.c]\ntarget = "mm:kwreq"\n'
+        '[backends.ok]\ntarget = "mm:given"\noptions = { must = 1 }\n'
+        '[backends.stops]\ntarget = "stops:f"\n',
+    )
+    done = run("check", "--import", "--no-torch", cwd=tmp_path, check=1)
+    lines = done.stdout.splitlines()
+    assert "needs 'mode', which torch.compile does not give and no option sets" in lines[0]
+    assert "needs 'must', which torch.compile does not give" in lines[1]
+    assert "import of 'stops' failed: Stop: at import" in lines[2]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.endswith("3 problem(s); 1 of 4 backend(s) imported and usable\n")

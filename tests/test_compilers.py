@@ -28,6 +28,7 @@ from .conftest import WriteFn
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.compilers]
+Module: Any = torch.nn.Module  # a class to subclass, which mypy sees as Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -600,3 +601,184 @@ def test_check_import_imports_what_chains_and_tables_run(
     assert done.stderr.splitlines()[-1] == (
         "3 problem(s); 1 of 4 backend(s) imported and usable, 1 warning(s)"
     )
+
+
+# ------------------------------------------------------------------ what an attack found
+
+MEDDLERS = """
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from functorch.compile import make_boxed_func
+
+def strip_meta(gm, example_inputs):
+    for node in gm.graph.nodes:  # an FX pass that rebuilds node metadata, then fails
+        node.meta = {}
+    raise RuntimeError("failed after its first pass")
+
+def reverse_inputs(gm, example_inputs):
+    example_inputs.reverse()  # what openvino does with model caching on
+    raise RuntimeError("failed after reordering example_inputs")
+
+def fold_constant(gm, example_inputs):
+    gm.register_buffer("_folded_constant0", torch.ones(1))
+    raise RuntimeError("failed after folding a constant")
+
+def rewrite_branches(gm, example_inputs):
+    # As inductor's pre-grad passes do: the graphs of torch.cond's branches, in place.
+    for sub in gm.modules():
+        if sub is not gm and isinstance(sub, torch.fx.GraphModule):
+            for node in sub.graph.nodes:
+                if node.target in (torch.sin, torch.ops.aten.sin.default):
+                    node.target = torch.cos
+            sub.recompile()
+    raise RuntimeError("failed after its passes")
+
+def _ones_for_tangents(gm, example_inputs):
+    for node in list(gm.graph.nodes):  # a lowering bug: every incoming gradient is 1
+        if node.op == "placeholder" and node.name.startswith("tangents"):
+            with gm.graph.inserting_after(node):
+                ones = gm.graph.call_function(torch.ops.aten.ones_like.default, (node,))
+            node.replace_all_uses_with(ones, delete_user_cb=lambda user: user is not ones)
+    gm.recompile()
+    return make_boxed_func(gm.forward)
+
+ignores_incoming_gradient = aot_autograd(
+    fw_compiler=lambda gm, inputs: make_boxed_func(gm.forward), bw_compiler=_ones_for_tangents
+)
+"""
+
+
+@pytest.fixture
+def meddlers(make_module: Callable[..., str], module_name: str) -> str:
+    return make_module(module_name + "_meddlers", MEDDLERS)
+
+
+def test_what_a_failing_member_changed_never_reaches_the_next_one_nor_dynamo(
+    write: WriteFn, meddlers: str
+) -> None:
+    registry, uid = installed(
+        write,
+        "".join(
+            f'[backends.{f}_UID]\ntarget = "{meddlers}:{f}"\n'
+            f'[backends.after_{f}_UID]\nchain = ["{f}_UID", "aot_eager"]\n'
+            for f in ("strip_meta", "reverse_inputs", "fold_constant", "rewrite_branches")
+        ),
+    )
+    model, x = torch.nn.Linear(3, 2), torch.randn(4, 3)
+    for meddler in ("strip_meta", "reverse_inputs", "fold_constant"):
+        torch._dynamo.reset()
+        out = torch.compile(model, backend=f"after_{meddler}{uid}")(x)
+        assert close(out, model(x)), meddler
+        assert used(registry, f"after_{meddler}{uid}") == "aot_eager"
+
+    def branches(t: Any) -> Any:
+        return torch.cond(t.sum() > 0, lambda u: torch.sin(u), lambda u: u * 2, (t,))
+
+    torch._dynamo.reset()
+    ones = torch.ones(3)
+    assert close(
+        torch.compile(branches, backend=f"after_rewrite_branches{uid}")(ones), branches(ones)
+    )
+
+
+def test_verification_keeps_the_layout_of_what_requires_grad(write: WriteFn) -> None:
+    registry, uid = installed(
+        write,
+        '[backends.fwd_UID]\nchain = ["inductor", "eager"]\nverify = "forward"\n'
+        '[backends.bwd_UID]\nchain = ["aot_eager", "eager"]\nverify = "backward"\n',
+    )
+
+    class Halves(Module):  # type: ignore[misc]  # the graph after the break gets strided views
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 8)
+
+        def forward(self, x: Any) -> Any:
+            a, b = self.lin(x).chunk(2, dim=-1)
+            torch._dynamo.graph_break()
+            return (a * b.sigmoid()).sum()
+
+    def aliased(base: Any, view: Any) -> Any:  # one input a view of another, written
+        view.mul_(2)
+        return base * 3
+
+    for backend, member in ((f"fwd{uid}", "inductor"), (f"bwd{uid}", "aot_eager")):
+        torch._dynamo.reset()
+        model = Halves()
+        torch.compile(model, backend=backend)(torch.randn(3, 4)).backward()
+        assert used(registry, backend) == member
+        torch._dynamo.reset()
+        leaf = torch.arange(4.0, requires_grad=True)
+        base = leaf * 1
+        torch.compile(aliased, backend=backend)(base, base[:2]).sum().backward()
+        assert used(registry, backend) == member
+        assert leaf.grad is not None
+        assert leaf.grad.tolist() == [6.0, 6.0, 3.0, 3.0]
+
+
+def test_a_backward_that_mishandles_its_incoming_gradient_is_seen(
+    write: WriteFn, meddlers: str
+) -> None:
+    registry, uid = installed(
+        write,
+        f'[backends.safe_UID]\nchain = ["buggy_UID", "aot_eager"]\nverify = "backward"\n'
+        f'[backends.buggy_UID]\ntarget = "{meddlers}:ignores_incoming_gradient"\n',
+    )
+    model, twin = with_buffers(), with_buffers()
+    x = torch.randn(6, 4)
+    (torch.compile(model, backend=f"safe{uid}")(x) * torch.arange(3.0)).sum().backward()
+    (twin(x) * torch.arange(3.0)).sum().backward()
+    assert used(registry, f"safe{uid}") == "aot_eager"
+    assert close(model[0].weight.grad, twin[0].weight.grad)
+
+
+def test_random_draws_written_into_an_input_are_no_difference(
+    write: WriteFn, logged: list[str]
+) -> None:
+    _registry, uid = installed(
+        write, '[backends.fast_UID]\nchain = ["inductor", "eager"]\nverify = "forward"\n'
+    )
+
+    class Noisy(Module):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.register_buffer("eps", torch.zeros(4))
+
+        def forward(self, x: Any) -> Any:
+            self.eps.copy_(torch.randn(4) * 0.1)  # noise resampled each step, into a buffer
+            if x.sum() > 0:  # a graph break
+                x = x * 2
+            return self.lin(x) + self.eps
+
+    torch.manual_seed(0)
+    torch.compile(Noisy(), backend=f"fast{uid}")(torch.ones(2, 4))
+    compiled = [r for r in logged if "compiled with" in r]
+    assert len(compiled) == 2  # a graph each side of the break, both with inductor
+    assert all("compiled with 'inductor'" in r for r in compiled), compiled
+
+
+def test_a_nested_members_refusal_of_what_torch_compile_gives_is_never_skipped(
+    write: WriteFn, logged: list[str]
+) -> None:
+    _registry, uid = installed(
+        write,
+        '[backends.inner_UID]\nchain = ["inductor"]\n'
+        '[backends.outer_UID]\nchain = ["inner_UID", "eager"]\n'
+        '[backends.table_UID]\nby-device = { cpu = "inductor" }\n'
+        '[backends.outer_table_UID]\nchain = ["table_UID", "eager"]\n'
+        '[backends.named_UID]\ntarget = "torch._dynamo.backends.inductor:inductor"\n'
+        '[backends.outer_named_UID]\nchain = ["named_UID", "eager"]\n',
+    )
+    x = torch.randn(6, 4)
+    for outer in (f"outer{uid}", f"outer_table{uid}", f"outer_named{uid}"):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="Unexpected optimization option bogus"):
+            torch.compile(with_buffers(), backend=outer, options={"bogus": 1})(x)
+    # PyTorch's inductor declared as a target is given mode= as inductor is.
+    torch._dynamo.reset()
+    out = torch.compile(
+        with_buffers(), backend=f"outer_named{uid}", mode="max-autotune-no-cudagraphs"
+    )(x)
+    assert close(out, with_buffers()(x))
+    assert not any("compiled with 'eager'" in r for r in logged)

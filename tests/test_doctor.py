@@ -663,7 +663,7 @@ def stalls_once(gm, example_inputs):
     calls = []
     def run(*args):
         calls.append(1)
-        if len(calls) == 100:  # one round of the timing stalls, as on a busy machine
+        if len(calls) == 1000:  # one round of the timing stalls, as on a busy machine
             time.sleep(0.2)
         return gm(*args)
     return run
@@ -852,3 +852,31 @@ def test_a_verdict_holds_for_the_host_it_was_found_on(
     project.refresh()
     [there] = tbr.doctor(["needs_trt"], registry=project)
     assert there.cached is False
+
+
+def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_missing_part(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "models_here.py").write_text(
+        "import torch\ndef make():\n    return torch.nn.Linear(2, 2), (torch.randn(1, 2),)\n"
+    )
+    (project / "backends.toml").write_text(
+        '[backends.good]\ntarget = "torch._dynamo.backends.debugging:eager"\n'
+        '[backends.loop]\nchain = ["loop2"]\n[backends.loop2]\nchain = ["loop"]\n'
+    )
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch_backend_registry", "doctor", "good", "loop", "--json",
+         "--model", "models_here:make", "--level", "forward", "--jobs", "2"],
+        cwd=project, env=environ, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    verdicts = {v["name"]: v for v in json.loads(done.stdout)}
+    assert verdicts["good"]["status"] == "ok", done.stderr
+    # A chain that names itself cannot be loaded as written: not "unavailable here".
+    assert (verdicts["loop"]["status"], verdicts["loop"]["level_name"]) == (
+        "import-error",
+        "import",
+    )
+    assert "names itself" in verdicts["loop"]["reason"]

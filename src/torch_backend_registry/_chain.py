@@ -6,7 +6,7 @@ import contextlib
 import itertools
 import logging
 
-from ._errors import BackendChainError, BackendRegistryError
+from ._errors import BackendChainError, BackendRegistryError, RefusedArguments
 from ._finding import missing_requirements
 from ._loader import call_options
 from ._verify import leaves
@@ -76,7 +76,6 @@ class ChainBackend:
         name = self.definition.name
         failures: list[tuple[str, str]] = []
         reference: Reference | None = None
-        pristine: _Pristine | None = None
         for member in self.members:
             skipped = self._skip(member)
             compiler = None
@@ -89,15 +88,13 @@ class ChainBackend:
                 # What torch.compile(backend=member, ...) would hand it; a member that takes no
                 # such argument is the caller's mistake, said at once, not a member to skip.
                 compile_fn = member_compiler(name, self._info(member).definition, compiler, kwargs)
-                if pristine is None:  # before any member sees the graph: it may rewrite it
-                    pristine = _Pristine(gm)
-                    if self.definition.verify is not None:
-                        reference = self._reference(gm, example_inputs)
-                else:
-                    pristine.restore()
+                if reference is None and self.definition.verify is not None:
+                    reference = self._reference(gm, example_inputs)  # before any member runs
                 try:
+                    # Each member its own copy: one that rewrites what it is given and then
+                    # fails leaves the next, and dynamo, the graph and inputs as they came.
                     with self._compiling():
-                        compiled = compile_fn(gm, example_inputs)
+                        compiled = compile_fn(own_copy(gm), list(example_inputs))
                 except passed_through():
                     raise
                 except Exception as exc:
@@ -124,7 +121,9 @@ class ChainBackend:
             assert skipped is not None
             reason, severity = skipped
             failures.append((member, reason))
-            say(severity, "backend %r: %s: skipping %r: %s", name, severity, member, reason)
+            # A compiler's own message may run to pages: the log line keeps its head and end.
+            said = reason if len(reason) <= 600 else f"{reason[:400]} ... {reason[-150:]}"
+            say(severity, "backend %r: %s: skipping %r: %s", name, severity, member, said)
         raise BackendChainError(name, failures)
 
     def _compiling(self) -> AbstractContextManager[object]:
@@ -143,19 +142,27 @@ class ChainBackend:
         return Reference(gm, example_inputs, *self.definition.verify)
 
 
-class _Pristine:
-    """The graph as torch.compile gave it: a member may rewrite it in place (FX passes do)
-    and then fail, and the next member must get the graph as it came."""
+def own_copy(gm: Any) -> Any:
+    """A graph module of its own for one member to compile, which it may change as it likes
+    (FX passes rewrite graphs in place; inductor rewrites the graphs of higher-order ops'
+    branches and sets them back): its graph and the graph modules inside it copied, with
+    what dynamo set on their nodes and on the module (its ``meta``, the sources of its
+    parameters); the parameters and buffers themselves shared, not copied."""
+    import torch.fx
 
-    def __init__(self, gm: Any) -> None:
-        self.gm = gm
-        graph = getattr(gm, "graph", None)
-        self.graph = copy_graph(graph) if hasattr(gm, "recompile") and graph is not None else None
-
-    def restore(self) -> None:
-        if self.graph is not None:
-            self.gm.graph = copy_graph(self.graph)
-            self.gm.recompile()
+    if not isinstance(gm, torch.fx.GraphModule):
+        return gm
+    copied = torch.fx.GraphModule(gm, copy_graph(gm.graph), class_name=type(gm).__name__)
+    for name, child in list(copied.named_children()):
+        if isinstance(child, torch.fx.GraphModule):
+            setattr(copied, name, own_copy(child))
+    mine = vars(copied)
+    for key, value in vars(gm).items():
+        if key not in mine:  # dynamo's own: _param_name_to_source, _source_to_user_stacks
+            setattr(copied, key, value)
+    copied.meta = dict(gm.meta)
+    copied.training = gm.training
+    return copied
 
 
 def copy_graph(graph: Any) -> Any:
@@ -261,23 +268,26 @@ def member_compiler(
     kwargs: Mapping[str, Any],
 ) -> Callable[[Any, Any], Any]:
     """How ``torch.compile(backend=member, **kwargs)`` would compile with a member, named
-    alone: PyTorch's own ``inductor`` through the wrapper torch.compile puts around it, which
-    applies ``mode`` and ``options`` to inductor's configuration; any other backend with
-    them as keyword arguments. Raises, before anything compiles, where the member cannot
-    take them (a :class:`TypeError` naming the argument, inductor's own error for an option
-    it does not know)."""
-    if definition.source.kind == "torch" and definition.name == "inductor":
+    alone: PyTorch's own inductor (by its name, or declared as a target) through the
+    wrapper torch.compile puts around it, which applies ``mode`` and ``options`` to
+    inductor's configuration; any other backend with them as keyword arguments. Raises
+    :class:`RefusedArguments` before anything compiles where the member cannot take them
+    (naming the argument; inductor's own words for an option it does not know)."""
+    if _is_inductor(definition, compiler):
         import torch
 
-        wrapper: Callable[[Any, Any], Any] = torch._TorchCompileInductorWrapper(
-            kwargs.get("mode"), kwargs.get("options"), None
-        )
+        try:
+            wrapper: Callable[[Any, Any], Any] = torch._TorchCompileInductorWrapper(
+                kwargs.get("mode"), kwargs.get("options"), None
+            )
+        except RuntimeError as exc:  # "Unexpected optimization option ..."
+            raise RefusedArguments(f"backend {owner!r}: {exc}") from exc
         return wrapper
     try:
         options = call_options(compiler, definition.name, kwargs)
     except TypeError as exc:
         given = ", ".join(f"{key}=..." for key in kwargs)
-        raise TypeError(
+        raise RefusedArguments(
             f"backend {owner!r}: its member {definition.name!r} cannot take what"
             f" torch.compile was given ({given}), as torch.compile(backend="
             f"{definition.name!r}) could not: {exc}"
@@ -289,15 +299,26 @@ def member_compiler(
     return functools.partial(compiler, **options)
 
 
+def _is_inductor(definition: BackendDefinition, compiler: Callable[..., Any]) -> bool:
+    """Whether a member is PyTorch's own inductor: its name, or its function as a target."""
+    if definition.source.kind == "torch" and definition.name == "inductor":
+        return True
+    import sys
+
+    module = sys.modules.get("torch._dynamo.backends.inductor")
+    return module is not None and compiler is getattr(module, "inductor", None)
+
+
 def passed_through() -> tuple[type[BaseException], ...]:
     """What a chain lets through a member's compile rather than skip the member for: the
     signals dynamo itself lets through a compiler call to act on, a restart of its analysis
-    (``TensorifyScalarRestartAnalysis`` under ``dynamic=True``) and a frame to skip. Any
-    other exception is a member failing."""
+    (``TensorifyScalarRestartAnalysis`` under ``dynamic=True``) and a frame to skip; and a
+    caller's arguments a member refuses. Any other exception is a member failing."""
     import torch._dynamo.exc as exc
 
     names = ("RestartAnalysis", "SkipFrame")
-    return tuple(getattr(exc, name) for name in names if hasattr(exc, name))
+    signals = tuple(getattr(exc, name) for name in names if hasattr(exc, name))
+    return (*signals, RefusedArguments)
 
 
 def device_type(gm: Any, example_inputs: Any) -> str:

@@ -32,6 +32,10 @@ class CommandError(Exception):
     """A command cannot do what was asked (a file exists, say): one line, exit 1."""
 
 
+class UsageError(CommandError):
+    """What was asked means nothing (options that contradict each other): exit 2."""
+
+
 STARTER = """\
 # Backends for torch.compile(model, backend="NAME"), read by torch-backend-registry.
 # Check this file, and import what it names, with `torch-backends check --import`;
@@ -160,6 +164,8 @@ def _run(args: Arguments) -> tuple[int, str | None]:
                 " backends, which --no-torch leaves out; run it without --no-torch"
             )
         return EXIT_PROBLEMS, f"{exc.brief} '{PROG} list --all' shows every name."
+    except UsageError as exc:
+        return EXIT_USAGE, str(exc)
     except (BackendRegistryError, CommandError) as exc:
         if debug:
             raise
@@ -214,13 +220,21 @@ def _list(args: Arguments) -> int:
         exclude: list[str] = list(args.exclude_tag)
     else:
         exclude = [*DEFAULT_EXCLUDE_TAGS, *args.exclude_tag]
+    both = sorted(set(args.tag) & set(args.exclude_tag))
+    if both:
+        raise UsageError(f"--tag and --exclude-tag both name {', '.join(map(repr, both))}")
     with _Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
-        rows = registry.definitions(exclude)
+        every = registry.definitions(())
+    known = sorted({tag for d in every for tag in d.tags})
+    left_out = set(exclude)
+    rows = [d for d in every if not left_out.intersection(d.tags)]
+    unknown = sorted(set(args.exclude_tag) - set(known))
+    if unknown:  # nothing to leave out: likely a typo, and the listing is still right
+        print(f"{PROG}: warning: {_no_such_tag(unknown, known)}", file=sys.stderr)
     if args.tag:
         wanted = set(args.tag)
-        known = {tag for d in rows for tag in d.tags}
-        if not wanted <= known:
-            raise CommandError(_no_such_tag(sorted(wanted - known), sorted(known)))
+        if not wanted <= set(known):
+            raise CommandError(_no_such_tag(sorted(wanted - set(known)), known))
         rows = [d for d in rows if wanted.issubset(d.tags)]
     available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
@@ -268,7 +282,8 @@ def _no_such_tag(missing: Sequence[str], known: Sequence[str]) -> str:
 def _print_json(value: object) -> None:
     import json
 
-    json.dump(value, sys.stdout, indent=2, default=_json_default, ensure_ascii=False)
+    # ASCII: a description's control or bidi characters reach no terminal raw.
+    json.dump(value, sys.stdout, indent=2, default=_json_default)
     sys.stdout.write("\n")
 
 
@@ -414,7 +429,12 @@ def _fitted(
 
 def _explain(args: Arguments) -> int:
     registry = _registry(args.no_torch)
-    info = registry.backend_info(args.name)
+    try:
+        info = registry.backend_info(args.name)
+    except UnknownBackendError:
+        # What declares it, printed; the error says why it is no backend here.
+        _explain_unusable(registry, args.name)
+        raise
     name = info.definition.name
     verdict = _Remembered(registry)(name)
     default = registry.default_backend()
@@ -456,6 +476,30 @@ def _explain(args: Arguments) -> int:
         out.append("shadows nothing")
     print("\n".join(printable(line) for line in out))
     return EXIT_OK
+
+
+def _explain_unusable(registry: Registry, name: str) -> bool:
+    """Explain a name that is no backend here but is declared: disabled, or left out by the
+    plugin policy. ``False`` where nothing declares it."""
+    index = registry.index(with_torch=False)
+    candidates = index.by_key.get(name, [])
+    excluded = index.excluded.get(name, [])
+    if not candidates and not excluded:
+        return False
+    out = [f"{name} (no backend here)"]
+    if candidates and not candidates[0].enabled:
+        top = candidates[0]
+        out.append(f"  {'disabled:':<13}by {top.source.describe(_here())} (enabled = false)")
+        lower = candidates[1:]
+    else:
+        lower = candidates
+    for definition, why in excluded:
+        out.append(f"  {'left out:':<13}{why}")
+        lower = [d for d in lower if d is not definition]
+    for hidden in lower:
+        out.append(f"  {'hides:':<13}{hidden.source.kind}: {hidden.source.describe(_here())}")
+    print("\n".join(printable(line) for line in out))
+    return True
 
 
 def _autoload_on() -> bool:
@@ -555,9 +599,13 @@ def _check(args: Arguments) -> int:
             )
         registry = _check_registry(args.files, args.no_torch)
         if registry is None:
+            if args.json:  # a script reading the output gets an answer it can parse
+                problem = {"severity": "error", "message": _NO_MANIFEST, "path": None}
+                _print_json({"problems": [problem], "backends": 0, "errors": 1})
             return EXIT_PROBLEMS
         with _Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems(with_torch=not args.no_torch)
+        problems += _replaced_tables(registry)
         matched = None
         if args.locked:
             matched = _drift(_registry(args.no_torch), problems, with_torch=not args.no_torch)
@@ -571,7 +619,7 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
     file; where there is none, say which lock matched."""
     from ._definition import Problem
     from ._errors import LockFileError
-    from ._lock import differences, digest, lock_path, read_lock
+    from ._lock import changes, digest, lock_path, read_lock
 
     path = lock_path(registry)
     try:
@@ -581,7 +629,7 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
         return None
     drift = [
         Problem(f"{change}; run 'torch-backends lock' to accept it", path=path)
-        for change in differences(locked, registry.facts(), with_torch=with_torch)
+        for _key, change in changes(locked, registry.facts(), with_torch=with_torch)
     ]
     problems.extend(drift)
     return None if drift else f"{_shown_path(path)} matched (fingerprint {digest(locked)[:16]})"
@@ -597,7 +645,7 @@ def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
     if files:
         return Registry(files=files, sources=("env", *others))
     if _no_manifest():
-        _error(_NO_MANIFEST)
+        _error(_NO_MANIFEST + _near_table_here())
         return None
     return Registry(sources=("env", "project", *others))
 
@@ -606,6 +654,24 @@ _NO_MANIFEST = (
     "no manifest found: no backends.toml here or above, no [tool.torch-backends] in"
     " pyproject.toml, and TORCH_BACKENDS_PATH is unset; create one with 'torch-backends init'"
 )
+
+
+def _near_table_here() -> str:
+    """Where a pyproject.toml here or above holds what looks like a misspelt table, say so."""
+    from ._sources import PROJECT_FILES, near_table
+
+    folder = _here()
+    while folder:
+        candidate = os.path.join(folder, PROJECT_FILES[1])
+        if os.path.isfile(candidate):
+            near = near_table(candidate)
+            if near is not None:
+                return (
+                    f" ({_shown_path(candidate)} has {near}: did you mean [tool.torch-backends]?)"
+                )
+        parent = os.path.dirname(folder)
+        folder = None if parent == folder else parent
+    return ""
 
 
 def _no_manifest() -> bool:
@@ -633,6 +699,7 @@ def _report(
         for d in registry.definitions((), with_torch=False, broken=True)
         if d.source.kind in _CHECKED
     ]
+    problems = [*problems, *_missing_folders(checked)]
     # A chain none of whose members exists anywhere can never be used.
     dead = {d.name for d in checked if d.members and index.all_members_missing(d)}
     looping = index.chain_problems()  # reported already, among the problems
@@ -657,6 +724,8 @@ def _report(
     here = _here()
     shown = sorted([*problems, *notes, *unavailable], key=lambda p: (p.path or "", p.line or 0))
     errors = [p for p in problems if p.severity == "error"]
+    # One line may stand for more problems of its file than are worth printing.
+    counted = sum(1 + p.also for p in errors)
     if as_json:
         _print_json(
             {
@@ -673,7 +742,7 @@ def _report(
                 "backends": len(checked),
                 "usable": len(usable),
                 "unavailable": len(unavailable),
-                "errors": len(errors),
+                "errors": counted,
                 "warnings": len(problems) - len(errors),
                 "notes": len(notes),
                 "imported": import_targets,
@@ -700,10 +769,40 @@ def _report(
 
         summary += f"; autoload {state()}"
     if errors:
-        print(f"{len(errors)} problem(s); {summary}", file=sys.stderr)
+        print(f"{counted} problem(s); {summary}", file=sys.stderr)
         return EXIT_PROBLEMS
     print(f"no problems; {summary}", file=sys.stderr)
     return EXIT_OK
+
+
+def _replaced_tables(registry: Registry) -> list[Problem]:
+    from ._sources import project_manifest, replaced_table
+
+    here = registry.context.cwd
+    manifest = project_manifest(here) if here is not None else None
+    found = replaced_table(manifest) if manifest is not None else None
+    return [] if found is None else [found]
+
+
+def _missing_folders(checked: Sequence[BackendDefinition]) -> list[Problem]:
+    """A python-path folder that does not exist serves nothing: likely a typo (once a file)."""
+    from ._definition import Problem
+    from ._positions import table_prefix, toml_key
+
+    said: dict[tuple[str, str], Problem] = {}
+    for d in checked:
+        path = d.source.path
+        for written, folder in zip(d.written_path, d.python_path, strict=False):
+            if path is not None and (path, folder) not in said and not os.path.isdir(folder):
+                said[(path, folder)] = Problem(
+                    f"python-path folder {written!r} does not exist ({folder}); a target in"
+                    " it would not be found",
+                    path=path,
+                    line=d.line_of("python-path"),
+                    key=toml_key((*table_prefix(path), "python-path")),
+                    severity="warning",
+                )
+    return list(said.values())
 
 
 class _Imports:
@@ -1010,6 +1109,12 @@ def _lock(args: Arguments) -> int:
         raise CommandError(_NO_MANIFEST)
     registry = _registry()
     with _Waiting("loading PyTorch's backends", True):
+        errors = [p for p in registry.problems() if p.severity == "error"]
+        if errors:  # a lock of what is broken pins it broken
+            raise CommandError(
+                f"not written: the manifests have {len(errors)} error(s), the first"
+                f" {errors[0].shown(_here())}; fix them ('torch-backends check' shows them)"
+            )
         try:
             path = write_lock(registry, args.output)
         except OSError as exc:

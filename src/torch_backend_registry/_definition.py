@@ -192,13 +192,15 @@ class Problem(Frozen):
     makes something fail: looking up a broken backend raises :class:`ManifestError`.
     """
 
-    __slots__ = ("severity", "message", "path", "line", "key")  # noqa: RUF023
+    __slots__ = ("severity", "message", "path", "line", "key", "also")  # noqa: RUF023
 
     severity: Severity
     message: str
     path: str | None
     line: int | None
     key: str | None
+    #: How many more problems of its file this one stands for, past the most reported.
+    also: int
 
     def __init__(
         self,
@@ -208,8 +210,11 @@ class Problem(Frozen):
         line: int | None = None,
         key: str | None = None,
         severity: Severity = "error",
+        also: int = 0,
     ) -> None:
-        super().__init__(severity=severity, message=message, path=path, line=line, key=key)
+        super().__init__(
+            severity=severity, message=message, path=path, line=line, key=key, also=also or 0
+        )
 
     def __str__(self) -> str:
         return location(self.path, self.line, self.key) + self.message

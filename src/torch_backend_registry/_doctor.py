@@ -279,12 +279,12 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
             for folder in d.search_path
         )
     )
-    found = find(module)
-    path: list[str] = []
-    if found is None:
-        top = module.split(".")[0]
-        path = [f for f in folders if find(top, [f]) is not None][:1]
-        found = find(module, path) if path else None
+    # As the probe finds it: on its import path (this one's, less the working folder),
+    # else in a folder a manifest's backends search (a model beside the manifest included).
+    top = module.split(".")[0]
+    on_path = sys.modules.get(top) is not None or _on_path(top, _import_path()) is not None
+    path = [] if on_path else [f for f in folders if find(top, [f]) is not None][:1]
+    found = find(module, path) if on_path or path else None
     origin = getattr(found, "origin", None)
     if found is None or not isinstance(origin, str):
         raise ModelError(
@@ -294,6 +294,16 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
         return path, [origin]
     info = os.stat(origin)
     return path, [origin, info.st_size, info.st_mtime_ns]
+
+
+def _on_path(module: str, path: list[str]) -> Any:
+    """The spec of top-level ``module`` on ``path`` alone (no finder of this process's)."""
+    import importlib.machinery
+
+    try:
+        return importlib.machinery.PathFinder.find_spec(module, path)
+    except (ImportError, ValueError):
+        return None
 
 
 def _probe_one(

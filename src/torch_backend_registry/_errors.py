@@ -106,6 +106,12 @@ class BackendChainError(BackendRegistryError):
         super().__init__(f"no member of fallback chain {name!r} could compile: {details}")
 
 
+class RefusedArguments(BackendRegistryError, TypeError):
+    """What torch.compile was given (``mode=``, ``options=``) cannot reach a backend that
+    takes no such argument: the caller's mistake, raised at once, never a chain member to
+    skip (chains let it through)."""
+
+
 class DuplicateBackendError(BackendRegistryError, ValueError):
     """A name was registered twice at runtime (PyTorch refuses the same)."""
 
@@ -178,7 +184,17 @@ def warn(message: str) -> None:
 def warn_problem(problem: Problem) -> None:
     """Say a problem found while discovering as a :class:`ManifestWarning`."""
     said = str(problem)
-    # An error leaves out what it names; the trust rule's own words say so already.
-    if problem.severity == "error" and " not used: " not in problem.message:
-        said += " (left out)"
+    # An error of a backend's table leaves that backend out (the others stay): said, since
+    # the message itself says what is wrong and what would be right.
+    backend = _backend_of(problem.key)
+    if problem.severity == "error" and backend is not None:
+        said += f" (so backend {backend!r} is left out)"
     warn(said)
+
+
+def _backend_of(key: str | None) -> str | None:
+    """The backend a problem's key is in (``backends.fast.target``: ``fast``), if any."""
+    parts = (key or "").split(".")
+    if parts[:2] == ["tool", "torch-backends"]:
+        parts = parts[2:]
+    return parts[1] if len(parts) >= 2 and parts[0] == "backends" else None

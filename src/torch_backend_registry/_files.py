@@ -110,7 +110,10 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
-            raise ManifestError("is a directory, not a manifest; name a .toml file", path=path)
+            raise ManifestError(
+                "is a directory, not a manifest file; remove or rename it, or name a .toml file",
+                path=path,
+            )
         if not stat.S_ISREG(info.st_mode):
             raise ManifestError("is not a regular file; name a .toml file", path=path)
         reason = untrusted_file(info)
@@ -188,7 +191,7 @@ def parse_toml(
         # Past the last line is the end of the document: point at the last line.
         line = max(1, min(exc.lineno, len(written)))
         error = ManifestError(
-            f"invalid TOML: {exc.msg}", path=path, line=line, key=key_at(written, line)
+            f"invalid TOML: {_plainly(exc.msg)}", path=path, line=line, key=key_at(written, line)
         )
     except RecursionError as exc:  # tomli's own limits on nesting and key parts
         error = _too_deep(path, text, exc)
@@ -196,6 +199,26 @@ def parse_toml(
         # int() refuses more than sys.get_int_max_str_digits() digits; tomli lets it through.
         error = _huge_number(path, text, exc)
     raise error
+
+
+#: What the TOML parser says, and what it means for a user writing a manifest.
+_PARSER_WORDS = (
+    ("Cannot overwrite a value", "a key is given twice (or a table and a key share a name)"),
+    ("Cannot declare", "a table is declared twice"),
+    ("Cannot mutate immutable namespace", "a table is declared twice"),
+    ("Illegal character '\\n'", "a string is not closed on this line"),
+    ("Unterminated string", "a string is not closed"),
+    ("Invalid value", 'a value TOML cannot read: quote a string (target = "a.b:c")'),
+    ("Invalid statement", "not a key = value line or a [table] header"),
+)
+
+
+def _plainly(message: str) -> str:
+    """The parser's message, with what it means where it says it in its own terms."""
+    for said, meant in _PARSER_WORDS:
+        if message.startswith(said):
+            return f"{message} ({meant})"
+    return message
 
 
 def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:

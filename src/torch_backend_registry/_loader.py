@@ -68,9 +68,11 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     try:
         with searching(folders):
             obj: Any = importlib.import_module(module_name)
-    # SystemExit too: a backend module that exits while imported must not end the
-    # process that merely looked the backend up.
-    except (Exception, SystemExit) as exc:
+    # SystemExit and the like too: a backend module that exits while imported must not end
+    # the process that merely looked the backend up. Only an interruption goes through.
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         _forget(before, module_name, folders)
         note = f" ({'; '.join(refused)})" if refused else ""
         hint = _close_module(exc, module_name, folders)
@@ -104,11 +106,11 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-def cannot_compile(fn: Any) -> str | None:
+def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
     """Why ``fn`` cannot be called as torch.compile calls a backend, ``fn(graph_module,
-    example_inputs)``, or ``None``; a hint where it looks
-    like a factory that returns the compiler. Read from its signature (a wrapper's own);
-    one that cannot be read is taken at its word."""
+    example_inputs, **given)``, or ``None``: it takes fewer arguments (with a hint where it
+    looks like a factory that returns the compiler), or needs one nothing gives it. Read
+    from its signature (a wrapper's own); one that cannot be read is taken at its word."""
     import inspect
 
     try:
@@ -116,11 +118,24 @@ def cannot_compile(fn: Any) -> str | None:
     except (TypeError, ValueError):
         return None
     parameters = signature.parameters.values()
-    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
-        return None
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(positional) >= 2:
-        return None
+    if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        # What it needs beyond the graph and its inputs, which nothing would give it.
+        missing = [
+            p.name
+            for p in parameters
+            if p.default is p.empty
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            and p not in positional[:2]
+            and p.name not in given
+        ]
+        if not missing:
+            return None
+        names = ", ".join(map(repr, missing))
+        return (
+            f"needs {names}, which torch.compile does not give and no option sets; set it"
+            f" in the manifest: options = {{ {missing[0]} = ... }}"
+        )
     said = (
         f"takes {len(positional) or 'no'} positional argument{'s' * (len(positional) != 1)},"
         " but torch.compile calls a backend with two: (graph_module, example_inputs)"

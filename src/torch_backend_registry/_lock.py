@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
+    from ._positions import KeyLines
     from ._registry import Registry
 
     Facts = dict[str, Any]
@@ -121,11 +122,16 @@ def _readable(text: str, path: str) -> None:
 
 def read_lock(path: str) -> Facts:
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used."""
+    return read_lock_lines(path)[0]
+
+
+def read_lock_lines(path: str) -> tuple[Facts, KeyLines]:
+    """The facts a lock file holds, and the line of each of its keys."""
     from ._files import parse_toml, read_text
 
     try:
         text = read_text(path, LOCK_MAX_BYTES)
-        data, _lines = parse_toml(path, text, LOCK_MAX_KEY_PARTS)
+        data, lines = parse_toml(path, text, LOCK_MAX_KEY_PARTS)
     except ManifestError as exc:
         from ._files import NO_SUCH_FILE
 
@@ -146,7 +152,14 @@ def read_lock(path: str) -> Facts:
     facts: Facts = {"backends": backends, "aliases": aliases}
     if default is not None:
         facts["default"] = default
-    return facts
+    if data.get("fingerprint") != digest(facts)[:16]:  # what it holds is not what it says
+        raise LockFileError(
+            f"its fingerprint {data.get('fingerprint')!r} is not that of what it holds"
+            f" ({digest(facts)[:16]!r}): it was edited by hand; run 'torch-backends lock' again",
+            path=path,
+            line=lines.line_of(("fingerprint",)),
+        )
+    return facts, lines
 
 
 def differences(locked: Facts, now: Facts, *, with_torch: bool = True) -> list[str]:
@@ -154,24 +167,33 @@ def differences(locked: Facts, now: Facts, *, with_torch: bool = True) -> list[s
 
     ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them).
     """
+    return [said for _key, said in changes(locked, now, with_torch=with_torch)]
+
+
+def changes(
+    locked: Facts, now: Facts, *, with_torch: bool = True
+) -> list[tuple[tuple[str, ...], str]]:
+    """Each difference from ``locked`` to ``now``, with the key of the lock it is about
+    (``("backends", name)``, ``("aliases", name)``, ``("default",)``)."""
     if not with_torch:
         locked, now = _without_torch(locked), _without_torch(now)
-    changes: list[str] = []
+    found: list[tuple[tuple[str, ...], str]] = []
     for section, noun in (("backends", "backend"), ("aliases", "alias")):
         before: Mapping[str, Any] = locked.get(section, {})
         after: Mapping[str, Any] = now.get(section, {})
         for name in sorted(set(before) | set(after)):
+            key = (section, name)
             if name not in before:
-                changes.append(f"added {noun} {name!r}: {_show(after[name])}")
+                found.append((key, f"added {noun} {name!r}: {_show(after[name])}"))
             elif name not in after:
-                changes.append(f"removed {noun} {name!r} (was {_show(before[name])})")
+                found.append((key, f"removed {noun} {name!r} (was {_show(before[name])})"))
             elif canonical(before[name]) != canonical(after[name]):
-                changes.extend(_field_changes(noun, name, before[name], after[name]))
+                fields = _field_changes(noun, name, before[name], after[name])
+                found.extend((key, line) for line in fields)
     if locked.get("default") != now.get("default"):
-        changes.append(
-            f"changed default: {_show(locked.get('default'))} -> {_show(now.get('default'))}"
-        )
-    return changes
+        said = f"changed default: {_show(locked.get('default'))} -> {_show(now.get('default'))}"
+        found.append((("default",), said))
+    return found
 
 
 def _without_torch(facts: Facts) -> Facts:

@@ -250,9 +250,14 @@ class _Validation:
                     problem = self.error(error_loc(item), describe(item, loc))
                     self.found.problems.append(problem)
                 elif number == MAX_PROBLEMS:
-                    problem = self.error(
-                        error_loc(item),
-                        f"and {len(items) - MAX_PROBLEMS} more problems; fix those above first",
+                    more = len(items) - MAX_PROBLEMS
+                    first = self.error(error_loc(item), "")
+                    problem = Problem(
+                        f"and {more} more problems; fix those above first",
+                        path=first.path,
+                        line=first.line,
+                        key=first.key,
+                        also=more - 1,
                     )
                     self.found.problems.append(problem)
                 if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
@@ -313,6 +318,11 @@ class _Validation:
         """The line of each key of a backend's table, and of each key one level inside it
         (an option, a device type), by the key as TOML writes it relative to the table."""
         lines: dict[str, int] = {}
+        # And the manifest's python-path, which each of its backends searches (no key of a
+        # backend's table has that name).
+        searched = self.lines.line_of((*self.prefix, "python-path"))
+        if searched is not None and (*self.prefix, "python-path") in self.lines:
+            lines["python-path"] = searched
         table = (*self.prefix, "backends", name)
         for key, value in raw.items() if isinstance(raw, dict) else ():
             below = value.items() if isinstance(value, dict) else ()
@@ -350,18 +360,24 @@ class _Validation:
         raw_backends: dict[str, Any],
         seen: dict[str, str],
     ) -> Problem | None:
-        """A name or alias used twice in this file is a problem at the later alias."""
-        problem = None
+        """A name or alias used twice in this file is a problem at the later alias, each
+        such alias named."""
+        clashes = []
         for alias in entry.aliases:
             if alias in seen or alias in raw_backends or alias == name:
-                problem = problem or self.error(
-                    ("backends", name, "aliases"),
-                    f"alias {alias!r} is already used by backend {seen.get(alias, alias)!r}"
-                    " in this file; each name and alias must be unique",
-                )
+                owner = seen.get(alias, alias)
+                owner_said = "this backend, twice" if owner == name and alias != name else (
+                    f"backend {owner!r}"
+                )  # fmt: skip
+                clashes.append(f"alias {alias!r} is already used by {owner_said}")
             seen.setdefault(alias, name)
-        if problem is not None:
-            self.found.problems.append(problem)
+        if not clashes:
+            return None
+        problem = self.error(
+            ("backends", name, "aliases"),
+            f"{'; '.join(clashes)} in this file; each name and alias must be unique",
+        )
+        self.found.problems.append(problem)
         return problem
 
 

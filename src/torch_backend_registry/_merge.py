@@ -96,11 +96,13 @@ class Index:
         return definition
 
     def info(self, key: str) -> BackendInfo:
-        """What ``key`` resolves to, with the definitions of that name it shadows."""
+        """What ``key`` resolves to, with the definitions of that name it shadows (of an
+        alias: the lower definitions of the alias's own name, which it hides)."""
         definition = self.resolve(key)
-        return BackendInfo(
-            definition, self.shadowed(definition), None if key == definition.name else key
-        )
+        if key == definition.name:
+            return BackendInfo(definition, self.shadowed(definition), None)
+        hidden = tuple(d for d in self.by_key.get(key, ()) if d.name == key)
+        return BackendInfo(definition, self.shadowed(definition) + hidden, key)
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
@@ -154,6 +156,8 @@ class Index:
             note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
         if self._suggestable is None:  # once per index, not once per miss
             self._suggestable = [key for key in self.by_key if self.get(key) is not None]
+            if not self.torch_read:  # PyTorch's names are names, read or not
+                self._suggestable += sorted(self.pytorch - set(self._suggestable))
         suggestions = difflib.get_close_matches(name, self._suggestable, n=3, cutoff=0.6)
         return UnknownBackendError(name, suggestions, note=note)
 
@@ -187,7 +191,6 @@ class Index:
         never be used: those are errors. A member that may be one of PyTorch's is not
         reported when PyTorch's registry was not read.
         """
-        import difflib
 
         known = [key for key in self.by_key if self.get(key) is not None]
         if not self.torch_read:
@@ -199,21 +202,24 @@ class Index:
                 continue
             names = ", ".join(map(repr, unknown))
             said = f"{_what(definition)} {definition.name!r} names {names}, which"
+            typos = {m: _typo_of(m, known) for m in unknown}
+            meant = [f"{m!r} -> {close[0]!r}" for m, close in typos.items() if close]
             if self.all_members_missing(definition):
                 are = "is" if len(unknown) == 1 else "are"
+                guess = f" (did you mean {', '.join(meant)}?)" if meant else ""
                 problems[definition.name] = chain_error(
                     definition,
-                    f"{said} {are} no usable backend; no member can ever be used;"
+                    f"{said} {are} no usable backend{guess}; no member can ever be used;"
                     " fix the name or remove it",
+                    member=unknown[0],
                 )
                 continue
-            typos = {m: difflib.get_close_matches(m, known, n=1, cutoff=0.8) for m in unknown}
-            meant = [f"{m!r} -> {close[0]!r}" for m, close in typos.items() if close]
             if meant:
                 problems[definition.name] = chain_error(
                     definition,
                     f"{said} {'is' if len(unknown) == 1 else 'are'} no usable backend"
                     f" (did you mean {', '.join(meant)}?); fix the name or remove it",
+                    member=next(m for m, close in typos.items() if close),
                 )
                 continue
             are = "is" if len(unknown) == 1 else "are"
@@ -229,7 +235,7 @@ class Index:
                 listed = ", ".join(f"{m!r} ({why})" for m, why in whys.items())
                 said = f"{_what(definition)} {definition.name!r} names {listed}"
             problems[definition.name] = chain_error(
-                definition, f"{said}; {happens}", severity="note"
+                definition, f"{said}; {happens}", severity="note", member=unknown[0]
             )
         return problems
 
@@ -300,7 +306,8 @@ class Index:
         try:
             self.resolve(default.name)
         except UnknownBackendError as exc:
-            return Problem(str(exc), path=default.path, line=default.line, key=default.key)
+            message = f"{exc.brief.rstrip('.')}; name a backend that exists here"
+            return Problem(message, path=default.path, line=default.line, key=default.key)
         except ManifestError:
             return None  # the backend's own problem is reported already
         return None
@@ -362,7 +369,78 @@ def merge(
     _resolve_picks(index, special)
     if plugins_read:
         index.problems.extend(_rules_naming_nothing(found))
+    index.problems.extend(_hidden_by_aliases(index))
+    index.problems.extend(_disabling_nothing(index, plugins_read))
     return index
+
+
+def _hidden_by_aliases(index: Index) -> list[Problem]:
+    """An alias from a higher source wins over a lower backend of that very name (the
+    precedence says so); said, since it hides that backend from listings."""
+    said = []
+    for key, candidates in index.by_key.items():
+        owner = candidates[0]
+        if owner.name == key or owner.source.path is None:
+            continue
+        hidden = [d for d in candidates[1:] if d.name == key]
+        if hidden:
+            lower = hidden[0]
+            said.append(
+                owner.located(
+                    f"alias {key!r} of {owner.name!r} hides backend {key!r} of"
+                    f" {lower.source.describe()}, which ranks lower: {key!r} now runs"
+                    f" {owner.name!r}; rename the alias if that is not meant",
+                    "aliases",
+                    severity="warning",
+                )
+            )
+    return said
+
+
+def _disabling_nothing(index: Index, plugins_read: bool) -> list[Problem]:
+    """``enabled = false`` for a name nothing lower defines hides nothing: likely a typo."""
+    import difflib
+
+    said = []
+    known = [k for k, c in index.by_key.items() if c[0].usable] + sorted(index.pytorch)
+    for key, candidates in index.by_key.items():
+        top = candidates[0]
+        if top.enabled or top.name != key or top.source.path is None or len(candidates) > 1:
+            continue
+        if key in index.excluded or not plugins_read:
+            continue  # it hides an entry point the policy left out, or plugins were not read
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}?" if close else "remove the entry"
+        said.append(
+            top.located(
+                f"{key!r} is disabled, but no lower source defines it: nothing is hidden; {hint}",
+                "enabled",
+                severity="warning",
+            )
+        )
+    return said
+
+
+def _typo_of(name: str, known: Sequence[str]) -> list[str]:
+    """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
+    added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    if close:
+        return close
+    return [k for k in known if len(name) >= 3 and _one_edit(name, k)][:1]
+
+
+def _one_edit(a: str, b: str) -> bool:
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        swapped = len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+        return len(diff) == 1 or (swapped and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
 
 
 def _rules_naming_nothing(found: Discovery) -> list[Problem]:
@@ -382,6 +460,10 @@ def _rules_naming_nothing(found: Discovery) -> list[Problem]:
         for name in sorted(rule.names - set(declaring)):
             close = difflib.get_close_matches(name, declaring, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else "check the name"
+            if rule.kind == "allow" and declaring and not rule.names & set(declaring):
+                hint += (
+                    " (as written, it admits no installed plugin: every entry point is left out)"
+                )
             where = f"{rule.key}: " if rule.path is None else ""
             said.append(
                 Problem(
@@ -455,11 +537,17 @@ def _picked(
             (why for p, why in excluded if _dist_key(p.source.distribution or "") == wanted), None
         )
         if why is None:
+            import difflib
+
             declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
             why = (
                 f"no installed distribution {pick.distribution!r} declares the entry point"
                 f" {pick.name!r} (declared by: {declared})"
             )
+            owners = [p.source.distribution or "" for p in points]
+            close = difflib.get_close_matches(pick.distribution or "", owners, n=1, cutoff=0.6)
+            if close:
+                why += f"; did you mean {close[0]!r}?"
         else:
             why = f"the entry point {pick.name!r} it picks is left out: {why}"
         problem = pick.located(why, "distribution")
@@ -505,6 +593,18 @@ def _conflict(name: str, points: list[BackendDefinition]) -> Problem:
 
 
 def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) -> Problem:
+    if definition.source.kind == "entry-point":  # not the user's to rename: say what is
+        dist = definition.source.distribution
+        return Problem(
+            f"{definition.source.describe()} declares the entry point {definition.name!r},"
+            " one of PyTorch's own backends, which torch.compile keeps using: it is left out"
+            + (
+                f" (deny the plugin with [plugins] deny = [{dist!r}] to silence this)"
+                if dist
+                else ""
+            ),
+            severity="warning",
+        )
     where = "" if definition.source.path is not None else f"{definition.source.describe()}: "
     if aliases:
         names = ", ".join(map(repr, aliases))
@@ -527,10 +627,18 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
 
 
 def chain_error(
-    definition: BackendDefinition, message: str, severity: Severity = "error"
+    definition: BackendDefinition,
+    message: str,
+    severity: Severity = "error",
+    member: str | None = None,
 ) -> Problem:
-    """A problem of a chain or table, at its ``chain`` (``by-device``) key."""
-    return definition.located(message, _what(definition), severity=severity)
+    """A problem of a chain or table, at its ``chain`` (``by-device``) key; for a table,
+    at the device that names ``member`` where one does."""
+    parts = [_what(definition)]
+    if member is not None and definition.by_device is not None:
+        devices = [device for device, name in definition.by_device if name == member]
+        parts.extend(devices[:1])
+    return definition.located(message, *parts, severity=severity)
 
 
 def _loop_error(definition: BackendDefinition, loop: list[str], name: str) -> Problem:

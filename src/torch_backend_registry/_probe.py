@@ -43,8 +43,11 @@ def _short(exc: BaseException) -> str:
     while isinstance(current, BaseException) and id(current) not in seen:
         seen.add(id(current))
         lines = str(current).strip().splitlines()
-        own = f"{type(current).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-        if own not in said:
+        text = lines[0] if lines else ""
+        own = f"{type(current).__name__}: {text}".rstrip(": ")
+        if text and text in said:  # a cause its wrapper already quotes says nothing new
+            pass
+        elif own not in said:
             said = f"{said.rstrip(':')}: {own}" if said else own
         current = current.__cause__ or getattr(current, "inner_exception", None)
     # Bounded; the innermost cause, which says most, comes last: keep the end.
@@ -211,9 +214,14 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         files=config.get("files"),
     )
     try:
-        why = registry.why_unavailable(registry.backend_info(name))
-    except Exception as exc:
-        return verdict("unavailable", 1, _short(exc))
+        info = registry.backend_info(name)
+        # A chain that names itself cannot be loaded as written: not "unavailable here".
+        loop = registry.index(with_torch=False).chain_problems().get(info.definition.name)
+        if loop is not None:
+            return verdict("import-error", 2, loop.message)
+        why = registry.why_unavailable(info)
+    except Exception as exc:  # the manifest holds it, but not as something usable
+        return verdict("import-error", 2, _short(exc))
     if why is not None:
         return verdict("unavailable", 1, why)
     import torch
@@ -302,7 +310,12 @@ def _device(spec: str) -> Any:
     try:
         device = torch.device(spec)
     except (RuntimeError, ValueError) as exc:
-        raise ModelError(f"--device {spec!r}: {_short(exc)}") from exc
+        import difflib
+
+        kinds = ["cpu", "cuda", "xpu", "mps", "hip", "meta", "npu", "hpu", "mtia"]
+        close = difflib.get_close_matches(spec.split(":")[0], kinds, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModelError(f"--device {spec!r}: {_short(exc)}{hint}") from exc
     accelerator = getattr(torch, device.type, None)
     if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
         return None
@@ -355,14 +368,17 @@ def imported_code() -> list[list[object]]:
 
 
 def _timed(eager: _Eager, fn: Any, rounds: int) -> list[float]:
-    """Seconds a call of ``fn`` on the model's inputs, for each of ``rounds`` rounds (each
-    the mean of a batch of calls), after one call to warm it."""
+    """Seconds a call of ``fn`` on the model's inputs, for each of ``rounds`` rounds, after
+    a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
+    that the clock and a stray interruption weigh little in it."""
     import torch
 
-    calls = 20
     times = []
     with torch.no_grad():
+        start = time.perf_counter()
         eager(fn)
+        once = max(time.perf_counter() - start, 1e-7)
+        calls = min(10_000, max(5, int(0.01 / once)))
         for _round in range(rounds):
             start = time.perf_counter()
             for _ in range(calls):

@@ -58,7 +58,7 @@ Target = Annotated[str, Field(pattern=TARGET_PATTERN)]
 Folder = Annotated[str, Field(pattern=FOLDER_PATTERN, min_length=1)]
 Distribution = Annotated[str, Field(pattern=DISTRIBUTION_PATTERN)]
 Device = Annotated[str, Field(pattern=DEVICE_PATTERN)]
-Tolerance = Annotated[float, Field(ge=0)]
+Tolerance = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 # What a user should have written, keyed by the pattern pydantic reports.
 _PATTERN_HINTS = {
@@ -75,6 +75,7 @@ _TYPE_WORDS = {
     "string_type": "a string",
     "bool_type": "true or false",
     "int_type": "an integer",
+    "float_type": "a number",
     "list_type": "an array",
     "dict_type": "a table",
     "model_type": "a table",
@@ -312,6 +313,12 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         return str(item["msg"]).removeprefix("Value error, ")
     if kind in ("less_than_equal", "greater_than_equal") and loc[-1] == "schema-version":
         return f"unsupported schema version {short(given)}; this release reads {SCHEMA_VERSION}"
+    if kind == "greater_than_equal":
+        least = item.get("ctx", {}).get("ge")
+        least = f"{least:g}" if isinstance(least, (int, float)) else least
+        return f"{at}must be {least} or more, not {short(given)}"
+    if kind == "finite_number":
+        return f"{at}must be a finite number, not {short(given)}"
     if kind in ("too_short", "string_too_short"):
         return f"{at}must not be empty"
     if kind == "literal_error":
@@ -366,7 +373,14 @@ def _toml_type(value: object) -> str:
     return type(value).__name__
 
 
-_SHORT = reprlib.Repr()
+class _TomlRepr(reprlib.Repr):
+    """A bounded repr that spells booleans as TOML does: ``true``, ``false``."""
+
+    def repr_bool(self, value: bool, level: int) -> str:
+        return "true" if value else "false"
+
+
+_SHORT = _TomlRepr()
 _SHORT.maxstring = _SHORT.maxother = 60
 _SHORT.maxlevel = 3
 

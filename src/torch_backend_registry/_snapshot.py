@@ -280,6 +280,12 @@ class Snapshot:
                 found = index.chain_problems().get(definition.name) or unknown.get(definition.name)
                 if found is not None:
                     problems.append(found)
+        # What merging found a definition cannot be (a pick of no installed distribution):
+        # the lookup raises it; check says it.
+        listed = set(problems)
+        for definition in index.winners(broken=True):
+            if definition.problem is not None and definition.problem not in listed:
+                problems.append(definition.problem)
         return problems
 
     def subject(

@@ -141,7 +141,11 @@ def env_source(ctx: Context) -> Discovery:
     for path in files:
         if not _read(path, "env", ctx, found):
             found.problems.append(
-                Problem("has no [tool.torch-backends] table; nothing to read", path=path)
+                Problem(
+                    "has no [tool.torch-backends] table; nothing to read"
+                    + (f"; did you mean {near}?" if (near := near_table(path)) else ""),
+                    path=path,
+                )
             )
     if ctx.files is None:
         found.problems.extend(_twins(found.definitions))
@@ -226,9 +230,44 @@ def project_source(ctx: Context) -> Discovery:
         )
         return found
     path = project_manifest(ctx.cwd)
-    if path is not None:
-        _read(path, "project", ctx, found)
+    if path is None:
+        return found
+    _read(path, "project", ctx, found)
     return found
+
+
+def replaced_table(manifest: str) -> Problem | None:
+    """Where a project's backends.toml stands beside a pyproject.toml that declares
+    backends too: those are never read (backends.toml wins), said."""
+    beside = os.path.join(os.path.dirname(manifest), PROJECT_FILES[1])
+    if not manifest.endswith(PROJECT_FILES[0]) or not os.path.isfile(beside):
+        return None
+    if not _declares_table(beside):
+        return None
+    return Problem(
+        f"{PROJECT_FILES[1]} beside it has a [tool.torch-backends] table too, which this"
+        f" {PROJECT_FILES[0]} replaces: its backends are not read; keep one",
+        path=manifest,
+        severity="warning",
+    )
+
+
+def near_table(pyproject: str) -> str | None:
+    """The ``[tool.X]`` table of a ``pyproject.toml`` that looks like a misspelt
+    ``[tool.torch-backends]`` (``torch_backends``, ``torch-backend``), or ``None``."""
+    import difflib
+
+    from ._errors import ManifestError
+    from ._files import Untrusted, parse_toml, read_text
+
+    try:
+        data, _lines = parse_toml(pyproject, read_text(pyproject))
+    except (ManifestError, Untrusted):
+        return None
+    tables = data.get("tool")
+    names = [str(n) for n in tables] if isinstance(tables, dict) else []
+    close = difflib.get_close_matches("torch-backends", names, n=1, cutoff=0.8)
+    return f"[tool.{close[0]}]" if close and close[0] != "torch-backends" else None
 
 
 def entry_point_source(ctx: Context) -> Discovery:
@@ -298,12 +337,31 @@ def _stamped(distribution: str) -> list[object]:
 
 
 def read_entry_points() -> Discovery:
-    """The entry points of our group, read now, in a deterministic order."""
+    """The entry points of our group, read now, in a deterministic order. One whose name
+    could be no backend's, or whose value is no ``module:attribute``, is left out, said."""
+    import re
+
+    names = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+    targets = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
     found = Discovery()
     for ep in sorted(_entry_points(found.problems), key=_search_order()):
         name, version = _name_and_version(ep.dist)
         source = Source("entry-point", distribution=name, version=version)
         target = ep.value.split("[", 1)[0].strip()
+        wrong = (
+            "which is no backend name" if not names.fullmatch(ep.name)
+            else f"whose value {ep.value!r} is no module:attribute" if not targets.fullmatch(target)
+            else None
+        )  # fmt: skip
+        if wrong is not None:
+            found.problems.append(
+                Problem(
+                    f"{source.describe()} declares the entry point {ep.name!r}, {wrong}:"
+                    " it is left out",
+                    severity="warning",
+                )
+            )
+            continue
         found.definitions.append(BackendDefinition(ep.name, source, target=target))
     return found
 

@@ -52,13 +52,15 @@ class _LazyBackend:
         return f"<torch-backend-registry backend {self.name!r}>"
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        from ._loader import call_options, cannot_compile
+        from ._chain import member_compiler
+        from ._loader import cannot_compile
 
         fn = self.registry.lookup_backend(self.name)
-        why = cannot_compile(fn)
+        why = cannot_compile(fn, kwargs)
         if why is not None:  # said plainly, not as the TypeError calling it would raise
             raise TypeError(f"backend {self.name!r} {why}")
-        return fn(gm, example_inputs, **call_options(fn, self.name, kwargs))
+        definition = self.registry.backend_info(self.name).definition
+        return member_compiler(self.name, definition, fn, kwargs)(gm, example_inputs)
 
 
 def _dynamo() -> Any:

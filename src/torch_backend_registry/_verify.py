@@ -97,8 +97,10 @@ class Reference:
                 out, passed, grads = self._run(gm, self.backward)
                 # Run on from where the first run left the generators: does it give other
                 # values then (it draws random numbers)?
-                again, _, _ = self._run(gm, False)
-            if differ(leaves(out), leaves(again), "", 0, 0) is not None:
+                again, written, _ = self._run(gm, False)
+            # Other values from the same start, in what it gives or what it writes in place.
+            randomly = differ(leaves(out), leaves(again), "", 0, 0) is not None
+            if randomly or differ(passed, written, "", 0, 0) is not None:
                 self.close = (None, None)  # it draws random numbers: shapes and types only
             self.gradients = self._gradients(out, grads) if self.backward else None
         except Exception as exc:
@@ -227,28 +229,56 @@ def _tensor(x: object) -> bool:
 
 
 def _copies(inputs: Sequence[Any], grad: bool) -> tuple[list[Any], list[Any]]:
-    """Copies of the tensor inputs, parameters included, in one ``deepcopy`` (inputs that
-    share memory still do); with ``grad``, each input that requires grad is a leaf that does
-    too (returned, to differentiate by), given to the graph through a clone of its own (a
-    graph may write its inputs in place)."""
+    """Copies of the tensor inputs, parameters included, laid out as the inputs are: one
+    ``deepcopy``, so that inputs sharing memory still do, each with its own strides and
+    offset (compiled code holds the strides it was compiled for).
+
+    With ``grad``, what requires grad is reached through a leaf: for the memory (storage)
+    such inputs lie in, one leaf holding all of it; each input a view, with its own size,
+    strides and offset, of one clone of that leaf (a graph may write its inputs in place,
+    which a leaf may not be). The leaves are returned, to differentiate by.
+    """
     import copy
+
+    import torch
 
     tensors = {i: x.detach() for i, x in enumerate(inputs) if _tensor(x)}
     copied = copy.deepcopy(tensors)
     passed, leaves_ = list(inputs), []
+    roots: dict[tuple[int, Any], Any] = {}
     for i, y in copied.items():
         if grad and inputs[i].requires_grad and (y.is_floating_point() or y.is_complex()):
-            leaf = y.requires_grad_(True)
-            leaves_.append(leaf)
-            y = leaf.clone()
+            storage = y.untyped_storage()
+            key = (storage.data_ptr(), y.dtype)
+            through = roots.get(key)
+            if through is None:
+                size = storage.nbytes() // y.element_size()
+                whole = y.new_empty(0).set_(storage, 0, (size,), (1,))
+                leaf = whole.detach().requires_grad_(True)
+                leaves_.append(leaf)
+                through = roots[key] = leaf.clone()
+            y = torch.as_strided(through, y.size(), y.stride(), y.storage_offset())
         passed[i] = y
     return passed, leaves_
 
 
 def _loss(out: Any) -> Any:
-    """One number from the outputs that require gradients: their sum (``None``: none does)."""
+    """One number from the outputs that require gradients (``None``: none does): each
+    weighted by a fixed draw of random numbers of its shape, so that a backward pass that
+    mishandles the gradient it is given (drops it, reorders it) gives other gradients than
+    eager's, as a plain sum, whose incoming gradients are all ones, would not show."""
+    import torch
+
     outputs = [o for o in leaves(out) if _tensor(o) and o.requires_grad]
-    return sum(o.float().sum() for o in outputs) if outputs else None
+    if not outputs:
+        return None
+    draws = torch.Generator().manual_seed(0x7B)
+    total: Any = 0
+    for o in outputs:
+        value = torch.view_as_real(o) if o.is_complex() else o
+        weight = torch.randn(value.shape, generator=draws).to(device=value.device)
+        total = total + (value.float() * weight).sum()
+    return total
 
 
 @contextlib.contextmanager
