@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from torch_backend_registry._files import MAX_BYTES
+from torch_backend_registry._sources.files import MAX_BYTES
 
 TIME_LIMIT_S = 2.0
 MEMORY_LIMIT_MB = 300.0

@@ -281,7 +281,7 @@ REMEMBER = textwrap.dedent(
     """
     import sys
     import torch_backend_registry as tbr
-    from torch_backend_registry._verdicts import Verdicts
+    from torch_backend_registry._doctor.verdicts import Verdicts
     registry = tbr.Registry(sources=("env",), environ={"TORCH_BACKENDS_PATH": sys.argv[1]})
     probe = {"model": None, "device": "cpu", "timeout": 300.0}
     found = [

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torch_backend_registry import Registry
-from torch_backend_registry._cache import Cache, cache_folder
-from torch_backend_registry._manifest import read_manifest
+from torch_backend_registry._sources.cache import Cache, cache_folder
+from torch_backend_registry._sources.manifest import read_manifest
 
 from .conftest import NOBODY, PLUGINS, WriteFn
 

@@ -16,7 +16,8 @@ import pytest
 from torch_backend_registry import Registry, Verdict
 from torch_backend_registry._cli import STARTER, pyproject_starter, schema_text
 from torch_backend_registry._definition import canonical
-from torch_backend_registry._verdicts import Verdicts
+from torch_backend_registry._doctor.verdicts import Verdicts
+from torch_backend_registry._doctor.verdicts import subject as subject_of
 
 from .conftest import PLUGINS, WriteFn, run_python
 
@@ -626,7 +627,7 @@ def test_shell_completion_offers_commands_and_backend_names(tmp_path: Path, writ
 def _remember(registry: Registry, name: str, verdict: Verdict) -> None:
     """Remember a verdict as doctor does: for what ``name`` runs here, on the built-in probe."""
     probe = {"model": None, "device": "cpu", "timeout": 300.0}
-    Verdicts(registry.context.cache).put(registry.subject(name), probe, verdict)
+    Verdicts(registry.context.cache).put(subject_of(registry, name), probe, verdict)
 
 
 def test_list_and_explain_show_a_remembered_verdict_also_of_an_override(
@@ -716,7 +717,7 @@ def test_a_remembered_verdict_of_another_shape_is_not_shown(
     probe = {"model": None, "device": "cpu", "timeout": 300.0}
     good = Verdict("fast", "ok", 4).facts()
     entry = {"verdict": {**good, **planted}, "when": 1.0, "probe": probe}
-    key = hashlib.sha256(registry.subject("fast").encode()).hexdigest()
+    key = hashlib.sha256(subject_of(registry, "fast").encode()).hexdigest()
     table = {key: {canonical(probe): entry}}
     registry.context.cache.put(Verdicts.KIND, Verdicts.KEY, table)  # as another release might write
     shown = not planted
@@ -975,8 +976,9 @@ def test_a_warm_listing_with_remembered_verdicts_imports_no_package_metadata(
 ) -> None:
     write("backends.toml", PROJECT)
     registry = Registry(cwd=tmp_path, environ={}, sources=("project",))
-    subject = registry.subject("fast")
-    registry.verdicts.put(subject, {"model": None, "device": "cpu"}, Verdict("fast", "ok", 4))
+    subject = subject_of(registry, "fast")
+    memory = Verdicts(registry.context.cache)
+    memory.put(subject, {"model": None, "device": "cpu"}, Verdict("fast", "ok", 4))
     code = (
         "import sys\n"
         "sys.argv = ['torch-backends', 'list', '--no-torch']\n"

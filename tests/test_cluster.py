@@ -462,7 +462,7 @@ def test_an_absolute_python_path_is_the_same_from_every_checkout(tmp_path: Path)
 def test_a_lock_of_a_cpu_build_holds_on_a_cuda_build_of_the_same_release(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import torch_backend_registry._pytorch as pytorch
+    import torch_backend_registry._sources.pytorch as pytorch
 
     body = MANIFEST + '\n[backends.fallback]\nchain = ["fast", "inductor"]\n'
     registry = Registry(cwd=tmp_path, environ={}, sources=("project", "torch"))

@@ -21,7 +21,9 @@ import pytest
 
 import torch_backend_registry as tbr
 from torch_backend_registry import Registry, UnknownBackendError, Verdict
-from torch_backend_registry._doctor import ModelError
+from torch_backend_registry._doctor.parent import ModelError
+from torch_backend_registry._doctor.verdicts import Verdicts
+from torch_backend_registry._doctor.verdicts import subject as subject_of
 
 from .conftest import WriteFn
 
@@ -253,13 +255,11 @@ def test_a_chain_may_skip_members_doctor_found_failing(
         MANIFEST + '[backends.careful]\nchain = ["explodes", "fine"]\nskip-known-failures = true\n',
     )
     project.refresh()
-    before = project.subject("careful")
+    before = subject_of(project, "careful")
     tbr.doctor(["explodes"], registry=project)  # remembered: compile-error here
     # What the chain runs changed with it: its own verdict, if any, is no longer current.
-    assert (
-        Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch")).subject("careful")
-        != before
-    )
+    again = Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch"))
+    assert subject_of(again, "careful") != before
     tbr.install(project)
     records: list[str] = []
     handler = logging.Handler()
@@ -365,7 +365,7 @@ def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
     assert verdict.as_json()["level_name"] == verdict.level_name == "bench"
     assert "cached" not in verdict.facts()
     with pytest.raises(AttributeError):
-        verdict.status = "crashed"
+        verdict.status = "crashed"  # type: ignore[misc]
     with pytest.raises(TypeError):
         Verdict.from_json({"name": "fast"})  # a remembered verdict missing its status
 
@@ -823,9 +823,10 @@ def test_two_runs_ending_together_keep_every_verdict(
     code = """
 import sys
 from torch_backend_registry import Registry, Verdict
-registry = Registry(environ={}, sources=("project",))
+from torch_backend_registry._doctor.verdicts import Verdicts
+memory = Verdicts(Registry(environ={}, sources=("project",)).context.cache)
 for i in range(40):
-    registry.verdicts.put(f"{sys.argv[1]}-{i}", {"model": None}, Verdict("x", "ok", 4))
+    memory.put(f"{sys.argv[1]}-{i}", {"model": None}, Verdict("x", "ok", 4))
 """
     environ = dict(os.environ)
     runs = [
@@ -833,7 +834,7 @@ for i in range(40):
         for side in ("a", "b")
     ]
     assert [run.wait(timeout=300) for run in runs] == [0, 0]
-    remembered = Registry(environ={}, sources=("project",)).verdicts
+    remembered = Verdicts(Registry(environ={}, sources=("project",)).context.cache)
     found = [remembered.get(f"{side}-{i}", {"model": None}) for side in "ab" for i in range(40)]
     assert all(verdict is not None for verdict in found)
 

@@ -31,8 +31,8 @@ from torch_backend_registry import (
     Problem,
     Registry,
 )
-from torch_backend_registry._files import MAX_BYTES
-from torch_backend_registry._manifest import read_manifest
+from torch_backend_registry._sources.files import MAX_BYTES
+from torch_backend_registry._sources.manifest import read_manifest
 
 from .conftest import NOBODY, WriteFn, run_as_nobody, run_python
 
@@ -229,7 +229,7 @@ def _first_problem_as_user(manifest: Path, uid: int | None) -> str:
         result = read_manifest(str(manifest), "env")
         return str(result.problems[0]) if result and result.problems else ""
     return run_as_nobody(
-        "from torch_backend_registry._manifest import read_manifest\n"
+        "from torch_backend_registry._sources.manifest import read_manifest\n"
         f"found = read_manifest({str(manifest)!r}, 'env')\n"
         "result = str(found.problems[0]) if found and found.problems else ''\n"
     )

@@ -20,9 +20,9 @@ from torch_backend_registry import (
     Registry,
     UnknownBackendError,
 )
-from torch_backend_registry._files import MAX_BYTES, MAX_KEY_PARTS
-from torch_backend_registry._manifest import MAX_PROBLEMS, MAX_VALUE_DEPTH, read_manifest
 from torch_backend_registry._merge import MAX_CHAIN_DEPTH
+from torch_backend_registry._sources.files import MAX_BYTES, MAX_KEY_PARTS
+from torch_backend_registry._sources.manifest import MAX_PROBLEMS, MAX_VALUE_DEPTH, read_manifest
 
 from .conftest import WriteFn, run_as_nobody
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torch_backend_registry import BackendDefinition, Problem
-from torch_backend_registry._manifest import read_manifest
-from torch_backend_registry._positions import key_lines
+from torch_backend_registry._sources.manifest import read_manifest
+from torch_backend_registry._sources.positions import key_lines
 
 from .conftest import WriteFn
 

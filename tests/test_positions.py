@@ -9,7 +9,8 @@ import tomli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_backend_registry._positions import key_at, key_lines, physical_lines, toml_key
+from torch_backend_registry._keys import toml_key
+from torch_backend_registry._sources.positions import key_at, key_lines, physical_lines
 
 # Each case: a document that tomli accepts, then paths with the line they must have,
 # and paths that must not be found (they stand inside a value).

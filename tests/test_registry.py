@@ -17,6 +17,7 @@ from torch_backend_registry import (
     Registry,
     UnknownBackendError,
 )
+from torch_backend_registry._doctor.verdicts import subject as subject_of
 
 from .conftest import WriteFn, run_python
 
@@ -434,17 +435,17 @@ def test_what_a_verdict_judges_changes_with_what_runs_here(tmp_path: Path, write
     write("proj/lib/tbr_subject_pkg/__init__.py", "from .impl import compile\n")
     impl = write("proj/lib/tbr_subject_pkg/impl.py", "def compile(gm, inputs):\n    return 1\n")
     registry = tbr.Registry(cwd=tmp_path / "proj", environ={}, sources=("project",))
-    before = {name: registry.subject(name) for name in ("pkg_backend", "gated")}
+    before = {name: subject_of(registry, name) for name in ("pkg_backend", "gated")}
     # An edit of a module the target re-exports is an edit of the backend's code.
     impl.write_text("def compile(gm, inputs):\n    return 2  # fixed\n")
-    assert registry.subject("pkg_backend") != before["pkg_backend"]
+    assert subject_of(registry, "pkg_backend") != before["pkg_backend"]
     # A requirement installed since is another situation to judge.
     write("proj/lib/tbr_subject_req.py", "")
-    after = registry.subject("gated")
+    after = subject_of(registry, "gated")
     assert after != before["gated"]
     # A python-path folder the trust rule now refuses serves no code: judged again.
     (tmp_path / "proj" / "lib").chmod(0o777)
     try:
-        assert registry.subject("gated") != after
+        assert subject_of(registry, "gated") != after
     finally:
         (tmp_path / "proj" / "lib").chmod(0o755)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._api import (
+        Registry,
         backend_info,
         doctor,
         fingerprint,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
         verify_consistent,
     )
     from ._definition import BackendDefinition, BackendInfo, Problem, Source
+    from ._doctor.verdicts import Verdict
     from ._errors import (
         BackendChainError,
         BackendLoadError,
@@ -40,8 +42,6 @@ if TYPE_CHECKING:
         ManifestWarning,
         UnknownBackendError,
     )
-    from ._registry import Registry
-    from ._verdict import Verdict
 
 #: The module each public name is defined in.
 _HOMES = {
@@ -78,8 +78,8 @@ _HOMES = {
         ),
         "_errors",
     ),
-    "Registry": "_registry",
-    "Verdict": "_verdict",
+    "Registry": "_api",
+    "Verdict": "_doctor.verdicts",
 }
 
 __all__ = [

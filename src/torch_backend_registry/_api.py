@@ -2,18 +2,57 @@
 
 from __future__ import annotations
 
-from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
+import functools
+
+from . import _registry
+from ._registry import DEFAULT_EXCLUDE_TAGS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import os
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from datetime import timedelta
-    from typing import Any, TypeVar, overload
+    from typing import Any, Protocol, TypeVar, overload
 
-    from ._verdict import Verdict
+    from ._doctor.verdicts import Verdict
+    from ._registry import KnownFailure
 
     F = TypeVar("F", bound=Callable[..., Any])
+
+    class Tagged(Protocol):
+        """``register_backend`` with its tags given: used bare or called, as PyTorch's."""
+
+        @overload
+        def __call__(self, compiler_fn: F, name: str | None = None) -> F: ...
+        @overload
+        def __call__(
+            self, compiler_fn: None = None, name: str | None = None
+        ) -> Callable[[F], F]: ...
+
+
+def _known_failure(registry: _registry.Registry, name: str) -> str | None:
+    """doctor's remembered verdicts, asked only when a chain skips known failures."""
+    from ._doctor.verdicts import known_failure
+
+    return known_failure(registry, name)
+
+
+class Registry(_registry.Registry):
+    __doc__ = _registry.Registry.__doc__
+
+    def __init__(
+        self,
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        sources: Iterable[str] | None = None,
+        files: Sequence[str | os.PathLike[str]] | None = None,
+        known_failure: KnownFailure | None = _known_failure,
+    ) -> None:
+        super().__init__(
+            cwd=cwd, environ=environ, sources=sources, files=files, known_failure=known_failure
+        )
+
 
 #: The registry the module-level functions act on. Building it reads nothing:
 #: discovery waits for the first lookup or listing.
@@ -24,60 +63,11 @@ lookup_backend = default_registry.lookup_backend
 is_registered_backend = default_registry.is_registered_backend
 backend_info = default_registry.backend_info
 refresh = default_registry.refresh
-
-if TYPE_CHECKING:
-
-    @overload
-    def register_backend(
-        compiler_fn: F, name: str | None = None, tags: Sequence[str] = ()
-    ) -> F: ...
-    @overload
-    def register_backend(
-        compiler_fn: None = None, name: str | None = None, tags: Sequence[str] = ()
-    ) -> Callable[[F], F]: ...
-
-
-def register_backend(
-    compiler_fn: Callable[..., Any] | None = None,
-    name: str | None = None,
-    tags: Sequence[str] = (),
-) -> Any:
-    """Register a compiler function under ``name``, bare or called, as PyTorch's decorator."""
-    return default_registry.register_backend(compiler_fn, name=name, tags=tags)
-
-
-if TYPE_CHECKING:
-
-    @overload
-    def register_debug_backend(compiler_fn: F, name: str | None = None) -> F: ...
-    @overload
-    def register_debug_backend(
-        compiler_fn: None = None, name: str | None = None
-    ) -> Callable[[F], F]: ...
-
-
-def register_debug_backend(
-    compiler_fn: Callable[..., Any] | None = None, name: str | None = None
-) -> Any:
-    """:func:`register_backend` with the tag ``debug``."""
-    return default_registry.register_backend(compiler_fn, name=name, tags=("debug",))
-
-
-if TYPE_CHECKING:
-
-    @overload
-    def register_experimental_backend(compiler_fn: F, name: str | None = None) -> F: ...
-    @overload
-    def register_experimental_backend(
-        compiler_fn: None = None, name: str | None = None
-    ) -> Callable[[F], F]: ...
-
-
-def register_experimental_backend(
-    compiler_fn: Callable[..., Any] | None = None, name: str | None = None
-) -> Any:
-    """:func:`register_backend` with the tag ``experimental``."""
-    return default_registry.register_backend(compiler_fn, name=name, tags=("experimental",))
+#: A decorator used bare or called, as PyTorch's; returns the function.
+register_backend = default_registry.register_backend
+# As PyTorch spells them (functools.partial of register_backend), typed as what they do.
+register_debug_backend: Tagged = functools.partial(register_backend, tags=("debug",))
+register_experimental_backend: Tagged = functools.partial(register_backend, tags=("experimental",))
 
 
 def list_backends(exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
@@ -148,7 +138,7 @@ def doctor(
     first. Verdicts are remembered by what they depend on; ``fresh`` probes again
     anyway. ``on_progress(name, level, seconds, done)`` hears of each step.
     """
-    from ._doctor import Probe, run
+    from ._doctor.parent import Probe, run
 
     probe = Probe(timeout, bench, model, device, level, jobs, fresh)
     return run(registry or default_registry, names, probe, on_progress)

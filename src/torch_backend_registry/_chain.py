@@ -7,8 +7,8 @@ import itertools
 import logging
 
 from ._errors import BackendChainError, BackendRegistryError, RefusedArguments
-from ._finding import missing_requirements
 from ._loader import call_options
+from ._sources.finding import missing_requirements
 from ._verify import leaves
 
 TYPE_CHECKING = False
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo, Severity
-    from ._verdict import Verdict
     from ._verify import Reference
 
 logger = logging.getLogger("torch_backend_registry")
@@ -40,7 +39,7 @@ class ChainBackend:
         *,
         lookup: Callable[[str], Callable[..., Any]],
         info: Callable[[str], BackendInfo],
-        known_failure: Callable[[str], Verdict | None] | None = None,
+        known_failure: Callable[[str], str | None] | None = None,
     ) -> None:
         self.definition = definition
         self._lookup = lookup
@@ -61,9 +60,9 @@ class ChainBackend:
     def _skip(self, member: str) -> tuple[str, Severity] | None:
         """Why ``member`` is skipped before compiling, and how loudly; ``None`` to try it."""
         if self._known_failure is not None:
-            verdict = self._known_failure(member)
-            if verdict is not None:
-                return f"doctor found {verdict.status} here ({verdict.reason})", "note"
+            known = self._known_failure(member)
+            if known is not None:
+                return known, "note"
         try:
             missing = missing_requirements(self._info(member).definition)
         except BackendRegistryError as exc:

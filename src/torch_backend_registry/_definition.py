@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     SourceKind: TypeAlias = Literal["runtime", "env", "project", "entry-point", "torch"]
     Severity: TypeAlias = Literal["error", "warning", "note"]
 
+#: How close compiled results must be to eager ones (``torch.testing.assert_close``), in
+#: doctor's probes and in chains that verify: what bfloat16 arithmetic reaches (8 bits of
+#: mantissa), which CPU plugins such as OpenVINO may use for float32 models. A wrong kernel
+#: misses it by far more.
+RTOL, ATOL = 1e-2, 1e-2
+
 #: The source kinds, highest precedence first: the single source of truth for precedence.
 SOURCE_KINDS: tuple[SourceKind, ...] = ("runtime", "env", "project", "entry-point", "torch")
 
@@ -348,7 +354,7 @@ class BackendDefinition(Frozen):
     def line_of(self, *parts: str) -> int | None:
         """The line ``parts`` (a key of this backend's table, and one inside it) are written
         on: the key's own, else the nearest written key above it, else the table header's."""
-        from ._positions import toml_key
+        from ._keys import toml_key
 
         for depth in range(len(parts), 0, -1):
             line = self.lines.get(toml_key(parts[:depth]))
@@ -359,7 +365,7 @@ class BackendDefinition(Frozen):
     def key_of(self, *parts: str) -> str:
         """The full key of ``parts`` of this backend's table, as its file writes it
         (``backends.fast.target``, or under ``tool.torch-backends`` in pyproject.toml)."""
-        from ._positions import table_prefix, toml_key
+        from ._keys import table_prefix, toml_key
 
         path = self.source.path
         prefix = table_prefix(path) if path is not None else ()

@@ -52,7 +52,7 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         if described != definition.target:  # a partial, a callable object: what it holds
             facts["callable"] = described
     if source.kind == "torch":
-        from ._pytorch import public_version
+        from ._sources.pytorch import public_version
 
         facts["torch"] = public_version(torch_version) or ""
     return facts

@@ -10,7 +10,7 @@ import importlib
 import sys
 
 from ._errors import BackendLoadError, warn
-from ._finding import missing_requirements, python_path_finder, searching
+from ._sources.finding import missing_requirements, python_path_finder, searching
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def check_requirements(definition: BackendDefinition) -> None:
 
 def trusted_folders(definition: BackendDefinition) -> tuple[list[str], list[str]]:
     """The python-path folders that may serve code, and why the others may not."""
-    from ._files import untrusted_folder, untrusted_message
+    from ._sources.files import untrusted_folder, untrusted_message
 
     trusted, refused = [], []
     for folder in definition.search_path:
@@ -323,7 +323,7 @@ def built_for_another_torch(exc: BaseException) -> str:
     symbol``: it was built against another PyTorch's C++ library (or "")."""
     if "undefined symbol" not in str(exc):
         return ""
-    from ._pytorch import torch_version
+    from ._sources.pytorch import torch_version
 
     version = torch_version()
     here = f" ({version})" if version else ""

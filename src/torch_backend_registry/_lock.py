@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from ._positions import KeyLines
     from ._registry import Registry
+    from ._sources.positions import KeyLines
 
     Facts = dict[str, Any]
 
@@ -104,7 +104,7 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
 def _readable(text: str, path: str) -> None:
     """Refuse to write a lock that read_lock would refuse: larger than it reads, or holding
     more keys than it parses."""
-    from ._positions import TooManyKeys, key_lines
+    from ._sources.positions import TooManyKeys, key_lines
 
     too_large = len(text.encode()) > LOCK_MAX_BYTES
     if not too_large:
@@ -127,13 +127,13 @@ def read_lock(path: str) -> Facts:
 
 def read_lock_lines(path: str) -> tuple[Facts, KeyLines]:
     """The facts a lock file holds, and the line of each of its keys."""
-    from ._files import parse_toml, read_text
+    from ._sources.files import parse_toml, read_text
 
     try:
         text = read_text(path, LOCK_MAX_BYTES)
         data, lines = parse_toml(path, text, LOCK_MAX_KEY_PARTS)
     except ManifestError as exc:
-        from ._files import NO_SUCH_FILE
+        from ._sources.files import NO_SUCH_FILE
 
         message = exc.message
         if message == NO_SUCH_FILE:

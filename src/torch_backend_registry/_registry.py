@@ -6,7 +6,7 @@ import os
 
 from ._definition import SOURCE_KINDS, Source, runtime_definition
 from ._errors import BackendRegistryError, DuplicateBackendError, UnknownBackendError
-from ._locks import ForkSafeLock
+from ._forksafe import ForkSafeLock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,11 +23,12 @@ if TYPE_CHECKING:
     from ._merge import Index
     from ._snapshot import Snapshot
     from ._sources import Context
-    from ._verdict import Verdict
-    from ._verdicts import Verdicts
 
     CompilerFn = Callable[..., Any]
     F = TypeVar("F", bound=Callable[..., Any])
+    #: Why a backend is known to fail here (a tool's finding), or None: what a chain that
+    #: skips known failures asks of each member.
+    KnownFailure = Callable[["Registry", str], "str | None"]
 
 DEFAULT_EXCLUDE_TAGS = ("debug", "experimental")
 
@@ -43,6 +44,9 @@ class Registry:
     "torch")`` (precedence stays the documented one whatever the order given),
     and ``files`` names manifests to read as the env source instead of
     ``TORCH_BACKENDS_PATH`` (what ``torch-backends check FILE...`` does).
+    ``known_failure(registry, name)`` says why a backend is known to fail here (doctor's
+    remembered verdicts, by default in the public ``Registry``), for a chain that skips
+    known failures.
     """
 
     def __init__(
@@ -52,8 +56,11 @@ class Registry:
         environ: Mapping[str, str] | None = None,
         sources: Iterable[str] | None = None,
         files: Sequence[str | os.PathLike[str]] | None = None,
+        known_failure: KnownFailure | None = None,
     ) -> None:
         self._kinds = _source_kinds(sources)
+        #: Why a backend is known to fail here, for chains that skip known failures.
+        self.known_failure = known_failure
         self._cwd = None if cwd is None else os.fspath(cwd)
         if self._cwd is not None and not os.path.isdir(self._cwd):
             raise NotADirectoryError(
@@ -84,12 +91,6 @@ class Registry:
         """What this registry reads with, fixed until refresh(): its ``cwd`` (``None``: the
         folder was removed), ``environ``, ``files``, and the ``cache`` it remembers in."""
         return self._current().context
-
-    @property
-    def verdicts(self) -> Verdicts:
-        """Doctor's remembered verdicts, read once until refresh(); what doctor() finds
-        with this registry is added to them."""
-        return self._current().verdicts()
 
     def on_change(self, listener: Callable[[Registry], None]) -> None:
         """Call ``listener(self)`` after every refresh() and registration (once per listener)."""
@@ -148,7 +149,7 @@ class Registry:
         index = snapshot.index(with_torch=False)
         if "torch" not in self._kinds:
             return snapshot, index
-        from ._pytorch import dynamo_imported
+        from ._sources.pytorch import dynamo_imported
 
         if name in index.by_key and not (shadows and dynamo_imported()):
             return snapshot, index
@@ -191,7 +192,7 @@ class Registry:
         if not callable(compiler_fn):
             raise TypeError(f"compiler_fn must be callable, got {type(compiler_fn).__name__}")
         name = name or compiler_fn.__name__
-        from ._pytorch import PYTORCH_NAMES, dynamo_imported
+        from ._sources.pytorch import PYTORCH_NAMES, dynamo_imported
 
         # PyTorch's names are refused whether or not torch.compile's registry is loaded.
         live = self._current().live_names() if dynamo_imported() else None
@@ -277,16 +278,9 @@ class Registry:
             fn = snapshot.loaded[name] = snapshot.by_definition.setdefault(definition, fn)
         return fn
 
-    def _known_failure(self, name: str) -> Verdict | None:
-        """The remembered doctor verdict of ``name`` here when it says ``name`` fails
-        (``None`` for a name that resolves to nothing: the chain says why it skips it)."""
-        from ._verdicts import FAILURES
-
-        try:
-            verdict = self.verdicts.latest(self.subject(name))
-        except BackendRegistryError:
-            return None
-        return verdict if verdict is not None and verdict.status in FAILURES else None
+    def _known_failure(self, name: str) -> str | None:
+        """Why ``name`` is known to fail here, where this registry was told how to know."""
+        return None if self.known_failure is None else self.known_failure(self, name)
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
         """Sorted backend names, leaving out those with a tag in ``exclude_tags``.
@@ -369,15 +363,15 @@ class Registry:
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
         """Every usable name's facts and every alias: what the fingerprint and a lock hold."""
         from ._identity import registry_facts
+        from ._sources.pytorch import torch_version
 
         snapshot = self._live() if with_torch else self._current()
-        return registry_facts(snapshot.index(with_torch), snapshot.torch_version())
+        return registry_facts(snapshot.index(with_torch), torch_version())
 
-    def subject(self, name: str, stamps: dict[Any, Any] | None = None) -> str:
-        """What a doctor verdict about ``name`` judges: its identity, the files of the
-        targets it may run, this machine (``stamps`` remembers files across calls)."""
-        snapshot, index = self._resolving(name)
-        return snapshot.subject(index, index.resolve(name), stamps)
+    def index_for(self, name: str) -> Index:
+        """The index ``name`` resolves in: without PyTorch's backends where another source
+        defines it (no torch import), with them otherwise."""
+        return self._resolving(name)[1]
 
 
 def _source_kinds(sources: Iterable[str] | None) -> tuple[SourceKind, ...]:

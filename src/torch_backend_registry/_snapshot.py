@@ -14,21 +14,18 @@ import os
 
 from ._definition import BackendInfo
 from ._errors import BackendRegistryError, warn_problem
-from ._finding import missing_requirements
-from ._identity import identity, reach
-from ._locks import ForkSafeLock
-from ._verdicts import FAILURES, Verdicts
-from ._verdicts import subject as verdict_subject
+from ._forksafe import ForkSafeLock
+from ._sources.finding import missing_requirements
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    from ._cache import Cache
     from ._definition import BackendDefinition, Discovery, Problem, SourceKind
     from ._merge import Index
     from ._sources import Context
+    from ._sources.cache import Cache
 
 
 class Snapshot:
@@ -47,8 +44,8 @@ class Snapshot:
         warned: set[str] | None = None,
         by_definition: dict[BackendDefinition, Callable[..., Any]] | None = None,
     ) -> None:
-        from ._cache import Cache, cache_folder
         from ._sources import Context
+        from ._sources.cache import Cache, cache_folder
 
         self.kinds = kinds
         try:
@@ -70,8 +67,6 @@ class Snapshot:
         self._found: dict[SourceKind, Discovery] = dict(found or {})
         self._indexes: dict[bool, Index] = {}
         self._entry_point_names: frozenset[str] | None = None
-        self._torch_version: list[str | None] = []
-        self._verdicts: Verdicts | None = None
         #: Why each definition cannot be used here (``None``: it can); filled on demand.
         self.available: dict[BackendDefinition, str | None] = {}
         #: The callables looked up, by name (the hot path) and by definition (a name
@@ -134,14 +129,6 @@ class Snapshot:
             self._entry_point_names = frozenset(d.name for d in found.definitions)
         return self._entry_point_names
 
-    def torch_version(self) -> str | None:
-        """The installed PyTorch's version, read once."""
-        if not self._torch_version:
-            from ._pytorch import torch_version
-
-            self._torch_version.append(torch_version())
-        return self._torch_version[0]
-
     def index(self, with_torch: bool = True) -> Index:
         """The merge of every source read (PyTorch's too with ``with_torch``)."""
         with_torch = with_torch and "torch" in self.kinds
@@ -180,19 +167,13 @@ class Snapshot:
         return _static_names() | {name for name, fn in found.items() if _own(fn)}
 
     def _registered(self) -> dict[str, Any] | None:
-        from ._pytorch import dynamo_imported, registered
+        from ._sources.pytorch import dynamo_imported, registered
 
         return registered(self.entry_point_names()) if dynamo_imported() else None
 
-    def verdicts(self) -> Verdicts:
-        """Doctor's remembered verdicts, read once."""
-        if self._verdicts is None:
-            self._verdicts = Verdicts(self.cache)
-        return self._verdicts
-
     def pytorch_callables(self) -> list[Callable[..., Any]]:
         """The callables of PyTorch's own backends, where torch.compile's registry is loaded."""
-        from ._pytorch import dynamo_imported
+        from ._sources.pytorch import dynamo_imported
 
         if "torch" not in self.kinds or not dynamo_imported():
             return []
@@ -222,7 +203,7 @@ class Snapshot:
         if missing:
             reason = "missing " + ", ".join(missing)
         elif definition.source.kind == "torch":
-            from ._pytorch import missing_device
+            from ._sources.pytorch import missing_device
 
             reason = missing_device(definition.name)
         elif definition.members:
@@ -288,48 +269,20 @@ class Snapshot:
                 problems.append(definition.problem)
         return problems
 
-    def subject(
-        self,
-        index: Index,
-        definition: BackendDefinition,
-        stamps: dict[Any, Any] | None,
-        within: frozenset[str] = frozenset(),
-    ) -> str:
-        """What a doctor verdict about ``definition`` judges (see ``_verdicts.subject``).
-
-        A chain that skips known failures runs what its members' verdicts say: which
-        of them are known to fail belongs to what its own verdict judges.
-        """
-        members = [d for d in reach(index, definition).values() if d is not None]
-        version = self.torch_version()
-        facts = identity(index, definition, version)
-        if definition.skip_known_failures:
-            failing = []
-            for name in definition.members:
-                member = index.get(name)
-                if member is None or member.name in within:  # a cycle: the chain is broken
-                    continue
-                inner = self.subject(index, member, stamps, within | {definition.name})
-                verdict = self.verdicts().latest(inner)
-                if verdict is not None and verdict.status in FAILURES:
-                    failing.append(name)
-            facts["known_failures"] = failing
-        return verdict_subject(facts, [definition, *members], version, stamps)
-
 
 def _static_names() -> frozenset[str]:
-    from ._pytorch import PYTORCH_NAMES
+    from ._sources.pytorch import PYTORCH_NAMES
 
     return PYTORCH_NAMES
 
 
 def _torch_available() -> bool:
-    from ._pytorch import torch_available
+    from ._sources.pytorch import torch_available
 
     return torch_available()
 
 
 def _own(fn: object) -> bool:
-    from ._pytorch import own
+    from ._sources.pytorch import own
 
     return own(fn)

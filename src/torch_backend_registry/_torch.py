@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 
 from ._errors import BackendRegistryError, warn
-from ._locks import ForkSafeLock
-from ._pytorch import DISPLACED, REGISTRY_MODULE, STAND_IN, own, torch_available
+from ._forksafe import ForkSafeLock
+from ._sources.pytorch import DISPLACED, REGISTRY_MODULE, STAND_IN, own, torch_available
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ._locks import ForkSafeLock
+from ._forksafe import ForkSafeLock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 
-from ._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Problem, Source
+from .._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Problem, Source
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
     from importlib.metadata import Distribution, EntryPoint
 
-    from ._cache import Cache
-    from ._definition import SourceKind
+    from .._definition import SourceKind
+    from .cache import Cache
 
 #: The environment variable naming extra manifests (files or directories).
 ENV_VAR = "TORCH_BACKENDS_PATH"
@@ -55,7 +55,7 @@ class Context:
 
 def _read(path: str, kind: SourceKind, ctx: Context, found: Discovery) -> bool:
     """Fold one manifest into ``found``; ``False`` for a pyproject.toml without our table."""
-    from ._manifest import read_manifest
+    from .manifest import read_manifest
 
     result = read_manifest(path, kind, ctx.cache)
     if result is None:
@@ -73,7 +73,7 @@ def runtime_source(ctx: Context) -> Discovery:
 
 def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
     """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first, and what went wrong."""
-    from ._files import NO_SUCH_FILE, untrusted_folder, untrusted_message
+    from .files import NO_SUCH_FILE, untrusted_folder, untrusted_message
 
     files: list[str] = []
     found = Discovery()
@@ -197,10 +197,10 @@ def _declares_table(pyproject: str) -> bool:
     FIFO); one that cannot be read or is another tool's only is passed by. Its
     trust is judged when it is read as the manifest, which warns.
     """
-    from ._errors import ManifestError
-    from ._files import Untrusted, parse_toml, read_text
-    from ._manifest import manifest_table
-    from ._positions import PYPROJECT_TABLE
+    from .._errors import ManifestError
+    from .._keys import PYPROJECT_TABLE
+    from .files import Untrusted, parse_toml, read_text
+    from .manifest import manifest_table
 
     try:
         text = read_text(pyproject)
@@ -257,8 +257,8 @@ def near_table(pyproject: str) -> str | None:
     ``[tool.torch-backends]`` (``torch_backends``, ``torch-backend``), or ``None``."""
     import difflib
 
-    from ._errors import ManifestError
-    from ._files import Untrusted, parse_toml, read_text
+    from .._errors import ManifestError
+    from .files import Untrusted, parse_toml, read_text
 
     try:
         data, _lines = parse_toml(pyproject, read_text(pyproject))
@@ -276,7 +276,7 @@ def entry_point_source(ctx: Context) -> Discovery:
     Remembered by what is on sys.path, so a warm start needs no importlib.metadata;
     read for real when the context is fresh.
     """
-    from ._cache import code_key
+    from .cache import code_key
 
     key = [code_key(), entry_point_stamps()]
     if not ctx.fresh:
@@ -371,7 +371,7 @@ def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
     distribution's name (within one folder, importlib.metadata follows os.listdir)."""
     import sys
 
-    from ._definition import distribution_key
+    from .._definition import distribution_key
 
     def real(path: str) -> str:
         try:
@@ -407,7 +407,7 @@ def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
 def _entry_points_one_by_one(problems: list[Problem]) -> list[EntryPoint]:
     from importlib.metadata import distributions
 
-    from ._definition import distribution_key
+    from .._definition import distribution_key
 
     eps: list[EntryPoint] = []
     seen: set[str] = set()
@@ -443,7 +443,7 @@ def _name_and_version(dist: Distribution | None) -> tuple[str | None, str | None
 
 def torch_source(ctx: Context) -> Discovery:
     """PyTorch's own backends, where torch is installed."""
-    from ._pytorch import torch_definitions
+    from .pytorch import torch_definitions
 
     found = Discovery()
     found.definitions.extend(torch_definitions(ctx.entry_point_names()))

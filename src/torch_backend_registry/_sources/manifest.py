@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ._definition import (
+from .._definition import (
     BackendDefinition,
     DefaultDeclaration,
     Discovery,
@@ -12,18 +12,18 @@ from ._definition import (
     Problem,
     Source,
 )
-from ._errors import ManifestError
-from ._files import Untrusted, parse_toml, read_text
-from ._positions import table_prefix, toml_key
+from .._errors import ManifestError
+from .._keys import table_prefix, toml_key
+from .files import Untrusted, parse_toml, read_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._cache import Cache
-    from ._definition import SourceKind
-    from ._positions import KeyLines
-    from ._schema import BackendEntry, Manifest
+    from .._definition import SourceKind
+    from .cache import Cache
+    from .positions import KeyLines
+    from .schema import BackendEntry, Manifest
 
 #: The most problems reported for one file; past them, one line says how many more.
 #: A generated file can hold a hundred thousand of the same mistake.
@@ -62,7 +62,7 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Di
         return found
     if cache is None:
         return _validated(path, kind, text)
-    from ._cache import code_key
+    from .cache import code_key
 
     key = [code_key(), kind, path, os.path.realpath(path), text]
     cached = cache.get("manifest", key)
@@ -101,14 +101,14 @@ def load_schema() -> None:
     """
     import sys
 
-    if f"{__package__}._schema" in sys.modules:
+    if f"{__package__}.schema" in sys.modules:
         return
     try:
-        from . import _schema
+        from . import schema
     except ImportError:
         raise
     except Exception as exc:
-        from ._errors import warn
+        from .._errors import warn
 
         warn(
             "pydantic's plugin scan failed on an installed distribution"
@@ -117,7 +117,7 @@ def load_schema() -> None:
         previous = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
         os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
         try:
-            from . import _schema  # noqa: F401
+            from . import schema  # noqa: F401
         finally:
             if previous is None:
                 del os.environ["PYDANTIC_DISABLE_PLUGINS"]
@@ -158,7 +158,7 @@ class _Validation:
         if not self._version_supported(table):
             return
         data = self._without_deep_values(table)
-        from ._schema import HEADER_KEYS, Manifest
+        from .schema import HEADER_KEYS, Manifest
 
         manifest, broken = self._validate(data, Manifest)
         header = manifest if manifest is not None else self._salvage_header(data, HEADER_KEYS)
@@ -191,7 +191,7 @@ class _Validation:
             self._definitions(raw_backends, manifest, broken, paths)
 
     def _version_supported(self, table: dict[str, Any]) -> bool:
-        from ._schema import SCHEMA_VERSION
+        from .schema import SCHEMA_VERSION
 
         version = table.get("schema-version", SCHEMA_VERSION)
         if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
@@ -236,7 +236,7 @@ class _Validation:
         """The validated document, or ``None`` and each broken backend's problems."""
         from pydantic import ValidationError
 
-        from ._schema import describe, error_loc
+        from .schema import describe, error_loc
 
         # Left out for nesting too deeply: broken, and already reported.
         broken = {name: [problem] for name, problem in self.too_deep.items()}
@@ -268,7 +268,7 @@ class _Validation:
         """The document's own keys where they are valid, without its backends."""
         from pydantic import ValidationError
 
-        from ._schema import Manifest
+        from .schema import Manifest
 
         values: dict[str, Any] = {}
         for key in keys:
@@ -287,7 +287,7 @@ class _Validation:
         broken: dict[str, list[Problem]],
         paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
     ) -> None:
-        from ._schema import BackendEntry
+        from .schema import BackendEntry
 
         seen: dict[str, str] = {}
         for name, raw in raw_backends.items():
@@ -335,7 +335,7 @@ class _Validation:
     def _known_device(self, name: str, device: str) -> None:
         """A device type PyTorch does not name is likely a typo (``cdua``): a warning, since
         an extension's device (``npu``) is named by the extension."""
-        from ._schema import DEVICE_TYPES
+        from .schema import DEVICE_TYPES
 
         if device == "other" or device in DEVICE_TYPES:
             return
@@ -416,7 +416,7 @@ def _verify(entry: BackendEntry) -> tuple[str, float, float] | None:
     """How a chain checks its members: a level and tolerances (doctor's unless given)."""
     if entry.verify == "none":
         return None
-    from ._verdict import ATOL, RTOL
+    from .._definition import ATOL, RTOL
 
     rtol = RTOL if entry.rtol is None else entry.rtol
     return entry.verify, rtol, ATOL if entry.atol is None else entry.atol

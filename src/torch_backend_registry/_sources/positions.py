@@ -1,5 +1,5 @@
-"""Where things are in a TOML text, and how a key is written there: the line of each
-table header and key (tomli gives none), and a key quoted as TOML quotes it.
+"""Where things are in a TOML text: the line of each table header and key (tomli gives
+none).
 
 The scan follows TOML's structure (strings of the four kinds, arrays and inline
 tables spanning lines, comments), so that nothing inside a value is taken for a
@@ -8,51 +8,13 @@ key or a header. Its time and memory are linear in the size of the text.
 
 from __future__ import annotations
 
-import os
 import re
+
+from .._keys import BARE_KEY_CHARS, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-#: The table that holds the manifest inside ``pyproject.toml``.
-PYPROJECT_TABLE = ("tool", "torch-backends")
-
-
-def table_prefix(path: str) -> tuple[str, ...]:
-    """Where the manifest stands in its file: under ``[tool.torch-backends]`` in pyproject.toml."""
-    return PYPROJECT_TABLE if os.path.basename(path) == "pyproject.toml" else ()
-
-
-#: The characters of a bare key part, as TOML defines them.
-BARE_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-
-
-def toml_key(parts: tuple[str, ...]) -> str:
-    """A dotted key as TOML writes it: bare parts as they are, the others quoted.
-
-    Quoting also keeps a hostile key (a newline, a terminal escape, a bidi
-    override) from breaking the one line an error is printed on.
-    """
-    return ".".join(
-        part if part and BARE_KEY_CHARS.issuperset(part) else _quote(part) for part in parts
-    )
-
-
-def _quote(part: str) -> str:
-    out = ['"']
-    for char in part:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char.isprintable():
-            out.append(char)
-        elif ord(char) <= 0xFFFF:
-            out.append(f"\\u{ord(char):04X}")
-        else:
-            out.append(f"\\U{ord(char):08X}")
-    out.append('"')
-    return "".join(out)
-
 
 #: A bare key part, as TOML defines it.
 BARE_KEY = re.compile(f"[{re.escape(''.join(sorted(BARE_KEY_CHARS)))}]+")

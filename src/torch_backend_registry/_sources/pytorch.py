@@ -8,10 +8,11 @@ importing it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
-from ._definition import BackendDefinition, Source, target_of
-from ._errors import warn
+from .._definition import BackendDefinition, Source, target_of
+from .._errors import warn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ def torch_available() -> bool:
         return False
 
 
+@functools.cache  # one process runs one PyTorch
 def torch_version() -> str | None:
     """The installed PyTorch's version, as ``torch.__version__`` gives it, without importing
     torch or ``importlib.metadata``: from the ``version.py`` beside its ``__init__``."""

@@ -25,7 +25,7 @@ import stat
 import sys
 from types import MappingProxyType
 
-from ._definition import (
+from .._definition import (
     BackendDefinition,
     DefaultDeclaration,
     Discovery,
@@ -203,7 +203,7 @@ def _private_folders(root: str | None, entry: str) -> bool:
     and below a folder the trust rule accepts: nobody else can have put anything there."""
     if root is None or not hasattr(os, "getuid"):
         return root is not None
-    from ._files import untrusted_folder
+    from .files import untrusted_folder
 
     folder = os.path.dirname(entry)
     return (
@@ -232,12 +232,15 @@ def code_key() -> str:
     import hashlib
     import importlib.util
 
-    here = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = hashlib.sha256(sys.version.encode())
-    for name in sorted(os.listdir(here)):
-        if name.endswith(".py"):
-            with open(os.path.join(here, name), "rb") as handle:
-                digest.update(name.encode() + b"\0" + handle.read())
+    for folder, dirs, names in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, "rb") as handle:
+                relative = os.path.relpath(path, package)
+                digest.update(relative.encode() + b"\0" + handle.read())
     for module in ("pydantic", "pydantic_core", "tomli"):  # found, not imported
         with contextlib.suppress(Exception):
             origin = getattr(importlib.util.find_spec(module), "origin", None) or ""

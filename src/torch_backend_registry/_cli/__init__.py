@@ -6,9 +6,10 @@ import contextlib
 import os
 import sys
 
-from ._arguments import PROG
-from ._errors import BackendRegistryError, UnknownBackendError
-from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
+from .._api import Registry
+from .._errors import BackendRegistryError, UnknownBackendError
+from .._registry import DEFAULT_EXCLUDE_TAGS
+from .arguments import PROG
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -16,14 +17,14 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
     from typing import Any
 
-    from ._definition import (
+    from .._definition import (
         BackendDefinition,
         DefaultDeclaration,
         Problem,
         Severity,
         SourceKind,
     )
-    from ._verdict import Verdict
+    from .._doctor.verdicts import Verdict
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
 
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     import warnings
 
-    from ._errors import ManifestWarning
+    from .._errors import ManifestWarning
 
     show = warnings.showwarning
     caught: list[str] = []
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def parse(argv: Sequence[str] | None) -> Arguments:
     """The arguments as argparse parses them; exits as argparse does on help or a mistake."""
-    from ._arguments import build_parser, complete
+    from .arguments import build_parser, complete
 
     parser = build_parser(complete_names=_complete_names)
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions
@@ -156,7 +157,7 @@ def _run(args: Arguments) -> tuple[int, str | None]:
     except UnknownBackendError as exc:
         if debug:
             raise
-        from ._pytorch import PYTORCH_NAMES
+        from .._sources.pytorch import PYTORCH_NAMES
 
         if getattr(args, "no_torch", False) and exc.name in PYTORCH_NAMES:
             return EXIT_PROBLEMS, (
@@ -206,7 +207,7 @@ def _here() -> str | None:
 
 
 def _registry(no_torch: bool = False) -> Registry:
-    from ._definition import SOURCE_KINDS
+    from .._definition import SOURCE_KINDS
 
     return Registry(sources=[k for k in SOURCE_KINDS if not (no_torch and k == "torch")])
 
@@ -503,7 +504,7 @@ def _explain_unusable(registry: Registry, name: str) -> bool:
 
 
 def _autoload_on() -> bool:
-    from ._autoload import enabled
+    from .._autoload import enabled
 
     return enabled()
 
@@ -513,13 +514,13 @@ def _autoload_state(d: BackendDefinition) -> str:
     call install(): PyTorch's own and its entry points always are; the others with autoload."""
     if d.source.kind in ("torch", "entry-point") and d.distribution is None:
         return "not needed: PyTorch finds this backend itself"
-    from ._autoload import state
+    from .._autoload import state
 
     return state()
 
 
 def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None) -> list[str]:
-    from ._finding import missing_requirements
+    from .._sources.finding import missing_requirements
 
     missing = missing_requirements(d)
     where = d.source.describe(_here())
@@ -565,15 +566,19 @@ class _Remembered:
     target's file looked at once, however many rows ask."""
 
     def __init__(self, registry: Registry) -> None:
+        from .._doctor.verdicts import Verdicts
+
         self.registry = registry
-        self.memory = registry.verdicts
+        self.memory = Verdicts(registry.context.cache)
         self.stamps: dict[Any, Any] = {}
 
     def __call__(self, name: str) -> Verdict | None:
+        from .._doctor.verdicts import subject
+
         if not self.memory:
             return None  # nothing remembered: nothing to work out
         try:
-            return self.memory.latest(self.registry.subject(name, self.stamps))
+            return self.memory.latest(subject(self.registry, name, self.stamps))
         except BackendRegistryError:
             return None
 
@@ -587,7 +592,7 @@ _CHECKED: tuple[SourceKind, ...] = ("env", "project")
 def _check(args: Arguments) -> int:
     import warnings
 
-    from ._errors import ManifestWarning
+    from .._errors import ManifestWarning
 
     # Every problem is printed below as a line of its own; no need to warn too.
     with warnings.catch_warnings():
@@ -617,9 +622,9 @@ def _check(args: Arguments) -> int:
 def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
     """Add each difference from backends.lock to ``problems``, as a problem of the lock
     file; where there is none, say which lock matched."""
-    from ._definition import Problem
-    from ._errors import LockFileError
-    from ._lock import changes, digest, lock_path, read_lock
+    from .._definition import Problem
+    from .._errors import LockFileError
+    from .._lock import changes, digest, lock_path, read_lock
 
     path = lock_path(registry)
     try:
@@ -658,7 +663,7 @@ _NO_MANIFEST = (
 
 def _near_table_here() -> str:
     """Where a pyproject.toml here or above holds what looks like a misspelt table, say so."""
-    from ._sources import PROJECT_FILES, near_table
+    from .._sources import PROJECT_FILES, near_table
 
     folder = _here()
     while folder:
@@ -676,7 +681,7 @@ def _near_table_here() -> str:
 
 def _no_manifest() -> bool:
     """Whether no manifest is found from here: no project's, none named by the environment."""
-    from ._sources import ENV_VAR, project_manifest
+    from .._sources import ENV_VAR, project_manifest
 
     here = _here()
     return (here is None or project_manifest(here) is None) and not os.environ.get(ENV_VAR)
@@ -765,7 +770,7 @@ def _report(
     if matched:
         summary += f"; {matched}"
     if _autoload_on():  # why these are torch.compile names in processes nobody changed
-        from ._autoload import state
+        from .._autoload import state
 
         summary += f"; autoload {state()}"
     if errors:
@@ -776,7 +781,7 @@ def _report(
 
 
 def _replaced_tables(registry: Registry) -> list[Problem]:
-    from ._sources import project_manifest, replaced_table
+    from .._sources import project_manifest, replaced_table
 
     here = registry.context.cwd
     manifest = project_manifest(here) if here is not None else None
@@ -786,8 +791,8 @@ def _replaced_tables(registry: Registry) -> list[Problem]:
 
 def _missing_folders(checked: Sequence[BackendDefinition]) -> list[Problem]:
     """A python-path folder that does not exist serves nothing: likely a typo (once a file)."""
-    from ._definition import Problem
-    from ._positions import table_prefix, toml_key
+    from .._definition import Problem
+    from .._keys import table_prefix, toml_key
 
     said: dict[tuple[str, str], Problem] = {}
     for d in checked:
@@ -878,7 +883,7 @@ class _Imports:
         return f"no member can be used ({reasons})", any(s[1] for s in judged.values() if s)
 
     def _load(self, d: BackendDefinition) -> Problem | None:
-        from ._loader import cannot_compile
+        from .._loader import cannot_compile
 
         try:
             # What a backend prints as it is imported must not mix with this report.
@@ -895,7 +900,7 @@ class _Imports:
 
 def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
     """A failed import as a problem at the backend's ``target``, like the manifest's own."""
-    from ._errors import BackendLoadError, ManifestError
+    from .._errors import BackendLoadError, ManifestError
 
     if isinstance(exc, ManifestError):  # where it is written: an option's own line
         return exc.problem
@@ -905,7 +910,7 @@ def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
     else:
         message = str(exc)
     if d.source.path is None:
-        from ._definition import Problem
+        from .._definition import Problem
 
         return Problem(message)
     return d.located(message, "target")
@@ -915,9 +920,9 @@ def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
 
 
 def _doctor(args: Arguments) -> int:
-    from ._api import doctor
-    from ._doctor import ModelError
-    from ._pytorch import dynamo_imported, torch_available
+    from .._api import doctor
+    from .._doctor.parent import ModelError
+    from .._sources.pytorch import dynamo_imported, torch_available
 
     if not torch_available():
         raise CommandError("doctor needs PyTorch to compile with: pip install torch")
@@ -1003,7 +1008,7 @@ class _Progress:
     def update(self, name: str, level: int, seconds: float, done: bool) -> None:
         if not self.shown:
             return
-        from ._verdict import level_name
+        from .._doctor.verdicts import level_name
 
         with self.lock:
             if done:
@@ -1103,7 +1108,7 @@ def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
 
 
 def _lock(args: Arguments) -> int:
-    from ._lock import digest, summary, write_lock
+    from .._lock import digest, summary, write_lock
 
     if _no_manifest():  # a lock of PyTorch's backends alone pins nobody's
         raise CommandError(_NO_MANIFEST)
@@ -1126,7 +1131,7 @@ def _lock(args: Arguments) -> int:
 
 
 def _shown_path(path: str) -> str:
-    from ._definition import shown_path
+    from .._definition import shown_path
 
     here = _here()
     return path if here is None else shown_path(path, here)
@@ -1139,7 +1144,7 @@ def schema_text() -> str:
     """The JSON Schema as written to ``schemas/backends.schema.json``."""
     import json
 
-    from ._schema import json_schema
+    from .._sources.schema import json_schema
 
     return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
 
@@ -1163,7 +1168,7 @@ def pyproject_starter() -> str:
 
 def _init(args: Arguments) -> int:
     here = os.getcwd()
-    from ._sources import PROJECT_FILES
+    from .._sources import PROJECT_FILES
 
     backends, pyproject = (os.path.join(here, name) for name in PROJECT_FILES)
     if os.path.lexists(backends):
@@ -1189,14 +1194,14 @@ def _init(args: Arguments) -> int:
 
 
 def _declares_table(pyproject: str) -> bool:
-    from ._sources import project_manifest
+    from .._sources import project_manifest
 
     return project_manifest(os.path.dirname(pyproject)) == pyproject
 
 
 def _init_pyproject(pyproject: str) -> int:
     """Append the starter table to pyproject.toml, if the result is still valid TOML."""
-    from ._files import NO_SUCH_FILE, parse_toml, read_text
+    from .._sources.files import NO_SUCH_FILE, parse_toml, read_text
 
     if not os.path.isfile(pyproject):
         raise CommandError(

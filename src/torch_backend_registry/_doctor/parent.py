@@ -18,8 +18,8 @@ import re
 import sys
 import time
 
-from ._errors import BackendRegistryError
-from ._verdict import STATUSES, Verdict, level_name
+from .._errors import BackendRegistryError
+from .verdicts import STATUSES, Verdict, Verdicts, level_name, subject
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-    from ._definition import BackendDefinition
-    from ._registry import Registry
+    from .._definition import BackendDefinition
+    from .._registry import Registry
 
     Progress = Callable[[str, int, float, bool], None]
 
@@ -127,7 +127,7 @@ def run(
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from ._pytorch import torch_available
+    from .._sources.pytorch import torch_available
 
     if not torch_available():
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
@@ -156,11 +156,11 @@ def run(
         "level": probe.level,
     }
     facts = probe.facts(model_file, path)
-    memory = registry.verdicts
-    subjects = {name: registry.subject(name) for name in names if first[name] == name}
+    memory = Verdicts(registry.context.cache)
+    subjects = {name: subject(registry, name) for name in names if first[name] == name}
     results: dict[str, Verdict] = {}
-    for name, subject in subjects.items():
-        cached = None if probe.fresh else memory.get(subject, facts)
+    for name, judged in subjects.items():
+        cached = None if probe.fresh else memory.get(judged, facts)
         if cached is not None and not (probe.bench and cached.ok and cached.speedup is None):
             results[name] = cached
             if on_progress is not None:
@@ -266,7 +266,7 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     and its file's stamp; :class:`ModelError` where it is nowhere."""
     if spec is None:
         return [], None
-    from ._finding import find
+    from .._sources.finding import find
 
     module, _, factory = spec.partition(":")
     if not module or not factory:
@@ -317,7 +317,7 @@ def _probe_one(
     import json
     import subprocess
 
-    from ._probe import BOOT
+    from .probe import BOOT
 
     started = time.perf_counter()
     channel, their_end = os.pipe()

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-    from ._definition import BackendDefinition
+    from .._definition import BackendDefinition
 
 #: The python-path folders of the lookup running in this thread (or context).
 _FOLDERS: ContextVar[tuple[str, ...]] = ContextVar("torch_backend_registry_folders", default=())

@@ -1,4 +1,4 @@
-"""Doctor's verdicts, remembered in the cache by everything a verdict depends on.
+"""Doctor's verdicts: what probing a backend found, remembered by everything it depends on.
 
 A verdict is about a *subject*: the identity of what a name runs (its chain's
 members' included), the file and modification time of every target module it
@@ -14,30 +14,186 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any, NamedTuple
 
-from ._definition import canonical
-from ._files import untrusted_folder
-from ._finding import code_stamp, find, installed_stamp, missing_requirements
-from ._verdict import Verdict
+from .._definition import canonical
+from .._errors import BackendRegistryError
+from .._identity import identity, reach
+from .._sources.files import untrusted_folder
+from .._sources.finding import code_stamp, find, installed_stamp, missing_requirements
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
-    from typing import Any
 
-    from ._cache import Cache
-    from ._definition import BackendDefinition
+    from .._definition import BackendDefinition
+    from .._merge import Index
+    from .._registry import Registry
+    from .._sources.cache import Cache
+
+#: Every status a verdict can have, best first (the order tables are sorted in).
+STATUSES = (
+    "ok",
+    "unavailable",
+    "import-error",
+    "compile-error",
+    "wrong-result",
+    "backward-error",
+    "crashed",
+    "timeout",
+)
+#: Statuses that say a backend fails here, whatever the time limit.
+FAILURES = frozenset({"import-error", "compile-error", "wrong-result", "backward-error", "crashed"})
+
+#: The levels a probe goes through, in the order they are reached.
+LEVELS = ("requirements", "import", "forward", "backward", "bench")
+
+
+def level_name(level: int) -> str:
+    """The name of a level (1-based), or "start" before the first."""
+    return LEVELS[level - 1] if 1 <= level <= len(LEVELS) else "start"
+
+
+class Verdict(NamedTuple):
+    """What probing one backend found.
+
+    ``status`` is one of :data:`STATUSES`; ``level`` the last level reached
+    (1 requirements, 2 import, 3 forward, 4 backward, 5 bench); ``member`` the
+    member a chain used; the ``*_seconds``, ``speedup`` and ``spread`` come with ``bench``;
+    ``cached`` tells a remembered verdict (and takes no part in comparing two).
+    """
+
+    name: str
+    status: str
+    level: int
+    reason: str = ""
+    seconds: float = 0.0
+    member: str | None = None
+    compile_seconds: float | None = None
+    per_call_seconds: float | None = None
+    eager_seconds: float | None = None
+    speedup: float | None = None
+    #: With ``bench``: how far the middle half of the timed rounds spread, as a share of
+    #: their median (the larger of eager's and the backend's). Past 0.5, speeds do not rank.
+    spread: float | None = None
+    cached: bool = False
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self[:-1] == other[:-1]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self[:-1])
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def level_name(self) -> str:
+        return level_name(self.level)
+
+    def facts(self) -> dict[str, Any]:
+        """Every field but ``cached``: what is remembered of a verdict."""
+        return {fact: getattr(self, fact) for fact in FACTS}
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.facts(), "cached": self.cached, "level_name": self.level_name}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, cached: bool = False) -> Verdict:
+        """The verdict ``as_json`` (or ``facts``) gave; a :class:`TypeError` for anything
+        else (a remembered verdict of another shape is not one)."""
+        facts = {k: v for k, v in data.items() if k in FACTS}
+        for fact, value in facts.items():  # what is left out takes its default
+            kinds = _KINDS[fact]
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise TypeError(f"a verdict's {fact} cannot be {value!r}")
+        if facts.get("status") not in STATUSES:
+            raise TypeError(f"no such status: {facts.get('status')!r}")
+        return cls(**facts, cached=cached)
+
+
+#: What is remembered of a verdict, and read back: every field but ``cached``.
+FACTS = Verdict._fields[:-1]
+_NUMBER = (int, float)
+_MAYBE = (int, float, type(None))
+#: The kinds of value each fact may hold.
+_KINDS: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "status": (str,),
+    "level": (int,),
+    "reason": (str,),
+    "seconds": _NUMBER,
+    "member": (str, type(None)),
+    "compile_seconds": _MAYBE,
+    "per_call_seconds": _MAYBE,
+    "eager_seconds": _MAYBE,
+    "speedup": _MAYBE,
+    "spread": _MAYBE,
+}
+
 
 #: The most subjects remembered; the oldest are forgotten first.
 LIMIT = 10_000
 #: The probe a listing's verdict and a chain's skip were found with: the built-in
 #: model on the CPU (any level, any time limit).
 BUILT_IN = {"model": None, "device": "cpu"}
-#: Statuses that say a backend fails here, whatever the time limit.
-FAILURES = frozenset({"import-error", "compile-error", "wrong-result", "backward-error", "crashed"})
 
 
-def subject(
+def subject(registry: Registry, name: str, stamps: dict[Any, Any] | None = None) -> str:
+    """What a verdict about ``name`` judges (see :func:`subject_key`): the identity of what it
+    runs, the files of the targets it may run, this machine. ``stamps`` remembers files
+    across the calls of one listing."""
+    index = registry.index_for(name)
+    return _subject(index, index.resolve(name), stamps, Verdicts(registry.context.cache))
+
+
+def _subject(
+    index: Index,
+    definition: BackendDefinition,
+    stamps: dict[Any, Any] | None,
+    memory: Verdicts,
+    within: frozenset[str] = frozenset(),
+) -> str:
+    """A chain that skips known failures runs what its members' verdicts say: which of them
+    are known to fail belongs to what its own verdict judges."""
+    from .._sources.pytorch import torch_version
+
+    members = [d for d in reach(index, definition).values() if d is not None]
+    facts = identity(index, definition, torch_version())
+    if definition.skip_known_failures:
+        failing = []
+        for name in definition.members:
+            member = index.get(name)
+            if member is None or member.name in within:  # a cycle: the chain is broken
+                continue
+            inner = _subject(index, member, stamps, memory, within | {definition.name})
+            verdict = memory.latest(inner)
+            if verdict is not None and verdict.status in FAILURES:
+                failing.append(name)
+        facts["known_failures"] = failing
+    return subject_key(facts, [definition, *members], torch_version(), stamps)
+
+
+def known_failure(registry: Registry, name: str) -> str | None:
+    """Why ``name`` is known to fail here, by the newest verdict remembered of what it runs
+    (the built-in model, the CPU); ``None`` where none says it fails, or ``name`` resolves to
+    nothing (the chain says why it skips it). What a chain that skips known failures asks."""
+    memory = Verdicts(registry.context.cache)
+    try:
+        index = registry.index_for(name)
+        verdict = memory.latest(_subject(index, index.resolve(name), None, memory))
+    except BackendRegistryError:
+        return None
+    if verdict is None or verdict.status not in FAILURES:
+        return None
+    return f"doctor found {verdict.status} here ({verdict.reason})"
+
+
+def subject_key(
     identity: Mapping[str, Any],
     definitions: Iterable[BackendDefinition],
     torch_version: str | None,

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import stat
 
-from ._errors import ManifestError
-from ._positions import key_at, physical_lines
+from .._errors import ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from ._positions import KeyLines
+    from .positions import KeyLines
 
 #: The largest manifest read. Hand-written manifests take a few kilobytes, and
 #: 10,000 typical backends about 1 MB (spread over files, as a generator would).
@@ -101,6 +100,8 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
     and a symbolic link is judged by the file it points to and the folder holding
     that file.
     """
+    from .positions import key_at, physical_lines
+
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -170,7 +171,7 @@ def parse_toml(
     """
     import tomli
 
-    from ._positions import TooManyKeys, key_lines
+    from .positions import TooManyKeys, key_at, key_lines, physical_lines
 
     try:
         lines = key_lines(text, budget)
@@ -222,6 +223,8 @@ def _plainly(message: str) -> str:
 
 
 def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
+    from .positions import key_at, physical_lines
+
     # The parser gives no position here; the line with the most openings and dots
     # is where such nesting is written in any file that reaches the limits.
     lines = physical_lines(text) or [""]
@@ -234,6 +237,8 @@ def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
 
 def _huge_number(path: str, text: str, exc: ValueError) -> ManifestError:
     import re
+
+    from .positions import key_at, physical_lines
 
     match = re.search(r"[0-9][0-9_]{1000,}", text)
     if match is None:

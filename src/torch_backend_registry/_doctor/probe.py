@@ -15,9 +15,9 @@ import statistics
 import sys
 import time
 
-from ._verdict import ATOL, RTOL
-from ._verify import differ as _differ
-from ._verify import leaves as _leaves
+from .._definition import ATOL, RTOL
+from .._verify import differ as _differ
+from .._verify import leaves as _leaves
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: What ``python -I -c`` runs: the import path the parent chose, then :func:`main`.
 BOOT = (
     "import json, sys; config = json.loads(sys.stdin.readline()); sys.path[:] = config['path'];"
-    " from torch_backend_registry._probe import main; main(config)"
+    " from torch_backend_registry._doctor.probe import main; main(config)"
 )
 
 
@@ -191,8 +191,9 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
     The model is built and run eagerly before any code of the backend is imported, so
     that what the backend does to this process cannot be taken for the model's fault.
     """
-    from ._registry import Registry
-    from ._torch import install
+    from .._registry import Registry
+    from .._torch import install
+    from .verdicts import known_failure
 
     name = config["name"]
     started = time.perf_counter()
@@ -208,6 +209,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         }
 
     registry = Registry(
+        known_failure=known_failure,
         cwd=config.get("cwd"),
         environ=config.get("environ"),
         sources=config.get("sources"),

@@ -1,0 +1,1 @@
+"""Which backends work here: each probed in a process of its own, its verdict remembered."""
