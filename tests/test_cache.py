@@ -164,7 +164,7 @@ def _garbage(entry: bytes, number: int) -> bytes:
         b"\x00\xff not an entry",
         b"",
         entry[: len(entry) // 2],  # torn: a write that never finished
-        entry.replace(b'"@"', b'"#"', 1),  # another layout
+        entry[:-1] + bytes([entry[-1] ^ 1]),  # one bit changed after it was sealed
         b"[]",
         b'{"found": 3}',
         b'{"found": {"@": "Discovery"}}',
@@ -427,5 +427,5 @@ def test_a_warm_reading_gives_back_equal_values_of_the_same_types(
     assert warm.definitions == cold.definitions
     for was, now in zip(cold.definitions, warm.definitions, strict=True):
         assert hash(now) == hash(was)  # hashable, from the second run on too
-        for field in type(was).__slots__:
+        for field in type(was)._fields:
             assert _shape(getattr(now, field)) == _shape(getattr(was, field)), field

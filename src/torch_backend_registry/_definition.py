@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
+from typing import NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,45 +25,17 @@ RTOL, ATOL = 1e-2, 1e-2
 #: The source kinds, highest precedence first: the single source of truth for precedence.
 SOURCE_KINDS: tuple[SourceKind, ...] = ("runtime", "env", "project", "entry-point", "torch")
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
+EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
-class Frozen:
-    """Slotted, immutable, compared by value: cheaper to import than dataclasses."""
-
-    __slots__: tuple[str, ...] = ()
-
-    def __init__(self, **values: Any) -> None:
-        for slot in self.__slots__:
-            object.__setattr__(self, slot, values.get(slot))
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable")
-
-    def _key(self) -> tuple[Any, ...]:
-        # A slot named with a leading underscore is circumstance, not value.
-        return tuple(getattr(self, slot) for slot in self.__slots__ if not slot.startswith("_"))
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, repr(self._key())))
-
-    def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{slot}={getattr(self, slot)!r}"
-            for slot in self.__slots__
-            if not slot.startswith("_")
-            and slot != "lines"
-            and getattr(self, slot) not in (None, (), _EMPTY)
-        )
-        return f"{type(self).__name__}({fields})"
+def _repr(value: tuple[Any, ...]) -> str:
+    """A value's fields that say something: those set, where it was written left out."""
+    fields = ", ".join(
+        f"{field}={item!r}"
+        for field, item in zip(value._fields, value, strict=True)  # type: ignore[attr-defined]
+        if field != "lines" and item not in (None, (), EMPTY)
+    )
+    return f"{type(value).__name__}({fields})"
 
 
 def canonical(value: object) -> str:
@@ -73,14 +47,14 @@ def canonical(value: object) -> str:
     its keys, writes the same text as a value of another kind (a date and a string,
     a table and an array of pairs); tuples are arrays.
     """
-    if not _ENCODER:  # one for every call: json.dumps with options builds one a call
-        import json
-
-        _ENCODER.append(json.JSONEncoder(separators=(",", ":")))
-    return _ENCODER[0].encode(_typed(value))
+    return _encoder().encode(_typed(value))
 
 
-_ENCODER: list[json.JSONEncoder] = []
+@functools.cache  # one for every call: json.dumps with options builds one a call
+def _encoder() -> json.JSONEncoder:
+    import json
+
+    return json.JSONEncoder(separators=(",", ":"))
 
 
 def _typed(value: object) -> object:
@@ -125,7 +99,7 @@ def target_of(fn: object) -> str | None:
     return None
 
 
-class Source(Frozen):
+class Source(NamedTuple):
     """Where a definition came from.
 
     ``kind`` is one of ``"runtime"``, ``"env"``, ``"project"``, ``"entry-point"``
@@ -134,33 +108,15 @@ class Source(Frozen):
     ``module`` a ``register_backend`` call. What does not apply is ``None``.
     """
 
-    __slots__ = ("kind", "path", "line", "distribution", "version", "module")  # noqa: RUF023
-
     kind: SourceKind
-    path: str | None
-    line: int | None
-    distribution: str | None
-    version: str | None
-    module: str | None
+    path: str | None = None
+    line: int | None = None
+    distribution: str | None = None
+    version: str | None = None
+    module: str | None = None
 
-    def __init__(
-        self,
-        kind: SourceKind,
-        *,
-        path: str | None = None,
-        line: int | None = None,
-        distribution: str | None = None,
-        version: str | None = None,
-        module: str | None = None,
-    ) -> None:
-        # Slot by slot rather than through Frozen's loop: discovery makes one a backend.
-        init = object.__setattr__
-        init(self, "kind", kind)
-        init(self, "path", path)
-        init(self, "line", line)
-        init(self, "distribution", distribution)
-        init(self, "version", version)
-        init(self, "module", module)
+    def __repr__(self) -> str:
+        return _repr(self)
 
     def describe(self, relative_to: str | None = None) -> str:
         """A short human location: ``PATH:LINE``, a distribution, or a module.
@@ -186,7 +142,7 @@ class Source(Frozen):
         return self.module or ""
 
 
-class Problem(Frozen):
+class Problem(NamedTuple):
     """What reading, merging or checking found, with where: a value, printed or warned.
 
     Its ``severity`` says what it costs: an ``error`` leaves out what it names (a file
@@ -198,29 +154,16 @@ class Problem(Frozen):
     makes something fail: looking up a broken backend raises :class:`ManifestError`.
     """
 
-    __slots__ = ("severity", "message", "path", "line", "key", "also")  # noqa: RUF023
-
-    severity: Severity
     message: str
-    path: str | None
-    line: int | None
-    key: str | None
+    path: str | None = None
+    line: int | None = None
+    key: str | None = None
+    severity: Severity = "error"
     #: How many more problems of its file this one stands for, past the most reported.
-    also: int
+    also: int = 0
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: str | None = None,
-        line: int | None = None,
-        key: str | None = None,
-        severity: Severity = "error",
-        also: int = 0,
-    ) -> None:
-        super().__init__(
-            severity=severity, message=message, path=path, line=line, key=key, also=also or 0
-        )
+    def __repr__(self) -> str:
+        return _repr(self)
 
     def __str__(self) -> str:
         return location(self.path, self.line, self.key) + self.message
@@ -235,121 +178,65 @@ class Problem(Frozen):
         return f"{where}{self.severity}: " + location(None, None, self.key) + self.message
 
 
-class BackendDefinition(Frozen):
+class BackendDefinition(NamedTuple):
     """One definition of a backend name, as its source declared it; importing nothing."""
 
-    __slots__ = (  # noqa: RUF023 - the order of repr() and of the spec
-        "name",
-        "target",
-        "chain",
-        "by_device",
-        "tags",
-        "description",
-        "aliases",
-        "requires",
-        "options",
-        "source",
-        "enabled",
-        "python_path",
-        "search_path",
-        "written_path",
-        "compiler_fn",
-        "problem",
-        "skip_known_failures",
-        "verify",
-        "distribution",
-        "lines",
-    )
-
     name: str
-    target: str | None
-    chain: tuple[str, ...] | None
-    #: Instead of a target or chain: ``(device type, backend name)`` pairs, ``other`` last.
-    by_device: tuple[tuple[str, str], ...] | None
-    tags: tuple[str, ...]
-    description: str | None
-    aliases: tuple[str, ...]
-    requires: tuple[str, ...]
-    options: Mapping[str, Any]
     source: Source
-    enabled: bool
+    target: str | None = None
+    chain: tuple[str, ...] | None = None
+    #: Instead of a target or chain: ``(device type, backend name)`` pairs, ``other`` last.
+    by_device: tuple[tuple[str, str], ...] | None = None
+    tags: tuple[str, ...] = ()
+    description: str | None = None
+    aliases: tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
+    options: Mapping[str, Any] = EMPTY
+    enabled: bool = True
     #: The manifest's ``python-path`` folders, absolute.
-    python_path: tuple[str, ...]
+    python_path: tuple[str, ...] = ()
     #: Where a lookup of this backend finds modules, after every other place: the
     #: ``python-path`` folders, then the manifest's own folder, last.
-    search_path: tuple[str, ...]
+    search_path: tuple[str, ...] = ()
     #: The manifest's ``python-path`` entries as written (what its identity holds: the
     #: same in every checkout).
-    written_path: tuple[str, ...]
+    written_path: tuple[str, ...] = ()
     #: The callable itself, where the source holds one (runtime, PyTorch).
-    compiler_fn: Callable[..., Any] | None
+    compiler_fn: Callable[..., Any] | None = None
     #: Why this definition cannot be used as declared, or ``None``.
-    problem: Problem | None
+    problem: Problem | None = None
     #: For a chain: skip members that ``doctor`` found failing here.
-    skip_known_failures: bool
+    skip_known_failures: bool = False
     #: For a chain: ``("forward" | "backward", rtol, atol)`` to check each member's compiled
     #: graph against the graph run eagerly, or ``None``.
-    verify: tuple[str, float, float] | None
+    verify: tuple[str, float, float] | None = None
     #: The installed distribution a manifest picked to provide this name's entry point.
-    distribution: str | None
+    distribution: str | None = None
     #: Where each key of a manifest's table is written: its line, by the key as TOML writes
     #: it relative to the table (``target``, ``options.fp16``); circumstance, not value.
-    lines: Mapping[str, int]
+    lines: Mapping[str, int] = EMPTY
 
-    def __init__(
-        self,
-        name: str,
-        source: Source,
-        *,
-        target: str | None = None,
-        chain: tuple[str, ...] | None = None,
-        by_device: tuple[tuple[str, str], ...] | None = None,
-        tags: tuple[str, ...] = (),
-        description: str | None = None,
-        aliases: tuple[str, ...] = (),
-        requires: tuple[str, ...] = (),
-        options: Mapping[str, Any] | None = _EMPTY,
-        enabled: bool = True,
-        python_path: tuple[str, ...] = (),
-        search_path: tuple[str, ...] = (),
-        written_path: tuple[str, ...] = (),
-        compiler_fn: Callable[..., Any] | None = None,
-        problem: Problem | None = None,
-        skip_known_failures: bool = False,
-        verify: tuple[str, float, float] | None = None,
-        distribution: str | None = None,
-        lines: Mapping[str, int] | None = None,
-    ) -> None:
-        init = object.__setattr__  # slot by slot: discovery makes one a backend
-        # Each field of the type it is declared, whatever sequence was given (a cache
-        # reads arrays back as lists): a value read back equals, and hashes as, the first.
-        init(self, "name", name)
-        init(self, "target", target)
-        init(self, "chain", None if chain is None else tuple(chain))
-        init(self, "by_device", None if by_device is None else tuple(map(tuple, by_device)))
-        init(self, "tags", tuple(tags))
-        init(self, "description", description)
-        init(self, "aliases", tuple(aliases))
-        init(self, "requires", tuple(requires))
-        init(self, "options", _EMPTY if not options else MappingProxyType(dict(options)))
-        init(self, "source", source)
-        init(self, "enabled", enabled)
-        init(self, "python_path", tuple(python_path))
-        init(self, "search_path", tuple(search_path))
-        init(self, "written_path", tuple(written_path))
-        init(self, "compiler_fn", compiler_fn)
-        init(self, "problem", problem)
-        init(self, "skip_known_failures", skip_known_failures)
-        init(self, "verify", None if verify is None else tuple(verify))
-        init(self, "distribution", distribution)
-        init(self, "lines", _EMPTY if not lines else MappingProxyType(dict(lines)))
+    def __repr__(self) -> str:
+        return _repr(self)
 
-    def _key(self) -> tuple[Any, ...]:
-        key = list(super()._key())
-        # Options hold any TOML value, nan included: compared by their canonical text.
-        key[self.__slots__.index("options")] = canonical(self.options) if self.options else ""
-        key[self.__slots__.index("lines")] = None  # where it is written is not what it is
-        return tuple(key)
+    def _compared(self) -> tuple[Any, ...]:
+        # Options hold any TOML value, nan included: compared by their canonical text;
+        # where it is written is not what it is.
+        return (*self[:9], canonical(self.options) if self.options else "", *self[10:-1])
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._compared() == other._compared()
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        # The identifying fields only: options may be large, and equal definitions
+        # agree on these anyway.
+        return hash((self.name, self.target, self.chain, self.source))
 
     def line_of(self, *parts: str) -> int | None:
         """The line ``parts`` (a key of this backend's table, and one inside it) are written
@@ -381,11 +268,6 @@ class BackendDefinition(Frozen):
             severity=severity,
         )
 
-    def __hash__(self) -> int:
-        # The identifying fields only: options may be large, and equal definitions
-        # agree on these anyway.
-        return hash((self.name, self.target, self.chain, self.source))
-
     @property
     def usable(self) -> bool:
         """Whether this definition can be looked up (enabled and without a problem)."""
@@ -413,28 +295,21 @@ def runtime_definition(
     )
 
 
-class BackendInfo(Frozen):
+class BackendInfo(NamedTuple):
     """What ``backend_info(name)`` found: the definition ``name`` resolves to, and beside it
     what resolving saw (the definitions of that name it shadows, the alias asked for).
 
     The definition's own attributes read through (``info.target``, ``info.source``).
     """
 
-    __slots__ = ("alias", "definition", "shadowed")
-
     definition: BackendDefinition
     #: The definitions of the same name from lower sources, highest first.
-    shadowed: tuple[BackendDefinition, ...]
+    shadowed: tuple[BackendDefinition, ...] = ()
     #: The name asked for, where it was an alias of ``definition.name``; else ``None``.
-    alias: str | None
+    alias: str | None = None
 
-    def __init__(
-        self,
-        definition: BackendDefinition,
-        shadowed: tuple[BackendDefinition, ...] = (),
-        alias: str | None = None,
-    ) -> None:
-        super().__init__(definition=definition, shadowed=shadowed, alias=alias)
+    def __repr__(self) -> str:
+        return _repr(self)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for what BackendInfo itself lacks: the definition's fields.
@@ -443,10 +318,8 @@ class BackendInfo(Frozen):
         return getattr(self.definition, name)
 
 
-class DefaultDeclaration(Frozen):
+class DefaultDeclaration(NamedTuple):
     """A manifest's ``default = "NAME"``, with where it is written."""
-
-    __slots__ = ("name", "path", "line", "key")  # noqa: RUF023
 
     name: str
     path: str
@@ -454,8 +327,8 @@ class DefaultDeclaration(Frozen):
     #: The key as written in the file (``tool.torch-backends.default`` in pyproject.toml).
     key: str
 
-    def __init__(self, name: str, path: str, line: int | None, key: str) -> None:
-        super().__init__(name=name, path=path, line=line, key=key)
+    def __repr__(self) -> str:
+        return _repr(self)
 
 
 def distribution_key(name: str) -> str:
@@ -465,28 +338,32 @@ def distribution_key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-class PluginRule(Frozen):
+class PluginRule(NamedTuple):
     """An ``allow`` or ``deny`` list of distributions, with where it was declared: a
-    manifest's line and key, or (``path`` ``None``) the environment variable ``key``."""
+    manifest's line and key, or (``path`` ``None``) the environment variable ``key``.
 
-    __slots__ = ("kind", "names", "path", "line", "key")  # noqa: RUF023
+    ``names`` are normalised as packaging compares them (:func:`distribution_key`)."""
 
     kind: Literal["allow", "deny"]
     names: frozenset[str]
-    path: str | None
-    line: int | None
     key: str
+    path: str | None = None
+    line: int | None = None
 
-    def __init__(
-        self,
+    def __repr__(self) -> str:
+        return _repr(self)
+
+    @classmethod
+    def of(
+        cls,
         kind: Literal["allow", "deny"],
         names: Iterable[str],
         key: str,
         path: str | None = None,
         line: int | None = None,
-    ) -> None:
-        names = frozenset(map(distribution_key, names))
-        super().__init__(kind=kind, names=names, path=path, line=line, key=key)
+    ) -> PluginRule:
+        """The rule of ``names`` as written: normalised, as packaging compares them."""
+        return cls(kind, frozenset(map(distribution_key, names)), key, path, line)
 
     @property
     def where(self) -> str:

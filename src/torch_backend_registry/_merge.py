@@ -28,7 +28,7 @@ The rules, in one place:
 
 from __future__ import annotations
 
-from ._definition import BackendDefinition, BackendInfo, Discovery, Problem, Source
+from ._definition import BackendDefinition, BackendInfo, Discovery, Problem
 from ._definition import distribution_key as _dist_key
 from ._errors import ManifestError, UnknownBackendError
 
@@ -554,26 +554,10 @@ def _picked(
         return BackendDefinition(
             pick.name, source, distribution=pick.distribution, problem=problem, lines=pick.lines
         )
-    return BackendDefinition(
-        pick.name,
-        Source(
-            source.kind,
-            path=source.path,
-            line=source.line,
-            distribution=match.source.distribution,
-            version=match.source.version,
-        ),
+    found = match.source
+    return pick._replace(
+        source=source._replace(distribution=found.distribution, version=found.version),
         target=match.target,
-        tags=pick.tags,
-        description=pick.description,
-        aliases=pick.aliases,
-        requires=pick.requires,
-        options=pick.options,
-        python_path=pick.python_path,
-        search_path=pick.search_path,
-        written_path=pick.written_path,
-        distribution=pick.distribution,
-        lines=pick.lines,
     )
 
 

@@ -137,7 +137,7 @@ def env_source(ctx: Context) -> Discovery:
         value = ctx.environ.get(var)
         if value is not None and value.strip():  # empty: unset
             names = [n.strip() for n in value.split(",") if n.strip()]
-            found.rules.append(PluginRule(kind, names, var))  # type: ignore[arg-type]
+            found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
         if not _read(path, "env", ctx, found):
             found.problems.append(

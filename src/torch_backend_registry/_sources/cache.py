@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import operator
 import os
 import stat
 import sys
 from types import MappingProxyType
 
 from .._definition import (
+    EMPTY,
     BackendDefinition,
     DefaultDeclaration,
     Discovery,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
-LAYOUT = 3
+LAYOUT = 4
 _MAX_ENTRY = 64 * 2**20  # larger than any entry this library writes
 _OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
 
@@ -117,7 +117,7 @@ class Cache:
         import json
 
         try:
-            text = json.dumps(value, default=_encode, separators=(",", ":")).encode()
+            text = json.dumps(_encode(value), separators=(",", ":")).encode()
             text = _seal(name, text) + b"\n" + text
             if not self._usable(os.path.dirname(path), make=True):
                 return
@@ -251,54 +251,42 @@ def code_key() -> str:
 
 # -------------------------------------------------------------------- values as JSON
 #
-# Each value class is written as {"@": class name, "v": [its slots' values, in the
-# order of its __slots__]} and read back through its own constructor, so the round
-# trip follows the classes' slots (and the code's digest in every key keeps an
-# entry from outliving them). A mapping (a backend's options) is written as
-# {"{}": [[key, value]...]}, so a key of the user's never meets a key of this
-# format; inside it, arrays stay lists (TOML's), while a value class's own arrays
-# are tuples again.
+# Each value is written as {"@": its class's name, "v": [its fields, in order]} and
+# read back through its class, each field made again the type its annotation names
+# (arrays tuples, a mapping read-only, a set a frozenset), so the round trip follows
+# the classes' fields (and the code's digest in every key keeps an entry from
+# outliving them). A mapping (a backend's options) is written as {"{}": [[key,
+# value]...]}, so a key of the user's never meets a key of this format; inside it,
+# arrays stay lists (TOML's).
 
 _CLASSES: dict[str, type[Any]] = {
     cls.__name__: cls
     for cls in (BackendDefinition, DefaultDeclaration, PluginRule, Problem, Source)
 }
-#: A getter of all of a value class's fields at once, in slot order.
-_FIELDS = {cls: operator.attrgetter(*cls.__slots__) for cls in _CLASSES.values()}
 
 
 def _encode(value: object) -> object:
-    fields = _FIELDS.get(type(value))
-    if fields is not None:
+    """``value`` as plain JSON values, each value class and mapping tagged."""
+    if type(value).__name__ in _CLASSES and isinstance(value, tuple):
         if getattr(value, "compiler_fn", None) is not None:
             raise TypeError("a callable is not kept")
-        return {"@": type(value).__name__, "v": fields(value)}
-    if isinstance(value, MappingProxyType) and not value:
-        return None  # no options
-    if isinstance(value, (dict, MappingProxyType)):
-        return {"{}": [[key, _plain(item)] for key, item in value.items()]}
+        return {"@": type(value).__name__, "v": [_encode(item) for item in value]}
     if isinstance(value, Discovery):
-        return {"@": "Discovery", "v": [getattr(value, slot) for slot in Discovery.__slots__]}
+        fields = [getattr(value, slot) for slot in Discovery.__slots__]
+        return {"@": "Discovery", "v": [_encode(item) for item in fields]}
+    if isinstance(value, (dict, MappingProxyType)):
+        return {"{}": [[key, _encode(item)] for key, item in value.items()]}
+    if isinstance(value, (list, tuple)):
+        return [_encode(item) for item in value]
     if isinstance(value, frozenset):
         return sorted(value)
+    if value is None or isinstance(value, (str, int, float)):
+        return value
     import datetime
 
-    if isinstance(value, datetime.datetime):
-        return {"datetime": value.isoformat()}
-    if isinstance(value, datetime.date):
-        return {"date": value.isoformat()}
-    if isinstance(value, datetime.time):
-        return {"time": value.isoformat()}
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return {type(value).__name__: value.isoformat()}
     raise TypeError(f"not kept in the cache: {type(value).__name__}")
-
-
-def _plain(value: object) -> object:
-    """An option's value with its tables written as mappings (json writes the rest)."""
-    if isinstance(value, dict):
-        return _encode(value)
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
 
 
 def _decode(data: dict[str, Any]) -> Any:
@@ -314,14 +302,40 @@ def _decode(data: dict[str, Any]) -> Any:
     name = data.get("@")
     if len(data) != 2 or (name != "Discovery" and name not in _CLASSES):
         return data
-    cls: type[Any] = Discovery if name == "Discovery" else _CLASSES[name]
-    values = [tuple(v) if type(v) is list else v for v in data["v"]]
-    fields = dict(zip(cls.__slots__, values, strict=True))
-    if cls is not Discovery:
-        return cls(**fields)
-    found = Discovery()
-    found.definitions = list(fields["definitions"])
-    found.problems = list(fields["problems"])
-    found.rules = list(fields["rules"])
-    found.default = fields["default"]
-    return found
+    if name == "Discovery":
+        found = Discovery()
+        fields = dict(zip(Discovery.__slots__, data["v"], strict=True))
+        found.definitions = list(fields["definitions"])
+        found.problems = list(fields["problems"])
+        found.rules = list(fields["rules"])
+        found.default = fields["default"]
+        return found
+    cls = _CLASSES[name]
+    kinds = _KINDS[name]
+    return cls(*(_typed(kind, v) for kind, v in zip(kinds, data["v"], strict=True)))
+
+
+def _field_kinds(cls: type[Any]) -> tuple[str, ...]:
+    """What each field of ``cls`` is, from its annotation: ``Mapping``, ``frozenset``, ``any``."""
+    # Annotations are text here (or forward references holding it).
+    written = {f: str(getattr(a, "__forward_arg__", a)) for f, a in cls.__annotations__.items()}
+    return tuple(
+        next((k for k in ("Mapping", "frozenset") if written[f].startswith(k)), "any")
+        for f in cls._fields
+    )
+
+
+_KINDS = {name: _field_kinds(cls) for name, cls in _CLASSES.items()}
+
+
+def _typed(kind: str, value: Any) -> object:
+    if kind == "Mapping":
+        return MappingProxyType(value) if value else EMPTY
+    if kind == "frozenset":
+        return frozenset(value)
+    return _tuples(value)
+
+
+def _tuples(value: object) -> object:
+    """A value class's own arrays as the tuples they were (a mapping's stay lists)."""
+    return tuple(map(_tuples, value)) if type(value) is list else value

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from types import MappingProxyType
 
 from .._definition import (
+    EMPTY,
     BackendDefinition,
     DefaultDeclaration,
     Discovery,
@@ -169,7 +171,7 @@ class _Validation:
                 if names is not None and (names or field == "allow"):
                     key = (*self.prefix, "plugins", field)
                     line = self.lines.line_of(key)
-                    rule = PluginRule(field, names, toml_key(key), self.path, line)
+                    rule = PluginRule.of(field, names, toml_key(key), self.path, line)
                     self.found.rules.append(rule)
         if header.default is not None:
             self.found.default = DefaultDeclaration(
@@ -400,7 +402,7 @@ def _definition(
         description=entry.description,
         aliases=tuple(entry.aliases),
         requires=tuple(entry.requires),
-        options=entry.options,
+        options=MappingProxyType(entry.options) if entry.options else EMPTY,
         enabled=entry.enabled,
         python_path=paths[0],
         search_path=paths[1],
@@ -408,7 +410,7 @@ def _definition(
         skip_known_failures=entry.skip_known_failures,
         verify=_verify(entry),
         distribution=entry.distribution,
-        lines=lines,
+        lines=MappingProxyType(lines),
     )
 
 
