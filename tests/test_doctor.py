@@ -21,7 +21,7 @@ import pytest
 
 import torch_backend_registry as tbr
 from torch_backend_registry import Registry, UnknownBackendError, Verdict
-from torch_backend_registry._doctor.parent import ModelError
+from torch_backend_registry._doctor.options import ModelError
 from torch_backend_registry._doctor.verdicts import Verdicts
 from torch_backend_registry._doctor.verdicts import subject as subject_of
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 from . import _registry
+from ._doctor.options import DEFAULT_TIMEOUT
 from ._registry import DEFAULT_EXCLUDE_TAGS
 
 TYPE_CHECKING = False
@@ -120,7 +121,7 @@ def doctor(
     *,
     registry: Registry | None = None,
     bench: bool = False,
-    timeout: float = 300.0,
+    timeout: float = DEFAULT_TIMEOUT,
     model: str | None = None,
     device: str = "cpu",
     level: str = "backward",
@@ -138,10 +139,11 @@ def doctor(
     first. Verdicts are remembered by what they depend on; ``fresh`` probes again
     anyway. ``on_progress(name, level, seconds, done)`` hears of each step.
     """
-    from ._doctor.parent import Probe, run
+    from ._doctor.options import Options
+    from ._doctor.parent import run
 
-    probe = Probe(timeout, bench, model, device, level, jobs, fresh)
-    return run(registry or default_registry, names, probe, on_progress)
+    options = Options(timeout, bench, model, device, level, jobs, fresh)
+    return run(registry or default_registry, names, options, on_progress)
 
 
 def fingerprint(registry: Registry | None = None) -> str:

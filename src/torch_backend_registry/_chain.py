@@ -233,7 +233,7 @@ class DeviceBackend:
 
 
 #: The logging level of each severity, so that the log says what ``check`` says.
-LEVELS: dict[Severity, int] = {
+LOG_LEVELS: dict[Severity, int] = {
     "note": logging.INFO,
     "warning": logging.WARNING,
     "error": logging.ERROR,
@@ -242,7 +242,7 @@ LEVELS: dict[Severity, int] = {
 
 def say(severity: Severity, message: str, *args: object) -> None:
     """Log ``message`` at the level of ``severity`` (which it names, as ``check`` does)."""
-    logger.log(LEVELS[severity], message, *args)
+    logger.log(LOG_LEVELS[severity], message, *args)
 
 
 def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:

@@ -920,37 +920,34 @@ def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
 
 
 def _doctor(args: Arguments) -> int:
-    from .._api import doctor
-    from .._doctor.parent import ModelError
+    from .._doctor.options import ModelError, Options
+    from .._doctor.parent import run, start
     from .._sources.pytorch import dynamo_imported, torch_available
 
     if not torch_available():
         raise CommandError("doctor needs PyTorch to compile with: pip install torch")
     registry = _registry()
-    # Listing every backend, or a name no manifest declares, reads PyTorch's: torch is imported.
-    with _Waiting("importing PyTorch", not dynamo_imported()):
-        names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
-        for name in names:
-            registry.backend_info(name)  # an unknown name fails here, as explain says it
-    progress = _Progress(sys.stderr.isatty(), len(names))
+    options = Options(**{f: getattr(args, f) for f in Options._fields}).checked()
     try:
-        with _terminated_as_exit():
-            verdicts = doctor(
-                names,
-                registry=registry,
-                bench=args.bench,
-                timeout=args.timeout,
-                model=args.model,
-                device=args.device,
-                level=args.level,
-                jobs=args.jobs,
-                fresh=args.fresh,
-                on_progress=progress.update,
-            )
+        # The probes' server imports PyTorch meanwhile, as this process does to list every
+        # backend or resolve a name no manifest declares.
+        server = start(registry, options)
     except ModelError as exc:
-        progress.done()
         _error(str(exc))
         return EXIT_USAGE
+    with server:
+        with _Waiting("importing PyTorch", not dynamo_imported()):
+            names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
+            for name in names:
+                registry.backend_info(name)  # an unknown name fails here, as explain says it
+        progress = _Progress(sys.stderr.isatty(), len(names))
+        try:
+            with _terminated_as_exit():
+                verdicts = run(registry, names, options, progress.update, server)
+        except ModelError as exc:
+            progress.done()
+            _error(str(exc))
+            return EXIT_USAGE
     progress.done()
     if args.json:
         import json

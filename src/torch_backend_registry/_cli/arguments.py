@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from .._doctor.options import GOALS, Options
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -159,16 +161,14 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
     doctor.add_argument(
         "--timeout",
         type=_positive,
-        default=300.0,
         metavar="S",
-        help="seconds a backend may take before it is killed (default 300)",
+        help="seconds a backend may take before it is killed (default %(default)g)",
     )
     doctor.add_argument(
         "--level",
-        choices=("forward", "backward"),
-        default="backward",
+        choices=GOALS,
         help="how far a backend must get to be ok: forward judges inference backends"
-        " (default backward)",
+        " (default %(default)s)",
     )
     doctor.add_argument("--json", action="store_true", help="print a JSON array of verdicts")
     doctor.add_argument(
@@ -176,15 +176,14 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         metavar="MOD:FACTORY",
         help="probe with FACTORY() -> (module, example inputs) instead of the built-in model",
     )
-    doctor.add_argument(
-        "--device", default="cpu", help="the device to probe on, e.g. cuda (default cpu)"
-    )
+    doctor.add_argument("--device", help="the device to probe on, e.g. cuda (default %(default)s)")
     doctor.add_argument(
         "--jobs", type=_count, metavar="N", help="backends probed at once (default: half the cores)"
     )
     doctor.add_argument(
         "--fresh", action="store_true", help="probe again even where a verdict is remembered"
     )
+    doctor.set_defaults(**Options()._asdict())  # each default as doctor() has it
 
     lock = command("lock", "write backends.lock: what every name resolves to, beside the manifest")
     lock.add_argument("--output", metavar="PATH", help="write the lock there instead")

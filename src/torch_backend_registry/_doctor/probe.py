@@ -1,11 +1,15 @@
-"""One backend probed in this process as far as it goes: the child side of ``doctor``.
+"""The child side of ``doctor``: a server that forks a fresh process per backend, and the probe.
 
-Started by :data:`BOOT` under ``python -I`` (no working folder on the import
-path, no ``PYTHON*`` variables), its configuration as one JSON line on stdin,
-never on the command line (which every user can read). It reports on a pipe of
-its own, whatever the backend prints: each level as it is reached, then the
-verdict. Whatever kills this process (a crash, a hang, ``os.abort()``) leaves
-the last level reported for the parent to tell.
+:data:`BOOT` starts the server under ``python -I`` (no working folder on the
+import path, no ``PYTHON*`` variables), its configuration as one JSON line on
+stdin, never on the command line (which every user can read). The server
+imports PyTorch once and then, for each backend asked for on its socket, forks
+a process of its own session that probes that one backend: no backend's code
+is ever imported into the server, so each probe starts where a fresh
+interpreter that imported PyTorch would. A probe reports on a pipe of its own,
+whatever the backend prints: each level as it is reached, then the verdict.
+Whatever kills it (a crash, a hang, ``os.abort()``) leaves the last level
+reported for the parent to tell; the server tells the parent how it ended.
 """
 
 from __future__ import annotations
@@ -15,159 +19,106 @@ import statistics
 import sys
 import time
 
-from .._definition import ATOL, RTOL
-from .._verify import differ as _differ
-from .._verify import leaves as _leaves
+from .._verify import differ, leaves
+from .model import Eager, loss, one_line
+from .options import ModelError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-#: What ``python -I -c`` runs: the import path the parent chose, then :func:`main`.
+#: What ``python -I -c`` runs: the import path the parent chose, then :func:`serve`.
 BOOT = (
     "import json, sys; config = json.loads(sys.stdin.readline()); sys.path[:] = config['path'];"
-    " from torch_backend_registry._doctor.probe import main; main(config)"
+    " from torch_backend_registry._doctor.probe import serve; serve(config)"
 )
+#: The most a message on the server's socket holds (a request: a name and its number).
+MESSAGE = 64 * 1024
 
 
-class ModelError(Exception):
-    """The model to probe with cannot be built (the same for every backend)."""
+def serve(config: dict[str, Any]) -> None:
+    """Import PyTorch, then fork a probe for each request on the socket until it closes.
 
+    A request is ``{"id": N, "name": NAME}`` with the probe's report pipe, stdout and
+    stderr attached; the server answers ``{"started": N, "pid": PID}`` and, once that
+    process ended, ``{"ended": N, "code": CODE}`` (a negative code: killed by that
+    signal), after killing whatever it left in its session. ``{"kill": N}`` ends a probe
+    and its session. When the parent goes, every probe goes with it.
+    """
+    import json
+    import select
+    import signal
+    import socket
 
-def _short(exc: BaseException) -> str:
-    """The exception in one line, and the causes it wraps (torch's BackendCompilerFailed)
-    where they say more than it already does."""
-    said = ""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while isinstance(current, BaseException) and id(current) not in seen:
-        seen.add(id(current))
-        lines = str(current).strip().splitlines()
-        text = lines[0] if lines else ""
-        own = f"{type(current).__name__}: {text}".rstrip(": ")
-        if text and text in said:  # a cause its wrapper already quotes says nothing new
-            pass
-        elif own not in said:
-            said = f"{said.rstrip(':')}: {own}" if said else own
-        current = current.__cause__ or getattr(current, "inner_exception", None)
-    # Bounded; the innermost cause, which says most, comes last: keep the end.
-    return said if len(said) <= 300 else f"{said[:99]}…{said[-200:]}"
+    server = socket.socket(fileno=config["socket"])
 
-
-def default_model() -> tuple[Any, tuple[Any, ...]]:
-    """The built-in model: small, deterministic, with a backward pass."""
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh()
-    )
-    return model, (torch.randn(4, 16),)
-
-
-#: What a ``--model`` factory returns, said where it returns something else.
-FACTORY_SHAPE = (
-    "(model, inputs): inputs a tuple of positional inputs, a dict of keyword inputs (a"
-    " Hugging Face model's input_ids and attention_mask) or one tensor; or (model, args,"
-    " kwargs). For example: return model, (torch.randn(4, 16),)"
-)
-
-
-def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """The model ``spec`` (``module:factory``) names, with its positional and keyword
-    inputs; :class:`ModelError` where it cannot be built."""
-    if spec is None:
-        model, args = default_model()
-        return model, args, {}
-    import importlib
+    def say(**fields: Any) -> None:
+        server.send(json.dumps(fields).encode())
 
     try:
-        module_name, _, attr = spec.partition(":")
-        factory: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            factory = getattr(factory, part)
-        made = factory()
-    except Exception as exc:
-        raise ModelError(f"--model {spec!r} cannot be built: {_short(exc)}") from exc
-    if not isinstance(made, (tuple, list)) or len(made) not in (2, 3) or not callable(made[0]):
-        got = type(made).__name__
-        raise ModelError(
-            f"--model {spec!r}: the factory returned {got}; it must return {FACTORY_SHAPE}"
-        )
-    model, *rest = made
-    if len(rest) == 2:
-        args, kwargs = rest
-    elif isinstance(rest[0], dict):
-        args, kwargs = (), rest[0]
-    else:
-        args, kwargs = rest[0], {}
-    if not isinstance(args, (tuple, list)):
-        args = (args,)
-    if not isinstance(kwargs, dict):
-        got = type(kwargs).__name__
-        raise ModelError(
-            f"--model {spec!r}: its keyword inputs are {got}; it must return {FACTORY_SHAPE}"
-        )
-    return model, tuple(args), dict(kwargs)
+        # What every probe needs, and no backend's code: PyTorch, its registry with its
+        # own backends and the names of the entry points (none loaded), the validator.
+        import torch._dynamo
+
+        torch._dynamo.list_backends(exclude_tags=())
+        from .._sources import schema  # noqa: F401
+        from .._torch import install  # noqa: F401
+    except BaseException as exc:
+        say(broken=one_line(exc))
+        os._exit(0)
+
+    line = sys.stdin.readline()  # how to probe, once the parent knows
+    if not line:
+        os._exit(0)
+    config.update(json.loads(line))
+    say(ready=True)
+    probes: dict[int, int] = {}  # pid -> request number, until it is reaped
+    while True:
+        while probes:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            _kill_session(pid)  # what the probe left behind
+            say(ended=probes.pop(pid), code=os.waitstatus_to_exitcode(status))
+        if not select.select([server], [], [], 0.01)[0]:
+            continue
+        message, fds, _flags, _address = socket.recv_fds(server, MESSAGE, 3)
+        if not message:  # the parent is gone
+            break
+        request = json.loads(message)
+        if "kill" in request:
+            for pid, number in probes.items():
+                if number == request["kill"]:
+                    _kill_session(pid)
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()  # its own session: a hang is killed with whatever it started
+            server.close()
+            channel, output, errors = fds
+            null = os.open(os.devnull, os.O_RDONLY)
+            for fd, std in ((null, 0), (output, 1), (errors, 2)):
+                os.dup2(fd, std)
+                os.close(fd)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            main({**config, **request, "channel": channel})
+        for fd in fds:
+            os.close(fd)
+        probes[pid] = request["id"]
+        say(started=request["id"], pid=pid)
+    for pid in probes:
+        _kill_session(pid)
+    os._exit(0)
 
 
-class _Eager:
-    """The model run eagerly, before any backend's code is imported: what it gives, and with
-    ``backward`` the gradients of its parameters. It runs on copies of the model, so the
-    model itself is as it was built for the backend; a model that gives other values on a
-    second run (dropout in training mode) draws random numbers, which compilers draw their
-    own way: it is judged by the shapes and types of what it gives."""
+def _kill_session(pid: int) -> None:
+    import contextlib
+    import signal
 
-    def __init__(self, spec: str | None, device: Any, backward: bool) -> None:
-        import copy
-
-        import torch
-
-        model, args, kwargs = build_model(spec)
-        self.what = "the built-in model" if spec is None else f"--model {spec!r}"
-        try:
-            self.model = model.to(device)
-            self.args = tuple(_on(x, device) for x in args)
-            self.kwargs = {key: _on(x, device) for key, x in kwargs.items()}
-            reference = copy.deepcopy(self.model)
-            with torch.random.fork_rng(devices=[]):
-                self.expected = reference(*self.args, **self.kwargs)
-                again = copy.deepcopy(self.model)(*self.args, **self.kwargs)
-        except Exception as exc:
-            raise ModelError(f"{self.what} cannot be run: {_short(exc)}") from exc
-        #: Whether the model draws random numbers: then only shapes and types are compared.
-        self.random = _differ(_leaves(self.expected), _leaves(again), "", 0, 0) is not None
-        self.tolerance: tuple[float | None, float | None] = (
-            (None, None) if self.random else (RTOL, ATOL)
-        )
-        self.grads: tuple[Any, ...] | None = None
-        params = [p for p in reference.parameters() if p.requires_grad]
-        if backward and params and _loss(self.expected) is not None:
-            try:
-                self.grads = torch.autograd.grad(_loss(self.expected), params, allow_unused=True)
-            except Exception as exc:
-                raise ModelError(
-                    f"{self.what} has no backward pass of its own: {_short(exc)}"
-                ) from exc
-
-    def __call__(self, fn: Any) -> Any:
-        return fn(*self.args, **self.kwargs)
-
-    @property
-    def said(self) -> str:
-        """What a verdict on this model is worth saying."""
-        if not self.random:
-            return ""
-        return (
-            "verified in shapes and types only: the model draws random numbers (dropout in"
-            " training mode, say; call model.eval() in the factory to compare values)"
-        )
-
-
-def _on(value: Any, device: Any) -> Any:
-    import torch
-
-    return value.to(device) if isinstance(value, torch.Tensor) else value
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 class _Channel:
@@ -223,7 +174,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
             return verdict("import-error", 2, loop.message)
         why = registry.why_unavailable(info)
     except Exception as exc:  # the manifest holds it, but not as something usable
-        return verdict("import-error", 2, _short(exc))
+        return verdict("import-error", 2, one_line(exc))
     if why is not None:
         return verdict("unavailable", 1, why)
     import torch
@@ -233,7 +184,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
     if device is None:
         return verdict("unavailable", 1, f"no {config.get('device')} device here")
     sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
-    eager = _Eager(config.get("model"), device, backward)
+    eager = Eager(config.get("model"), device, backward)
     rounds = config.get("rounds", 15)
     # Eager is timed before any backend's code is loaded (a backend may start threads that
     # slow every later call): each row's speed-up is against the same eager.
@@ -244,7 +195,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
     try:
         registry.lookup_backend(name)
     except Exception as exc:
-        return verdict("import-error", 2, _short(exc), missing=_missing(exc))
+        return verdict("import-error", 2, one_line(exc), missing=_missing(exc))
     channel.say(level=3)
     install(registry)  # torch.compile(backend=name) is what is probed
     model = eager.model
@@ -254,24 +205,24 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         out = eager(compiled)
         compile_seconds = time.perf_counter() - start
     except Exception as exc:
-        return verdict("compile-error", 3, _short(exc), missing=_missing(exc))
+        return verdict("compile-error", 3, one_line(exc), missing=_missing(exc))
     member = getattr(registry.lookup_backend(name), "used", None)
     extra: dict[str, Any] = {"member": member} if member else {}
-    wrong = _differ(_leaves(eager.expected), _leaves(out), "forward output", *eager.tolerance)
+    wrong = differ(leaves(eager.expected), leaves(out), "forward output", *eager.tolerance)
     if wrong is not None:
         return verdict("wrong-result", 3, wrong, **extra)
     reached = 3
     if backward and eager.grads is not None:
         channel.say(level=4)
         params = [p for p in model.parameters() if p.requires_grad]
-        loss = _loss(out)
-        if loss is None:
+        total = loss(out)
+        if total is None:
             said = "no output of the compiled model requires grad: it gives no backward pass"
             return verdict("backward-error", 4, said, **extra)
         try:
-            got = torch.autograd.grad(loss, params, allow_unused=True)
+            got = torch.autograd.grad(total, params, allow_unused=True)
         except Exception as exc:
-            return verdict("backward-error", 4, _short(exc), **extra)
+            return verdict("backward-error", 4, one_line(exc), **extra)
         pairs = [(e, g) for e, g in zip(eager.grads, got, strict=True) if e is not None]
         if not pairs:
             said = "no parameter gets a gradient run eagerly: there is no backward to compare"
@@ -279,7 +230,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         if any(g is None for _e, g in pairs):
             return verdict("wrong-result", 4, "some gradients eager gives are missing", **extra)
         expected, mine = [e for e, _g in pairs], [g for _e, g in pairs]
-        wrong = _differ(expected, mine, "gradient", *eager.tolerance)
+        wrong = differ(expected, mine, "gradient", *eager.tolerance)
         if wrong is not None:
             return verdict("wrong-result", 4, wrong, **extra)
         reached = 4
@@ -289,7 +240,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
     try:
         timed = _timed(eager, compiled, rounds)
     except Exception as exc:  # the backend works; only timing it failed
-        return verdict("ok", reached, f"timing failed: {_short(exc)}", **extra)
+        return verdict("ok", reached, f"timing failed: {one_line(exc)}", **extra)
     eager_call, per_call = statistics.median(eager_times), statistics.median(timed)
     return verdict(
         "ok",
@@ -317,20 +268,11 @@ def _device(spec: str) -> Any:
         kinds = ["cpu", "cuda", "xpu", "mps", "hip", "meta", "npu", "hpu", "mtia"]
         close = difflib.get_close_matches(spec.split(":")[0], kinds, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ModelError(f"--device {spec!r}: {_short(exc)}{hint}") from exc
+        raise ModelError(f"--device {spec!r}: {one_line(exc)}{hint}") from exc
     accelerator = getattr(torch, device.type, None)
     if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
         return None
     return device
-
-
-def _loss(out: Any) -> Any:
-    """One number from a model's floating outputs that require gradients: their sum
-    (``None`` where none does)."""
-    leaves = [o for o in _leaves(out) if getattr(o, "requires_grad", False)]
-    if not leaves:
-        return None
-    return sum(o.float().sum() for o in leaves if o.is_floating_point())
 
 
 def _missing(exc: BaseException) -> list[str]:
@@ -355,12 +297,15 @@ def imported_code() -> list[list[object]]:
     paths = sysconfig.get_paths()
     installed = [paths["stdlib"], paths["platstdlib"], *site.getsitepackages()]
     installed.append(site.getusersitepackages())
-    ours = os.path.dirname(os.path.abspath(__file__))
-    skipped = tuple(os.path.join(os.path.realpath(p), "") for p in [*installed, ours])
+    installed.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ours
+    # As written and as resolved: most files are skipped before a path is resolved.
+    skipped = tuple({os.path.join(q, "") for p in installed for q in (p, os.path.realpath(p))})
     found = []
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
-        if isinstance(path, str) and not os.path.realpath(path).startswith(skipped):
+        if not isinstance(path, str) or path.startswith(skipped):
+            continue
+        if not os.path.realpath(path).startswith(skipped):
             try:
                 info = os.stat(path)
             except OSError:
@@ -369,7 +314,7 @@ def imported_code() -> list[list[object]]:
     return sorted(found)[:10_000]
 
 
-def _timed(eager: _Eager, fn: Any, rounds: int) -> list[float]:
+def _timed(eager: Eager, fn: Any, rounds: int) -> list[float]:
     """Seconds a call of ``fn`` on the model's inputs, for each of ``rounds`` rounds, after
     a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
     that the clock and a stray interruption weigh little in it."""
@@ -410,7 +355,7 @@ def main(config: dict[str, Any]) -> None:
     except BaseException as exc:  # the verdict must reach the parent whatever happens
         seconds = round(time.perf_counter() - started, 3)
         verdict = {"name": config.get("name"), "status": "crashed", "level": 0}
-        result = {"verdict": {**verdict, "reason": _short(exc), "seconds": seconds}}
+        result = {"verdict": {**verdict, "reason": one_line(exc), "seconds": seconds}}
     try:
         result["code"] = imported_code()
     except Exception:

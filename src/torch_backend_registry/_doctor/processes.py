@@ -1,0 +1,413 @@
+"""The probe processes, seen from doctor: one server that imports PyTorch once and forks a
+fresh process for each backend, each watched with a time limit.
+
+``doctor`` waits for a probe process to end (the server tells it), never for its
+output, has its whole session killed at the time limit, and keeps only the tail
+of what it printed. A probe that crashes, calls ``os.abort()``, hangs, prints
+without end or leaves processes behind affects only its own verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+
+from .options import ModelError
+from .verdicts import Verdict, level_name
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+    from collections.abc import Callable
+    from typing import Any
+
+    Progress = Callable[[str, int, float, bool], None]
+
+#: The most of a backend's own output kept, for the reason of a crash.
+TAIL = 64 * 1024
+#: Seconds to wait, once a probe process ended, for its last report.
+GRACE = 2.0
+#: Seconds the server may take to start (Python, PyTorch), and a probe to reach its first
+#: report (its registry read, the model run eagerly) before the backend's time begins.
+STARTUP = 60.0
+
+
+class _Probe:
+    """One probe process: its pid once started, its exit code once ended."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.code: int | None = None
+        self.ended = threading.Event()
+
+
+class Server:
+    """The probe server: importing PyTorch from the moment it is made, in the folder ``cwd``
+    with the import path ``path``; told how to probe by :meth:`configure`, probing a
+    backend per :meth:`probe` call (from as many threads as probes should run at once),
+    stopped by :meth:`close` (or at the end of a ``with`` block)."""
+
+    def __init__(self, cwd: str | None, path: list[str]) -> None:
+        import socket
+        import subprocess
+
+        from .probe import BOOT
+
+        self._probes: dict[int, _Probe] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self.broken: str | None = None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._socket: socket.socket = ours
+        boot: dict[str, Any] = {"path": path, "socket": theirs.fileno()}
+        self._process = subprocess.Popen(
+            [sys.executable, "-I", "-c", BOOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(boot["socket"],),
+            cwd=cwd,
+            start_new_session=True,
+        )
+        theirs.close()
+        self._send_line(boot)
+        self._stderr = _Tail(self._process.stderr)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send_line(self, value: dict[str, Any], last: bool = False) -> None:
+        import json
+
+        stdin = self._process.stdin
+        assert stdin is not None
+        try:
+            stdin.write(json.dumps(value).encode() + b"\n")
+            stdin.flush()
+            if last:
+                stdin.close()
+        except OSError:
+            pass  # it died before reading: the socket closes, and says so
+
+    def configure(self, config: dict[str, Any]) -> None:
+        """How every probe of this run goes (the registry's inputs, the options)."""
+        self._send_line(config, last=True)
+
+    def _read(self) -> None:
+        import json
+
+        while True:
+            try:
+                message = self._socket.recv(65536)
+            except OSError:
+                message = b""
+            if not message:
+                break
+            said = json.loads(message)
+            if "ready" in said or "broken" in said:
+                self.broken = said.get("broken")
+                self._ready.set()
+                continue
+            number = said.get("started", said.get("ended"))
+            with self._lock:
+                probe = self._probes.get(number)
+            if probe is None:
+                continue
+            if "started" in said:
+                probe.pid = said["pid"]
+            else:
+                probe.code = said["code"]
+                probe.ended.set()
+        # The server is gone: every probe with it (its session killed them).
+        self._process.wait()
+        if not self._ready.is_set():
+            self.broken = _crash_reason(self._process.returncode, self._stderr.finish())
+            self._ready.set()
+        with self._lock:
+            for probe in self._probes.values():
+                if not probe.ended.is_set():
+                    probe.code = probe.code if probe.code is not None else -9
+                    probe.ended.set()
+
+    def wait_ready(self) -> str | None:
+        """Wait for the server to have imported PyTorch: ``None``, or why it could not."""
+        if not self._ready.wait(STARTUP):
+            self.broken = f"PyTorch did not import within {STARTUP:g} s"
+        return self.broken
+
+    def probe(
+        self, name: str, timeout: float, on_progress: Progress | None
+    ) -> tuple[Verdict, Any, list[str]]:
+        """Probe ``name`` in a process of its own, killed at ``timeout`` seconds of the
+        backend's own time: its verdict, the code it ran, the modules it found missing.
+        :class:`ModelError` where the model cannot be built."""
+        import socket
+
+        started = time.perf_counter()
+        ends = [os.pipe() for _ in range(3)]  # the report channel, stdout, stderr
+        probe = _Probe()
+        with self._lock:
+            number = len(self._probes)
+            self._probes[number] = probe
+
+        def progress(level: int, done: bool) -> None:
+            if on_progress is not None:
+                on_progress(name, level, time.perf_counter() - started, done)
+
+        import json
+
+        try:
+            request = json.dumps({"id": number, "name": name}).encode()
+            socket.send_fds(self._socket, [request], [w for _r, w in ends])
+        except OSError:
+            probe.code = -9
+            probe.ended.set()
+        finally:
+            for _r, w in ends:
+                os.close(w)
+        watch = _Watch(ends[0][0], ends[1][0], ends[2][0], progress)
+        watch.start()
+        try:
+            timed_out = not _wait(probe, watch, timeout, progress)
+        finally:
+            self.kill(number)  # at the time limit, on an interruption, or what it left behind
+            probe.ended.wait(GRACE)
+            watch.finish(GRACE)
+            for r, _w in ends:
+                os.close(r)
+        progress(watch.level, True)
+        seconds = round(time.perf_counter() - started, 3)
+        if watch.model_error is not None:
+            raise ModelError(watch.model_error)
+        if timed_out:
+            reason = f"no verdict after {timeout:g} s at level {watch.level}"
+            reason = f"{reason} ({level_name(watch.level)}); killed"
+            return Verdict(name, "timeout", watch.level, reason, seconds), None, []
+        report = watch.report
+        if isinstance(report.get("verdict"), dict):
+            data = {**report["verdict"], "name": name}
+            missing = data.pop("missing", None)
+            if data.get("status") == "crashed" and not data.get("level"):
+                data["level"] = watch.level
+            try:
+                verdict = Verdict.from_json(data)
+            except TypeError:
+                pass
+            else:
+                verdict = _diagnosed(verdict, watch.errors)
+                found = [m for m in missing or [] if isinstance(m, str)]
+                return verdict, report.get("code"), found
+        reason = _crash_reason(probe.code, watch.tail)
+        return Verdict(name, "crashed", watch.level, reason, seconds), None, []
+
+    def kill(self, number: int | None = None) -> None:
+        """Kill probe ``number`` and its session (``None``: every probe)."""
+        import json
+
+        with self._lock:
+            numbers = list(self._probes) if number is None else [number]
+            numbers = [n for n in numbers if not self._probes[n].ended.is_set()]
+        for n in numbers:
+            with contextlib.suppress(OSError):
+                self._socket.send(json.dumps({"kill": n}).encode())
+
+    def close(self) -> None:
+        """Stop the server; a probe still running is killed with it."""
+        import contextlib
+        import signal
+
+        with contextlib.suppress(OSError):
+            assert self._process.stdin is not None
+            self._process.stdin.close()
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(2)  # it kills its probes, and ends
+        try:
+            # Not ready: still importing PyTorch, with no probe to end.
+            self._process.wait(GRACE if self._ready.is_set() else 0)
+        except Exception:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
+        self._reader.join(GRACE)
+        self._socket.close()
+        self._stderr.finish()
+
+
+def _wait(
+    probe: _Probe, watch: _Watch, timeout: float, progress: Callable[[int, bool], None]
+) -> bool:
+    """Wait for the probe to end, telling ``progress`` about it as time passes; ``False``
+    at the time limit. The limit counts from the probe's first report, past reading the
+    registry and running the model eagerly (within a minute or the limit, whichever is
+    longer): it is the backend's time, not the probe's."""
+    deadline = time.monotonic() + max(STARTUP, timeout)
+    while True:
+        if watch.level and deadline - time.monotonic() > timeout:
+            deadline = time.monotonic() + timeout  # the backend's time starts now
+        progress(watch.level, False)
+        if probe.ended.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+
+
+class _Tail:
+    """The last of what a stream gives, read in a thread until it ends."""
+
+    def __init__(self, stream: Any) -> None:
+        self.data = bytearray()
+        self._stream = stream
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for chunk in iter(lambda: self._stream.read1(65536), b""):
+            self.data += chunk
+            del self.data[:-TAIL]
+
+    def finish(self) -> bytes:
+        self._thread.join(GRACE)
+        return bytes(self.data)
+
+
+class _Watch:
+    """Reads a probe's report pipe and its output, in a thread, until told to stop: a pipe
+    that a process the backend started keeps open must not keep doctor waiting."""
+
+    def __init__(
+        self, channel: int, output: int, errors: int, progress: Callable[[int, bool], None]
+    ) -> None:
+        import threading
+
+        self.channel, self.output, self.error_fd = channel, output, errors
+        self.progress = progress
+        self.level = 0
+        #: The probe's last report: its verdict, the code it ran.
+        self.report: dict[str, Any] = {}
+        self.model_error: str | None = None
+        #: The last of what it printed, and of what it printed to stderr alone.
+        self.tail = bytearray()
+        self.errors = bytearray()
+        self._pending = bytearray()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def finish(self, grace: float) -> None:
+        """Wait up to ``grace`` seconds for the verdict, then stop reading."""
+        deadline = time.monotonic() + grace
+        while self._thread.is_alive() and time.monotonic() < deadline and not self._ended():
+            time.sleep(0.02)
+        self._stop.set()
+        self._thread.join()
+
+    def _ended(self) -> bool:
+        return bool(self.report) or self.model_error is not None
+
+    def _run(self) -> None:
+        import select
+
+        open_fds = [self.channel, self.output, self.error_fd]
+        while open_fds and not self._stop.is_set():
+            ready, _, _ = select.select(open_fds, [], [], 0.05)
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if not data:
+                    open_fds.remove(fd)
+                elif fd in (self.output, self.error_fd):
+                    self.tail += data
+                    del self.tail[:-TAIL]  # a backend may print without end: keep its last words
+                    if fd == self.error_fd:
+                        self.errors += data
+                        del self.errors[:-TAIL]
+                else:
+                    self._report(data)
+
+    def _report(self, data: bytes) -> None:
+        import json
+
+        self._pending += data
+        *lines, rest = bytes(self._pending).split(b"\n")
+        self._pending = bytearray(rest[-TAIL:])
+        for line in lines:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(message, dict):
+                continue
+            if isinstance(message.get("level"), int):
+                self.level = message["level"]
+                self.progress(self.level, False)
+            if isinstance(message.get("verdict"), dict):
+                self.report = message
+            if isinstance(message.get("model_error"), str):
+                self.model_error = message["model_error"]
+
+
+#: A reason that sends its reader elsewhere for the cause ("JIT compilation failed. See
+#: diagnostics."): the probe's last words on stderr are that elsewhere.
+_ELSEWHERE = re.compile(
+    r"\bsee (the )?(diagnostics|above|logs?|output|stderr|console|messages)\b"
+    r"|for (more )?(details|information)\b|check the log",
+    re.IGNORECASE,
+)
+
+
+def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
+    """``verdict`` with what the probe last wrote to stderr, where that is the diagnosis: a
+    reason that points elsewhere, or a failed import (a plugin that prints why, "needs
+    PyTorch 2.8.*, but 2.13.0 is found", and then fails on something else)."""
+    if verdict.ok or verdict.status in ("unavailable", "timeout"):
+        return verdict
+    if verdict.status != "import-error" and not _ELSEWHERE.search(verdict.reason):
+        return verdict
+    said = _last_words(errors, verdict.reason)
+    if not said:
+        return verdict
+    return Verdict.from_json({**verdict.facts(), "reason": f"{verdict.reason}; it printed: {said}"})
+
+
+def _last_words(errors: bytes | bytearray, known: str, lines: int = 3) -> str:
+    """The last few lines written to stderr that say something new: not Python's warnings
+    (a file:line: SomeWarning: header and its source line), not what ``known`` holds."""
+    kept: list[str] = []
+    warning = re.compile(r"^\S.*:\d+: \w*Warning: ")
+    after_warning = False
+    for line in errors.decode("utf-8", "replace").splitlines():
+        text = line.strip()
+        if warning.match(line):
+            after_warning = True
+            continue
+        if after_warning and line[:1].isspace():  # the source line a warning quotes
+            continue
+        after_warning = False
+        if text and text not in known:
+            kept.append(text)
+    said = " | ".join(kept[-lines:])
+    return said if len(said) <= 300 else "…" + said[-299:]
+
+
+def _crash_reason(code: int | None, tail: bytes | bytearray) -> str:
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            what = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            what = f"killed by signal {-code}"
+    else:
+        what = f"exited with status {code} without a verdict"
+    words = [line for line in tail.decode("utf-8", "replace").splitlines() if line.strip()]
+    return what + (f"; last words: {words[-1].strip()[:200]}" if words else "")
