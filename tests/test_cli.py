@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from torch_backend_registry import Registry, Verdict
-from torch_backend_registry._cli import STARTER, pyproject_starter, schema_text
+from torch_backend_registry._cli.files import pyproject_starter, schema_text, starter
 from torch_backend_registry._definition import canonical
 from torch_backend_registry._doctor.verdicts import Verdicts
 from torch_backend_registry._doctor.verdicts import subject as subject_of
@@ -362,7 +362,7 @@ def test_schema_rejects_what_the_model_rejects() -> None:
 def test_init_writes_a_valid_starter_and_never_overwrites(tmp_path: Path) -> None:
     done = run("init", cwd=tmp_path)
     assert "wrote backends.toml" in done.stdout
-    assert (tmp_path / "backends.toml").read_text(encoding="utf-8") == STARTER
+    assert (tmp_path / "backends.toml").read_text(encoding="utf-8") == starter()
     assert run("check", cwd=tmp_path).returncode == 0
     (tmp_path / "backends.toml").write_text("# mine\n", encoding="utf-8")
     again = run("init", cwd=tmp_path, check=1)
@@ -679,7 +679,7 @@ def test_doctor_without_torch_says_so_once(tmp_path: Path, write: WriteFn) -> No
 def test_doctors_progress_fits_the_line_and_counts_what_is_done(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from torch_backend_registry._cli import _Progress
+    from torch_backend_registry._cli.doctor import _Progress
 
     progress = _Progress(True, 3)
     progress.update("a_backend_with_a_very_long_name_" * 3, 3, 12.0, False)
@@ -829,7 +829,7 @@ def test_list_says_when_no_backend_has_a_tag(tmp_path: Path, write: WriteFn) -> 
 
 
 def test_the_starter_says_how_to_check_it_and_what_enabled_hides() -> None:
-    for text in (STARTER, pyproject_starter()):
+    for text in (starter(), pyproject_starter()):
         assert "torch-backends check --import" in text
         assert "PyTorch's own\n# names cannot be hidden" in text
 

@@ -65,7 +65,7 @@ def test_definitions_are_immutable(write: WriteFn) -> None:
     defs, _ = read(path)
     a = defs["a"]
     with pytest.raises(AttributeError):
-        a.target = "other:f"
+        a.target = "other:f"  # type: ignore[misc]
     with pytest.raises(TypeError):
         a.options["x"] = 2  # type: ignore[index]
 

@@ -6,6 +6,8 @@ import argparse
 import os
 
 from .._doctor.options import GOALS, Options
+from . import check, doctor, files, show
+from .common import PROG
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -14,8 +16,9 @@ if TYPE_CHECKING:
 
     #: argcomplete's completer: a prefix in, the candidates out.
     Completer = Callable[..., list[str]]
+    #: What runs a command: its arguments in, its exit code out.
+    Handler = Callable[[argparse.Namespace], int]
 
-PROG = "torch-backends"
 #: Help texts as written: the examples keep their lines.
 _FORMAT = argparse.RawDescriptionHelpFormatter
 
@@ -86,16 +89,14 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
-        return commands.add_parser(
-            name,
-            help=help,
-            description=help,
-            parents=[common],
-            formatter_class=_FORMAT,
+    def command(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
+        parser = commands.add_parser(
+            name, help=help, description=help, parents=[common], formatter_class=_FORMAT
         )
+        parser.set_defaults(handler=handler)
+        return parser
 
-    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET")
+    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET", show.run_list)
     lister.add_argument("--all", action="store_true", help="include debug and experimental")
     lister.add_argument(
         "--tag", action="append", default=[], metavar="T", help="only backends tagged T"
@@ -113,7 +114,7 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         help="leave out PyTorch's own backends (skips importing torch, which takes seconds)",
     )
 
-    explain = command("explain", "where a backend is defined and what it shadows")
+    explain = command("explain", "where a backend is defined and what it shadows", show.run_explain)
     name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
     if complete_names is not None:
         name.completer = complete_names  # type: ignore[attr-defined]  # read by argcomplete
@@ -122,74 +123,84 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         "--json", action="store_true", help="print one JSON object (as list --json, and more)"
     )
 
-    check = command("check", "validate manifests (the discovered ones, or those given)")
-    check.add_argument(
+    checker = command(
+        "check", "validate manifests (the discovered ones, or those given)", check.run_check
+    )
+    checker.add_argument(
         "files",
         nargs="*",
         metavar="FILE",
         help="manifests to check instead of the project's and TORCH_BACKENDS_PATH's",
     )
-    check.add_argument(
+    checker.add_argument(
         "--no-torch",
         action="store_true",
         help="skip PyTorch's own backends (then a name of theirs is not checked against them)",
     )
-    check.add_argument(
+    checker.add_argument(
         "--locked",
         action="store_true",
         help="also compare what every name resolves to with backends.lock; print each drift",
     )
-    check.add_argument(
+    checker.add_argument(
         "--import",
         dest="import_targets",
         action="store_true",
         help="also import every target, and what chains and tables run, and check that each"
         " can be called as a compiler",
     )
-    check.add_argument(
+    checker.add_argument(
         "--json", action="store_true", help="print one JSON object: every problem, and counts"
     )
 
-    doctor = command("doctor", "probe backends in subprocesses: which work here, and how fast")
-    doctor.add_argument(
+    prober = command(
+        "doctor",
+        "probe backends in subprocesses: which work here, and how fast",
+        doctor.run_doctor,
+    )
+    prober.add_argument(
         "names", nargs="*", metavar="NAME", help="backends to probe (default: every listed one)"
     )
-    doctor.add_argument("--all", action="store_true", help="also debug and experimental ones")
-    doctor.add_argument(
+    prober.add_argument("--all", action="store_true", help="also debug and experimental ones")
+    prober.add_argument(
         "--bench", action="store_true", help="also time compiling and a call, against eager"
     )
-    doctor.add_argument(
+    prober.add_argument(
         "--timeout",
         type=_positive,
         metavar="S",
         help="seconds a backend may take before it is killed (default %(default)g)",
     )
-    doctor.add_argument(
+    prober.add_argument(
         "--level",
         choices=GOALS,
         help="how far a backend must get to be ok: forward judges inference backends"
         " (default %(default)s)",
     )
-    doctor.add_argument("--json", action="store_true", help="print a JSON array of verdicts")
-    doctor.add_argument(
+    prober.add_argument("--json", action="store_true", help="print a JSON array of verdicts")
+    prober.add_argument(
         "--model",
         metavar="MOD:FACTORY",
         help="probe with FACTORY() -> (module, example inputs) instead of the built-in model",
     )
-    doctor.add_argument("--device", help="the device to probe on, e.g. cuda (default %(default)s)")
-    doctor.add_argument(
+    prober.add_argument("--device", help="the device to probe on, e.g. cuda (default %(default)s)")
+    prober.add_argument(
         "--jobs", type=_count, metavar="N", help="backends probed at once (default: half the cores)"
     )
-    doctor.add_argument(
+    prober.add_argument(
         "--fresh", action="store_true", help="probe again even where a verdict is remembered"
     )
-    doctor.set_defaults(**Options()._asdict())  # each default as doctor() has it
+    prober.set_defaults(**Options()._asdict())  # each default as doctor() has it
 
-    lock = command("lock", "write backends.lock: what every name resolves to, beside the manifest")
+    lock = command(
+        "lock",
+        "write backends.lock: what every name resolves to, beside the manifest",
+        files.run_lock,
+    )
     lock.add_argument("--output", metavar="PATH", help="write the lock there instead")
 
-    command("schema", "print the JSON Schema of a manifest")
-    init = command("init", "write a starter backends.toml here (never overwrites)")
+    command("schema", "print the JSON Schema of a manifest", files.run_schema)
+    init = command("init", "write a starter backends.toml here (never overwrites)", files.run_init)
     init.add_argument(
         "--pyproject",
         action="store_true",

@@ -1,0 +1,348 @@
+"""``check``: the manifests validated, with ``--import`` every target imported, ``--locked``
+compared with backends.lock; each problem on its file's line, with its severity."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from .._api import Registry
+from .._errors import BackendRegistryError
+from .common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    NO_MANIFEST,
+    CommandError,
+    Waiting,
+    autoload_on,
+    error,
+    no_manifest,
+    print_json,
+    printable,
+    registry_for,
+    relative,
+    working_folder,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from argparse import Namespace as Arguments
+    from collections.abc import Sequence
+
+    from .._definition import BackendDefinition, Problem, Severity, SourceKind
+
+
+#: The sources whose manifests `check` validates; the others only resolve chain members.
+_CHECKED: tuple[SourceKind, ...] = ("env", "project")
+
+
+def run_check(args: Arguments) -> int:
+    import warnings
+
+    from .._errors import ManifestWarning
+
+    # Every problem is printed below as a line of its own; no need to warn too.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ManifestWarning)
+        if args.locked and args.files:
+            raise CommandError(
+                "--locked compares the backends found here (the project's manifest,"
+                " TORCH_BACKENDS_PATH, plugins) with backends.lock: give it no files"
+            )
+        registry = _check_registry(args.files, args.no_torch)
+        if registry is None:
+            if args.json:  # a script reading the output gets an answer it can parse
+                problem = {"severity": "error", "message": NO_MANIFEST, "path": None}
+                print_json({"problems": [problem], "backends": 0, "errors": 1})
+            return EXIT_PROBLEMS
+        with Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
+            problems = registry.problems(with_torch=not args.no_torch)
+        problems += _replaced_tables(registry)
+        matched = None
+        if args.locked:
+            matched = _drift(registry_for(args.no_torch), problems, with_torch=not args.no_torch)
+        return _report(
+            registry, problems, args.import_targets, not args.no_torch, matched, args.json
+        )
+
+
+def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
+    """Add each difference from backends.lock to ``problems``, as a problem of the lock
+    file; where there is none, say which lock matched."""
+    from .._definition import Problem
+    from .._errors import LockFileError
+    from .._lock import changes, digest, lock_path, read_lock
+
+    path = lock_path(registry)
+    try:
+        locked = read_lock(path)
+    except LockFileError as exc:
+        problems.append(Problem(exc.message, path=exc.path, line=exc.line))
+        return None
+    drift = [
+        Problem(f"{change}; run 'torch-backends lock' to accept it", path=path)
+        for _key, change in changes(locked, registry.facts(), with_torch=with_torch)
+    ]
+    problems.extend(drift)
+    return None if drift else f"{relative(path)} matched (fingerprint {digest(locked)[:16]})"
+
+
+def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
+    """The registry `check` reads: the given files, or the discovered manifests.
+
+    Entry points and PyTorch's backends are read too: chains name them, and
+    PyTorch's names cannot be redefined.
+    """
+    others: tuple[SourceKind, ...] = ("entry-point",) if no_torch else ("entry-point", "torch")
+    if files:
+        return Registry(files=files, sources=("env", *others))
+    if no_manifest():
+        error(NO_MANIFEST + _near_table_here())
+        return None
+    return Registry(sources=("env", "project", *others))
+
+
+def _near_table_here() -> str:
+    """Where a pyproject.toml here or above holds what looks like a misspelt table, say so."""
+    from .._sources import PROJECT_FILES, near_table
+
+    folder = working_folder()
+    while folder:
+        candidate = os.path.join(folder, PROJECT_FILES[1])
+        if os.path.isfile(candidate):
+            near = near_table(candidate)
+            if near is not None:
+                return f" ({relative(candidate)} has {near}: did you mean [tool.torch-backends]?)"
+        parent = os.path.dirname(folder)
+        folder = None if parent == folder else parent
+    return ""
+
+
+def _report(
+    registry: Registry,
+    problems: list[Problem],
+    import_targets: bool,
+    with_torch: bool,
+    matched: str | None,
+    as_json: bool = False,
+) -> int:
+    """Print each problem, each note (a chain member not installed here) and, with
+    ``--import``, each backend that cannot be used here (a missing requirement, a table
+    whose CPU backend is missing), by file and line; then a summary. Only problems fail."""
+    index = registry.index(with_torch=with_torch)
+    checked = [
+        d
+        for d in registry.definitions((), with_torch=False, broken=True)
+        if d.source.kind in _CHECKED
+    ]
+    problems = [*problems, *_missing_folders(checked)]
+    # A chain none of whose members exists anywhere can never be used.
+    dead = {d.name for d in checked if d.members and index.all_members_missing(d)}
+    looping = index.chain_problems()  # reported already, among the problems
+    usable = [d for d in checked if d.usable and d.name not in dead and d.name not in looping]
+    # A note is worth printing and no fault: a chain member not installed here.
+    notes = [p for p in problems if p.severity == "note"]
+    problems = [p for p in problems if p.severity != "note"]
+    unavailable: list[Problem] = []
+    if import_targets:
+        imports = _Imports(registry, {d.name for d in checked})
+        for d in list(usable):
+            why = registry.why_unavailable(d)
+            if why is not None:
+                usable.remove(d)
+                said = f"unavailable here ({why}); not imported"
+                unavailable.append(d.located(said, severity="note"))
+                continue
+            found = imports.check(d)
+            problems.extend(found)
+            if imports.failure(d.name) is not None:
+                usable.remove(d)
+    here = working_folder()
+    shown = sorted([*problems, *notes, *unavailable], key=lambda p: (p.path or "", p.line or 0))
+    errors = [p for p in problems if p.severity == "error"]
+    # One line may stand for more problems of its file than are worth printing.
+    counted = sum(1 + p.also for p in errors)
+    if as_json:
+        print_json(
+            {
+                "problems": [
+                    {
+                        "path": p.path,
+                        "line": p.line,
+                        "key": p.key,
+                        "severity": p.severity,
+                        "message": p.message,
+                    }
+                    for p in shown
+                ],
+                "backends": len(checked),
+                "usable": len(usable),
+                "unavailable": len(unavailable),
+                "errors": counted,
+                "warnings": len(problems) - len(errors),
+                "notes": len(notes),
+                "imported": import_targets,
+                "lock": matched,
+                "autoload": autoload_on(),
+            }
+        )
+        return EXIT_PROBLEMS if errors else EXIT_OK
+    for line in shown:
+        print(printable(line.shown(here)))
+    what = "imported and usable" if import_targets else "usable"
+    summary = f"{len(usable)} of {len(checked)} backend(s) {what}"
+    if unavailable:
+        summary += f", {len(unavailable)} unavailable here"
+    warnings = len(problems) - len(errors)
+    if warnings:
+        summary += f", {warnings} warning(s)"
+    if notes:
+        summary += f", {len(notes)} note(s)"
+    if matched:
+        summary += f"; {matched}"
+    if autoload_on():  # why these are torch.compile names in processes nobody changed
+        from .._autoload import state
+
+        summary += f"; autoload {state()}"
+    if errors:
+        print(f"{counted} problem(s); {summary}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    print(f"no problems; {summary}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _replaced_tables(registry: Registry) -> list[Problem]:
+    from .._sources import project_manifest, replaced_table
+
+    here = registry.context.cwd
+    manifest = project_manifest(here) if here is not None else None
+    found = replaced_table(manifest) if manifest is not None else None
+    return [] if found is None else [found]
+
+
+def _missing_folders(checked: Sequence[BackendDefinition]) -> list[Problem]:
+    """A python-path folder that does not exist serves nothing: likely a typo (once a file)."""
+    from .._definition import Problem
+    from .._keys import table_prefix, toml_key
+
+    said: dict[tuple[str, str], Problem] = {}
+    for d in checked:
+        path = d.source.path
+        for written, folder in zip(d.written_path, d.python_path, strict=False):
+            if path is not None and (path, folder) not in said and not os.path.isdir(folder):
+                said[(path, folder)] = Problem(
+                    f"python-path folder {written!r} does not exist ({folder}); a target in"
+                    " it would not be found",
+                    path=path,
+                    line=d.line_of("python-path"),
+                    key=toml_key((*table_prefix(path), "python-path")),
+                    severity="warning",
+                )
+    return list(said.values())
+
+
+class _Imports:
+    """What ``check --import`` imports, each backend once: a target itself; a chain's members
+    (usable where one is); a table's (usable where the one it gives the CPU is)."""
+
+    def __init__(self, registry: Registry, declared: set[str]) -> None:
+        self.registry = registry
+        self.index = registry.index()
+        #: The backends the checked manifests declare: each is reported at its own table.
+        self.declared = declared
+        #: Why each backend looked at cannot be used here (``None``: it can), and whether
+        #: that is a failure (it was imported and broke) or unavailability (not imported).
+        self.found: dict[str, tuple[str, bool] | None] = {}
+
+    def failure(self, name: str) -> str | None:
+        said = self.found.get(name)
+        return None if said is None else said[0]
+
+    def check(self, d: BackendDefinition) -> list[Problem]:
+        """Import what ``d`` may run; the problems found, where they are written."""
+        if not d.members:
+            problem = self._load(d)
+            self.found[d.name] = None if problem is None else (problem.message, True)
+            return [] if problem is None else [problem]
+        self._judge(d.name)
+        problems = []
+        what = "chain" if d.by_device is None else "by-device"
+        fatal = self.failure(d.name) is not None
+        for member in d.members:
+            said = self.found.get(member)
+            resolved = self.index.get(member)
+            if said is None or not said[1] or (resolved and resolved.name in self.declared):
+                continue  # it loads; or is unavailable here (noted); or has its own report
+            severity: Severity = "error" if fatal else "warning"
+            message = f"{what} member {member!r}: {said[0]}"
+            if not fatal:
+                message += f"; {d.name!r} " + (
+                    "uses the next member" if d.by_device is None else "fails on that device"
+                )
+            problems.append(d.located(message, what, severity=severity))
+        return problems
+
+    def _judge(self, name: str) -> tuple[str, bool] | None:
+        if name in self.found:
+            return self.found[name]
+        self.found[name] = None  # a loop is reported already: do not walk it again
+        definition = self.index.get(name)
+        if definition is None:
+            return None  # unknown here (noted), or one of PyTorch's not read (--no-torch)
+        why = self.registry.why_unavailable(definition)
+        result: tuple[str, bool] | None
+        if why is not None:
+            result = (f"unavailable here ({why})", False)
+        elif definition.members:
+            result = self._judge_members(definition)
+        else:
+            problem = self._load(definition)
+            result = None if problem is None else (problem.message, True)
+        self.found[name] = result
+        return result
+
+    def _judge_members(self, definition: BackendDefinition) -> tuple[str, bool] | None:
+        judged = {m: self._judge(m) for m in definition.members}
+        if definition.by_device is not None:
+            table = dict(definition.by_device)
+            cpu = table.get("cpu", table.get("other"))
+            said = judged.get(cpu) if cpu is not None else ("it gives the CPU no backend", True)
+            return None if said is None else (f"for the CPU, {cpu}: {said[0]}", said[1])
+        if any(said is None for said in judged.values()):
+            return None
+        reasons = "; ".join(f"{m}: {said[0]}" for m, said in judged.items() if said)
+        return f"no member can be used ({reasons})", any(s[1] for s in judged.values() if s)
+
+    def _load(self, d: BackendDefinition) -> Problem | None:
+        from .._loader import cannot_compile
+
+        try:
+            # What a backend prints as it is imported must not mix with this report.
+            with contextlib.redirect_stdout(sys.stderr):
+                fn = self.registry.lookup_backend(d.name)
+        except BackendRegistryError as exc:
+            return _load_problem(d, exc)
+        why = cannot_compile(fn)
+        if why is None:
+            return None
+        message = f"backend {d.name!r} (target {d.target!r}) {why}"
+        return Problem(message) if d.source.path is None else d.located(message, "target")
+
+
+def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
+    """A failed import as a problem at the backend's ``target``, like the manifest's own."""
+    from .._errors import BackendLoadError, ManifestError
+
+    if isinstance(exc, ManifestError):  # where it is written: an option's own line
+        return exc.problem
+    if isinstance(exc, BackendLoadError):
+        what = f" (target {exc.target!r})" if exc.target else ""
+        message = f"cannot load backend {d.name!r}{what}: {exc.reason}"
+    else:
+        message = str(exc)
+    if d.source.path is None:
+        from .._definition import Problem
+
+        return Problem(message)
+    return d.located(message, "target")

@@ -1,0 +1,182 @@
+"""What every command shares: its exit codes and errors, the registry it reads, how it prints."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .._api import Registry
+
+PROG = "torch-backends"
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A command cannot do what was asked (a file exists, say): one line, exit 1."""
+
+
+class UsageError(CommandError):
+    """What was asked means nothing (options that contradict each other): exit 2."""
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped: one line, no control sequences.
+
+    A manifest may hold any character in a description or a file name; printed raw,
+    an escape sequence or a bidi override would be obeyed by the terminal.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def error(message: str) -> None:
+    print(f"{PROG}: error: {printable(message)}", file=sys.stderr)
+
+
+def working_folder() -> str | None:
+    """The working directory, or ``None`` where it was removed."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def registry_for(no_torch: bool = False) -> Registry:
+    from .._definition import SOURCE_KINDS
+
+    return Registry(sources=[k for k in SOURCE_KINDS if not (no_torch and k == "torch")])
+
+
+def print_json(value: object) -> None:
+    import json
+
+    # ASCII: a description's control or bidi characters reach no terminal raw.
+    json.dump(value, sys.stdout, indent=2, default=_json_default)
+    sys.stdout.write("\n")
+
+
+def _json_default(value: object) -> object:
+    """TOML's dates and times, and mappings, as JSON can hold them."""
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if hasattr(value, "items"):
+        return dict(value.items())
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+class Waiting:
+    """A line on a terminal's stderr while something slow runs, erased when it is done."""
+
+    def __init__(self, message: str, slow: bool) -> None:
+        self.shown = slow and sys.stderr.isatty()
+        self.message = message
+
+    def __enter__(self) -> None:
+        if self.shown:
+            sys.stderr.write(f"{PROG}: {self.message}...")
+            sys.stderr.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def terminal_width(stream: Any = None) -> int | None:
+    if not (stream or sys.stdout).isatty():
+        return None
+    import shutil
+
+    return shutil.get_terminal_size().columns
+
+
+def print_rows(
+    rows: Sequence[tuple[str, ...]],
+    *,
+    optional_last: bool = False,
+    shrinkable: Sequence[int] = (),
+) -> None:
+    """Aligned columns, the last one as it is. On a terminal, the ``shrinkable`` columns are
+    cut (down to :data:`NARROWEST` each) to fit its width, and then each line; the last
+    column, if ``optional_last``, only where it still fits. Piped, nothing is cut, and an
+    optional last column is left out (the columns scripts know)."""
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
+    limit = terminal_width()
+    if optional_last and limit is None:
+        rows = [row[:-1] for row in rows]
+    elif limit is not None:
+        fitted = _fitted(rows, limit, shrinkable)
+        if fitted is None and optional_last:
+            rows = [row[:-1] for row in rows]
+            shrinkable = [i for i in shrinkable if i < len(rows[0])]
+            fitted = _fitted(rows, limit, shrinkable)
+        rows = fitted or rows
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
+        line = "  ".join([*cells, row[-1]]).rstrip()
+        if limit is not None and len(line) > limit:
+            line = line[: max(limit - 1, 0)] + "…"
+        print(line)
+
+
+#: The narrowest a column is cut to, to fit a terminal.
+NARROWEST = 20
+
+
+def _fitted(
+    rows: Sequence[tuple[str, ...]], limit: int, shrinkable: Sequence[int]
+) -> list[tuple[str, ...]] | None:
+    """``rows`` with the ``shrinkable`` columns cut so that every line fits ``limit``;
+    ``None`` where even cut to :data:`NARROWEST` they do not."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    over = sum(widths) + 2 * (len(widths) - 1) - limit
+    for column in shrinkable:
+        if over <= 0:
+            break
+        by = min(over, widths[column] - NARROWEST)
+        if by > 0:
+            widths[column] -= by
+            over -= by
+    if over > 0:
+        return None
+
+    def cut(cell: str, width: int) -> str:
+        return cell if len(cell) <= width else cell[: width - 1] + "…"
+
+    return [tuple(cut(cell, widths[i]) for i, cell in enumerate(row)) for row in rows]
+
+
+def relative(path: str) -> str:
+    from .._definition import shown_path
+
+    here = working_folder()
+    return path if here is None else shown_path(path, here)
+
+
+def no_manifest() -> bool:
+    """Whether no manifest is found from here: no project's, none named by the environment."""
+    from .._sources import ENV_VAR, project_manifest
+
+    here = working_folder()
+    return (here is None or project_manifest(here) is None) and not os.environ.get(ENV_VAR)
+
+
+NO_MANIFEST = (
+    "no manifest found: no backends.toml here or above, no [tool.torch-backends] in"
+    " pyproject.toml, and TORCH_BACKENDS_PATH is unset; create one with 'torch-backends init'"
+)
+
+
+def autoload_on() -> bool:
+    from .._autoload import enabled
+
+    return enabled()

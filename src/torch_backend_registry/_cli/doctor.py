@@ -1,0 +1,211 @@
+"""``doctor``: which backends work here, and how fast; a progress line, a table or JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from .._registry import DEFAULT_EXCLUDE_TAGS
+from .common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    PROG,
+    CommandError,
+    Waiting,
+    error,
+    print_rows,
+    printable,
+    registry_for,
+    terminal_width,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from argparse import Namespace as Arguments
+    from collections.abc import Iterator, Sequence
+
+    from .._api import Registry
+    from .._doctor.verdicts import Verdict
+
+
+def run_doctor(args: Arguments) -> int:
+    from .._doctor.options import ModelError, Options
+    from .._doctor.parent import run, start
+    from .._sources.pytorch import dynamo_imported, torch_available
+
+    if not torch_available():
+        raise CommandError("doctor needs PyTorch to compile with: pip install torch")
+    registry = registry_for()
+    options = Options(**{f: getattr(args, f) for f in Options._fields}).checked()
+    try:
+        # The probes' server imports PyTorch meanwhile, as this process does to list every
+        # backend or resolve a name no manifest declares.
+        server = start(registry, options)
+    except ModelError as exc:
+        error(str(exc))
+        return EXIT_USAGE
+    with server:
+        with Waiting("importing PyTorch", not dynamo_imported()):
+            names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
+            for name in names:
+                registry.backend_info(name)  # an unknown name fails here, as explain says it
+        progress = _Progress(sys.stderr.isatty(), len(names))
+        try:
+            with _terminated_as_exit():
+                verdicts = run(registry, names, options, progress.update, server)
+        except ModelError as exc:
+            progress.done()
+            error(str(exc))
+            return EXIT_USAGE
+    progress.done()
+    if args.json:
+        import json
+
+        json.dump([v.as_json() for v in verdicts], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
+    named = set(args.names)
+    failed = [v for v in verdicts if not v.ok and _fails(registry, v, named)]
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, ``kill``) as an exit, so that doctor kills its probes,
+    which run in process groups of their own, instead of leaving them running."""
+    import signal
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminated)
+    except ValueError:  # not the main thread: the caller handles signals
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
+    """Whether a verdict fails the run: any failure; ``unavailable`` only for a name asked
+    for or a backend a manifest declares (PyTorch's GPU backends are not there on a CPU)."""
+    if verdict.status != "unavailable" or verdict.name in named:
+        return True
+    return registry.backend_info(verdict.name).source.kind in ("env", "project")
+
+
+class _Progress:
+    """One line on a terminal's stderr: how many are done, and each probe running (its level
+    and time), cut to the terminal's width."""
+
+    def __init__(self, shown: bool, total: int) -> None:
+        import threading
+
+        self.shown = shown
+        self.total = total
+        self.lock = threading.Lock()
+        self.running: dict[str, tuple[int, float]] = {}
+        self.finished = 0
+
+    def update(self, name: str, level: int, seconds: float, done: bool) -> None:
+        if not self.shown:
+            return
+        from .._doctor.verdicts import level_name
+
+        with self.lock:
+            if done:
+                self.running.pop(name, None)
+                self.finished += 1
+            else:
+                self.running[name] = (level, seconds)
+            what = ", ".join(
+                f"{n} {level_name(lv)} {s:.0f}s" for n, (lv, s) in self.running.items()
+            )
+            line = f"{PROG}: {self.finished}/{self.total} done; probing {what}"
+            width = terminal_width(sys.stderr) or 80
+            sys.stderr.write("\r\033[K" + printable(line)[: width - 1])
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) -> None:
+    """A table sorted by result and speed; with ``bench``, a bar for each speed-up, the
+    spread of the timed rounds, and a rank where the speeds can be told apart."""
+    header = ["NAME", "STATUS", "LEVEL", "SECONDS"]
+    if bench:
+        header += ["COMPILE", "PER CALL", "SPEED-UP", "SPREAD", "RANK"]
+    header.append("REASON")
+    table = [tuple(header)]
+    fastest = max((v.speedup or 0.0 for v in verdicts), default=0.0)
+    ranks = _ranks(verdicts) if bench else {}
+    for v in verdicts:
+        status = v.status + (" (cached)" if v.cached else "")
+        name = v.name + (f" -> {v.member}" if v.member else "")
+        row = [name, status, v.level_name, f"{v.seconds:.1f}"]
+        if bench:
+            row += [
+                _duration(v.compile_seconds),
+                _duration(v.per_call_seconds),
+                _speedup(v.speedup, fastest, terminal),
+                "" if v.spread is None else f"±{v.spread * 50:.0f}%",
+                ranks.get(v.name, ""),
+            ]
+        row.append(v.reason)
+        table.append(tuple(row))
+    print_rows(table)
+    wide = [v.name for v in verdicts if v.spread is not None and v.spread > WIDE]
+    if wide:
+        print(
+            f"(the timed rounds of {', '.join(wide)} spread too wide to rank: the machine"
+            " was busy; run again with nothing else running)"
+        )
+
+
+#: A spread (the middle half of the timed rounds over their median) past which a speed
+#: is not ranked.
+WIDE = 0.5
+
+
+def _ranks(verdicts: Sequence[Verdict]) -> dict[str, str]:
+    """Each timed backend's rank by speed-up, fastest first. Backends whose speeds lie
+    within each other's spread share a rank; one spread too wide is not ranked."""
+    timed = sorted(
+        (v for v in verdicts if v.speedup and v.spread is not None and v.spread <= WIDE),
+        key=lambda v: -(v.speedup or 0.0),
+    )
+    ranks: dict[str, str] = {}
+    rank, floor = 0, float("inf")
+    for number, v in enumerate(timed, start=1):
+        speedup, half = v.speedup or 0.0, (v.spread or 0.0) / 2
+        if speedup * (1 + half) < floor:  # clearly slower than the fastest of the rank above
+            rank, floor = number, speedup * (1 - half)
+        ranks[v.name] = str(rank)
+    return ranks
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
+    if speedup is None:
+        return ""
+    text = f"{speedup:.2f}x"
+    if terminal and fastest > 0:
+        text = f"{text:>6} " + "█" * max(1, round(20 * speedup / fastest))
+    return text

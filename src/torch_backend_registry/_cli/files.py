@@ -1,0 +1,132 @@
+"""The commands that write or print a file: ``lock``, ``schema`` and ``init``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .common import (
+    EXIT_OK,
+    NO_MANIFEST,
+    CommandError,
+    Waiting,
+    no_manifest,
+    registry_for,
+    relative,
+    working_folder,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from argparse import Namespace as Arguments
+
+
+def run_lock(args: Arguments) -> int:
+    from .._lock import digest, summary, write_lock
+
+    if no_manifest():  # a lock of PyTorch's backends alone pins nobody's
+        raise CommandError(NO_MANIFEST)
+    registry = registry_for()
+    with Waiting("loading PyTorch's backends", True):
+        errors = [p for p in registry.problems() if p.severity == "error"]
+        if errors:  # a lock of what is broken pins it broken
+            raise CommandError(
+                f"not written: the manifests have {len(errors)} error(s), the first"
+                f" {errors[0].shown(working_folder())};"
+                " fix them ('torch-backends check' shows them)"
+            )
+        try:
+            path = write_lock(registry, args.output)
+        except OSError as exc:
+            raise CommandError(f"cannot write {args.output or 'the lock'}: {exc.strerror}") from exc
+        facts = registry.facts()
+    shown = relative(path)
+    print(f"wrote {shown}: {summary(facts)}; fingerprint {digest(facts)[:16]}; commit it")
+    return EXIT_OK
+
+
+def schema_text() -> str:
+    """The JSON Schema as written to ``schemas/backends.schema.json``."""
+    import json
+
+    from .._sources.schema import json_schema
+
+    return json.dumps(json_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+def run_schema(args: Arguments) -> int:
+    sys.stdout.write(schema_text())
+    return EXIT_OK
+
+
+def starter() -> str:
+    """The starter manifest ``init`` writes, as this package holds it."""
+    path = os.path.join(os.path.dirname(__file__), "starter.toml")
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def pyproject_starter() -> str:
+    """The starter as a ``[tool.torch-backends]`` table, for ``init --pyproject``."""
+    body = starter().split("schema-version = 1\n", 1)[1]
+    body = body.replace("[backends.", "[tool.torch-backends.backends.")
+    return (
+        '# Backends for torch.compile(model, backend="NAME"), read by torch-backend-registry.\n'
+        "# Check them, and import what they name, with `torch-backends check --import`;\n"
+        "# see them with `torch-backends list`.\n"
+        "[tool.torch-backends]\nschema-version = 1\n" + body
+    )
+
+
+def run_init(args: Arguments) -> int:
+    here = os.getcwd()
+    from .._sources import PROJECT_FILES
+
+    backends, pyproject = (os.path.join(here, name) for name in PROJECT_FILES)
+    if os.path.lexists(backends):
+        raise CommandError(
+            f"{PROJECT_FILES[0]}: already exists; not overwritten (edit it, or remove it first)"
+        )
+    declares = os.path.isfile(pyproject) and _declares_table(pyproject)
+    if declares:
+        # A backends.toml would take precedence and silently replace that table.
+        raise CommandError(
+            f"{PROJECT_FILES[1]}: already has a [tool.torch-backends] table: edit it there"
+            " (a backends.toml here would replace it)"
+        )
+    if args.pyproject:
+        return _init_pyproject(pyproject)
+    with open(backends, "x", encoding="utf-8") as handle:
+        handle.write(starter())
+    print(f"wrote {PROJECT_FILES[0]}; check it with 'torch-backends check --import'")
+    if os.path.isfile(pyproject):
+        print("(to keep the backends in pyproject.toml instead: remove it, then run"
+              " 'torch-backends init --pyproject')")  # fmt: skip
+    return EXIT_OK
+
+
+def _declares_table(pyproject: str) -> bool:
+    from .._sources import project_manifest
+
+    return project_manifest(os.path.dirname(pyproject)) == pyproject
+
+
+def _init_pyproject(pyproject: str) -> int:
+    """Append the starter table to pyproject.toml, if the result is still valid TOML."""
+    from .._sources.files import NO_SUCH_FILE, parse_toml, read_text
+
+    if not os.path.isfile(pyproject):
+        raise CommandError(
+            f"pyproject.toml: {NO_SUCH_FILE}; run 'torch-backends init' for a backends.toml instead"
+        )
+    text = read_text(pyproject)
+    separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
+    addition = separator + pyproject_starter()
+    parse_toml(pyproject, text + addition)  # refuses before writing if it would not parse
+    with open(pyproject, "a", encoding="utf-8") as handle:
+        handle.write(addition)
+    print(
+        "added [tool.torch-backends] to pyproject.toml;"
+        " check it with 'torch-backends check --import'"
+    )
+    return EXIT_OK
