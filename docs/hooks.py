@@ -4,7 +4,9 @@ A page asks for a generated part with a marker on a line of its own:
 
 - ``<!-- generate: manifest -->``: every manifest key, from ``schemas/backends.schema.json``;
 - ``<!-- generate: cli -->``: every command and option, from the argparse parser that
-  ``torch-backends`` itself parses with (``build_parser()``).
+  ``torch-backends`` itself parses with (``build_parser()``);
+- ``<!-- generate: layers -->``: the package's layers, from the import-linter contract in
+  ``pyproject.toml``, each module with the first line of its docstring.
 
 A marker this file does not know fails the build. The functions below import nothing of
 MkDocs, so that the test suite can call them where MkDocs is not installed.
@@ -13,16 +15,19 @@ MkDocs, so that the test suite can call them where MkDocs is not installed.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "schemas" / "backends.schema.json"
+PACKAGE = ROOT / "src" / "torch_backend_registry"
 
 MARKER = re.compile(r"^<!-- generate: ([a-z-]+) -->$", re.MULTILINE)
 
@@ -252,11 +257,45 @@ def _help(action: argparse.Action) -> str:
     return text.replace("|", "\\|")
 
 
+# ------------------------------------------------------------------------ the layers
+
+
+def layers_reference(pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """The layers of the package, top first, as import-linter checks them: a table of each
+    layer's modules, each with the first line of its docstring (its one job)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+
+    config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    layered = next(c for c in contracts if c["type"] == "layers")
+    rows = ["| layer | module | its job |", "| --- | --- | --- |"]
+    for number, layer in enumerate(layered["layers"], start=1):
+        for index, name in enumerate(part.strip() for part in layer.split(":")):
+            shown = str(number) if index == 0 else ""
+            rows.append(f"| {shown} | `{_module_path(name)}` | {_job(name)} |")
+    return "\n".join(rows)
+
+
+def _module_path(name: str) -> str:
+    return f"{name}/" if (PACKAGE / name).is_dir() else f"{name}.py"
+
+
+def _job(name: str) -> str:
+    """The first line of a module's docstring, read without importing it."""
+    path = PACKAGE / name / "__init__.py" if (PACKAGE / name).is_dir() else PACKAGE / f"{name}.py"
+    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    return docstring.split("\n\n")[0].replace("\n", " ").replace("``", "`").replace("|", "\\|")
+
+
 # ------------------------------------------------------------------ the MkDocs hooks
 
 GENERATORS: dict[str, Callable[[], str]] = {
     "manifest": manifest_reference,
     "cli": cli_reference,
+    "layers": layers_reference,
 }
 
 

@@ -15,8 +15,8 @@ Each page is read top to bottom, as a reader follows it, in a fresh folder of it
 The environment is a plain one: no ``TORCH_BACKENDS_*`` variable but those a session sets, a
 cache folder of the page's own, and no third-party plugin, so that pages read the same on
 every machine (the plugins installed here are denied, through ``TORCH_BACKENDS_DENY``).
-The folder a page runs in is shown as ``/path/to/project``. A page that needs PyTorch says
-so with ``<!-- test: torch -->``, and is skipped where torch is not installed.
+The folder a page runs in is shown as ``/path/to/project``. A page that needs a package says
+so (``<!-- test: torch -->``), and is skipped where that package is not installed.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import os
 import re
 import select
 import shlex
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -170,6 +171,22 @@ def environment(values: dict[str, str]) -> Iterator[None]:
         os.environ.update(before)
 
 
+@contextlib.contextmanager
+def fresh_modules(folder: Path) -> Iterator[None]:
+    """Forget, after a command, the modules it imported from the page's folder: a command
+    runs in a process of its own, where a module the page rewrites is read anew."""
+    before = set(sys.modules)
+    try:
+        yield
+    finally:
+        inside = str(folder.resolve()) + os.sep
+        for name in set(sys.modules) - before:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if os.path.realpath(origin).startswith(inside):
+                del sys.modules[name]
+        importlib.invalidate_caches()
+
+
 def run_command(line: str, environ: dict[str, str], where: str) -> str:
     """What a shell would print for ``line``: the commands it chains, each run in-process."""
     from torch_backend_registry._cli import main
@@ -187,7 +204,12 @@ def run_command(line: str, environ: dict[str, str], where: str) -> str:
         command = next((c for c in COMMANDS if tuple(words[: len(c)]) == c), None)
         if command is None:
             raise AssertionError(f"{where}: the docs tests run only torch-backends, not {part!r}")
-        with environment(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        with (
+            environment(env),
+            fresh_modules(Path.cwd()),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(out),
+        ):
             try:
                 code = main(words[len(command) :])
             except SystemExit as exit:  # argparse: --help, --version, a usage error
@@ -216,59 +238,90 @@ def matches(expected: str, got: str) -> bool:
 # ------------------------------------------------------------------- Python sessions
 
 
-class Interpreter:
-    """A fresh Python started in the page's folder, running its sessions in turn."""
+class Interpreters:
+    """Fresh interpreters for the pages' Python sessions: forked, one a page, from one
+    started once (see ``_doctest_worker.py``); for the pages that need PyTorch, from one that
+    imported it already."""
 
-    def __init__(self, folder: Path, environ: dict[str, str]) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("_doctest_worker.py"))],
-            cwd=folder,
-            env=environ,
-            stdin=subprocess.PIPE,
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.servers: dict[bool, tuple[str, subprocess.Popen[str]]] = {}
+
+    def open(self, folder: Path, environ: dict[str, str], *, torch: bool) -> Interpreter:
+        if torch not in self.servers:
+            self.servers[torch] = self._start(torch)
+        return Interpreter(self.servers[torch][0], folder, environ)
+
+    def _start(self, torch: bool) -> tuple[str, subprocess.Popen[str]]:
+        path = str(self.folder / f"{'torch' if torch else 'plain'}.sock")
+        worker = str(Path(__file__).with_name("_doctest_worker.py"))
+        process = subprocess.Popen(
+            [sys.executable, worker, path, *(["--torch"] if torch else [])],
             stdout=subprocess.PIPE,
             text=True,
         )
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], PATIENCE)
+        assert ready, f"the interpreter of the sessions did not start in {PATIENCE} s"
+        assert process.stdout.readline() == "ready\n"
+        return path, process
+
+    def close(self) -> None:
+        for _path, process in self.servers.values():
+            process.terminate()
+            process.wait(timeout=30)
+
+
+class Interpreter:
+    """One page's interpreter, running its sessions in turn."""
+
+    def __init__(self, socket_path: str, folder: Path, environ: dict[str, str]) -> None:
+        self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.connection.settimeout(PATIENCE)
+        self.connection.connect(socket_path)
+        self.stream = self.connection.makefile("rw", encoding="utf-8")
+        self._send({"folder": str(folder), "environ": environ})
+
+    def _send(self, message: dict[str, object]) -> None:
+        self.stream.write(json.dumps(message) + "\n")
+        self.stream.flush()
 
     def run(self, block: Block) -> str:
         """The doctest report of ``block``: empty where it printed what the page shows."""
-        assert self.process.stdin is not None
-        assert self.process.stdout is not None
         # doctest counts a block's lines from 0 and reports them one up.
-        request = {"source": block.text, "page": block.page, "line": block.line - 1}
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], PATIENCE)
-        if not ready:
-            self.close()
-            raise AssertionError(f"{block.page}:{block.line}: no answer in {PATIENCE} s")
-        answer = self.process.stdout.readline()
+        self._send({"source": block.text, "page": block.page, "line": block.line - 1})
+        try:
+            answer = self.stream.readline()
+        except TimeoutError:
+            raise AssertionError(f"{block.page}:{block.line}: no answer in {PATIENCE} s") from None
         if not answer:
             raise AssertionError(f"{block.page}:{block.line}: the interpreter died")
         report: str = json.loads(answer)["report"]
         return report
 
     def close(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        self.stream.close()
+        self.connection.close()
+
+
+@pytest.fixture(scope="module")
+def interpreters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Interpreters]:
+    started = Interpreters(tmp_path_factory.mktemp("sessions"))
+    yield started
+    started.close()
 
 
 # ------------------------------------------------------------------------- the pages
 
 
-def _torch_missing() -> bool:
-    return importlib.util.find_spec("torch") is None
-
-
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_session_of_the_page_prints_what_it_shows(path: Path, tmp_path: Path) -> None:
+def test_every_session_of_the_page_prints_what_it_shows(
+    path: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     page = read_page(path)
-    if "torch" in page.needs and _torch_missing():
-        pytest.skip("the page needs PyTorch")
+    missing = sorted(name for name in page.needs if importlib.util.find_spec(name) is None)
+    if missing:
+        pytest.skip(f"the page needs {', '.join(missing)}")
     folder = tmp_path / "project"
     folder.mkdir()
     environ = plain_environment(tmp_path / "cache")
@@ -293,7 +346,8 @@ def test_every_session_of_the_page_prints_what_it_shows(path: Path, tmp_path: Pa
                         )
             elif is_python_session(block):
                 if interpreter is None:
-                    interpreter = Interpreter(folder, environ)
+                    started: Interpreters = request.getfixturevalue("interpreters")
+                    interpreter = started.open(folder, environ, torch="torch" in page.needs)
                 report = interpreter.run(block)
                 if report:
                     failures.append(normalised(report, folder))
@@ -332,16 +386,24 @@ def test_the_reference_is_generated_from_the_schema_and_the_parser() -> None:
     hooks = _hooks()
     pages = {p.name: p.read_text(encoding="utf-8") for p in (ROOT / "docs").rglob("*.md")}
     markers = [m for text in pages.values() for m in re.findall(r"<!-- generate: (\S+) -->", text)]
-    assert sorted(markers) == ["cli", "manifest"]
+    assert sorted(markers) == ["cli", "layers", "manifest"]
     manifest = hooks.manifest_reference()
     schema = json.loads((ROOT / "schemas" / "backends.schema.json").read_text(encoding="utf-8"))
-    for key in [*schema["properties"], *schema["$defs"]["BackendEntry"]["properties"]]:
-        assert f"`{key}`" in manifest
+    tables = {"backends": "`[backends.NAME]`", "plugins": "`[plugins]`"}
+    keys = [
+        *(tables.get(key, f"`{key}`") for key in schema["properties"]),
+        *(f"`{key}`" for key in schema["$defs"]["BackendEntry"]["properties"]),
+        *(f"`{key}`" for key in schema["$defs"]["Plugins"]["properties"]),
+    ]
+    assert [key for key in keys if key not in manifest] == []
     cli = hooks.cli_reference()
     for command in ("list", "explain", "check", "doctor", "lock", "schema", "init"):
         assert f"## `torch-backends {command}`" in cli
     for option in ("--no-torch", "--locked", "--import", "--bench", "--pyproject"):
         assert f"`{option}" in cli
+    layers = hooks.layers_reference()
+    for module in ("_api.py", "_registry.py", "_sources/", "_definition.py"):
+        assert f"`{module}`" in layers
 
 
 def test_every_environment_variable_the_code_reads_is_documented() -> None:
