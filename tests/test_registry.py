@@ -363,6 +363,7 @@ def test_chain_with_unmet_requirement_is_a_load_error(write: WriteFn) -> None:
         registry.lookup_backend("c")
 
 
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="warnings skip a package from 3.12")
 def test_warnings_point_at_the_callers_line(write: WriteFn) -> None:
     registry = manifest(write, "[backends.bad]\ntarget = 1\n")
     with pytest.warns(tbr.ManifestWarning) as caught:
@@ -449,3 +450,75 @@ def test_what_a_verdict_judges_changes_with_what_runs_here(tmp_path: Path, write
         assert subject_of(registry, "gated") != after
     finally:
         (tmp_path / "proj" / "lib").chmod(0o755)
+
+
+FAKE_TORCH_BACKEND = """
+from .registry import register_backend, register_debug_backend
+
+@register_backend(name="{named}")
+def compiler(gm, example_inputs):
+    return gm
+
+@register_debug_backend
+def {decorated}(gm, example_inputs):
+    return gm
+
+register_backend(compiler_fn=compiler, name="{called}")
+"""
+
+
+def test_pytorch_names_are_read_from_the_pytorch_installed_here(tmp_path: Path) -> None:
+    # A PyTorch of another release, as its files lay out: its backends' names are refused
+    # without importing it, and an edit of those files (an upgrade) is seen.
+    backends = tmp_path / "site" / "torch" / "_dynamo" / "backends"
+    backends.mkdir(parents=True)
+    (tmp_path / "site" / "torch" / "__init__.py").write_text("raise ImportError('not imported')\n")
+    (tmp_path / "site" / "torch" / "version.py").write_text("__version__ = '9.1.0'\n")
+    registering = "def register_backend(compiler_fn=None, name=None): ...\n"
+    (backends / "registry.py").write_text(registering)
+    module = backends / "new.py"
+    probe = """
+import torch_backend_registry as tbr
+registry = tbr.Registry(cwd={cwd!r}, environ={{}}, sources=("runtime",))
+for name in ("brand_new", "debug_new", "by_call", "mine_now", "debug_now", "inductor"):
+    try:
+        registry.register_backend(lambda gm, inputs: gm, name=name)
+        print(name, "registered")
+    except tbr.DuplicateBackendError as exc:
+        print(name, "refused:", exc.existing.kind)
+"""
+    env = {"PYTHONPATH": str(tmp_path / "site"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    code = probe.format(cwd=str(tmp_path))
+    said = []
+    for named, decorated, called in [
+        ("brand_new", "debug_new", "by_call"),
+        ("mine_now", "debug_now", "by_call_now"),  # the next release renamed them
+    ]:
+        source = FAKE_TORCH_BACKEND.format(named=named, decorated=decorated, called=called)
+        module.write_text(source)
+        for _twice in range(2):  # the second time from what the first remembered
+            said.append(run_python(code, env=env).stdout.splitlines())
+    assert (
+        said[0]
+        == said[1]
+        == [
+            "brand_new refused: torch",
+            "debug_new refused: torch",
+            "by_call refused: torch",
+            "mine_now registered",
+            "debug_now registered",
+            "inductor registered",  # this PyTorch has no inductor
+        ]
+    )
+    assert (
+        said[2]
+        == said[3]
+        == [
+            "brand_new registered",
+            "debug_new registered",
+            "by_call registered",
+            "mine_now refused: torch",
+            "debug_now refused: torch",
+            "inductor registered",
+        ]
+    )

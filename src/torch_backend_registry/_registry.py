@@ -192,14 +192,15 @@ class Registry:
         if not callable(compiler_fn):
             raise TypeError(f"compiler_fn must be callable, got {type(compiler_fn).__name__}")
         name = name or compiler_fn.__name__
-        from ._sources.pytorch import PYTORCH_NAMES, dynamo_imported
+        from ._sources.pytorch import dynamo_imported, pytorch_names
 
         # PyTorch's names are refused whether or not torch.compile's registry is loaded.
-        live = self._current().live_names() if dynamo_imported() else None
+        snapshot = self._current()
+        live = snapshot.live_names() if dynamo_imported() else None
         with self._lock:
             if name in self._runtime:
                 raise DuplicateBackendError(name, self._runtime[name].source)
-            if name in PYTORCH_NAMES or (live is not None and name in live):
+            if name in pytorch_names(snapshot.cache) or (live is not None and name in live):
                 raise DuplicateBackendError(name, Source("torch"))
             self._runtime[name] = runtime_definition(name, compiler_fn, tuple(tags))
         self._changed(registered=True)

@@ -140,9 +140,9 @@ class Snapshot:
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         if with_torch:
             found = self.found("torch").definitions
-            pytorch = _static_names() | {d.name for d in found if _own(d.compiler_fn)}
+            pytorch = _pytorch_names(self.cache) | {d.name for d in found if _own(d.compiler_fn)}
         else:
-            pytorch = self.live_names() or _static_names()
+            pytorch = self.live_names() or _pytorch_names(self.cache)
         with self.lock:
             index = self._indexes.get(with_torch)
             if index is None:  # else another thread merged while this one waited
@@ -164,7 +164,7 @@ class Snapshot:
         found = self._registered()
         if found is None:
             return None
-        return _static_names() | {name for name, fn in found.items() if _own(fn)}
+        return _pytorch_names(self.cache) | {name for name, fn in found.items() if _own(fn)}
 
     def _registered(self) -> dict[str, Any] | None:
         from ._sources.pytorch import dynamo_imported, registered
@@ -270,10 +270,10 @@ class Snapshot:
         return problems
 
 
-def _static_names() -> frozenset[str]:
-    from ._sources.pytorch import PYTORCH_NAMES
+def _pytorch_names(cache: Cache) -> frozenset[str]:
+    from ._sources.pytorch import pytorch_names
 
-    return PYTORCH_NAMES
+    return pytorch_names(cache)
 
 
 def _torch_available() -> bool:

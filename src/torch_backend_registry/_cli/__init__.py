@@ -95,9 +95,9 @@ def _run(args: Arguments) -> tuple[int, str | None]:
     except UnknownBackendError as exc:
         if debug:
             raise
-        from .._sources.pytorch import PYTORCH_NAMES
+        from .._sources.pytorch import pytorch_names
 
-        if getattr(args, "no_torch", False) and exc.name in PYTORCH_NAMES:
+        if getattr(args, "no_torch", False) and exc.name in pytorch_names():
             return EXIT_PROBLEMS, (
                 f"unknown backend {exc.name!r} with --no-torch: it is one of PyTorch's own"
                 " backends, which --no-torch leaves out; run it without --no-torch"

@@ -13,11 +13,15 @@ import sys
 
 from .._definition import BackendDefinition, Source, target_of
 from .._errors import warn
+from .finding import stamp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import ast
     from collections.abc import Collection
     from typing import Any
+
+    from .cache import Cache
 
 #: What PyTorch's own backends need and are, which their functions do not say:
 #: name -> (modules they import when called, device kind, description).
@@ -36,10 +40,9 @@ _KNOWN: dict[str, tuple[tuple[str, ...], str | None, str]] = {
     "ts": ((), None, "TorchScript (for debugging)"),
 }
 
-#: The names PyTorch's own backends take (torch 2.13), known without importing torch:
-#: PyTorch's registry refuses a second definition of them, so this one does too.
-#: Once ``torch._dynamo`` is loaded, the names it holds are read instead.
-PYTORCH_NAMES = frozenset(
+#: The names PyTorch's own backends take in torch 2.13: the answer only where torch is not
+#: installed (or its source cannot be read); else :func:`pytorch_names` reads them.
+TORCH_2_13_NAMES = frozenset(
     """
     aot_eager aot_eager_decomp_partition aot_eager_decomp_partition_crossref
     aot_eager_decomp_partition_with_mode aot_eager_default_partitioner aot_ts cudagraphs
@@ -49,6 +52,104 @@ PYTORCH_NAMES = frozenset(
     relu_runtime_error_TESTING_ONLY ts tvm
     """.split()  # noqa: SIM905 - names to read, not a list to edit
 )
+
+#: What PyTorch registers its own backends with, as a decorator or a call.
+_REGISTERING = frozenset(
+    {"register_backend", "register_debug_backend", "register_experimental_backend"}
+)
+
+
+def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
+    """The names PyTorch's own backends take in the PyTorch installed here, which no other
+    source may redefine: read from the files that register them (what PyTorch's registry
+    imports when it lists its backends) without importing torch, once per torch version and
+    state of those files, and remembered in ``cache``."""
+    files = _registering_files()
+    if not files:
+        return TORCH_2_13_NAMES
+    return _names_in(tuple(tuple(stamp(path)) for path in files), cache)
+
+
+@functools.cache  # one reading per process and state of the files
+def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> frozenset[str]:
+    key = [torch_version(), [list(s) for s in stamps]]
+    cached = cache.get("pytorch-names", key) if cache is not None else None
+    if isinstance(cached, list) and all(isinstance(name, str) for name in cached):
+        return frozenset(cached)
+    names: set[str] = set()
+    for path, *_stamp in stamps:
+        names |= _registered_in(str(path))
+    if not names:  # a layout this reading does not know
+        return TORCH_2_13_NAMES
+    if cache is not None:
+        cache.put("pytorch-names", key, sorted(names))
+    return frozenset(names)
+
+
+def _registering_files() -> list[str]:
+    """The files PyTorch's registry imports to register its own backends, as its
+    ``_lazy_import`` does: ``torch/_dynamo/backends/*.py`` and the minifier's backends."""
+    import importlib.util
+    import os
+
+    module = sys.modules.get("torch")
+    origin = getattr(module, "__file__", None)
+    if not isinstance(origin, str):
+        try:
+            origin = getattr(importlib.util.find_spec("torch"), "origin", None)
+        except (ImportError, ValueError):
+            return []
+    if not isinstance(origin, str):
+        return []
+    dynamo = os.path.join(os.path.dirname(origin), "_dynamo")
+    try:
+        found = sorted(os.listdir(os.path.join(dynamo, "backends")))
+    except OSError:
+        return []
+    files = [os.path.join(dynamo, "backends", f) for f in found if f.endswith(".py")]
+    return [*files, os.path.join(dynamo, "repro", "after_dynamo.py")]
+
+
+def _registered_in(path: str) -> set[str]:
+    """The names the registrations in one file give: ``name=`` where given, else the
+    decorated function's own name."""
+    import ast
+
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            for decorator in node.decorator_list:
+                if _registering(decorator):
+                    names.add(_given_name(decorator) or node.name)
+        elif isinstance(node, ast.Call) and _registering(node):
+            named = _given_name(node)
+            if named is not None:
+                names.add(named)
+    return names
+
+
+def _registering(node: ast.expr) -> bool:
+    import ast
+
+    called = node.func if isinstance(node, ast.Call) else node
+    name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
+    return name in _REGISTERING
+
+
+def _given_name(node: ast.expr) -> str | None:
+    import ast
+
+    for keyword in node.keywords if isinstance(node, ast.Call) else ():
+        value = keyword.value
+        if keyword.arg == "name" and isinstance(value, ast.Constant):
+            return value.value if isinstance(value.value, str) else None
+    return None
+
 
 #: The attribute that marks what this library put into PyTorch's registry (the
 #: torch bridge's stand-ins): another source's backend, not PyTorch's own.
