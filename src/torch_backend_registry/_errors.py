@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ._definition import Problem, location
 
 TYPE_CHECKING = False
@@ -168,17 +170,19 @@ class ManifestWarning(UserWarning):
 
 
 def warn(message: str) -> None:
-    """Issue a :class:`ManifestWarning` attributed to the first caller outside this package."""
-    import os
+    """Issue a :class:`ManifestWarning` attributed to the first caller outside this package
+    (on Python 3.12+; before it, to the package's own line that warned)."""
     import sys
     import warnings
 
-    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    level, frame = 1, sys._getframe(0)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
-        frame = frame.f_back
-        level += 1
-    warnings.warn(message, ManifestWarning, stacklevel=level)
+    if sys.version_info >= (3, 12):
+        warnings.warn(message, ManifestWarning, skip_file_prefixes=(_PACKAGE,))
+    else:
+        warnings.warn(message, ManifestWarning, stacklevel=2)
+
+
+#: This package's folder: its frames are skipped when a warning is attributed.
+_PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def warn_problem(problem: Problem) -> None:

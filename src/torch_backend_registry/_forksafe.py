@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-
-# The C lock itself: `threading` would add milliseconds to `import torch_backend_registry`.
-from _thread import RLock
-from _weakrefset import WeakSet
+from threading import RLock
+from weakref import WeakSet
 
 
 class ForkSafeLock:
@@ -18,11 +16,10 @@ class ForkSafeLock:
     """
 
     __slots__ = ("__weakref__", "_lock")
-    _instances: WeakSet[ForkSafeLock] = WeakSet()
 
     def __init__(self) -> None:
         self._lock = RLock()
-        self._instances.add(self)
+        _LOCKS.add(self)
 
     def __enter__(self) -> bool:
         return self._lock.acquire()
@@ -34,11 +31,15 @@ class ForkSafeLock:
         """A new, free lock (the child of a fork is the only thread that can hold it)."""
         self._lock = RLock()
 
-    @classmethod
-    def after_fork_in_child(cls) -> None:
-        for lock in list(cls._instances):
-            lock.reset()
+
+#: Every lock alive, to be replaced in a forked child.
+_LOCKS: WeakSet[ForkSafeLock] = WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_LOCKS):
+        lock.reset()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=ForkSafeLock.after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
