@@ -7,12 +7,12 @@ same fingerprint and a checkout anywhere matches the same lock.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 
 from ._definition import canonical
 from ._errors import LockDriftError, LockFileError, ManifestError
+from ._sources.cache import write_atomically
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -89,15 +89,7 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
     path = path or lock_path(registry)
     text = lock_text(registry.facts())
     _readable(text, path)
-    temporary = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    write_atomically(path, text.encode("utf-8"))
     return path
 
 

@@ -186,7 +186,7 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     and its file's stamp; :class:`ModelError` where it is nowhere."""
     if spec is None:
         return [], None
-    from .._sources.finding import find
+    from .._sources.finding import find, stamp
 
     module, _, factory = spec.partition(":")
     if not module or not factory:
@@ -210,10 +210,8 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
         raise ModelError(
             f"--model {spec!r}: no module {module!r} on the import path or in a python-path folder"
         )
-    if not os.path.isfile(origin):  # built into Python, frozen: it changes with Python
-        return path, [origin]
-    info = os.stat(origin)
-    return path, [origin, info.st_size, info.st_mtime_ns]
+    # Built into Python or frozen, [origin] alone: it changes with Python.
+    return path, stamp(origin) if os.path.isfile(origin) else [origin]
 
 
 def _on_path(module: str, path: list[str]) -> Any:

@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 
+from .._sources.finding import stamp
 from .._verify import differ, leaves
 from .model import Eager, loss, one_line
 from .options import ModelError
@@ -306,12 +307,8 @@ def imported_code() -> list[list[object]]:
         if not isinstance(path, str) or path.startswith(skipped):
             continue
         if not os.path.realpath(path).startswith(skipped):
-            try:
-                info = os.stat(path)
-            except OSError:
-                continue
-            found.append([path, info.st_size, info.st_mtime_ns])
-    return sorted(found)[:10_000]
+            found.append(stamp(path))
+    return sorted(f for f in found if len(f) == 3)[:10_000]
 
 
 def _timed(eager: Eager, fn: Any, rounds: int) -> list[float]:

@@ -20,7 +20,7 @@ from .._definition import canonical
 from .._errors import BackendRegistryError
 from .._identity import identity, reach
 from .._sources.files import untrusted_folder
-from .._sources.finding import code_stamp, find, installed_stamp, missing_requirements
+from .._sources.finding import code_stamp, find, installed_stamp, missing_requirements, stamp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -342,13 +342,8 @@ def _current(entry: object) -> bool:
     if not isinstance(entry, dict):
         return False
     code, missing = entry.get("code"), entry.get("missing") or []
-    for stamp in code if isinstance(code, list) else ():
-        try:
-            path, size, mtime = stamp
-            info = os.stat(path)
-        except (OSError, TypeError, ValueError):
-            return False
-        if (info.st_size, info.st_mtime_ns) != (size, mtime):
+    for stamped in code if isinstance(code, list) else ():
+        if not isinstance(stamped, list) or not stamped or stamp(str(stamped[0])) != stamped:
             return False
     return all(isinstance(m, str) and find(m) is None for m in missing)
 

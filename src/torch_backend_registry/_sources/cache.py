@@ -121,16 +121,7 @@ class Cache:
             text = _seal(name, text) + b"\n" + text
             if not self._usable(os.path.dirname(path), make=True):
                 return
-            temporary = f"{path}.{os.getpid()}.{id(value)}.tmp"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-            fd = os.open(temporary, flags, 0o600)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(text)
-                os.replace(temporary, path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            write_atomically(path, text, 0o600)
         except (OSError, TypeError, ValueError, RecursionError):
             pass  # a read-only home, a full disk: no cache, that is all
 
@@ -168,6 +159,24 @@ class Cache:
         key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
         name = hashlib.sha256(key_text).hexdigest()
         return os.path.join(self.folder, kind, name + ".json"), name.encode()
+
+
+def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
+    """Write ``data`` to ``path`` whole or not at all: into a new file beside it (``mode``,
+    less the umask), then renamed over it, so a reader sees the old file or the new one."""
+    import threading
+
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(temporary, flags, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def _seal(name: bytes, text: bytes) -> bytes:

@@ -163,7 +163,7 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
     origin = getattr(spec, "origin", None)
     if not isinstance(origin, str):
         return None
-    stamps: list[object] = [_stat(origin)]
+    stamps: list[object] = [stamp(origin)]
     top = find(module.split(".")[0], folders)
     locations = list(getattr(top, "submodule_search_locations", None) or ())
     installed = tuple(os.path.join(p, "") for p in _site_packages())
@@ -176,11 +176,13 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
             files.extend(os.path.join(root, n) for n in sorted(names) if n.endswith(".py"))
             if len(files) > MAX_STAMPED_FILES:
                 break
-        stamps.extend(_stat(f) for f in files[:MAX_STAMPED_FILES])
+        stamps.extend(stamp(f) for f in files[:MAX_STAMPED_FILES])
     return stamps
 
 
-def _stat(path: str) -> list[object]:
+def stamp(path: str) -> list[object]:
+    """A file as a cache key knows it: ``[path, size, mtime_ns]``, or ``[path]`` when it
+    cannot be read; a file written again, even within the same second, stamps anew."""
     import os
 
     try:
@@ -203,4 +205,4 @@ def _site_packages() -> list[str]:
 def installed_stamp() -> list[object]:
     """What changes when anything is installed, upgraded or removed here: this
     environment's prefix and the modification time of each folder installers write to."""
-    return [sys.prefix, *(_stat(folder) for folder in _site_packages())]
+    return [sys.prefix, *(stamp(folder) for folder in _site_packages())]
