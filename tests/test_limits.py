@@ -20,7 +20,7 @@ from torch_backend_registry import (
     Registry,
     UnknownBackendError,
 )
-from torch_backend_registry._merge import MAX_CHAIN_DEPTH
+from torch_backend_registry._members import MAX_CHAIN_DEPTH
 from torch_backend_registry._sources.files import MAX_BYTES, MAX_KEY_PARTS
 from torch_backend_registry._sources.manifest import MAX_PROBLEMS, MAX_VALUE_DEPTH, read_manifest
 

@@ -12,7 +12,8 @@ from torch_backend_registry import (
     UnknownBackendError,
 )
 from torch_backend_registry._definition import DefaultDeclaration, Discovery
-from torch_backend_registry._merge import MAX_CHAIN_DEPTH, Index, merge
+from torch_backend_registry._members import MAX_CHAIN_DEPTH
+from torch_backend_registry._merge import Index, merge
 
 
 def found(kind: str, *definitions: BackendDefinition, default: str | None = None) -> Discovery:

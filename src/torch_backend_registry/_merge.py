@@ -14,33 +14,26 @@ The rules, in one place:
 - the first ``default`` by precedence is the default;
 - a name (or alias) of one of PyTorch's own backends cannot be defined or
   disabled by another source: PyTorch's registry refuses it, so this one does too;
-- the plugin policy leaves entry points out: a distribution counts when the
-  highest allow list (if any) names it and the highest rule naming it is not a
-  deny; so deny lists combine, and only an explicit allow re-admits;
-- when several distributions declare one name, the first on ``sys.path`` (then
-  by name) wins unless a manifest picks one with ``distribution = "..."``;
+- the plugin policy leaves entry points out, and picks among distributions that
+  declare one name (:mod:`._plugins`);
 - a chain (or a ``by-device`` table: both run other backends, their members)
-  may not name itself, directly or through others, and may nest at most
-  :data:`MAX_CHAIN_DEPTH` deep; a member that does not exist is skipped when it
-  runs, and reported by ``check`` (an error when it looks like a typo, or when no
-  member exists).
+  may not name itself, directly or through others, and may nest only so deep; a
+  member that does not exist is skipped when it runs, and reported by ``check``
+  (an error when it looks like a typo, or when no member exists: :mod:`._members`).
 """
 
 from __future__ import annotations
 
 from ._definition import BackendDefinition, BackendInfo, Discovery, Problem
-from ._definition import distribution_key as _dist_key
 from ._errors import ManifestError, UnknownBackendError
+from ._members import chain_problems, unknown_members
+from ._plugins import excluded, resolve_picks, rules_naming_nothing
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
 
-    from ._definition import DefaultDeclaration, PluginRule, Severity
-
-#: How many chains may stand inside one another. A chain calls its members in
-#: turn, each a Python call deeper; far beyond any real fallback order.
-MAX_CHAIN_DEPTH = 64
+    from ._definition import DefaultDeclaration
 
 
 class Index:
@@ -183,61 +176,8 @@ class Index:
         return len(self.missing_members(definition)) == len(set(definition.members))
 
     def unknown_members(self) -> dict[str, Problem]:
-        """Each chain that names a backend that does not exist (here), by name.
-
-        A portable chain names backends some machines lack (a plugin not installed
-        here) and skips them when it runs: that is a ``note``. A name close to one
-        that exists is likely a typo, and a chain none of whose members exists can
-        never be used: those are errors. A member that may be one of PyTorch's is not
-        reported when PyTorch's registry was not read.
-        """
-
-        known = [key for key in self.by_key if self.get(key) is not None]
-        if not self.torch_read:
-            known += sorted(self.pytorch)
-        problems: dict[str, Problem] = {}
-        for definition in self.winners():
-            unknown = self.missing_members(definition)
-            if not unknown:
-                continue
-            names = ", ".join(map(repr, unknown))
-            said = f"{_what(definition)} {definition.name!r} names {names}, which"
-            typos = {m: _typo_of(m, known) for m in unknown}
-            meant = [f"{m!r} -> {close[0]!r}" for m, close in typos.items() if close]
-            if self.all_members_missing(definition):
-                are = "is" if len(unknown) == 1 else "are"
-                guess = f" (did you mean {', '.join(meant)}?)" if meant else ""
-                problems[definition.name] = chain_error(
-                    definition,
-                    f"{said} {are} no usable backend{guess}; no member can ever be used;"
-                    " fix the name or remove it",
-                    member=unknown[0],
-                )
-                continue
-            if meant:
-                problems[definition.name] = chain_error(
-                    definition,
-                    f"{said} {'is' if len(unknown) == 1 else 'are'} no usable backend"
-                    f" (did you mean {', '.join(meant)}?); fix the name or remove it",
-                    member=next(m for m, close in typos.items() if close),
-                )
-                continue
-            are = "is" if len(unknown) == 1 else "are"
-            if definition.by_device is None:
-                happens = f"it skips {'it' if len(unknown) == 1 else 'them'} when it runs"
-            else:
-                devices = [device for device, name in definition.by_device if name in unknown]
-                happens = f"on {', '.join(devices)} it fails"
-            whys = {m: self.why_missing(m) for m in unknown}
-            if set(whys.values()) == {"not installed here"}:
-                said = f"{said} {are} not installed here"
-            else:  # disabled, or left out by the plugin policy: each says why
-                listed = ", ".join(f"{m!r} ({why})" for m, why in whys.items())
-                said = f"{_what(definition)} {definition.name!r} names {listed}"
-            problems[definition.name] = chain_error(
-                definition, f"{said}; {happens}", severity="note", member=unknown[0]
-            )
-        return problems
+        """Each chain (or table) that names a backend that does not exist here, by name."""
+        return unknown_members(self)
 
     def chain_problems(self) -> dict[str, Problem]:
         """Each chain that names itself or nests too deeply, by name: it cannot be used.
@@ -245,58 +185,8 @@ class Index:
         Linear in the size of the chain graph, whatever its shape or depth.
         """
         if self._chain_problems is None:
-            self._chain_problems = self._find_chain_problems()
+            self._chain_problems = chain_problems(self)
         return self._chain_problems
-
-    def _find_chain_problems(self) -> dict[str, Problem]:
-        problems: dict[str, Problem] = {}
-        chains = {d.name: d for d in self.winners() if d.members}
-        depth: dict[str, int] = {}
-        for start in chains:
-            if start in depth:
-                continue
-            # Iterative depth-first search: grey on the path, a depth once done.
-            path: list[str] = [start]
-            on_path = {start}
-            iterators = [iter(self._chain_members(chains[start], chains))]
-            while iterators:
-                member = next(iterators[-1], None)
-                if member is None:
-                    done = path.pop()
-                    on_path.discard(done)
-                    iterators.pop()
-                    below = [depth.get(m, 0) for m in self._chain_members(chains[done], chains)]
-                    depth[done] = 1 + max(below, default=0)
-                    continue
-                if member in on_path:
-                    loop = [*path[path.index(member) :], member]
-                    for name in set(loop):
-                        problems.setdefault(name, _loop_error(chains[name], loop, name))
-                    continue
-                if member in depth:
-                    continue
-                path.append(member)
-                on_path.add(member)
-                iterators.append(iter(self._chain_members(chains[member], chains)))
-        for name, levels in depth.items():
-            if levels > MAX_CHAIN_DEPTH and name not in problems:
-                problems[name] = chain_error(
-                    chains[name],
-                    f"{_what(chains[name])} {name!r} nests {levels} chains deep, more than"
-                    f" {MAX_CHAIN_DEPTH};"
-                    " name the backends it ends in directly",
-                )
-        return problems
-
-    def _chain_members(
-        self, definition: BackendDefinition, chains: dict[str, BackendDefinition]
-    ) -> list[str]:
-        members = []
-        for member in definition.members:  # repeats walk once
-            resolved = self.get(member)
-            if resolved is not None and resolved.members and resolved.name in chains:
-                members.append(resolved.name)
-        return members
 
     def default_problem(self) -> Problem | None:
         """Why the manifest ``default`` cannot be used, where it names no backend."""
@@ -346,7 +236,7 @@ def merge(
             special.add(name)
         if kind == "entry-point":
             special.add(name)
-            why = _excluded(definition, found.rules, index)
+            why = excluded(definition, found.rules, index)
             if why is not None:
                 index.excluded.setdefault(name, []).append((definition, why))
                 continue
@@ -366,9 +256,9 @@ def merge(
                 if alias not in reserved or kind == "torch":
                     by_key.setdefault(alias, []).append(definition)
     index.problems.extend(refused)
-    _resolve_picks(index, special)
+    resolve_picks(index, special)
     if plugins_read:
-        index.problems.extend(_rules_naming_nothing(found))
+        index.problems.extend(rules_naming_nothing(found))
     index.problems.extend(_hidden_by_aliases(index))
     index.problems.extend(_disabling_nothing(index, plugins_read))
     return index
@@ -421,161 +311,6 @@ def _disabling_nothing(index: Index, plugins_read: bool) -> list[Problem]:
     return said
 
 
-def _typo_of(name: str, known: Sequence[str]) -> list[str]:
-    """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
-    added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
-    import difflib
-
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
-    if close:
-        return close
-    return [k for k in known if len(name) >= 3 and _one_edit(name, k)][:1]
-
-
-def _one_edit(a: str, b: str) -> bool:
-    if abs(len(a) - len(b)) > 1 or a == b:
-        return False
-    if len(a) == len(b):
-        diff = [i for i in range(len(a)) if a[i] != b[i]]
-        swapped = len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
-        return len(diff) == 1 or (swapped and a[diff[1]] == b[diff[0]])
-    short, long = sorted((a, b), key=len)
-    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
-
-
-def _rules_naming_nothing(found: Discovery) -> list[Problem]:
-    """An allow or deny list naming a distribution that declares no backend here (a typo?),
-    at the line of its list, with the closest name that does."""
-    import difflib
-
-    declaring = sorted(
-        {
-            _dist_key(d.source.distribution or "")
-            for d in found.definitions
-            if d.source.kind == "entry-point"
-        }
-    )
-    said = []
-    for rule in found.rules:
-        for name in sorted(rule.names - set(declaring)):
-            close = difflib.get_close_matches(name, declaring, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?" if close else "check the name"
-            if rule.kind == "allow" and declaring and not rule.names & set(declaring):
-                hint += (
-                    " (as written, it admits no installed plugin: every entry point is left out)"
-                )
-            where = f"{rule.key}: " if rule.path is None else ""
-            said.append(
-                Problem(
-                    f"{where}the {rule.kind} list names {name!r}, which is no installed"
-                    f" distribution declaring a torch_dynamo_backends entry point; {hint}",
-                    path=rule.path,
-                    line=rule.line,
-                    key=rule.key if rule.path is not None else None,
-                    severity="warning",
-                )
-            )
-    return said
-
-
-def _excluded(
-    definition: BackendDefinition, rules: Sequence[PluginRule], index: Index
-) -> str | None:
-    """Why the plugin policy leaves this entry point out, or ``None`` (see the module's rules)."""
-    if not rules:
-        return None
-    name = definition.source.distribution or ""
-    key = _dist_key(name)
-    allow = next((rule for rule in rules if rule.kind == "allow"), None)
-    if allow is not None and key not in allow.names:
-        return f"distribution {name!r} is not allowed by {allow.where}"
-    deciding = next((rule for rule in rules if key in rule.names), None)
-    if deciding is None:
-        return None
-    if deciding.kind == "deny":
-        return f"distribution {name!r} is denied by {deciding.where}"
-    lower = [rule.where for rule in rules if rule.kind == "deny" and key in rule.names]
-    if lower:
-        index.admitted[definition.name] = (
-            f"distribution {name!r} is allowed by {deciding.where}, over the deny of"
-            f" {', '.join(lower)}"
-        )
-    return None
-
-
-def _resolve_picks(index: Index, names: set[str]) -> None:
-    """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts.
-
-    When several distributions declare one name, the first on ``sys.path`` wins
-    (then the first by name) unless a manifest picks one.
-    """
-    for key in sorted(names):
-        candidates = index.by_key.get(key)
-        if not candidates or candidates[0].name != key:
-            continue
-        top = candidates[0]
-        points = [d for d in candidates if d.source.kind == "entry-point" and d.name == key]
-        if top.distribution is not None and top.usable:
-            candidates[0] = _picked(top, points, index.excluded.get(key, []))
-            continue
-        owners = {_dist_key(p.source.distribution or "") for p in points}
-        if len(owners) > 1 and top.source.kind == "entry-point":
-            index.conflicts[key] = _conflict(key, points)
-    index.problems.extend(index.conflicts.values())
-
-
-def _picked(
-    pick: BackendDefinition,
-    points: list[BackendDefinition],
-    excluded: list[tuple[BackendDefinition, str]],
-) -> BackendDefinition:
-    source = pick.source
-    wanted = _dist_key(pick.distribution or "")
-    match = next((p for p in points if _dist_key(p.source.distribution or "") == wanted), None)
-    if match is None:
-        why = next(
-            (why for p, why in excluded if _dist_key(p.source.distribution or "") == wanted), None
-        )
-        if why is None:
-            import difflib
-
-            declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
-            why = (
-                f"no installed distribution {pick.distribution!r} declares the entry point"
-                f" {pick.name!r} (declared by: {declared})"
-            )
-            owners = [p.source.distribution or "" for p in points]
-            close = difflib.get_close_matches(pick.distribution or "", owners, n=1, cutoff=0.6)
-            if close:
-                why += f"; did you mean {close[0]!r}?"
-        else:
-            why = f"the entry point {pick.name!r} it picks is left out: {why}"
-        problem = pick.located(why, "distribution")
-        return BackendDefinition(
-            pick.name, source, distribution=pick.distribution, problem=problem, lines=pick.lines
-        )
-    found = match.source
-    return pick._replace(
-        source=source._replace(distribution=found.distribution, version=found.version),
-        target=match.target,
-    )
-
-
-def _owner(point: BackendDefinition) -> str:
-    version = f" {point.source.version}" if point.source.version else ""
-    return f"{point.source.distribution!r}{version}"
-
-
-def _conflict(name: str, points: list[BackendDefinition]) -> Problem:
-    owners = " and ".join(_owner(p) for p in points)
-    return Problem(
-        f"entry point {name!r} is declared by {owners}: {_owner(points[0])} is used, the first"
-        ' on sys.path, then by name; say which with `distribution = "..."` in a'
-        f" [backends.{name}] table of a manifest",
-        severity="warning",
-    )
-
-
 def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) -> Problem:
     if definition.source.kind == "entry-point":  # not the user's to rename: say what is
         dist = definition.source.distribution
@@ -608,30 +343,3 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
             " torch.compile keeps using; this definition is left out: rename it"
         )
     return definition.located(message)
-
-
-def chain_error(
-    definition: BackendDefinition,
-    message: str,
-    severity: Severity = "error",
-    member: str | None = None,
-) -> Problem:
-    """A problem of a chain or table, at its ``chain`` (``by-device``) key; for a table,
-    at the device that names ``member`` where one does."""
-    parts = [_what(definition)]
-    if member is not None and definition.by_device is not None:
-        devices = [device for device, name in definition.by_device if name == member]
-        parts.extend(devices[:1])
-    return definition.located(message, *parts, severity=severity)
-
-
-def _loop_error(definition: BackendDefinition, loop: list[str], name: str) -> Problem:
-    start = loop.index(name)
-    trail = " -> ".join([*loop[start:-1], *loop[:start], name])
-    what = _what(definition)
-    return chain_error(definition, f"{what} {name!r} names itself ({trail}); remove the loop")
-
-
-def _what(definition: BackendDefinition) -> str:
-    """What runs other backends: a ``chain`` or a ``by-device`` table (the key it is under)."""
-    return "by-device" if definition.by_device is not None else "chain"

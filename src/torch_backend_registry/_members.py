@@ -1,0 +1,177 @@
+"""What chains and tables name, checked: members missing here, likely typos, loops, depth."""
+
+from __future__ import annotations
+
+from ._definition import BackendDefinition, Problem
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._definition import Severity
+    from ._merge import Index
+
+#: How many chains may stand inside one another. A chain calls its members in
+#: turn, each a Python call deeper; far beyond any real fallback order.
+MAX_CHAIN_DEPTH = 64
+
+
+def unknown_members(index: Index) -> dict[str, Problem]:
+    """Each chain that names a backend that does not exist (here), by name.
+
+    A portable chain names backends some machines lack (a plugin not installed
+    here) and skips them when it runs: that is a ``note``. A name close to one
+    that exists is likely a typo, and a chain none of whose members exists can
+    never be used: those are errors. A member that may be one of PyTorch's is not
+    reported when PyTorch's registry was not read.
+    """
+
+    known = [key for key in index.by_key if index.get(key) is not None]
+    if not index.torch_read:
+        known += sorted(index.pytorch)
+    problems: dict[str, Problem] = {}
+    for definition in index.winners():
+        unknown = index.missing_members(definition)
+        if not unknown:
+            continue
+        names = ", ".join(map(repr, unknown))
+        said = f"{_what(definition)} {definition.name!r} names {names}, which"
+        typos = {m: _typo_of(m, known) for m in unknown}
+        meant = [f"{m!r} -> {close[0]!r}" for m, close in typos.items() if close]
+        if index.all_members_missing(definition):
+            are = "is" if len(unknown) == 1 else "are"
+            guess = f" (did you mean {', '.join(meant)}?)" if meant else ""
+            problems[definition.name] = chain_error(
+                definition,
+                f"{said} {are} no usable backend{guess}; no member can ever be used;"
+                " fix the name or remove it",
+                member=unknown[0],
+            )
+            continue
+        if meant:
+            problems[definition.name] = chain_error(
+                definition,
+                f"{said} {'is' if len(unknown) == 1 else 'are'} no usable backend"
+                f" (did you mean {', '.join(meant)}?); fix the name or remove it",
+                member=next(m for m, close in typos.items() if close),
+            )
+            continue
+        are = "is" if len(unknown) == 1 else "are"
+        if definition.by_device is None:
+            happens = f"it skips {'it' if len(unknown) == 1 else 'them'} when it runs"
+        else:
+            devices = [device for device, name in definition.by_device if name in unknown]
+            happens = f"on {', '.join(devices)} it fails"
+        whys = {m: index.why_missing(m) for m in unknown}
+        if set(whys.values()) == {"not installed here"}:
+            said = f"{said} {are} not installed here"
+        else:  # disabled, or left out by the plugin policy: each says why
+            listed = ", ".join(f"{m!r} ({why})" for m, why in whys.items())
+            said = f"{_what(definition)} {definition.name!r} names {listed}"
+        problems[definition.name] = chain_error(
+            definition, f"{said}; {happens}", severity="note", member=unknown[0]
+        )
+    return problems
+
+
+def chain_problems(index: Index) -> dict[str, Problem]:
+    """Each chain that names itself or nests too deeply, by name: it cannot be used.
+    Linear in the size of the chain graph, whatever its shape or depth."""
+    problems: dict[str, Problem] = {}
+    chains = {d.name: d for d in index.winners() if d.members}
+    depth: dict[str, int] = {}
+    for start in chains:
+        if start in depth:
+            continue
+        # Iterative depth-first search: grey on the path, a depth once done.
+        path: list[str] = [start]
+        on_path = {start}
+        iterators = [iter(_chain_members(index, chains[start], chains))]
+        while iterators:
+            member = next(iterators[-1], None)
+            if member is None:
+                done = path.pop()
+                on_path.discard(done)
+                iterators.pop()
+                below = [depth.get(m, 0) for m in _chain_members(index, chains[done], chains)]
+                depth[done] = 1 + max(below, default=0)
+                continue
+            if member in on_path:
+                loop = [*path[path.index(member) :], member]
+                for name in set(loop):
+                    problems.setdefault(name, _loop_error(chains[name], loop, name))
+                continue
+            if member in depth:
+                continue
+            path.append(member)
+            on_path.add(member)
+            iterators.append(iter(_chain_members(index, chains[member], chains)))
+    for name, levels in depth.items():
+        if levels > MAX_CHAIN_DEPTH and name not in problems:
+            problems[name] = chain_error(
+                chains[name],
+                f"{_what(chains[name])} {name!r} nests {levels} chains deep, more than"
+                f" {MAX_CHAIN_DEPTH};"
+                " name the backends it ends in directly",
+            )
+    return problems
+
+
+def _chain_members(
+    index: Index, definition: BackendDefinition, chains: dict[str, BackendDefinition]
+) -> list[str]:
+    members = []
+    for member in definition.members:  # repeats walk once
+        resolved = index.get(member)
+        if resolved is not None and resolved.members and resolved.name in chains:
+            members.append(resolved.name)
+    return members
+
+
+def _typo_of(name: str, known: Sequence[str]) -> list[str]:
+    """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
+    added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    if close:
+        return close
+    return [k for k in known if len(name) >= 3 and _one_edit(name, k)][:1]
+
+
+def _one_edit(a: str, b: str) -> bool:
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        swapped = len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+        return len(diff) == 1 or (swapped and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+
+
+def chain_error(
+    definition: BackendDefinition,
+    message: str,
+    severity: Severity = "error",
+    member: str | None = None,
+) -> Problem:
+    """A problem of a chain or table, at its ``chain`` (``by-device``) key; for a table,
+    at the device that names ``member`` where one does."""
+    parts = [_what(definition)]
+    if member is not None and definition.by_device is not None:
+        devices = [device for device, name in definition.by_device if name == member]
+        parts.extend(devices[:1])
+    return definition.located(message, *parts, severity=severity)
+
+
+def _loop_error(definition: BackendDefinition, loop: list[str], name: str) -> Problem:
+    start = loop.index(name)
+    trail = " -> ".join([*loop[start:-1], *loop[:start], name])
+    what = _what(definition)
+    return chain_error(definition, f"{what} {name!r} names itself ({trail}); remove the loop")
+
+
+def _what(definition: BackendDefinition) -> str:
+    """What runs other backends: a ``chain`` or a ``by-device`` table (the key it is under)."""
+    return "by-device" if definition.by_device is not None else "chain"

@@ -1,0 +1,153 @@
+"""The plugin policy over entry points: what allow and deny lists leave out, and which
+distribution a name two of them declare is taken from.
+
+A distribution counts when the highest allow list (if any) names it and the highest rule
+naming it is not a deny; so deny lists combine, and only an explicit allow re-admits. When
+several distributions declare one name, the first on ``sys.path`` (then by name) wins
+unless a manifest picks one with ``distribution = "..."``.
+"""
+
+from __future__ import annotations
+
+from ._definition import BackendDefinition, Discovery, Problem
+from ._definition import distribution_key as _dist_key
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._definition import PluginRule
+    from ._merge import Index
+
+
+def rules_naming_nothing(found: Discovery) -> list[Problem]:
+    """An allow or deny list naming a distribution that declares no backend here (a typo?),
+    at the line of its list, with the closest name that does."""
+    import difflib
+
+    declaring = sorted(
+        {
+            _dist_key(d.source.distribution or "")
+            for d in found.definitions
+            if d.source.kind == "entry-point"
+        }
+    )
+    said = []
+    for rule in found.rules:
+        for name in sorted(rule.names - set(declaring)):
+            close = difflib.get_close_matches(name, declaring, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else "check the name"
+            if rule.kind == "allow" and declaring and not rule.names & set(declaring):
+                hint += (
+                    " (as written, it admits no installed plugin: every entry point is left out)"
+                )
+            where = f"{rule.key}: " if rule.path is None else ""
+            said.append(
+                Problem(
+                    f"{where}the {rule.kind} list names {name!r}, which is no installed"
+                    f" distribution declaring a torch_dynamo_backends entry point; {hint}",
+                    path=rule.path,
+                    line=rule.line,
+                    key=rule.key if rule.path is not None else None,
+                    severity="warning",
+                )
+            )
+    return said
+
+
+def excluded(
+    definition: BackendDefinition, rules: Sequence[PluginRule], index: Index
+) -> str | None:
+    """Why the plugin policy leaves this entry point out, or ``None`` (see the module's rules)."""
+    if not rules:
+        return None
+    name = definition.source.distribution or ""
+    key = _dist_key(name)
+    allow = next((rule for rule in rules if rule.kind == "allow"), None)
+    if allow is not None and key not in allow.names:
+        return f"distribution {name!r} is not allowed by {allow.where}"
+    deciding = next((rule for rule in rules if key in rule.names), None)
+    if deciding is None:
+        return None
+    if deciding.kind == "deny":
+        return f"distribution {name!r} is denied by {deciding.where}"
+    lower = [rule.where for rule in rules if rule.kind == "deny" and key in rule.names]
+    if lower:
+        index.admitted[definition.name] = (
+            f"distribution {name!r} is allowed by {deciding.where}, over the deny of"
+            f" {', '.join(lower)}"
+        )
+    return None
+
+
+def resolve_picks(index: Index, names: set[str]) -> None:
+    """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts.
+
+    When several distributions declare one name, the first on ``sys.path`` wins
+    (then the first by name) unless a manifest picks one.
+    """
+    for key in sorted(names):
+        candidates = index.by_key.get(key)
+        if not candidates or candidates[0].name != key:
+            continue
+        top = candidates[0]
+        points = [d for d in candidates if d.source.kind == "entry-point" and d.name == key]
+        if top.distribution is not None and top.usable:
+            candidates[0] = _picked(top, points, index.excluded.get(key, []))
+            continue
+        owners = {_dist_key(p.source.distribution or "") for p in points}
+        if len(owners) > 1 and top.source.kind == "entry-point":
+            index.conflicts[key] = _conflict(key, points)
+    index.problems.extend(index.conflicts.values())
+
+
+def _picked(
+    pick: BackendDefinition,
+    points: list[BackendDefinition],
+    excluded: list[tuple[BackendDefinition, str]],
+) -> BackendDefinition:
+    source = pick.source
+    wanted = _dist_key(pick.distribution or "")
+    match = next((p for p in points if _dist_key(p.source.distribution or "") == wanted), None)
+    if match is None:
+        why = next(
+            (why for p, why in excluded if _dist_key(p.source.distribution or "") == wanted), None
+        )
+        if why is None:
+            import difflib
+
+            declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
+            why = (
+                f"no installed distribution {pick.distribution!r} declares the entry point"
+                f" {pick.name!r} (declared by: {declared})"
+            )
+            owners = [p.source.distribution or "" for p in points]
+            close = difflib.get_close_matches(pick.distribution or "", owners, n=1, cutoff=0.6)
+            if close:
+                why += f"; did you mean {close[0]!r}?"
+        else:
+            why = f"the entry point {pick.name!r} it picks is left out: {why}"
+        problem = pick.located(why, "distribution")
+        return BackendDefinition(
+            pick.name, source, distribution=pick.distribution, problem=problem, lines=pick.lines
+        )
+    found = match.source
+    return pick._replace(
+        source=source._replace(distribution=found.distribution, version=found.version),
+        target=match.target,
+    )
+
+
+def _owner(point: BackendDefinition) -> str:
+    version = f" {point.source.version}" if point.source.version else ""
+    return f"{point.source.distribution!r}{version}"
+
+
+def _conflict(name: str, points: list[BackendDefinition]) -> Problem:
+    owners = " and ".join(_owner(p) for p in points)
+    return Problem(
+        f"entry point {name!r} is declared by {owners}: {_owner(points[0])} is used, the first"
+        ' on sys.path, then by name; say which with `distribution = "..."` in a'
+        f" [backends.{name}] table of a manifest",
+        severity="warning",
+    )
