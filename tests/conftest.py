@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import os
 import subprocess
 import sys
 import textwrap
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 import torch_backend_registry as tbr
 from torch_backend_registry import Registry
 from torch_backend_registry._api import default_registry
+from torch_backend_registry._cli import main
 
 NO_TORCH = ("runtime", "env", "project", "entry-point")
 
@@ -52,6 +57,79 @@ def run_python(
     )
     assert done.returncode == 0, done.stderr
     return done
+
+
+class Done(NamedTuple):
+    """What a run of the command left: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def torch_backends(
+    *args: str,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    check: int | None = 0,
+    fresh: bool = False,
+) -> Done:
+    """Run ``torch-backends ARGS`` in ``cwd`` as ``python -m torch_backend_registry`` would:
+    in this process, through ``main()`` (``fresh``: in an interpreter of its own, for what
+    only a new process shows), with ``env`` added to the environment less
+    ``TORCH_BACKENDS_PATH``; the modules it imported from outside the installed packages are
+    forgotten after it, as they would be with the process."""
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    environ.update(env or {})
+    if fresh:
+        ran = subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry", *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=environ,
+        )
+        done = Done(ran.returncode, ran.stdout, ran.stderr)
+    else:
+        done = _in_process(list(args), cwd, environ)
+    if check is not None:
+        assert done.returncode == check, done.stdout + done.stderr
+    return done
+
+
+def _in_process(args: list[str], cwd: Path, environ: dict[str, str]) -> Done:
+    saved = (dict(os.environ), list(sys.path), set(sys.modules), os.getcwd())
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        # As `python -m` does: the working folder first, then PYTHONPATH's folders.
+        extra = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:0] = [str(cwd), *extra]
+        importlib.invalidate_caches()  # files a test just wrote are found
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(args)
+            except SystemExit as exc:  # argparse: --help, --version, a usage error
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            except Exception:  # --debug: what Python prints of an uncaught exception
+                traceback.print_exc()
+                code = 1
+    finally:
+        environ_before, path_before, modules_before, cwd_before = saved
+        os.chdir(cwd_before)
+        os.environ.clear()
+        os.environ.update(environ_before)
+        sys.path[:] = path_before
+        for name in set(sys.modules) - modules_before:
+            if not str(getattr(sys.modules[name], "__file__", None)).startswith(_INSTALLED):
+                del sys.modules[name]
+    return Done(code, out.getvalue(), err.getvalue())
+
+
+#: Where installed packages and this one live: what a run imported from there stays imported.
+_INSTALLED = (sys.prefix, sys.base_prefix, str(Path(tbr.__file__).parent))
 
 
 NOBODY = 65534

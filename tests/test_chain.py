@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +15,7 @@ import pytest
 import torch_backend_registry as tbr
 from torch_backend_registry import ManifestError, Registry
 
-from .conftest import WriteFn
+from .conftest import WriteFn, torch_backends
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -252,10 +249,7 @@ def test_check_judges_a_table_by_the_backend_it_gives_the_cpu(
         14,
         "'rtol' goes with 'verify = \"forward\"' or \"backward\"",
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "check", "--import", "--no-torch"],
-        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "TORCH_BACKENDS_PATH": ""},
-    )  # fmt: skip
+    done = torch_backends("check", "--import", "--no-torch", cwd=tmp_path, check=None)
     # A loop is a problem once, never also a backend "unavailable here", nor a usable one;
     # each at the line of the key it names (the loops' by-device and chain keys).
     assert [line.split(": ", 2)[:2] for line in done.stdout.splitlines()] == [

@@ -1,4 +1,5 @@
-"""The torch-backends command, driven as a user would: a subprocess on real files."""
+"""The torch-backends command, driven as a user would: its `main()` on real files (a
+subprocess where only a fresh interpreter shows the behaviour)."""
 
 from __future__ import annotations
 
@@ -19,26 +20,11 @@ from torch_backend_registry._definition import canonical
 from torch_backend_registry._doctor.verdicts import Verdicts
 from torch_backend_registry._doctor.verdicts import subject as subject_of
 
-from .conftest import PLUGINS, WriteFn, run_python
+from .conftest import PLUGINS, WriteFn, run_python, torch_backends
+
+run = torch_backends  # the command, as every test here runs it
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(
-    *args: str, cwd: Path, env: dict[str, str] | None = None, check: int | None = 0
-) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    environ.update(env or {})
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=environ,
-    )
-    if check is not None:
-        assert done.returncode == check, done.stdout + done.stderr
-    return done
 
 
 PROJECT = """

@@ -24,7 +24,7 @@ import pytest
 import torch_backend_registry as tbr
 from torch_backend_registry import Registry
 
-from .conftest import WriteFn
+from .conftest import WriteFn, torch_backends
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.compilers]
@@ -581,12 +581,7 @@ def test_check_import_imports_what_chains_and_tables_run(
         target = "json:JSONEncoder"
         """,
     )
-    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    environ["PYTHONPATH"] = os.pathsep.join(sys.path)
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "check", "--import"],
-        cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = torch_backends("check", "--import", cwd=tmp_path, check=None)
     assert done.returncode == 1, done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(": ", 3)[:3] for line in lines] == [

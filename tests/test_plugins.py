@@ -6,9 +6,7 @@ Distributions are real ``*.dist-info`` folders on sys.path, as pip leaves them.
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import subprocess
 import sys
 import warnings
 from collections.abc import Callable
@@ -22,7 +20,7 @@ import torch_backend_registry as tbr
 from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
 from torch_backend_registry._definition import distribution_key
 
-from .conftest import PLUGINS, WriteFn
+from .conftest import PLUGINS, Done, WriteFn, torch_backends
 
 MakeDist = Callable[..., Path]
 
@@ -182,14 +180,11 @@ def test_explain_names_the_policy_and_both_distributions(tmp_path: Path, write: 
     dist_in(site, "zeta-dist", "2.0", {"dup": "zeta_mod:fn"})
     dist_in(site, "sketchy-plugin", "0.1", {"sketchy": "sketchy_mod:fn"})
     write("backends.toml", '[plugins]\ndeny = ["sketchy-plugin"]\n')
-    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    environ["PYTHONPATH"] = str(site)
 
-    def explain(name: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "torch_backend_registry", "explain", name, "--no-torch"],
-            cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+    def explain(name: str) -> Done:
+        return torch_backends(
+            "explain", name, "--no-torch", cwd=tmp_path, env={"PYTHONPATH": str(site)}, check=None
+        )
 
     both = explain("dup")
     assert "source:      entry-point: distribution 'alpha-dist' 1.0" in both.stdout

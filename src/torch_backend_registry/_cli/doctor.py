@@ -45,19 +45,18 @@ def run_doctor(args: Arguments) -> int:
     except ModelError as exc:
         error(str(exc))
         return EXIT_USAGE
-    with server:
-        with Waiting("importing PyTorch", not dynamo_imported()):
-            names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
-            for name in names:
-                registry.backend_info(name)  # an unknown name fails here, as explain says it
-        progress = _Progress(sys.stderr.isatty(), len(names))
-        try:
-            with _terminated_as_exit():
-                verdicts = run(registry, names, options, progress.update, server)
-        except ModelError as exc:
-            progress.done()
-            error(str(exc))
-            return EXIT_USAGE
+    with Waiting("importing PyTorch", not dynamo_imported()):
+        names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
+        for name in names:
+            registry.backend_info(name)  # an unknown name fails here, as explain says it
+    progress = _Progress(sys.stderr.isatty(), len(names))
+    try:
+        with _terminated_as_exit():
+            verdicts = run(registry, names, options, progress.update, server)
+    except ModelError as exc:
+        progress.done()
+        error(str(exc))
+        return EXIT_USAGE
     progress.done()
     if args.json:
         import json

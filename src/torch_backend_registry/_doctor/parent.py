@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from .._errors import BackendRegistryError
 from .options import ModelError, Options
@@ -27,24 +28,56 @@ if TYPE_CHECKING:
 
 
 def start(registry: Registry, options: Options) -> Server:
-    """A probe server for ``registry`` and ``options``, importing PyTorch from now on (while
-    this process finds what to probe); :class:`ModelError` where the model is nowhere."""
+    """The probe server for a run of ``options`` on ``registry``, importing PyTorch from now
+    on (while this process finds what to probe); :class:`ModelError` where the model is
+    nowhere. One server serves every run of this process while its import path and the
+    installed packages stay as they were: it imports no backend's code, and each probe is
+    a fresh fork of it."""
+    from .._definition import canonical
+    from .._sources.finding import installed_stamp
     from .processes import Server
 
+    global _WARM
+    _find_model(registry, options.model)
+    path = import_path()
+    key = canonical([os.getpid(), path, installed_stamp()])
+    with _LOCK:
+        if _WARM is not None and _WARM[0] == key and _WARM[1].alive():
+            return _WARM[1]
+        if _WARM is None:
+            import atexit
+
+            atexit.register(_stop)
+        else:
+            _WARM[1].close()
+        server = Server(path)
+        _WARM = (key, server)
+        return server
+
+
+#: The probe server this process keeps for its next run, under what it was started for.
+_WARM: tuple[str, Server] | None = None
+_LOCK = threading.Lock()
+
+
+def _stop() -> None:
+    if _WARM is not None:
+        _WARM[1].close()
+
+
+def _config(registry: Registry, options: Options) -> dict[str, Any]:
+    """How each probe of a run goes: the registry's inputs, the model's folder, the options."""
     model_path, _file = _find_model(registry, options.model)
-    server = Server(registry.context.cwd, import_path())
     context = registry.context
-    server.configure(
-        {
-            "cwd": context.cwd,
-            "environ": dict(context.environ),
-            "files": None if context.files is None else list(context.files),
-            "sources": list(registry.sources),
-            "model_path": model_path,
-            **options._asdict(),
-        }
-    )
-    return server
+    return {
+        "workdir": os.getcwd(),
+        "cwd": context.cwd,
+        "environ": dict(context.environ),
+        "files": None if context.files is None else list(context.files),
+        "sources": list(registry.sources),
+        "model_path": model_path,
+        **options._asdict(),
+    }
 
 
 def run(
@@ -59,18 +92,15 @@ def run(
     A name that resolves to nothing raises :class:`UnknownBackendError` at once, one
     registered at runtime here (no other process has it) :class:`BackendRegistryError`,
     a model or device that cannot be used :class:`ModelError`. A name and its alias are
-    probed once. An interruption kills every probe running. ``server``: one :func:`start`
-    made for the same registry and options; else one is started, and stopped at the end.
+    probed once. An interruption kills every probe running. ``server``: what
+    :func:`start` gave for the same registry and options.
     """
     from .._sources.pytorch import torch_available
 
     options = options.checked()
     if not torch_available():
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
-    if server is not None:
-        return _run(registry, names, options, on_progress, server)
-    with start(registry, options) as server:
-        return _run(registry, names, options, on_progress, server)
+    return _run(registry, names, options, on_progress, server or start(registry, options))
 
 
 def _run(
@@ -113,8 +143,9 @@ def _run(
     pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
     try:
         broken = server.wait_ready()
+        config = _config(registry, options)
         futures = {
-            name: pool.submit(server.probe, name, options.timeout, on_progress)
+            name: pool.submit(server.probe, name, config, options.timeout, on_progress)
             for name in (todo if broken is None else ())
         }
         for name in todo:

@@ -40,10 +40,11 @@ MESSAGE = 64 * 1024
 def serve(config: dict[str, Any]) -> None:
     """Import PyTorch, then fork a probe for each request on the socket until it closes.
 
-    A request is ``{"id": N, "name": NAME}`` with the probe's report pipe, stdout and
-    stderr attached; the server answers ``{"started": N, "pid": PID}`` and, once that
-    process ended, ``{"ended": N, "code": CODE}`` (a negative code: killed by that
-    signal), after killing whatever it left in its session. ``{"kill": N}`` ends a probe
+    A request is ``{"id": N, "name": NAME}`` with the probe's report pipe, stdout,
+    stderr and a pipe of its configuration attached; the server answers
+    ``{"started": N, "pid": PID}`` and, once that process ended,
+    ``{"ended": N, "code": CODE}`` (a negative code: killed by that signal), after
+    killing whatever it left in its session. ``{"kill": N}`` ends a probe
     and its session. When the parent goes, every probe goes with it.
     """
     import json
@@ -68,10 +69,6 @@ def serve(config: dict[str, Any]) -> None:
         say(broken=one_line(exc))
         os._exit(0)
 
-    line = sys.stdin.readline()  # how to probe, once the parent knows
-    if not line:
-        os._exit(0)
-    config.update(json.loads(line))
     say(ready=True)
     probes: dict[int, int] = {}  # pid -> request number, until it is reaped
     while True:
@@ -83,7 +80,7 @@ def serve(config: dict[str, Any]) -> None:
             say(ended=probes.pop(pid), code=os.waitstatus_to_exitcode(status))
         if not select.select([server], [], [], 0.01)[0]:
             continue
-        message, fds, _flags, _address = socket.recv_fds(server, MESSAGE, 3)
+        message, fds, _flags, _address = socket.recv_fds(server, MESSAGE, 4)
         if not message:  # the parent is gone
             break
         request = json.loads(message)
@@ -98,13 +95,15 @@ def serve(config: dict[str, Any]) -> None:
         if pid == 0:
             os.setsid()  # its own session: a hang is killed with whatever it started
             server.close()
-            channel, output, errors = fds
+            channel, output, errors, asked = fds
+            with os.fdopen(asked, "rb") as stream:
+                probe_config = json.loads(stream.read())
             null = os.open(os.devnull, os.O_RDONLY)
             for fd, std in ((null, 0), (output, 1), (errors, 2)):
                 os.dup2(fd, std)
                 os.close(fd)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
-            main({**config, **request, "channel": channel})
+            main({**config, **probe_config, **request, "channel": channel})
         for fd in fds:
             os.close(fd)
         probes[pid] = request["id"]
@@ -346,6 +345,7 @@ def main(config: dict[str, Any]) -> None:
     channel = _Channel(config["channel"])
     started = time.perf_counter()
     try:
+        os.chdir(config["workdir"])  # the folder doctor was run in
         result: dict[str, Any] = {"verdict": probe(config, channel)}
     except ModelError as exc:
         result = {"model_error": str(exc)}

@@ -46,12 +46,12 @@ class _Probe:
 
 
 class Server:
-    """The probe server: importing PyTorch from the moment it is made, in the folder ``cwd``
-    with the import path ``path``; told how to probe by :meth:`configure`, probing a
-    backend per :meth:`probe` call (from as many threads as probes should run at once),
-    stopped by :meth:`close` (or at the end of a ``with`` block)."""
+    """The probe server: importing PyTorch from the moment it is made, with the import path
+    ``path``; probing a backend per :meth:`probe` call (from as many threads as probes
+    should run at once), each told how in its own configuration; stopped by :meth:`close`
+    (or at the end of a ``with`` block), or when this process ends."""
 
-    def __init__(self, cwd: str | None, path: list[str]) -> None:
+    def __init__(self, path: list[str]) -> None:
         import socket
         import subprocess
 
@@ -70,11 +70,10 @@ class Server:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             pass_fds=(boot["socket"],),
-            cwd=cwd,
             start_new_session=True,
         )
         theirs.close()
-        self._send_line(boot)
+        self._send_line(boot, last=True)
         self._stderr = _Tail(self._process.stderr)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -98,9 +97,9 @@ class Server:
         except OSError:
             pass  # it died before reading: the socket closes, and says so
 
-    def configure(self, config: dict[str, Any]) -> None:
-        """How every probe of this run goes (the registry's inputs, the options)."""
-        self._send_line(config, last=True)
+    def alive(self) -> bool:
+        """Whether it can still probe: not ended, and PyTorch imported (or importing)."""
+        return self._process.poll() is None and self.broken is None
 
     def _read(self) -> None:
         import json
@@ -145,15 +144,21 @@ class Server:
         return self.broken
 
     def probe(
-        self, name: str, timeout: float, on_progress: Progress | None
+        self, name: str, config: dict[str, Any], timeout: float, on_progress: Progress | None
     ) -> tuple[Verdict, Any, list[str]]:
-        """Probe ``name`` in a process of its own, killed at ``timeout`` seconds of the
-        backend's own time: its verdict, the code it ran, the modules it found missing.
-        :class:`ModelError` where the model cannot be built."""
+        """Probe ``name`` in a process of its own, as ``config`` says (the registry's inputs,
+        the options), killed at ``timeout`` seconds of the backend's own time: its verdict,
+        the code it ran, the modules it found missing. :class:`ModelError` where the model
+        cannot be built."""
+        import json
         import socket
 
         started = time.perf_counter()
         ends = [os.pipe() for _ in range(3)]  # the report channel, stdout, stderr
+        # The configuration on a pipe of its own, never a command line: it holds the
+        # registry's environment, which may be large and private.
+        config_end, config_in = os.pipe()
+        _Writer(config_in, json.dumps(config).encode())
         probe = _Probe()
         with self._lock:
             number = len(self._probes)
@@ -163,17 +168,16 @@ class Server:
             if on_progress is not None:
                 on_progress(name, level, time.perf_counter() - started, done)
 
-        import json
-
         try:
             request = json.dumps({"id": number, "name": name}).encode()
-            socket.send_fds(self._socket, [request], [w for _r, w in ends])
+            socket.send_fds(self._socket, [request], [*(w for _r, w in ends), config_end])
         except OSError:
             probe.code = -9
             probe.ended.set()
         finally:
             for _r, w in ends:
                 os.close(w)
+            os.close(config_end)
         watch = _Watch(ends[0][0], ends[1][0], ends[2][0], progress)
         watch.start()
         try:
@@ -258,6 +262,24 @@ def _wait(
             return True
         if time.monotonic() >= deadline:
             return False
+
+
+class _Writer:
+    """Writes ``data`` to the pipe ``fd`` in a thread, then closes it: a pipe holds only so
+    much until its reader reads, and a probe that never starts reads nothing."""
+
+    def __init__(self, fd: int, data: bytes) -> None:
+        threading.Thread(target=self._run, args=(fd, data), daemon=True).start()
+
+    @staticmethod
+    def _run(fd: int, data: bytes) -> None:
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError:
+            pass  # the probe is gone: nobody reads it
+        finally:
+            os.close(fd)
 
 
 class _Tail:
