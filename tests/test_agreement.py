@@ -98,7 +98,6 @@ def test_every_listed_name_compiles_with_what_lookup_returns(
         if theirs is ours:
             continue  # PyTorch's own and entry points: the very same object
         # A stand-in: compiling through it must reach exactly our callable.
-        assert type(theirs).__module__ == "torch_backend_registry._torch", name
         module.CALLS.clear()
         torch._dynamo.reset()
         torch.compile(model(), backend=name)(x)

@@ -13,6 +13,7 @@ import sys
 
 from .._definition import BackendDefinition, Source, target_of
 from .._errors import warn
+from .._forksafe import ForkSafeLock
 from .finding import stamp
 
 TYPE_CHECKING = False
@@ -77,13 +78,17 @@ def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> fr
     if isinstance(cached, list) and all(isinstance(name, str) for name in cached):
         return frozenset(cached)
     names: set[str] = set()
-    for path, *_stamp in stamps:
-        names |= _registered_in(str(path))
+    with _PARSING:  # CPython's parser is not safe to run in two threads at once
+        for path, *_stamp in stamps:
+            names |= _registered_in(str(path))
     if not names:  # a layout this reading does not know
         return TORCH_2_13_NAMES
     if cache is not None:
         cache.put("pytorch-names", key, sorted(names))
     return frozenset(names)
+
+
+_PARSING = ForkSafeLock()
 
 
 def _registering_files() -> list[str]:
