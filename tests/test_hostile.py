@@ -388,7 +388,7 @@ _DOCUMENTS = st.booleans().flatmap(lambda sound: _SOUND if sound else _ANYTHING)
 
 
 @settings(
-    max_examples=500,
+    max_examples=200,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -421,7 +421,7 @@ def test_any_document_loads_or_gives_manifest_errors_only(
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.binary(max_size=200))
 def test_any_bytes_load_or_give_manifest_errors_only(tmp_path: Path, data: bytes) -> None:

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 def start(registry: Registry, options: Options) -> Server:
     """The probe server for a run of ``options`` on ``registry``, importing PyTorch from now
     on (while this process finds what to probe); :class:`ModelError` where the model is
-    nowhere. One server serves every run of this process while its import path and the
-    installed packages stay as they were: it imports no backend's code, and each probe is
-    a fresh fork of it."""
+    nowhere. One server serves every run of this process while its environment, import
+    path and installed packages stay as they were: it imports no backend's code, and each
+    probe is a fresh fork of it."""
     from .._definition import canonical
     from .._sources.finding import installed_stamp
     from .processes import Server
@@ -40,7 +40,7 @@ def start(registry: Registry, options: Options) -> Server:
     global _WARM
     _find_model(registry, options.model)
     path = import_path()
-    key = canonical([os.getpid(), path, installed_stamp()])
+    key = canonical([os.getpid(), sorted(os.environ.items()), path, installed_stamp()])
     with _LOCK:
         if _WARM is not None and _WARM[0] == key and _WARM[1].alive():
             return _WARM[1]
