@@ -123,7 +123,7 @@ class Snapshot:
             if "entry-point" in self.kinds:
                 found = self.found("entry-point")
             else:
-                from ._sources import read_entry_points
+                from ._sources.entry_points import read_entry_points
 
                 found = read_entry_points()
             self._entry_point_names = frozenset(d.name for d in found.definitions)

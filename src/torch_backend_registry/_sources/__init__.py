@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-from .._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Problem, Source
+from .._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Problem
+from .entry_points import entry_point_stamps, read_entry_points
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-    from importlib.metadata import Distribution, EntryPoint
 
     from .._definition import SourceKind
     from .cache import Cache
@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 ENV_VAR = "TORCH_BACKENDS_PATH"
 #: Comma-separated distributions whose entry points alone count / never count.
 ALLOW_VAR, DENY_VAR = "TORCH_BACKENDS_ALLOW", "TORCH_BACKENDS_DENY"
-#: The entry-point group PyTorch itself reads.
-ENTRY_POINT_GROUP = "torch_dynamo_backends"
 PROJECT_FILES = ("backends.toml", "pyproject.toml")
 
 
@@ -286,159 +284,6 @@ def entry_point_source(ctx: Context) -> Discovery:
     found = read_entry_points()
     ctx.cache.put("entry-points", key, found)
     return found
-
-
-def entry_point_stamps() -> list[object]:
-    """What decides the entry points: each sys.path entry and the distributions in it,
-    with the size and time of each one's metadata files, which an edit in place changes."""
-    import sys
-
-    stamps: list[object] = []
-    for entry in sys.path:
-        folder = entry or os.curdir
-        try:
-            # The folder's own time changes when anything is added, renamed or removed in it.
-            info = os.stat(folder)
-            names = sorted(
-                name
-                for name in os.listdir(folder)
-                # As importlib.metadata matches them, whatever the case; EGG-INFO: the
-                # metadata of an unzipped .egg that is itself on sys.path.
-                if name.lower().endswith((".dist-info", ".egg-info", ".egg", ".egg-link"))
-                or name == "EGG-INFO"
-            )
-        except OSError:
-            try:
-                info = os.stat(folder)  # a zip file: its size and time say it changed
-                stamps.append([entry, info.st_size, info.st_mtime_ns, info.st_ino])
-            except OSError:
-                stamps.append([entry, None])
-            continue
-        found = [_stamped(os.path.join(folder, name)) for name in names]
-        stamps.append([entry, info.st_mtime_ns, found])
-    return stamps
-
-
-def _stamped(distribution: str) -> list[object]:
-    stamps: list[object] = [os.path.basename(distribution)]
-    for inside in (
-        "entry_points.txt",
-        "METADATA",
-        "PKG-INFO",
-        os.path.join("EGG-INFO", "entry_points.txt"),  # an unzipped .egg
-        os.path.join("EGG-INFO", "PKG-INFO"),
-    ):
-        try:
-            info = os.stat(os.path.join(distribution, inside))
-        except OSError:
-            continue
-        stamps.append([inside, info.st_size, info.st_mtime_ns])
-    return stamps
-
-
-def read_entry_points() -> Discovery:
-    """The entry points of our group, read now, in a deterministic order. One whose name
-    could be no backend's, or whose value is no ``module:attribute``, is left out, said."""
-    import re
-
-    names = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-    targets = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-    found = Discovery()
-    for ep in sorted(_entry_points(found.problems), key=_search_order()):
-        name, version = _name_and_version(ep.dist)
-        source = Source("entry-point", distribution=name, version=version)
-        target = ep.value.split("[", 1)[0].strip()
-        wrong = (
-            "which is no backend name" if not names.fullmatch(ep.name)
-            else f"whose value {ep.value!r} is no module:attribute" if not targets.fullmatch(target)
-            else None
-        )  # fmt: skip
-        if wrong is not None:
-            found.problems.append(
-                Problem(
-                    f"{source.describe()} declares the entry point {ep.name!r}, {wrong}:"
-                    " it is left out",
-                    severity="warning",
-                )
-            )
-            continue
-        found.definitions.append(BackendDefinition(ep.name, source, target=target))
-    return found
-
-
-def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
-    """A deterministic order of entry points: their folder's place on sys.path, then the
-    distribution's name (within one folder, importlib.metadata follows os.listdir)."""
-    import sys
-
-    from .._definition import distribution_key
-
-    def real(path: str) -> str:
-        try:
-            return os.path.realpath(path or os.curdir)
-        except OSError:  # "" or a relative entry, and the working directory is gone
-            return path
-
-    places: dict[str, int] = {}
-    for index, entry in enumerate(sys.path):
-        places.setdefault(real(entry), index)
-
-    def key(ep: EntryPoint) -> tuple[int, str]:
-        name, _version = _name_and_version(ep.dist)
-        try:
-            folder = real(str(ep.dist.locate_file(""))) if ep.dist else ""
-        except Exception:  # a distribution that cannot say where it is: last
-            folder = ""
-        return places.get(folder, len(places)), distribution_key(name or "")
-
-    return key
-
-
-def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
-    """The entry points of our group; a distribution that cannot be read goes to ``problems``."""
-    from importlib.metadata import entry_points
-
-    try:
-        return entry_points(group=ENTRY_POINT_GROUP)
-    except Exception:  # a broken *.dist-info: read them one by one to spare the others
-        return _entry_points_one_by_one(problems)
-
-
-def _entry_points_one_by_one(problems: list[Problem]) -> list[EntryPoint]:
-    from importlib.metadata import distributions
-
-    from .._definition import distribution_key
-
-    eps: list[EntryPoint] = []
-    seen: set[str] = set()
-    for dist in distributions():
-        name, _version = _name_and_version(dist)
-        if name is not None:
-            # As entry_points() does: the first distribution of a name on sys.path wins.
-            key = distribution_key(name)
-            if key in seen:
-                continue
-            seen.add(key)
-        try:
-            eps.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
-        except Exception as exc:
-            where = repr(name) if name is not None else f"in {dist.locate_file('')}"
-            problems.append(
-                Problem(
-                    f"the entry points of distribution {where} cannot be read"
-                    f" ({type(exc).__name__}: {exc}); reinstall it"
-                )
-            )
-    return eps
-
-
-def _name_and_version(dist: Distribution | None) -> tuple[str | None, str | None]:
-    if dist is None:
-        return None, None
-    try:
-        return dist.name, dist.version
-    except Exception:  # unreadable METADATA: the entry point itself may still be fine
-        return None, None
 
 
 def torch_source(ctx: Context) -> Discovery:

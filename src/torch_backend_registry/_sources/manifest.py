@@ -397,7 +397,10 @@ def _definition(
         source,
         target=entry.target,
         chain=tuple(entry.chain) if entry.chain is not None else None,
-        by_device=_by_device(entry.by_device),
+        # As pairs, ``other`` last: the one asked when no device type matches.
+        by_device=None
+        if entry.by_device is None
+        else tuple(sorted(entry.by_device.items(), key=lambda pair: pair[0] == "other")),
         tags=tuple(entry.tags),
         description=entry.description,
         aliases=tuple(entry.aliases),
@@ -422,13 +425,6 @@ def _verify(entry: BackendEntry) -> tuple[str, float, float] | None:
 
     rtol = RTOL if entry.rtol is None else entry.rtol
     return entry.verify, rtol, ATOL if entry.atol is None else entry.atol
-
-
-def _by_device(table: dict[str, str] | None) -> tuple[tuple[str, str], ...] | None:
-    """The table as pairs, ``other`` last: the one asked when no device type matches."""
-    if table is None:
-        return None
-    return tuple(sorted(table.items(), key=lambda item: item[0] == "other"))
 
 
 def _too_deep(value: object) -> tuple[str | int, ...] | None:
