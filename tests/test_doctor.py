@@ -6,6 +6,7 @@ Assertions are about statuses, levels and reasons, never about timings.
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
 import json
 import os
@@ -13,6 +14,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,6 +122,7 @@ target = "tbr_doctor_fixable:compile"
 NOISY = "import sys\nsys.stdout.write('loading kernels... ')\nraise ImportError('libfoo.so')\n"
 BROKEN = "def compile(gm, inputs):\n    raise RuntimeError('broken')\n"
 FIXED = "def compile(gm, inputs):\n    return gm.forward  # fixed\n"
+SLOW = "import time\ndef fn(gm, inputs):\n    time.sleep(4)\n    return gm.forward\n"
 
 
 def _command(tmp_path: Path) -> Callable[..., Done]:
@@ -428,6 +432,36 @@ def test_a_later_run_probes_in_the_environment_this_process_has_then(
     monkeypatch.setenv("TBR_MARK", "on")  # as torchrun or a job script sets a variable
     [after] = tbr.doctor(["env_spy"], registry=registry, level="forward", fresh=True)
     assert after.status == "ok", after.reason
+
+
+def test_runs_side_by_side_and_a_forked_child_leave_each_others_probes_alone(
+    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write("proj/fakes/tbr_doctor_slow.py", SLOW)
+    write("proj/fakes/tbr_doctor_bad_model.py", "def make():\n    raise RuntimeError('no')\n")
+    (tmp_path / "proj" / "backends.toml").write_text(
+        MANIFEST + '[backends.slow]\ntarget = "tbr_doctor_slow:fn"\n'
+    )
+    registry = Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch"))
+    tbr.doctor(["fine"], registry=registry, level="forward")  # the server, warm
+    found: list[Verdict] = []
+    slow = threading.Thread(
+        target=lambda: found.extend(tbr.doctor(["slow"], registry=registry, level="forward"))
+    )
+    slow.start()
+    time.sleep(1)  # while it is probed: another run's model fails, the environment changes,
+    with pytest.raises(ModelError, match="cannot be built"):
+        tbr.doctor(["fine"], registry=registry, model="tbr_doctor_bad_model:make", fresh=True)
+    monkeypatch.setenv("TBR_ANOTHER_RUN", "1")
+    [other] = tbr.doctor(["fine"], registry=registry, level="forward", fresh=True)
+    child = os.fork()  # and a forked child ends as a program does, running its exit hooks
+    if child == 0:  # pragma: no cover - the child only exits
+        atexit._run_exitfuncs()
+        os._exit(0)
+    os.waitpid(child, 0)
+    slow.join()
+    assert other.status == "ok", other.reason
+    assert [(v.status, v.reason) for v in found] == [("ok", "")]
 
 
 def test_the_registrys_environment_and_policy_hold_in_the_probe(

@@ -26,7 +26,7 @@ from torch_backend_registry import (
     UnknownBackendError,
 )
 
-from .conftest import WriteFn, run_python
+from .conftest import PLUGINS, WriteFn, run_python
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -89,7 +89,7 @@ def assert_compiles_like_eager(backend: str, x: Any) -> None:
 def test_pytorch_backends_are_the_lowest_source(registry: Registry, write: WriteFn) -> None:
     full = project(write, '[backends.eager_mine]\ntarget = "m:mine"\n')
     names = full.list_backends(exclude_tags=())
-    assert {"inductor", "aot_eager", "openvino"} <= set(names)
+    assert {"inductor", "aot_eager", *PLUGINS} <= set(names)
     assert "aot_eager" not in full.list_backends()  # tagged debug, as in PyTorch
     inductor = full.backend_info("inductor")
     assert inductor.source.kind == "torch"
@@ -121,6 +121,8 @@ def test_a_broken_distribution_breaks_pytorchs_registry_not_ours(
     # every entry point for its plugins and fails on this one as well.)
     write("site/garbled-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: garbled\n")
     write("site/garbled-1.0.dist-info/entry_points.txt", "[torch_dynamo_backends]\nno pair\n")
+    write("site/sound-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: sound\n")
+    write("site/sound-1.0.dist-info/entry_points.txt", "[torch_dynamo_backends]\nsound = m:f\n")
     code = (
         "import warnings, torch_backend_registry as t\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
@@ -130,7 +132,7 @@ def test_a_broken_distribution_breaks_pytorchs_registry_not_ours(
     )
     out = run_python(code, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")}).stdout
     names, *warnings = out.splitlines()
-    assert "'openvino'" in names
+    assert "'sound'" in names
     assert any(
         w.startswith("PyTorch's backends are left out: torch._dynamo failed") for w in warnings
     )
@@ -357,8 +359,10 @@ def test_example_session_runs_as_the_readme_shows() -> None:
     assert "op_counts matches eager: True" in out
     assert "portable matches eager: True" in out
     assert "skipping 'tensorrt': requires 'torch_tensorrt'" in done.stderr
-    assert "auto matches eager: True" in out
-    if importlib.util.find_spec("openvino") is not None:
+    if importlib.util.find_spec("openvino") is None:
+        assert "auto is unavailable here: openvino is not installed" in out
+    else:
+        assert "auto matches eager: True" in out
         assert "compiled with 'openvino', forward verified against eager" in done.stderr
         assert "backend 'auto': device cpu: compiling with 'openvino'" in done.stderr
         assert "openvino comes from: distribution 'openvino'" in out

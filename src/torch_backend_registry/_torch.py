@@ -14,11 +14,12 @@ that ``torch.compile`` and ``lookup_backend`` still run the same backend.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from ._errors import BackendRegistryError, warn
 from ._forksafe import ForkSafeLock
-from ._sources.pytorch import DISPLACED, REGISTRY_MODULE, STAND_IN, own, torch_available
+from ._sources.pytorch import DISPLACED, REGISTRY_MODULE, STAND_IN, own, tags_of, torch_available
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -147,8 +148,13 @@ def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
     if held is None or own(held):
         return False
     DISPLACED[name] = held
+    with contextlib.suppress(AttributeError, TypeError):  # its own, kept with it: torch
+        held._tags = tags_of(name, held)  # 2.14 keeps them by name, where the proxy goes now
     proxy._tags = tuple(tags)  # type: ignore[attr-defined]  # what PyTorch's listing reads
     loaded[name] = proxy  # type: ignore[index]
+    by_name = getattr(_registry_module(), "_BACKEND_TAGS", None)
+    if isinstance(by_name, dict):  # torch 2.14: its listing reads them here
+        by_name[name] = tuple(tags)
     return True
 
 

@@ -9,11 +9,12 @@ the name runs, its targets' files, this machine) and by how it was found
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
-import threading
 
 from .._errors import BackendRegistryError
+from .._forksafe import ForkSafeLock
 from .options import ModelError, Options
 from .verdicts import STATUSES, Verdict, Verdicts, subject
 
@@ -32,7 +33,8 @@ def start(registry: Registry, options: Options) -> Server:
     on (while this process finds what to probe); :class:`ModelError` where the model is
     nowhere. One server serves every run of this process while its environment, import
     path and installed packages stay as they were: it imports no backend's code, and each
-    probe is a fresh fork of it."""
+    probe is a fresh fork of it. The server is the caller's until :func:`run` ends with it;
+    one another run still uses is stopped only once that run ends."""
     from .._definition import canonical
     from .._sources.finding import installed_stamp
     from .processes import Server
@@ -42,27 +44,50 @@ def start(registry: Registry, options: Options) -> Server:
     path = import_path()
     key = canonical([os.getpid(), sorted(os.environ.items()), path, installed_stamp()])
     with _LOCK:
-        if _WARM is not None and _WARM[0] == key and _WARM[1].alive():
-            return _WARM[1]
-        if _WARM is None:
-            import atexit
+        if _WARM is None or _WARM[0] != key or not _WARM[1].alive():
+            try:
+                server = Server(path)
+            except OSError as exc:  # an environment too large to start a process with, say
+                raise BackendRegistryError(f"doctor could not start its probes: {exc}") from exc
+            old, _WARM = _WARM, (key, server)
+            if old is not None and not _USERS.get(old[1]):
+                old[1].close()  # its last run ended: nobody else will
+        _USERS[_WARM[1]] = _USERS.get(_WARM[1], 0) + 1
+        return _WARM[1]
 
-            atexit.register(_stop)
-        else:
-            _WARM[1].close()
-        server = Server(path)
-        _WARM = (key, server)
-        return server
 
-
-#: The probe server this process keeps for its next run, under what it was started for.
+#: The probe server this process keeps for its next run, under what it was started for,
+#: and how many runs use each server still running.
 _WARM: tuple[str, Server] | None = None
-_LOCK = threading.Lock()
+_USERS: dict[Server, int] = {}
+_LOCK = ForkSafeLock()
+
+
+def _release(server: Server) -> None:
+    """A run ended with ``server``: stop it if it is no longer the one kept, and unused."""
+    with _LOCK:
+        left = _USERS.pop(server, 0) - 1
+        if left > 0:
+            _USERS[server] = left
+        elif _WARM is None or _WARM[1] is not server:
+            server.close()
 
 
 def _stop() -> None:
     if _WARM is not None:
         _WARM[1].close()
+
+
+def _forget() -> None:
+    """In a forked child: the parent's server is the parent's (closing it would end it)."""
+    global _WARM
+    _WARM = None
+    _USERS.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX: where probes fork
+    os.register_at_fork(after_in_child=_forget)
+atexit.register(_stop)
 
 
 def _config(registry: Registry, options: Options) -> dict[str, Any]:
@@ -92,15 +117,19 @@ def run(
     A name that resolves to nothing raises :class:`UnknownBackendError` at once, one
     registered at runtime here (no other process has it) :class:`BackendRegistryError`,
     a model or device that cannot be used :class:`ModelError`. A name and its alias are
-    probed once. An interruption kills every probe running. ``server``: what
-    :func:`start` gave for the same registry and options.
+    probed once. An interruption kills every probe of this run. ``server``: what
+    :func:`start` gave for the same registry and options (this run ends the caller's use).
     """
     from .._sources.pytorch import torch_available
 
     options = options.checked()
     if not torch_available():
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
-    return _run(registry, names, options, on_progress, server or start(registry, options))
+    server = server or start(registry, options)
+    try:
+        return _run(registry, names, options, on_progress, server)
+    finally:
+        _release(server)
 
 
 def _run(
@@ -145,7 +174,7 @@ def _run(
         broken = server.wait_ready()
         config = _config(registry, options)
         futures = {
-            name: pool.submit(server.probe, name, config, options.timeout, on_progress)
+            name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
             for name in (todo if broken is None else ())
         }
         for name in todo:
@@ -158,7 +187,7 @@ def _run(
             found.append((subjects[name], facts, results[name], code, missing))
     except BaseException:  # a bad model, an interruption: nothing more is started or left
         pool.shutdown(wait=False, cancel_futures=True)
-        server.kill()
+        server.kill(owner=pool)  # this run's probes; another run's go on
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

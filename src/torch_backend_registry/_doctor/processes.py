@@ -39,7 +39,9 @@ STARTUP = 60.0
 class _Probe:
     """One probe process: its pid once started, its exit code once ended."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: object) -> None:
+        #: The run it belongs to (what :meth:`Server.kill` ends with it).
+        self.owner = owner
         self.pid: int | None = None
         self.code: int | None = None
         self.ended = threading.Event()
@@ -144,7 +146,12 @@ class Server:
         return self.broken
 
     def probe(
-        self, name: str, config: dict[str, Any], timeout: float, on_progress: Progress | None
+        self,
+        name: str,
+        config: dict[str, Any],
+        timeout: float,
+        on_progress: Progress | None,
+        owner: object = None,
     ) -> tuple[Verdict, Any, list[str]]:
         """Probe ``name`` in a process of its own, as ``config`` says (the registry's inputs,
         the options), killed at ``timeout`` seconds of the backend's own time: its verdict,
@@ -159,7 +166,7 @@ class Server:
         # registry's environment, which may be large and private.
         config_end, config_in = os.pipe()
         _Writer(config_in, json.dumps(config).encode())
-        probe = _Probe()
+        probe = _Probe(owner)
         with self._lock:
             number = len(self._probes)
             self._probes[number] = probe
@@ -213,12 +220,15 @@ class Server:
         reason = _crash_reason(probe.code, watch.tail)
         return Verdict(name, "crashed", watch.level, reason, seconds), None, []
 
-    def kill(self, number: int | None = None) -> None:
-        """Kill probe ``number`` and its session (``None``: every probe)."""
+    def kill(self, number: int | None = None, owner: object = None) -> None:
+        """Kill probe ``number`` and its session (``None``: every probe, or every probe of the
+        run ``owner``)."""
         import json
 
         with self._lock:
             numbers = list(self._probes) if number is None else [number]
+            if owner is not None:
+                numbers = [n for n in numbers if self._probes[n].owner is owner]
             numbers = [n for n in numbers if not self._probes[n].ended.is_set()]
         for n in numbers:
             with contextlib.suppress(OSError):

@@ -275,6 +275,17 @@ def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
     return held
 
 
+def tags_of(name: str, fn: object) -> tuple[str, ...]:
+    """The tags PyTorch's registry holds for backend ``name``: on the function (torch 2.13
+    and before, and what this library sets on a registration it keeps aside), else in the
+    registry's ``_BACKEND_TAGS`` (torch 2.14)."""
+    tags = getattr(fn, "_tags", None)
+    if tags is None:
+        table = getattr(sys.modules.get(REGISTRY_MODULE), "_BACKEND_TAGS", None)
+        tags = table.get(name, ()) if isinstance(table, dict) else ()
+    return tuple(tag for tag in tags if isinstance(tag, str))
+
+
 def own(fn: object) -> bool:
     """Whether a callable in PyTorch's registry is one of PyTorch's own backends (defined in
     torch), which no other source may redefine, rather than a plugin's registered there."""
@@ -304,7 +315,7 @@ def torch_definitions(entry_points: Collection[str]) -> list[BackendDefinition]:
                 name,
                 Source("torch", module=getattr(fn, "__module__", None)),
                 target=_target(fn),
-                tags=tuple(getattr(fn, "_tags", ())),
+                tags=tags_of(name, fn),
                 description=description,
                 requires=requires,
                 compiler_fn=fn,
