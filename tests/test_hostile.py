@@ -13,8 +13,6 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -34,7 +32,7 @@ from torch_backend_registry import (
 from torch_backend_registry._sources.files import MAX_BYTES
 from torch_backend_registry._sources.manifest import read_manifest
 
-from .conftest import NOBODY, WriteFn, run_as_nobody, run_python
+from .conftest import NOBODY, WriteFn, run_as_nobody, run_python, torch_backends
 
 CORPUS = Path(__file__).parent / "corpus"
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,13 +87,7 @@ def test_corpus_file_gives_its_expected_problems(path: Path) -> None:
 
 def test_check_prints_one_clean_line_a_problem_for_the_whole_corpus() -> None:
     files = [str(p.relative_to(ROOT)) for p in CORPUS_FILES]
-    done = subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "check", *files],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert done.returncode == 1, done.stderr
+    done = torch_backends("check", *files, cwd=ROOT, check=1)
     assert "Traceback" not in done.stderr
     lines = [line for line in done.stdout.split("\n") if line.startswith("tests/corpus/")]
     assert len(lines) == sum(len(expectations(p)[0]) for p in CORPUS_FILES)
@@ -421,7 +413,7 @@ def test_any_document_loads_or_gives_manifest_errors_only(
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.binary(max_size=200))
 def test_any_bytes_load_or_give_manifest_errors_only(tmp_path: Path, data: bytes) -> None:
@@ -459,16 +451,7 @@ def test_a_hostile_manifest_can_only_name_a_target_imported_on_that_exact_lookup
         ["explain", "hostile"],
         ["check"],
     ):
-        outputs.append(
-            subprocess.run(
-                [sys.executable, "-m", "torch_backend_registry", *command],
-                cwd=tmp_path,
-                env={**os.environ, **env},
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-        )
+        outputs.append(torch_backends(*command, cwd=tmp_path, env=env).stdout)
         assert not marker.exists(), command
     # The description's terminal escape is shown, not obeyed.
     assert "\\x1b[2J names a module" in outputs[2]

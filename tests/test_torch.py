@@ -484,5 +484,5 @@ _, status = os.waitpid(pid, 0)
 importer.join()
 print(status)
 """
-    for _ in range(3):  # the fork lands at another point of the import each time
+    for _ in range(2):  # the fork lands at another point of the import each time
         assert run_python(code, cwd=tmp_path).stdout == "0\n"

@@ -42,7 +42,12 @@ def start(registry: Registry, options: Options) -> Server:
     global _WARM
     _find_model(registry, options.model)
     path = import_path()
-    key = canonical([os.getpid(), sorted(os.environ.items()), path, installed_stamp()])
+    # Each probe runs in this process's environment of its run (see _config); what PyTorch
+    # read of it at import is the server's: a server started in another environment is
+    # another, save for variables read only where they are used (the folders of the XDG
+    # standard; the test pytest runs, which it sets anew for each test).
+    environ = sorted((k, v) for k, v in os.environ.items() if not k.startswith(_PER_RUN))
+    key = canonical([os.getpid(), environ, path, installed_stamp()])
     with _LOCK:
         if _WARM is None or _WARM[0] != key or not _WARM[1].alive():
             try:
@@ -55,6 +60,9 @@ def start(registry: Registry, options: Options) -> Server:
         _USERS[_WARM[1]] = _USERS.get(_WARM[1], 0) + 1
         return _WARM[1]
 
+
+#: Environment variables that do not decide which server a run may use.
+_PER_RUN = ("XDG_", "PYTEST_CURRENT_TEST")
 
 #: The probe server this process keeps for its next run, under what it was started for,
 #: and how many runs use each server still running.
@@ -96,6 +104,7 @@ def _config(registry: Registry, options: Options) -> dict[str, Any]:
     context = registry.context
     return {
         "workdir": os.getcwd(),
+        "process_environ": dict(os.environ),
         "cwd": context.cwd,
         "environ": dict(context.environ),
         "files": None if context.files is None else list(context.files),

@@ -345,7 +345,9 @@ def main(config: dict[str, Any]) -> None:
     channel = _Channel(config["channel"])
     started = time.perf_counter()
     try:
-        os.chdir(config["workdir"])  # the folder doctor was run in
+        os.chdir(config["workdir"])  # the folder and the environment doctor was run in
+        os.environ.clear()
+        os.environ.update(config["process_environ"])
         result: dict[str, Any] = {"verdict": probe(config, channel)}
     except ModelError as exc:
         result = {"model_error": str(exc)}
