@@ -281,11 +281,12 @@ REMEMBER = textwrap.dedent(
     """
     import sys
     import torch_backend_registry as tbr
-    from torch_backend_registry._doctor.verdicts import Verdicts
+    from torch_backend_registry._doctor.options import Options
+    from torch_backend_registry._doctor.verdicts import Verdicts, subject
     registry = tbr.Registry(sources=("env",), environ={"TORCH_BACKENDS_PATH": sys.argv[1]})
-    probe = {"model": None, "device": "cpu", "timeout": 300.0}
+    probe = Options().facts(None, [])  # as doctor's defaults find them
     found = [
-        (registry.subject(name), probe, tbr.Verdict(name, "ok", 4, seconds=1.0), None, [])
+        (subject(registry, name), probe, tbr.Verdict(name, "ok", 4, seconds=1.0), None, [])
         for name in registry.list_backends(exclude_tags=())
     ]
     Verdicts(registry.context.cache).remember(found)

@@ -276,10 +276,16 @@ _CLASSES: dict[str, type[Any]] = {
 
 def _encode(value: object) -> object:
     """``value`` as plain JSON values, each value class and mapping tagged."""
-    if type(value).__name__ in _CLASSES and isinstance(value, tuple):
-        if getattr(value, "compiler_fn", None) is not None:
+    kind = type(value)
+    if kind in _PLAIN:  # most of what a manifest holds: first, and at once
+        return value
+    name = _NAMES.get(kind)
+    if name is not None or kind is tuple or kind is list:
+        items: tuple[object, ...] = value  # type: ignore[assignment]
+        if kind is BackendDefinition and items[_COMPILER_FN] is not None:
             raise TypeError("a callable is not kept")
-        return {"@": type(value).__name__, "v": [_encode(item) for item in value]}
+        encoded = [i if type(i) in _PLAIN else _encode(i) for i in items]
+        return encoded if name is None else {"@": name, "v": encoded}
     if isinstance(value, Discovery):
         fields = [getattr(value, slot) for slot in Discovery.__slots__]
         return {"@": "Discovery", "v": [_encode(item) for item in fields]}
@@ -296,6 +302,11 @@ def _encode(value: object) -> object:
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         return {type(value).__name__: value.isoformat()}
     raise TypeError(f"not kept in the cache: {type(value).__name__}")
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+_NAMES = {cls: name for name, cls in _CLASSES.items()}
+_COMPILER_FN = BackendDefinition._fields.index("compiler_fn")
 
 
 def _decode(data: dict[str, Any]) -> Any:
