@@ -375,6 +375,7 @@ def test_warnings_point_at_the_callers_line(write: WriteFn) -> None:
 def test_a_chain_skips_a_member_missing_here_whether_or_not_it_skips_known_failures(
     write: WriteFn, make_module: MakeModule, module_name: str, skip: str
 ) -> None:
+    pytest.importorskip("torch")  # a chain runs where torch.compile calls it
     make_module(module_name, "def f(gm, inputs):\n    return 'compiled by f'\n")
     registry = manifest(
         write,
