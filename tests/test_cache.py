@@ -133,7 +133,9 @@ def test_an_edit_of_an_unzipped_eggs_entry_points_is_seen(
 ) -> None:
     egg = tmp_path / "tbr_egged-1.0-py3.11.egg"
     (egg / "EGG-INFO").mkdir(parents=True)
-    (egg / "EGG-INFO" / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: tbr-egged\n")
+    (egg / "EGG-INFO" / "PKG-INFO").write_text(
+        "Metadata-Version: 1.1\nName: tbr-egged\nVersion: 1.0\n"
+    )
     points = egg / "EGG-INFO" / "entry_points.txt"
     points.write_text("[torch_dynamo_backends]\nfirst = m:f\n")
     monkeypatch.syspath_prepend(str(egg))  # as easy_install put an .egg on sys.path
