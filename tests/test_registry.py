@@ -455,6 +455,7 @@ def test_what_a_verdict_judges_changes_with_what_runs_here(tmp_path: Path, write
 
 FAKE_TORCH_BACKEND = """
 from .registry import register_backend, register_debug_backend
+from .registry import register_backend as registered
 
 @register_backend(name="{named}")
 def compiler(gm, example_inputs):
@@ -465,6 +466,17 @@ def {decorated}(gm, example_inputs):
     return gm
 
 register_backend(compiler_fn=compiler, name="{called}")
+registered(compiler, "{called}_positional")
+
+def {called}_own_name(gm, example_inputs):
+    return gm
+
+register_backend({called}_own_name)
+NAME = "computed"
+
+@register_backend(name=NAME)  # not written out: no name is guessed
+def not_its_name(gm, example_inputs):
+    return gm
 """
 
 
@@ -481,7 +493,8 @@ def test_pytorch_names_are_read_from_the_pytorch_installed_here(tmp_path: Path) 
     probe = """
 import torch_backend_registry as tbr
 registry = tbr.Registry(cwd={cwd!r}, environ={{}}, sources=("runtime",))
-for name in ("brand_new", "debug_new", "by_call", "mine_now", "debug_now", "inductor"):
+for name in ("brand_new", "debug_new", "by_call", "by_call_positional", "by_call_own_name",
+             "not_its_name", "mine_now", "debug_now", "inductor"):
     try:
         registry.register_backend(lambda gm, inputs: gm, name=name)
         print(name, "registered")
@@ -499,25 +512,24 @@ for name in ("brand_new", "debug_new", "by_call", "mine_now", "debug_now", "indu
         module.write_text(source)
         for _twice in range(2):  # the second time from what the first remembered
             said.append(run_python(code, env=env).stdout.splitlines())
-    assert (
-        said[0]
-        == said[1]
-        == [
-            "brand_new refused: torch",
-            "debug_new refused: torch",
-            "by_call refused: torch",
-            "mine_now registered",
-            "debug_now registered",
-            "inductor registered",  # this PyTorch has no inductor
-        ]
-    )
+    first = [
+        "brand_new refused: torch",
+        "debug_new refused: torch",
+        "by_call refused: torch",
+        "by_call_positional refused: torch",
+        "by_call_own_name refused: torch",
+        "not_its_name registered",  # its name was not written out: not guessed
+        "mine_now registered",
+        "debug_now registered",
+        "inductor registered",  # this PyTorch has no inductor
+    ]
+    assert said[0] == said[1] == first
+    renamed = [line.replace("refused: torch", "registered") for line in first[:6]]
     assert (
         said[2]
         == said[3]
         == [
-            "brand_new registered",
-            "debug_new registered",
-            "by_call registered",
+            *renamed,
             "mine_now refused: torch",
             "debug_now refused: torch",
             "inductor registered",

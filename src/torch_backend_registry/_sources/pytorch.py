@@ -75,7 +75,7 @@ def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
 def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> frozenset[str]:
     key = [torch_version(), [list(s) for s in stamps]]
     cached = cache.get("pytorch-names", key) if cache is not None else None
-    if isinstance(cached, list) and all(isinstance(name, str) for name in cached):
+    if isinstance(cached, list) and cached and all(isinstance(n, str) for n in cached):
         return frozenset(cached)
     names: set[str] = set()
     with _PARSING:  # CPython's parser is not safe to run in two threads at once
@@ -116,8 +116,9 @@ def _registering_files() -> list[str]:
 
 
 def _registered_in(path: str) -> set[str]:
-    """The names the registrations in one file give: ``name=`` where given, else the
-    decorated function's own name."""
+    """The names the registrations in one file give: the name given (by keyword or second
+    argument), else the registered function's own; a name that is not written out as a
+    string is not known, and left out rather than guessed."""
     import ast
 
     try:
@@ -125,35 +126,56 @@ def _registered_in(path: str) -> set[str]:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
         return set()
-    names = set()
+    registering = set(_REGISTERING)
+    for node in ast.walk(tree):  # from .registry import register_backend as ...
+        if isinstance(node, ast.ImportFrom):
+            registering.update(a.asname for a in node.names if a.name in _REGISTERING and a.asname)
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             for decorator in node.decorator_list:
-                if _registering(decorator):
-                    names.add(_given_name(decorator) or node.name)
-        elif isinstance(node, ast.Call) and _registering(node):
-            named = _given_name(node)
-            if named is not None:
-                names.add(named)
+                if _called(decorator) in registering:
+                    given = _given_name(decorator)
+                    if given is not _UNKNOWN:
+                        names.add(given if isinstance(given, str) else node.name)
+        elif isinstance(node, ast.Call) and _called(node) in registering:
+            given = _given_name(node)
+            compiler = node.args[0] if node.args else _keyword(node, "compiler_fn")
+            if isinstance(given, str):
+                names.add(given)
+            elif given is None and isinstance(compiler, ast.Name):
+                names.add(compiler.id)  # register_backend(fn): the function's own name
     return names
 
 
-def _registering(node: ast.expr) -> bool:
+#: A name given, but not as a string the source writes out.
+_UNKNOWN = object()
+
+
+def _called(node: ast.expr) -> str | None:
     import ast
 
     called = node.func if isinstance(node, ast.Call) else node
-    name = called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
-    return name in _REGISTERING
+    return called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
 
 
-def _given_name(node: ast.expr) -> str | None:
+def _keyword(node: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in node.keywords if k.arg == name), None)
+
+
+def _given_name(node: ast.expr) -> object:
+    """The name a registration gives: a string, ``None`` when it gives none, or
+    :data:`_UNKNOWN`."""
     import ast
 
-    for keyword in node.keywords if isinstance(node, ast.Call) else ():
-        value = keyword.value
-        if keyword.arg == "name" and isinstance(value, ast.Constant):
-            return value.value if isinstance(value.value, str) else None
-    return None
+    if not isinstance(node, ast.Call):
+        return None
+    value = node.args[1] if len(node.args) > 1 else _keyword(node, "name")
+    if value is None:
+        return None
+    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        return value.value
+    return _UNKNOWN
 
 
 #: The attribute that marks what this library put into PyTorch's registry (the
