@@ -98,9 +98,8 @@ if hasattr(os, "register_at_fork"):  # POSIX: where probes fork
 atexit.register(_stop)
 
 
-def _config(registry: Registry, options: Options) -> dict[str, Any]:
+def _config(registry: Registry, options: Options, model_path: list[str]) -> dict[str, Any]:
     """How each probe of a run goes: the registry's inputs, the model's folder, the options."""
-    model_path, _file = _find_model(registry, options.model)
     context = registry.context
     return {
         "workdir": os.getcwd(),
@@ -161,7 +160,7 @@ def _run(
                 " shares: declare it in a manifest to probe it"
             )
         first[name] = next((n for n in first if defined[n] == definition), name)
-    _model_path, model_file = _find_model(registry, options.model)
+    model_path, model_file = _find_model(registry, options.model)
     facts = options.facts(model_file, import_path())
     memory = Verdicts(registry.context.cache)
     subjects = {name: subject(registry, name) for name in names if first[name] == name}
@@ -181,7 +180,7 @@ def _run(
     pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
     try:
         broken = server.wait_ready()
-        config = _config(registry, options)
+        config = _config(registry, options, model_path)
         futures = {
             name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
             for name in (todo if broken is None else ())

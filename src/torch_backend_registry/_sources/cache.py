@@ -164,9 +164,8 @@ class Cache:
 def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
     """Write ``data`` to ``path`` whole or not at all: into a new file beside it (``mode``,
     less the umask), then renamed over it, so a reader sees the old file or the new one."""
-    import threading
-
-    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    # A name no other writer, nor one that died before its rename, has used.
+    temporary = f"{path}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(temporary, flags, mode)
     try:
