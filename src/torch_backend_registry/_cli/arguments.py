@@ -7,15 +7,13 @@ import os
 
 from .._doctor.options import GOALS, Options
 from . import check, doctor, files, show
-from .common import PROG
+from .common import PROG, registry_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-    #: argcomplete's completer: a prefix in, the candidates out.
-    Completer = Callable[..., list[str]]
     #: What runs a command: its arguments in, its exit code out.
     Handler = Callable[[argparse.Namespace], int]
 
@@ -68,7 +66,31 @@ def _count(text: str) -> int:
     return value
 
 
-def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentParser:
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments as argparse parses them; exits as argparse does on help or a mistake."""
+    parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions
+        try:
+            import argcomplete  # the ``completion`` extra
+        except ImportError:
+            pass
+        else:
+            argcomplete.autocomplete(parser)  # answers and exits
+    return parser.parse_args(argv)
+
+
+def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
+    """Backend names and aliases for completion: the manifests and plugins, not PyTorch's."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        definitions = registry_for(no_torch=True).definitions(())
+    names = {name for d in definitions for name in (d.name, *d.aliases)}
+    return sorted(n for n in names if n.startswith(prefix))
+
+
+def build_parser() -> argparse.ArgumentParser:
     """The whole grammar: every command, option and help text."""
     # Global options are accepted before and after the command, as users type them;
     # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
@@ -116,8 +138,7 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
 
     explain = command("explain", "where a backend is defined and what it shadows", show.run_explain)
     name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
-    if complete_names is not None:
-        name.completer = complete_names  # type: ignore[attr-defined]  # read by argcomplete
+    name.completer = _complete_names  # type: ignore[attr-defined]  # read by argcomplete
     explain.add_argument("--no-torch", action="store_true", help="leave out PyTorch's own backends")
     explain.add_argument(
         "--json", action="store_true", help="print one JSON object (as list --json, and more)"
@@ -207,12 +228,3 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         help="add a [tool.torch-backends] table to pyproject.toml here instead",
     )
     return parser
-
-
-def complete(parser: argparse.ArgumentParser) -> None:
-    """Shell completion through argcomplete, where it is installed (the ``completion`` extra)."""
-    try:
-        import argcomplete
-    except ImportError:
-        return
-    argcomplete.autocomplete(parser)
