@@ -16,7 +16,6 @@ from .common import (
     NO_MANIFEST,
     CommandError,
     Waiting,
-    autoload_on,
     error,
     no_manifest,
     print_json,
@@ -112,6 +111,8 @@ def _report(
     """Print each problem, each note (a chain member not installed here) and, with
     ``--import``, each backend that cannot be used here (a missing requirement, a table
     whose CPU backend is missing), by file and line; then a summary. Only problems fail."""
+    from .._autoload import enabled, state
+
     index = registry.index(with_torch=not args.no_torch)
     checked = [
         d
@@ -158,7 +159,7 @@ def _report(
                 "notes": len(notes),
                 "imported": args.import_targets,
                 "lock": matched,
-                "autoload": autoload_on(),
+                "autoload": enabled(),
             }
         )
         return EXIT_PROBLEMS if errors else EXIT_OK
@@ -175,9 +176,7 @@ def _report(
         summary += f", {len(notes)} note(s)"
     if matched:
         summary += f"; {matched}"
-    if autoload_on():  # why these are torch.compile names in processes nobody changed
-        from .._autoload import state
-
+    if enabled():  # why these are torch.compile names in processes nobody changed
         summary += f"; autoload {state()}"
     if errors:
         print(f"{counted} problem(s); {summary}", file=sys.stderr)

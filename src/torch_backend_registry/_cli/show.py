@@ -13,7 +13,6 @@ from .common import (
     CommandError,
     UsageError,
     Waiting,
-    autoload_on,
     print_json,
     print_rows,
     printable,
@@ -139,6 +138,8 @@ def run_explain(args: Arguments) -> int:
     default = registry.default_backend()
     # Entry points are admitted without PyTorch read: explaining needs no torch import.
     policy = registry.index(with_torch=False).admitted.get(name)
+    from .._autoload import enabled, state
+
     if args.json:
         available = registry.why_unavailable(info.definition) is None
         print_json(
@@ -146,7 +147,7 @@ def run_explain(args: Arguments) -> int:
                 **_as_json(info.definition, available, verdict, default),
                 "alias": info.alias,
                 "policy": policy,
-                "autoload": autoload_on(),
+                "autoload": enabled(),
                 "shadowed": [
                     _as_json(lower, registry.why_unavailable(lower) is None)
                     for lower in info.shadowed
@@ -167,8 +168,6 @@ def run_explain(args: Arguments) -> int:
         # PyTorch's own and its entry points are torch.compile names in every process.
         autoload = "not needed: PyTorch finds this backend itself"
     else:
-        from .._autoload import state
-
         autoload = state()
     out.append(f"  {'autoload:':<13}{autoload}")
     if info.shadowed:
