@@ -1,5 +1,5 @@
-"""``check``: the manifests validated, with ``--import`` every target imported, ``--locked``
-compared with backends.lock; each problem on its file's line, with its severity."""
+"""``check``: the manifests validated (``--import``: and imported, ``--locked``: and compared
+with backends.lock); each problem on its file's line, with its severity."""
 
 from __future__ import annotations
 
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from .._definition import BackendDefinition, Severity, SourceKind
-
-
-#: The sources whose manifests `check` validates; the others only resolve chain members.
-_CHECKED: tuple[SourceKind, ...] = ("env", "project")
 
 
 def run_check(args: Arguments) -> int:
@@ -114,11 +110,9 @@ def _report(
     from .._autoload import enabled, state
 
     index = registry.index(with_torch=not args.no_torch)
-    checked = [
-        d
-        for d in registry.definitions((), with_torch=False, broken=True)
-        if d.source.kind in _CHECKED
-    ]
+    # The manifests' backends; entry points and PyTorch's only resolve chain members.
+    every = registry.definitions((), with_torch=False, broken=True)
+    checked = [d for d in every if d.source.kind in ("env", "project")]
     problems = [*problems, *_missing_folders(checked)]
     # A chain none of whose members exists anywhere can never be used; one that loops is
     # reported already, among the problems.
@@ -146,6 +140,7 @@ def _report(
     # One line may stand for more problems of its file than are worth printing.
     counted = sum(1 + p.also for p in errors)
     warnings = len(problems) - len(errors)
+    code = EXIT_PROBLEMS if errors else EXIT_OK
     if args.json:
         keys = ("path", "line", "key", "severity", "message")
         print_json(
@@ -162,7 +157,7 @@ def _report(
                 "autoload": enabled(),
             }
         )
-        return EXIT_PROBLEMS if errors else EXIT_OK
+        return code
     here = working_folder()
     for line in shown:
         print(printable(line.shown(here)))
@@ -178,11 +173,9 @@ def _report(
         summary += f"; {matched}"
     if enabled():  # why these are torch.compile names in processes nobody changed
         summary += f"; autoload {state()}"
-    if errors:
-        print(f"{counted} problem(s); {summary}", file=sys.stderr)
-        return EXIT_PROBLEMS
-    print(f"no problems; {summary}", file=sys.stderr)
-    return EXIT_OK
+    verdict = f"{counted} problem(s)" if errors else "no problems"
+    print(f"{verdict}; {summary}", file=sys.stderr)
+    return code
 
 
 def _replaced_tables(registry: Registry) -> list[Problem]:

@@ -126,6 +126,8 @@ def _what(d: BackendDefinition) -> tuple[str, str]:
 
 
 def run_explain(args: Arguments) -> int:
+    from .._autoload import enabled, state
+
     registry = registry_for(args.no_torch)
     try:
         info = registry.backend_info(args.name)
@@ -138,8 +140,6 @@ def run_explain(args: Arguments) -> int:
     default = registry.default_backend()
     # Entry points are admitted without PyTorch read: explaining needs no torch import.
     policy = registry.index(with_torch=False).admitted.get(name)
-    from .._autoload import enabled, state
-
     if args.json:
         available = registry.why_unavailable(info.definition) is None
         print_json(
