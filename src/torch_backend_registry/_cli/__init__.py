@@ -15,7 +15,6 @@ from .common import (
     UsageError,
     error,
     printable,
-    registry_for,
 )
 
 TYPE_CHECKING = False
@@ -27,12 +26,18 @@ if TYPE_CHECKING:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; return its exit code."""
-    _printable_streams()
-    args = parse(argv)
     import warnings
 
     from .._errors import ManifestWarning
+    from .arguments import parse
 
+    # A description may hold characters the terminal's encoding lacks (a C locale,
+    # PYTHONIOENCODING=ascii): print them escaped rather than fail.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+    args = parse(argv)
     show = warnings.showwarning
     caught: list[str] = []
 
@@ -55,37 +60,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failure is not None:
         error(failure)
     return code
-
-
-def parse(argv: Sequence[str] | None) -> Arguments:
-    """The arguments as argparse parses them; exits as argparse does on help or a mistake."""
-    from .arguments import build_parser, complete
-
-    parser = build_parser(complete_names=_complete_names)
-    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions
-        complete(parser)  # answers and exits, where argcomplete is installed
-    return parser.parse_args(sys.argv[1:] if argv is None else argv)
-
-
-def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
-    """Backend names and aliases for completion: the manifests and plugins, not PyTorch's."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        registry = registry_for(no_torch=True)
-        names = {d.name for d in registry.definitions(())}
-        names.update(alias for d in registry.definitions(()) for alias in d.aliases)
-    return sorted(n for n in names if n.startswith(prefix))
-
-
-def _printable_streams() -> None:
-    # A description may hold characters the terminal's encoding lacks (a C locale,
-    # PYTHONIOENCODING=ascii): print them escaped rather than fail.
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="backslashreplace")
 
 
 def _run(args: Arguments) -> tuple[int, str | None]:

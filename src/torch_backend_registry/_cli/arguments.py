@@ -7,15 +7,13 @@ import os
 
 from .._doctor.options import GOALS, Options
 from . import check, doctor, files, show
-from .common import PROG
+from .common import PROG, registry_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
-    #: argcomplete's completer: a prefix in, the candidates out.
-    Completer = Callable[..., list[str]]
     #: What runs a command: its arguments in, its exit code out.
     Handler = Callable[[argparse.Namespace], int]
 
@@ -46,29 +44,51 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def _positive(text: str) -> float:
-    """A number of seconds above zero, for argparse."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+def _above_zero(convert: Callable[[str], float], noun: str, least: str) -> Callable[[str], float]:
+    """An argparse type: ``convert`` of the text, refused in argparse's words where it is
+    not ``noun`` or below ``least``."""
+
+    def value(text: str) -> float:
+        try:
+            number = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
+        if not 0 < number < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {least}, not {text}")
+        return number
+
     return value
 
 
-def _count(text: str) -> int:
-    """A whole number above zero, for argparse."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {text}")
-    return value
+_seconds = _above_zero(float, "a number of seconds", "a number of seconds above 0")
+_count = _above_zero(int, "a whole number", "1 or more")
 
 
-def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentParser:
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments as argparse parses them; exits as argparse does on help or a mistake."""
+    parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions
+        try:
+            import argcomplete  # the ``completion`` extra
+        except ImportError:
+            pass
+        else:
+            argcomplete.autocomplete(parser)  # answers and exits
+    return parser.parse_args(argv)
+
+
+def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
+    """Backend names and aliases for completion: the manifests and plugins, not PyTorch's."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        definitions = registry_for(no_torch=True).definitions(())
+    names = {name for d in definitions for name in (d.name, *d.aliases)}
+    return sorted(n for n in names if n.startswith(prefix))
+
+
+def build_parser() -> argparse.ArgumentParser:
     """The whole grammar: every command, option and help text."""
     # Global options are accepted before and after the command, as users type them;
     # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
@@ -96,32 +116,27 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         parser.set_defaults(handler=handler)
         return parser
 
+    def switch(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs: Any) -> None:
+        parser.add_argument(flag, action="store_true", help=help, **kwargs)
+
     lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET", show.run_list)
-    lister.add_argument("--all", action="store_true", help="include debug and experimental")
-    lister.add_argument(
-        "--tag", action="append", default=[], metavar="T", help="only backends tagged T"
-    )
-    lister.add_argument(
-        "--exclude-tag", action="append", default=[], metavar="T", help="leave out tag T"
-    )
-    lister.add_argument(
-        "--available", action="store_true", help="only backends whose requirements are met"
-    )
-    lister.add_argument("--json", action="store_true", help="print a JSON array of objects")
-    lister.add_argument(
+    switch(lister, "--all", "include debug and experimental")
+    tags: dict[str, Any] = {"action": "append", "default": [], "metavar": "T"}
+    lister.add_argument("--tag", **tags, help="only backends tagged T")
+    lister.add_argument("--exclude-tag", **tags, help="leave out tag T")
+    switch(lister, "--available", "only backends whose requirements are met")
+    switch(lister, "--json", "print a JSON array of objects")
+    switch(
+        lister,
         "--no-torch",
-        action="store_true",
-        help="leave out PyTorch's own backends (skips importing torch, which takes seconds)",
+        "leave out PyTorch's own backends (skips importing torch, which takes seconds)",
     )
 
     explain = command("explain", "where a backend is defined and what it shadows", show.run_explain)
     name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
-    if complete_names is not None:
-        name.completer = complete_names  # type: ignore[attr-defined]  # read by argcomplete
-    explain.add_argument("--no-torch", action="store_true", help="leave out PyTorch's own backends")
-    explain.add_argument(
-        "--json", action="store_true", help="print one JSON object (as list --json, and more)"
-    )
+    name.completer = _complete_names  # type: ignore[attr-defined]  # read by argcomplete
+    switch(explain, "--no-torch", "leave out PyTorch's own backends")
+    switch(explain, "--json", "print one JSON object (as list --json, and more)")
 
     checker = command(
         "check", "validate manifests (the discovered ones, or those given)", check.run_check
@@ -132,26 +147,24 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         metavar="FILE",
         help="manifests to check instead of the project's and TORCH_BACKENDS_PATH's",
     )
-    checker.add_argument(
+    switch(
+        checker,
         "--no-torch",
-        action="store_true",
-        help="skip PyTorch's own backends (then a name of theirs is not checked against them)",
+        "skip PyTorch's own backends (then a name of theirs is not checked against them)",
     )
-    checker.add_argument(
+    switch(
+        checker,
         "--locked",
-        action="store_true",
-        help="also compare what every name resolves to with backends.lock; print each drift",
+        "also compare what every name resolves to with backends.lock; print each drift",
     )
-    checker.add_argument(
+    switch(
+        checker,
         "--import",
-        dest="import_targets",
-        action="store_true",
-        help="also import every target, and what chains and tables run, and check that each"
+        "also import every target, and what chains and tables run, and check that each"
         " can be called as a compiler",
+        dest="import_targets",
     )
-    checker.add_argument(
-        "--json", action="store_true", help="print one JSON object: every problem, and counts"
-    )
+    switch(checker, "--json", "print one JSON object: every problem, and counts")
 
     prober = command(
         "doctor",
@@ -161,13 +174,11 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
     prober.add_argument(
         "names", nargs="*", metavar="NAME", help="backends to probe (default: every listed one)"
     )
-    prober.add_argument("--all", action="store_true", help="also debug and experimental ones")
-    prober.add_argument(
-        "--bench", action="store_true", help="also time compiling and a call, against eager"
-    )
+    switch(prober, "--all", "also debug and experimental ones")
+    switch(prober, "--bench", "also time compiling and a call, against eager")
     prober.add_argument(
         "--timeout",
-        type=_positive,
+        type=_seconds,
         metavar="S",
         help="seconds a backend may take before it is killed (default %(default)g)",
     )
@@ -177,7 +188,7 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
         help="how far a backend must get to be ok: forward judges inference backends"
         " (default %(default)s)",
     )
-    prober.add_argument("--json", action="store_true", help="print a JSON array of verdicts")
+    switch(prober, "--json", "print a JSON array of verdicts")
     prober.add_argument(
         "--model",
         metavar="MOD:FACTORY",
@@ -187,9 +198,7 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
     prober.add_argument(
         "--jobs", type=_count, metavar="N", help="backends probed at once (default: half the cores)"
     )
-    prober.add_argument(
-        "--fresh", action="store_true", help="probe again even where a verdict is remembered"
-    )
+    switch(prober, "--fresh", "probe again even where a verdict is remembered")
     prober.set_defaults(**Options()._asdict())  # each default as doctor() has it
 
     lock = command(
@@ -201,18 +210,5 @@ def build_parser(complete_names: Completer | None = None) -> argparse.ArgumentPa
 
     command("schema", "print the JSON Schema of a manifest", files.run_schema)
     init = command("init", "write a starter backends.toml here (never overwrites)", files.run_init)
-    init.add_argument(
-        "--pyproject",
-        action="store_true",
-        help="add a [tool.torch-backends] table to pyproject.toml here instead",
-    )
+    switch(init, "--pyproject", "add a [tool.torch-backends] table to pyproject.toml here instead")
     return parser
-
-
-def complete(parser: argparse.ArgumentParser) -> None:
-    """Shell completion through argcomplete, where it is installed (the ``completion`` extra)."""
-    try:
-        import argcomplete
-    except ImportError:
-        return
-    argcomplete.autocomplete(parser)

@@ -1,5 +1,5 @@
-"""``check``: the manifests validated, with ``--import`` every target imported, ``--locked``
-compared with backends.lock; each problem on its file's line, with its severity."""
+"""``check``: the manifests validated (``--import``: and imported, ``--locked``: and compared
+with backends.lock); each problem on its file's line, with its severity."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import sys
 
 from .._api import Registry
+from .._definition import Problem
 from .._errors import BackendRegistryError
 from .common import (
     EXIT_OK,
@@ -15,7 +16,6 @@ from .common import (
     NO_MANIFEST,
     CommandError,
     Waiting,
-    autoload_on,
     error,
     no_manifest,
     print_json,
@@ -30,11 +30,7 @@ if TYPE_CHECKING:
     from argparse import Namespace as Arguments
     from collections.abc import Sequence
 
-    from .._definition import BackendDefinition, Problem, Severity, SourceKind
-
-
-#: The sources whose manifests `check` validates; the others only resolve chain members.
-_CHECKED: tuple[SourceKind, ...] = ("env", "project")
+    from .._definition import BackendDefinition, Severity, SourceKind
 
 
 def run_check(args: Arguments) -> int:
@@ -42,35 +38,37 @@ def run_check(args: Arguments) -> int:
 
     from .._errors import ManifestWarning
 
+    if args.locked and args.files:
+        raise CommandError(
+            "--locked compares the backends found here (the project's manifest,"
+            " TORCH_BACKENDS_PATH, plugins) with backends.lock: give it no files"
+        )
     # Every problem is printed below as a line of its own; no need to warn too.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ManifestWarning)
-        if args.locked and args.files:
-            raise CommandError(
-                "--locked compares the backends found here (the project's manifest,"
-                " TORCH_BACKENDS_PATH, plugins) with backends.lock: give it no files"
-            )
-        registry = _check_registry(args.files, args.no_torch)
-        if registry is None:
+        if not args.files and no_manifest():
+            error(NO_MANIFEST + _near_table_here())
             if args.json:  # a script reading the output gets an answer it can parse
                 problem = {"severity": "error", "message": NO_MANIFEST, "path": None}
                 print_json({"problems": [problem], "backends": 0, "errors": 1})
             return EXIT_PROBLEMS
+        # The given files, or the discovered manifests; entry points and PyTorch's backends
+        # are read too: chains name them, and PyTorch's names cannot be redefined.
+        sources: list[SourceKind] = ["env"] if args.files else ["env", "project"]
+        sources += ["entry-point"] if args.no_torch else ["entry-point", "torch"]
+        registry = Registry(files=args.files or None, sources=sources)
         with Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems(with_torch=not args.no_torch)
         problems += _replaced_tables(registry)
         matched = None
         if args.locked:
             matched = _drift(registry_for(args.no_torch), problems, with_torch=not args.no_torch)
-        return _report(
-            registry, problems, args.import_targets, not args.no_torch, matched, args.json
-        )
+        return _report(registry, problems, args, matched)
 
 
 def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
     """Add each difference from backends.lock to ``problems``, as a problem of the lock
     file; where there is none, say which lock matched."""
-    from .._definition import Problem
     from .._errors import LockFileError
     from .._lock import changes, digest, lock_path, read_lock
 
@@ -88,64 +86,44 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
     return None if drift else f"{relative(path)} matched (fingerprint {digest(locked)[:16]})"
 
 
-def _check_registry(files: Sequence[str], no_torch: bool) -> Registry | None:
-    """The registry `check` reads: the given files, or the discovered manifests.
-
-    Entry points and PyTorch's backends are read too: chains name them, and
-    PyTorch's names cannot be redefined.
-    """
-    others: tuple[SourceKind, ...] = ("entry-point",) if no_torch else ("entry-point", "torch")
-    if files:
-        return Registry(files=files, sources=("env", *others))
-    if no_manifest():
-        error(NO_MANIFEST + _near_table_here())
-        return None
-    return Registry(sources=("env", "project", *others))
-
-
 def _near_table_here() -> str:
     """Where a pyproject.toml here or above holds what looks like a misspelt table, say so."""
+    from pathlib import Path
+
     from .._sources import PROJECT_FILES, near_table
 
-    folder = working_folder()
-    while folder:
+    here = working_folder()
+    for folder in (Path(here), *Path(here).parents) if here else ():
         candidate = os.path.join(folder, PROJECT_FILES[1])
-        if os.path.isfile(candidate):
-            near = near_table(candidate)
-            if near is not None:
-                return f" ({relative(candidate)} has {near}: did you mean [tool.torch-backends]?)"
-        parent = os.path.dirname(folder)
-        folder = None if parent == folder else parent
+        near = near_table(candidate) if os.path.isfile(candidate) else None
+        if near is not None:
+            return f" ({relative(candidate)} has {near}: did you mean [tool.torch-backends]?)"
     return ""
 
 
 def _report(
-    registry: Registry,
-    problems: list[Problem],
-    import_targets: bool,
-    with_torch: bool,
-    matched: str | None,
-    as_json: bool = False,
+    registry: Registry, problems: list[Problem], args: Arguments, matched: str | None
 ) -> int:
     """Print each problem, each note (a chain member not installed here) and, with
     ``--import``, each backend that cannot be used here (a missing requirement, a table
     whose CPU backend is missing), by file and line; then a summary. Only problems fail."""
-    index = registry.index(with_torch=with_torch)
-    checked = [
-        d
-        for d in registry.definitions((), with_torch=False, broken=True)
-        if d.source.kind in _CHECKED
-    ]
+    from .._autoload import enabled, state
+
+    index = registry.index(with_torch=not args.no_torch)
+    # The manifests' backends; entry points and PyTorch's only resolve chain members.
+    every = registry.definitions((), with_torch=False, broken=True)
+    checked = [d for d in every if d.source.kind in ("env", "project")]
     problems = [*problems, *_missing_folders(checked)]
-    # A chain none of whose members exists anywhere can never be used.
+    # A chain none of whose members exists anywhere can never be used; one that loops is
+    # reported already, among the problems.
     dead = {d.name for d in checked if d.members and index.all_members_missing(d)}
-    looping = index.chain_problems()  # reported already, among the problems
-    usable = [d for d in checked if d.usable and d.name not in dead and d.name not in looping]
+    dead.update(index.chain_problems())
+    usable = [d for d in checked if d.usable and d.name not in dead]
     # A note is worth printing and no fault: a chain member not installed here.
     notes = [p for p in problems if p.severity == "note"]
     problems = [p for p in problems if p.severity != "note"]
     unavailable: list[Problem] = []
-    if import_targets:
+    if args.import_targets:
         imports = _Imports(registry, {d.name for d in checked})
         for d in list(usable):
             why = registry.why_unavailable(d)
@@ -154,62 +132,50 @@ def _report(
                 said = f"unavailable here ({why}); not imported"
                 unavailable.append(d.located(said, severity="note"))
                 continue
-            found = imports.check(d)
-            problems.extend(found)
-            if imports.failure(d.name) is not None:
+            problems.extend(imports.check(d))
+            if imports.found.get(d.name) is not None:
                 usable.remove(d)
-    here = working_folder()
     shown = sorted([*problems, *notes, *unavailable], key=lambda p: (p.path or "", p.line or 0))
     errors = [p for p in problems if p.severity == "error"]
     # One line may stand for more problems of its file than are worth printing.
     counted = sum(1 + p.also for p in errors)
-    if as_json:
+    warnings = len(problems) - len(errors)
+    code = EXIT_PROBLEMS if errors else EXIT_OK
+    if args.json:
+        keys = ("path", "line", "key", "severity", "message")
         print_json(
             {
-                "problems": [
-                    {
-                        "path": p.path,
-                        "line": p.line,
-                        "key": p.key,
-                        "severity": p.severity,
-                        "message": p.message,
-                    }
-                    for p in shown
-                ],
+                "problems": [{key: getattr(p, key) for key in keys} for p in shown],
                 "backends": len(checked),
                 "usable": len(usable),
                 "unavailable": len(unavailable),
                 "errors": counted,
-                "warnings": len(problems) - len(errors),
+                "warnings": warnings,
                 "notes": len(notes),
-                "imported": import_targets,
+                "imported": args.import_targets,
                 "lock": matched,
-                "autoload": autoload_on(),
+                "autoload": enabled(),
             }
         )
-        return EXIT_PROBLEMS if errors else EXIT_OK
+        return code
+    here = working_folder()
     for line in shown:
         print(printable(line.shown(here)))
-    what = "imported and usable" if import_targets else "usable"
+    what = "imported and usable" if args.import_targets else "usable"
     summary = f"{len(usable)} of {len(checked)} backend(s) {what}"
     if unavailable:
         summary += f", {len(unavailable)} unavailable here"
-    warnings = len(problems) - len(errors)
     if warnings:
         summary += f", {warnings} warning(s)"
     if notes:
         summary += f", {len(notes)} note(s)"
     if matched:
         summary += f"; {matched}"
-    if autoload_on():  # why these are torch.compile names in processes nobody changed
-        from .._autoload import state
-
+    if enabled():  # why these are torch.compile names in processes nobody changed
         summary += f"; autoload {state()}"
-    if errors:
-        print(f"{counted} problem(s); {summary}", file=sys.stderr)
-        return EXIT_PROBLEMS
-    print(f"no problems; {summary}", file=sys.stderr)
-    return EXIT_OK
+    verdict = f"{counted} problem(s)" if errors else "no problems"
+    print(f"{verdict}; {summary}", file=sys.stderr)
+    return code
 
 
 def _replaced_tables(registry: Registry) -> list[Problem]:
@@ -223,7 +189,6 @@ def _replaced_tables(registry: Registry) -> list[Problem]:
 
 def _missing_folders(checked: Sequence[BackendDefinition]) -> list[Problem]:
     """A python-path folder that does not exist serves nothing: likely a typo (once a file)."""
-    from .._definition import Problem
     from .._keys import table_prefix, toml_key
 
     said: dict[tuple[str, str], Problem] = {}
@@ -255,20 +220,15 @@ class _Imports:
         #: that is a failure (it was imported and broke) or unavailability (not imported).
         self.found: dict[str, tuple[str, bool] | None] = {}
 
-    def failure(self, name: str) -> str | None:
-        said = self.found.get(name)
-        return None if said is None else said[0]
-
     def check(self, d: BackendDefinition) -> list[Problem]:
         """Import what ``d`` may run; the problems found, where they are written."""
         if not d.members:
             problem = self._load(d)
             self.found[d.name] = None if problem is None else (problem.message, True)
             return [] if problem is None else [problem]
-        self._judge(d.name)
+        fatal = self._judge(d.name) is not None
         problems = []
         what = "chain" if d.by_device is None else "by-device"
-        fatal = self.failure(d.name) is not None
         for member in d.members:
             said = self.found.get(member)
             resolved = self.index.get(member)
@@ -315,34 +275,24 @@ class _Imports:
         return f"no member can be used ({reasons})", any(s[1] for s in judged.values() if s)
 
     def _load(self, d: BackendDefinition) -> Problem | None:
+        """Look ``d`` up; its failure as a problem at its ``target``, like the manifest's own."""
+        from .._errors import BackendLoadError, ManifestError
         from .._loader import cannot_compile
 
         try:
             # What a backend prints as it is imported must not mix with this report.
             with contextlib.redirect_stdout(sys.stderr):
                 fn = self.registry.lookup_backend(d.name)
+        except ManifestError as exc:  # where it is written: an option's own line
+            return exc.problem
+        except BackendLoadError as exc:
+            what = f" (target {exc.target!r})" if exc.target else ""
+            message = f"cannot load backend {d.name!r}{what}: {exc.reason}"
         except BackendRegistryError as exc:
-            return _load_problem(d, exc)
-        why = cannot_compile(fn)
-        if why is None:
-            return None
-        message = f"backend {d.name!r} (target {d.target!r}) {why}"
+            message = str(exc)
+        else:
+            why = cannot_compile(fn)
+            if why is None:
+                return None
+            message = f"backend {d.name!r} (target {d.target!r}) {why}"
         return Problem(message) if d.source.path is None else d.located(message, "target")
-
-
-def _load_problem(d: BackendDefinition, exc: BackendRegistryError) -> Problem:
-    """A failed import as a problem at the backend's ``target``, like the manifest's own."""
-    from .._errors import BackendLoadError, ManifestError
-
-    if isinstance(exc, ManifestError):  # where it is written: an option's own line
-        return exc.problem
-    if isinstance(exc, BackendLoadError):
-        what = f" (target {exc.target!r})" if exc.target else ""
-        message = f"cannot load backend {d.name!r}{what}: {exc.reason}"
-    else:
-        message = str(exc)
-    if d.source.path is None:
-        from .._definition import Problem
-
-        return Problem(message)
-    return d.located(message, "target")

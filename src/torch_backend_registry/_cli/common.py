@@ -110,49 +110,41 @@ def print_rows(
     optional last column is left out (the columns scripts know)."""
     rows = [tuple(printable(cell) for cell in row) for row in rows]
     limit = terminal_width()
-    if optional_last and limit is None:
+    widths = None if limit is None else _fitted(rows, limit, shrinkable)
+    if widths is None and optional_last:
         rows = [row[:-1] for row in rows]
-    elif limit is not None:
-        fitted = _fitted(rows, limit, shrinkable)
-        if fitted is None and optional_last:
-            rows = [row[:-1] for row in rows]
-            shrinkable = [i for i in shrinkable if i < len(rows[0])]
-            fitted = _fitted(rows, limit, shrinkable)
-        rows = fitted or rows
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        if limit is not None:
+            widths = _fitted(rows, limit, [i for i in shrinkable if i < len(rows[0])])
+    if widths is None:  # piped, or too wide even cut: each column as wide as its cells
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=False)]
-        line = "  ".join([*cells, row[-1]]).rstrip()
-        if limit is not None and len(line) > limit:
-            line = line[: max(limit - 1, 0)] + "…"
-        print(line)
+        cells = [_cut(cell, width) for cell, width in zip(row, widths, strict=False)]
+        padded = [cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=False)]
+        line = "  ".join([*padded, cells[-1]]).rstrip()
+        print(line if limit is None else _cut(line, limit))
 
 
 #: The narrowest a column is cut to, to fit a terminal.
 NARROWEST = 20
 
 
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
 def _fitted(
     rows: Sequence[tuple[str, ...]], limit: int, shrinkable: Sequence[int]
-) -> list[tuple[str, ...]] | None:
-    """``rows`` with the ``shrinkable`` columns cut so that every line fits ``limit``;
-    ``None`` where even cut to :data:`NARROWEST` they do not."""
+) -> list[int] | None:
+    """The widths of ``rows``' columns with the ``shrinkable`` ones cut so that every line fits
+    ``limit``; ``None`` where even cut to :data:`NARROWEST` they do not."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     over = sum(widths) + 2 * (len(widths) - 1) - limit
     for column in shrinkable:
-        if over <= 0:
-            break
         by = min(over, widths[column] - NARROWEST)
         if by > 0:
             widths[column] -= by
             over -= by
-    if over > 0:
-        return None
-
-    def cut(cell: str, width: int) -> str:
-        return cell if len(cell) <= width else cell[: width - 1] + "…"
-
-    return [tuple(cut(cell, widths[i]) for i, cell in enumerate(row)) for row in rows]
+    return widths if over <= 0 else None
 
 
 def relative(path: str) -> str:
@@ -174,9 +166,3 @@ NO_MANIFEST = (
     "no manifest found: no backends.toml here or above, no [tool.torch-backends] in"
     " pyproject.toml, and TORCH_BACKENDS_PATH is unset; create one with 'torch-backends init'"
 )
-
-
-def autoload_on() -> bool:
-    from .._autoload import enabled
-
-    return enabled()

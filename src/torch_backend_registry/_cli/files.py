@@ -61,9 +61,9 @@ def run_schema(args: Arguments) -> int:
 
 def starter() -> str:
     """The starter manifest ``init`` writes, as this package holds it."""
-    path = os.path.join(os.path.dirname(__file__), "starter.toml")
-    with open(path, encoding="utf-8") as handle:
-        return handle.read()
+    from pathlib import Path
+
+    return Path(__file__).with_name("starter.toml").read_text(encoding="utf-8")
 
 
 def pyproject_starter() -> str:
@@ -79,16 +79,15 @@ def pyproject_starter() -> str:
 
 
 def run_init(args: Arguments) -> int:
-    here = os.getcwd()
-    from .._sources import PROJECT_FILES
+    from .._sources import PROJECT_FILES, project_manifest
 
+    here = os.getcwd()
     backends, pyproject = (os.path.join(here, name) for name in PROJECT_FILES)
     if os.path.lexists(backends):
         raise CommandError(
             f"{PROJECT_FILES[0]}: already exists; not overwritten (edit it, or remove it first)"
         )
-    declares = os.path.isfile(pyproject) and _declares_table(pyproject)
-    if declares:
+    if os.path.isfile(pyproject) and project_manifest(here) == pyproject:
         # A backends.toml would take precedence and silently replace that table.
         raise CommandError(
             f"{PROJECT_FILES[1]}: already has a [tool.torch-backends] table: edit it there"
@@ -103,12 +102,6 @@ def run_init(args: Arguments) -> int:
         print("(to keep the backends in pyproject.toml instead: remove it, then run"
               " 'torch-backends init --pyproject')")  # fmt: skip
     return EXIT_OK
-
-
-def _declares_table(pyproject: str) -> bool:
-    from .._sources import project_manifest
-
-    return project_manifest(os.path.dirname(pyproject)) == pyproject
 
 
 def _init_pyproject(pyproject: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from .._errors import BackendRegistryError, UnknownBackendError
@@ -12,7 +13,6 @@ from .common import (
     CommandError,
     UsageError,
     Waiting,
-    autoload_on,
     print_json,
     print_rows,
     printable,
@@ -25,7 +25,7 @@ from .common import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from argparse import Namespace as Arguments
-    from collections.abc import Sequence
+    from collections.abc import Iterable
     from typing import Any
 
     from .._api import Registry
@@ -35,35 +35,27 @@ if TYPE_CHECKING:
 
 def run_list(args: Arguments) -> int:
     registry = registry_for(args.no_torch)
-    if args.all or args.tag:
-        exclude: list[str] = list(args.exclude_tag)
-    else:
-        exclude = [*DEFAULT_EXCLUDE_TAGS, *args.exclude_tag]
-    both = sorted(set(args.tag) & set(args.exclude_tag))
+    wanted, unwanted = set(args.tag), set(args.exclude_tag)
+    both = sorted(wanted & unwanted)
     if both:
         raise UsageError(f"--tag and --exclude-tag both name {', '.join(map(repr, both))}")
     with Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
         every = registry.definitions(())
-    known = sorted({tag for d in every for tag in d.tags})
-    left_out = set(exclude)
-    rows = [d for d in every if not left_out.intersection(d.tags)]
-    unknown = sorted(set(args.exclude_tag) - set(known))
-    if unknown:  # nothing to leave out: likely a typo, and the listing is still right
-        print(f"{PROG}: warning: {_no_such_tag(unknown, known)}", file=sys.stderr)
-    if args.tag:
-        wanted = set(args.tag)
-        if not wanted <= set(known):
-            raise CommandError(_no_such_tag(sorted(wanted - set(known)), known))
-        rows = [d for d in rows if wanted.issubset(d.tags)]
+    known = {tag for d in every for tag in d.tags}
+    if unwanted - known:  # nothing to leave out: likely a typo, and the listing is still right
+        print(f"{PROG}: warning: {_no_such_tag(unwanted - known, known)}", file=sys.stderr)
+    if wanted - known:
+        raise CommandError(_no_such_tag(wanted - known, known))
+    if not (args.all or wanted):
+        unwanted.update(DEFAULT_EXCLUDE_TAGS)
+    rows = [d for d in every if wanted <= set(d.tags) and not unwanted.intersection(d.tags)]
     available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
         rows = [d for d in rows if available[d.name]]
-    remembered = _Remembered(registry)
-    verdicts = {d.name: remembered(d.name) for d in rows}
+    verdicts = _verdicts(registry, [d.name for d in rows])
     default = registry.default_backend()
     if args.json:
-        objects = [_as_json(d, available[d.name], verdicts[d.name], default=default) for d in rows]
-        print_json(objects)
+        print_json([_as_json(d, available[d.name], verdicts[d.name], default) for d in rows])
         return EXIT_OK
     here = working_folder()
     doctored = any(v is not None for v in verdicts.values())
@@ -71,45 +63,37 @@ def run_list(args: Arguments) -> int:
     table = [(*header, "DESCRIPTION")]
     for d in rows:
         source = f"{d.source.kind} {d.source.short(here)}".rstrip()
-        verdict = verdicts[d.name]
-        said = (_verdict_cell(verdict),) if doctored else ()
-        table.append((d.name, ",".join(d.tags), source, _what(d), *said, d.description or ""))
+        v = verdicts[d.name]
+        said = ("-" if v is None else f"{v.status} ({v.level_name})",) if doctored else ()
+        kind, what = _what(d)
+        what = what if kind == "target" else f"{kind}: {what}"
+        table.append((d.name, ",".join(d.tags), source, what, *said, d.description or ""))
     print_rows(table, optional_last=True, shrinkable=(3, len(header)))
     if default is not None and terminal_width() is not None:
-        where = relative(default.path) + (f":{default.line}" if default.line else "")
-        print(f"default: {default.name} (what torch.compile uses when given none; {where})")
+        print(f"default: {default.name} (what torch.compile uses when given none; {_at(default)})")
     return EXIT_OK
 
 
-def _verdict_cell(verdict: Verdict | None) -> str:
-    """The DOCTOR cell: the last verdict here and the level it was judged at."""
-    if verdict is None:
-        return "-"
-    return f"{verdict.status} ({verdict.level_name})"
-
-
-def _no_such_tag(missing: Sequence[str], known: Sequence[str]) -> str:
+def _no_such_tag(missing: set[str], known: set[str]) -> str:
     import difflib
 
-    quoted = ", ".join(map(repr, missing))
-    there = ", ".join(known) or "none"
-    said = f"no backend is tagged {quoted} (the tags here: {there})"
-    close = [c for m in missing for c in difflib.get_close_matches(m, known, n=1, cutoff=0.6)]
+    said = f"no backend is tagged {', '.join(map(repr, sorted(missing)))}"
+    said += f" (the tags here: {', '.join(sorted(known)) or 'none'})"
+    close = [c for m in sorted(missing) for c in difflib.get_close_matches(m, sorted(known), n=1)]
     return said + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
+
+
+def _at(default: DefaultDeclaration) -> str:
+    return relative(default.path) + (f":{default.line}" if default.line else "")
 
 
 def _as_json(
     d: BackendDefinition,
     available: bool,
     verdict: Verdict | None = None,
-    *,
     default: DefaultDeclaration | None = None,
 ) -> dict[str, Any]:
     """A backend as ``list --json`` and ``explain --json`` give it."""
-    s = d.source
-    verify = (
-        None if d.verify is None else dict(zip(("level", "rtol", "atol"), d.verify, strict=True))
-    )
     return {
         "name": d.name,
         "target": d.target,
@@ -120,30 +104,30 @@ def _as_json(
         "aliases": list(d.aliases),
         "requires": list(d.requires),
         "options": dict(d.options),
-        "verify": verify,
+        "verify": dict(zip(("level", "rtol", "atol"), d.verify, strict=True)) if d.verify else None,
         "skip_known_failures": d.skip_known_failures,
         "default": default is not None and default.name == d.name,
         "source": {
-            "kind": s.kind,
-            "path": s.path,
-            "line": s.line,
-            "distribution": s.distribution,
-            "version": s.version,
+            key: getattr(d.source, key)
+            for key in ("kind", "path", "line", "distribution", "version")
         },
         "available": available,
         "doctor": verdict.as_json() if verdict is not None else None,
     }
 
 
-def _what(d: BackendDefinition) -> str:
+def _what(d: BackendDefinition) -> tuple[str, str]:
+    """What ``d`` runs, named by its key: a target, a chain or a by-device table."""
     if d.chain is not None:
-        return "chain: " + " -> ".join(d.chain)
+        return "chain", " -> ".join(d.chain)
     if d.by_device is not None:
-        return "by-device: " + ", ".join(f"{device} -> {name}" for device, name in d.by_device)
-    return d.target or ""
+        return "by-device", ", ".join(f"{device} -> {name}" for device, name in d.by_device)
+    return "target", d.target or ""
 
 
 def run_explain(args: Arguments) -> int:
+    from .._autoload import enabled, state
+
     registry = registry_for(args.no_torch)
     try:
         info = registry.backend_info(args.name)
@@ -152,7 +136,7 @@ def run_explain(args: Arguments) -> int:
         _explain_unusable(registry, args.name)
         raise
     name = info.definition.name
-    verdict = _Remembered(registry)(name)
+    verdict = _verdicts(registry, [name])[name]
     default = registry.default_backend()
     # Entry points are admitted without PyTorch read: explaining needs no torch import.
     policy = registry.index(with_torch=False).admitted.get(name)
@@ -160,10 +144,10 @@ def run_explain(args: Arguments) -> int:
         available = registry.why_unavailable(info.definition) is None
         print_json(
             {
-                **_as_json(info.definition, available, verdict, default=default),
+                **_as_json(info.definition, available, verdict, default),
                 "alias": info.alias,
                 "policy": policy,
-                "autoload": autoload_on(),
+                "autoload": enabled(),
                 "shadowed": [
                     _as_json(lower, registry.why_unavailable(lower) is None)
                     for lower in info.shadowed
@@ -171,18 +155,21 @@ def run_explain(args: Arguments) -> int:
             }
         )
         return EXIT_OK
-    out: list[str] = []
     if info.alias is None:
-        out.append(name)
+        out = [name]
     else:
-        out.append(f"{info.alias} (alias of {name}: resolves to whatever {name} does)")
+        out = [f"{info.alias} (alias of {name}: resolves to whatever {name} does)"]
     out.extend(_describe(registry, info.definition, verdict))
     if default is not None and default.name in (name, info.alias):
-        where = relative(default.path) + (f":{default.line}" if default.line else "")
-        out.append(f"  {'default:':<13}yes: torch.compile uses it when given none ({where})")
+        out.append(f"  {'default:':<13}yes: torch.compile uses it when given none ({_at(default)})")
     if policy is not None:
         out.append(f"  {'policy:':<13}{policy}")
-    out.append(f"  {'autoload:':<13}{_autoload_state(info.definition)}")
+    if info.source.kind in ("torch", "entry-point") and info.distribution is None:
+        # PyTorch's own and its entry points are torch.compile names in every process.
+        autoload = "not needed: PyTorch finds this backend itself"
+    else:
+        autoload = state()
+    out.append(f"  {'autoload:':<13}{autoload}")
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
@@ -194,61 +181,38 @@ def run_explain(args: Arguments) -> int:
     return EXIT_OK
 
 
-def _explain_unusable(registry: Registry, name: str) -> bool:
+def _explain_unusable(registry: Registry, name: str) -> None:
     """Explain a name that is no backend here but is declared: disabled, or left out by the
-    plugin policy. ``False`` where nothing declares it."""
+    plugin policy."""
     index = registry.index(with_torch=False)
     candidates = index.by_key.get(name, [])
     excluded = index.excluded.get(name, [])
     if not candidates and not excluded:
-        return False
+        return
+    here = working_folder()
     out = [f"{name} (no backend here)"]
+    lower = candidates
     if candidates and not candidates[0].enabled:
-        top = candidates[0]
-        out.append(
-            f"  {'disabled:':<13}by {top.source.describe(working_folder())} (enabled = false)"
-        )
+        out.append(f"  {'disabled:':<13}by {candidates[0].source.describe(here)} (enabled = false)")
         lower = candidates[1:]
-    else:
-        lower = candidates
     for definition, why in excluded:
         out.append(f"  {'left out:':<13}{why}")
         lower = [d for d in lower if d is not definition]
     for hidden in lower:
-        out.append(
-            f"  {'hides:':<13}{hidden.source.kind}: {hidden.source.describe(working_folder())}"
-        )
+        out.append(f"  {'hides:':<13}{hidden.source.kind}: {hidden.source.describe(here)}")
     print("\n".join(printable(line) for line in out))
-    return True
-
-
-def _autoload_state(d: BackendDefinition) -> str:
-    """Whether ``d`` is a torch.compile name in a process of this environment that did not
-    call install(): PyTorch's own and its entry points always are; the others with autoload."""
-    if d.source.kind in ("torch", "entry-point") and d.distribution is None:
-        return "not needed: PyTorch finds this backend itself"
-    from .._autoload import state
-
-    return state()
 
 
 def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None) -> list[str]:
     from .._sources.finding import missing_requirements
 
-    missing = missing_requirements(d)
-    where = d.source.describe(working_folder())
-    fields: list[tuple[str, str]] = [("source", f"{d.source.kind}: {where}")]
+    fields = [("source", f"{d.source.kind}: {d.source.describe(working_folder())}")]
     if not d.enabled:
         fields.append(("enabled", "false (hides this name)"))
     if d.problem is not None:
         fields.append(("error", d.problem.message))
-    if d.target is not None:
-        fields.append(("target", d.target))
-    if d.chain is not None:
-        fields.append(("chain", " -> ".join(d.chain)))
-    if d.by_device is not None:
-        by_device = ", ".join(f"{device} -> {name}" for device, name in d.by_device)
-        fields.append(("by-device", by_device))
+    if d.target is not None or d.members:
+        fields.append(_what(d))
     if d.verify is not None:
         level, rtol, atol = d.verify
         fields.append(("verify", f"{level} (rtol {rtol:g}, atol {atol:g})"))
@@ -263,8 +227,9 @@ def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None)
     if d.options:
         fields.append(("options", ", ".join(f"{k} = {v!r}" for k, v in d.options.items())))
     if d.requires:
-        status = ", ".join(f"{r} ({'missing' if r in missing else 'found'})" for r in d.requires)
-        fields.append(("requires", status))
+        missing = missing_requirements(d)
+        found = (f"{r} ({'missing' if r in missing else 'found'})" for r in d.requires)
+        fields.append(("requires", ", ".join(found)))
     if d.usable:
         why = registry.why_unavailable(d)
         fields.append(("available", "yes" if why is None else f"no: {why}"))
@@ -274,23 +239,16 @@ def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None)
     return [f"  {key + ':':<13}{value}" for key, value in fields]
 
 
-class _Remembered:
-    """The last doctor verdict here of what a name runs: the memory read once, and each
-    target's file looked at once, however many rows ask."""
+def _verdicts(registry: Registry, names: Iterable[str]) -> dict[str, Verdict | None]:
+    """The last doctor verdict here of what each name runs: the memory read once, and each
+    target's file looked at once, however many names ask."""
+    from .._doctor.verdicts import Verdicts, subject
 
-    def __init__(self, registry: Registry) -> None:
-        from .._doctor.verdicts import Verdicts
-
-        self.registry = registry
-        self.memory = Verdicts(registry.context.cache)
-        self.stamps: dict[Any, Any] = {}
-
-    def __call__(self, name: str) -> Verdict | None:
-        from .._doctor.verdicts import subject
-
-        if not self.memory:
-            return None  # nothing remembered: nothing to work out
-        try:
-            return self.memory.latest(subject(self.registry, name, self.stamps))
-        except BackendRegistryError:
-            return None
+    found: dict[str, Verdict | None] = dict.fromkeys(names)
+    memory = Verdicts(registry.context.cache)
+    stamps: dict[Any, Any] = {}
+    if memory:  # nothing remembered: nothing to work out
+        for name in found:
+            with contextlib.suppress(BackendRegistryError):
+                found[name] = memory.latest(subject(registry, name, stamps))
+    return found
