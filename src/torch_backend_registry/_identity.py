@@ -19,25 +19,22 @@ if TYPE_CHECKING:
 
 
 def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts:
-    """The facts of one definition alone (a chain's members by name only)."""
+    """The facts of one definition alone (a chain's members by name only), each where it
+    has one."""
     source = definition.source
-    facts: Facts = {"kind": source.kind}
-    if definition.target is not None:
-        facts["target"] = definition.target
-    if definition.chain is not None:
-        facts["chain"] = list(definition.chain)
-    if definition.by_device is not None:
-        facts["by-device"] = dict(definition.by_device)
-    if definition.verify is not None:
-        facts["verify"] = list(definition.verify)
-    if definition.options:
-        facts["options"] = _plain(definition.options)
-    if definition.requires:
-        facts["requires"] = sorted(set(definition.requires))
-    if definition.written_path:
+    written: Facts = {
+        "kind": source.kind,
+        "target": definition.target,
+        "chain": list(definition.chain or ()),
+        "by-device": dict(definition.by_device or ()),
+        "verify": list(definition.verify or ()),
+        "options": _plain(definition.options),
+        "requires": sorted(set(definition.requires)),
         # As written: an absolute folder is the same folder from every checkout, and a
         # relative one the same place in each.
-        facts["python-path"] = list(definition.written_path)
+        "python-path": list(definition.written_path),
+    }
+    facts = {key: value for key, value in written.items() if value}
     if source.distribution is not None:
         facts["distribution"] = source.distribution
         facts["version"] = source.version or ""

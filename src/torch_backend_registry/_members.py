@@ -36,18 +36,13 @@ def unknown_members(index: Index) -> dict[str, Problem]:
         typos = {m: close[0] for m in unknown if (close := _typo_of(m, index.known()))}
         meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
         guess = f" (did you mean {meant}?)" if meant else ""
-        if index.all_members_missing(definition):
+        dead = index.all_members_missing(definition)
+        if dead or typos:
+            ever = "; no member can ever be used" if dead else ""
             problem = chain_error(
                 definition,
-                f"{said} no usable backend{guess}; no member can ever be used;"
-                " fix the name or remove it",
-                member=unknown[0],
-            )
-        elif typos:
-            problem = chain_error(
-                definition,
-                f"{said} no usable backend{guess}; fix the name or remove it",
-                member=next(iter(typos)),
+                f"{said} no usable backend{guess}{ever}; fix the name or remove it",
+                member=unknown[0] if dead else next(iter(typos)),
             )
         else:
             if definition.by_device is None:

@@ -18,8 +18,7 @@ The rules, in one place:
   declare one name (:mod:`._plugins`);
 - a chain (or a ``by-device`` table: both run other backends, their members)
   may not name itself, directly or through others, and may nest only so deep; a
-  member that does not exist is skipped when it runs, and reported by ``check``
-  (an error when it looks like a typo, or when no member exists: :mod:`._members`).
+  member that does not exist is skipped when it runs (:mod:`._members`).
 """
 
 from __future__ import annotations
@@ -58,11 +57,8 @@ class Index:
     # ------------------------------------------------------------------ resolving
 
     def resolve(self, key: str) -> BackendDefinition:
-        """The definition ``key`` resolves to.
-
-        Raises :class:`UnknownBackendError` (no such name, or disabled) or the
-        definition's own :class:`ManifestError` when it is broken.
-        """
+        """The definition ``key`` resolves to; :class:`UnknownBackendError` for no such name
+        (or a disabled one), the definition's own :class:`ManifestError` for a broken one."""
         definition = self._follow(key)
         if definition is None:
             excluded = self.excluded.get(key)
@@ -110,10 +106,8 @@ class Index:
         return tuple(d for d in lower if d.name == definition.name and d is not definition)
 
     def winners(self, *, broken: bool = False) -> list[BackendDefinition]:
-        """The usable definition of every name (not alias), in no particular order.
-
-        ``broken=True`` adds the enabled ones that cannot be used (each has its ``problem``).
-        """
+        """The usable definition of every name (not alias); ``broken=True`` adds the enabled
+        ones that cannot be used (each has its ``problem``)."""
         return [
             candidates[0]
             for key, candidates in self.by_key.items()
@@ -197,12 +191,9 @@ def merge(
     torch_read: bool = False,
     plugins_read: bool = True,
 ) -> Index:
-    """Fold ``discoveries`` (highest precedence first) into an :class:`Index`.
-
-    ``pytorch`` are the names PyTorch's own backends take; ``torch_read`` says
-    whether PyTorch's registry is among the discoveries, ``plugins_read``
-    whether the installed distributions' entry points are.
-    """
+    """Fold ``discoveries`` (highest precedence first) into an :class:`Index`; ``pytorch``
+    are the names PyTorch's own backends take, ``torch_read`` and ``plugins_read`` say
+    whether PyTorch's registry and the installed entry points are among the discoveries."""
     found = Discovery()
     for discovery in discoveries:
         found.add(discovery)
