@@ -173,11 +173,10 @@ class BackendDefinition(NamedTuple):
     enabled: bool = True
     #: The manifest's ``python-path`` folders, absolute.
     python_path: tuple[str, ...] = ()
-    #: Where a lookup of this backend finds modules, after every other place: the
-    #: ``python-path`` folders, then the manifest's own folder, last.
+    #: Where a lookup finds modules after every other place: ``python_path``, then the
+    #: manifest's own folder.
     search_path: tuple[str, ...] = ()
-    #: The manifest's ``python-path`` entries as written (what its identity holds: the
-    #: same in every checkout).
+    #: The manifest's ``python-path`` entries as written (the same in every checkout).
     written_path: tuple[str, ...] = ()
     #: The callable itself, where the source holds one (runtime, PyTorch).
     compiler_fn: Callable[..., Any] | None = None

@@ -60,18 +60,10 @@ class UnknownBackendError(BackendRegistryError, LookupError):
     @property
     def brief(self) -> str:
         """The message without the hint: what is unknown, why, and the closest names."""
-        message = f"unknown backend {self.name!r}"
-        if self.note:
-            message += f" ({self.note})"
-        message += "."
-        if self.suggestions:
-            quoted = " or ".join(repr(s) for s in self.suggestions)
-            message += f" Did you mean {quoted}?"
-        return message
-
-    def __str__(self) -> str:
-        # LookupError/KeyError would repr() the message; keep it readable.
-        return str(self.args[0])
+        note = f" ({self.note})" if self.note else ""
+        quoted = " or ".join(map(repr, self.suggestions))
+        meant = f" Did you mean {quoted}?" if quoted else ""
+        return f"unknown backend {self.name!r}{note}.{meant}"
 
 
 class BackendLoadError(BackendRegistryError):

@@ -53,8 +53,6 @@ def excluded(
     definition: BackendDefinition, rules: Sequence[PluginRule], index: Index
 ) -> str | None:
     """Why the plugin policy leaves this entry point out, or ``None`` (see the module's rules)."""
-    if not rules:
-        return None
     name = definition.source.distribution or ""
     key = _dist_of(definition)
     allow = next((rule for rule in rules if rule.kind == "allow"), None)
