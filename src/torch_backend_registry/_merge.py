@@ -243,12 +243,12 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
 
     aliases, disabled = [], []
     known = [k for k, c in index.by_key.items() if c[0].usable] + sorted(index.pytorch)
-    for key, candidates in index.by_key.items():
-        top = candidates[0]
+    for key, found in index.by_key.items():
+        top = found[0]
         if top.source.path is None:
             continue
         if top.name != key:
-            lower = next((d for d in candidates[1:] if d.name == key), None)
+            lower = next((d for d in found[1:] if d.name == key), None)
             if lower is not None:
                 aliases.append(
                     top.located(
@@ -260,9 +260,7 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
                     )
                 )
         # An entry point the policy left out is hidden, and so may be one not read.
-        elif not top.enabled and len(candidates) == 1 and key not in index.excluded:
-            if not plugins_read:
-                continue
+        elif plugins_read and not top.enabled and len(found) == 1 and key not in index.excluded:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
             hint = f"did you mean {close[0]!r}?" if close else "remove the entry"
             disabled.append(
