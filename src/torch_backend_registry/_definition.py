@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 from types import MappingProxyType
 from typing import NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import json
     from collections.abc import Callable, Iterable, Mapping
     from typing import Any, Literal, TypeAlias
 
@@ -47,14 +45,9 @@ def canonical(value: object) -> str:
     its keys, writes the same text as a value of another kind (a date and a string,
     a table and an array of pairs); tuples are arrays.
     """
-    return _encoder().encode(_typed(value))
-
-
-@functools.cache  # one for every call: json.dumps with options builds one a call
-def _encoder() -> json.JSONEncoder:
     import json
 
-    return json.JSONEncoder(separators=(",", ":"))
+    return json.dumps(_typed(value), separators=(",", ":"))
 
 
 def _typed(value: object) -> object:
@@ -82,12 +75,8 @@ def shown_path(path: str, folder: str) -> str:
 
 def location(path: str | None, line: int | None, key: str | None) -> str:
     """The ``PATH:LINE: KEY: `` prefix of a message, leaving out what is unknown."""
-    parts = []
-    if path is not None:
-        parts.append(path if line is None else f"{path}:{line}")
-    if key:
-        parts.append(key)
-    return "".join(f"{part}: " for part in parts)
+    where = "" if path is None else f"{path}: " if line is None else f"{path}:{line}: "
+    return where + (f"{key}: " if key else "")
 
 
 def target_of(fn: object) -> str | None:
@@ -100,13 +89,9 @@ def target_of(fn: object) -> str | None:
 
 
 class Source(NamedTuple):
-    """Where a definition came from.
-
-    ``kind`` is one of ``"runtime"``, ``"env"``, ``"project"``, ``"entry-point"``
-    and ``"torch"``; ``path`` and ``line`` locate a manifest entry (the line of
-    its table header), ``distribution`` and ``version`` an entry point,
-    ``module`` a ``register_backend`` call. What does not apply is ``None``.
-    """
+    """Where a definition came from: a manifest's table (``path``, the ``line`` of its
+    header), an entry point (``distribution``, ``version``) or a ``register_backend`` call
+    (``module``); what does not apply is ``None``."""
 
     kind: SourceKind
     path: str | None = None
@@ -119,10 +104,7 @@ class Source(NamedTuple):
         return _repr(self)
 
     def describe(self, relative_to: str | None = None) -> str:
-        """A short human location: ``PATH:LINE``, a distribution, or a module.
-
-        With ``relative_to``, a path below that folder is shown relative to it.
-        """
+        """``PATH:LINE`` (relative to ``relative_to`` below it), a distribution, or a module."""
         if self.path is not None:
             path = self.path if relative_to is None else shown_path(self.path, relative_to)
             return path if self.line is None else f"{path}:{self.line}"
@@ -145,13 +127,9 @@ class Source(NamedTuple):
 class Problem(NamedTuple):
     """What reading, merging or checking found, with where: a value, printed or warned.
 
-    Its ``severity`` says what it costs: an ``error`` leaves out what it names (a file
-    that cannot be read or may not be trusted, a backend that cannot be used as
-    written) and makes ``check`` fail; a ``warning`` is about something used, but
-    likely not as meant (a device type no graph is on, one of two plugins chosen, a
-    chain member that fails while others work); a ``note`` is no fault at all (a chain
-    member not installed here, which the chain skips). Raising happens only where it
-    makes something fail: looking up a broken backend raises :class:`ManifestError`.
+    An ``error`` leaves out what it names and makes ``check`` fail; a ``warning`` is about
+    something used, but likely not as meant; a ``note`` is no fault (a chain member not
+    installed here, which the chain skips).
     """
 
     message: str
@@ -195,11 +173,10 @@ class BackendDefinition(NamedTuple):
     enabled: bool = True
     #: The manifest's ``python-path`` folders, absolute.
     python_path: tuple[str, ...] = ()
-    #: Where a lookup of this backend finds modules, after every other place: the
-    #: ``python-path`` folders, then the manifest's own folder, last.
+    #: Where a lookup finds modules after every other place: ``python_path``, then the
+    #: manifest's own folder.
     search_path: tuple[str, ...] = ()
-    #: The manifest's ``python-path`` entries as written (what its identity holds: the
-    #: same in every checkout).
+    #: The manifest's ``python-path`` entries as written (the same in every checkout).
     written_path: tuple[str, ...] = ()
     #: The callable itself, where the source holds one (runtime, PyTorch).
     compiler_fn: Callable[..., Any] | None = None
@@ -296,23 +273,18 @@ def runtime_definition(
 
 
 class BackendInfo(NamedTuple):
-    """What ``backend_info(name)`` found: the definition ``name`` resolves to, and beside it
-    what resolving saw (the definitions of that name it shadows, the alias asked for).
-
-    The definition's own attributes read through (``info.target``, ``info.source``).
-    """
+    """What ``backend_info(name)`` found: the definition ``name`` resolves to (its attributes
+    read through: ``info.target``), what it shadows, and the alias asked for."""
 
     definition: BackendDefinition
     #: The definitions of the same name from lower sources, highest first.
     shadowed: tuple[BackendDefinition, ...] = ()
-    #: The name asked for, where it was an alias of ``definition.name``; else ``None``.
     alias: str | None = None
 
     def __repr__(self) -> str:
         return _repr(self)
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for what BackendInfo itself lacks: the definition's fields.
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.definition, name)
@@ -339,10 +311,8 @@ def distribution_key(name: str) -> str:
 
 
 class PluginRule(NamedTuple):
-    """An ``allow`` or ``deny`` list of distributions, with where it was declared: a
-    manifest's line and key, or (``path`` ``None``) the environment variable ``key``.
-
-    ``names`` are normalised as packaging compares them (:func:`distribution_key`)."""
+    """An ``allow`` or ``deny`` list of distributions (normalised: :func:`distribution_key`),
+    with where: a manifest's line and key, or (``path`` ``None``) the environment variable."""
 
     kind: Literal["allow", "deny"]
     names: frozenset[str]
@@ -362,7 +332,6 @@ class PluginRule(NamedTuple):
         path: str | None = None,
         line: int | None = None,
     ) -> PluginRule:
-        """The rule of ``names`` as written: normalised, as packaging compares them."""
         return cls(kind, frozenset(map(distribution_key, names)), key, path, line)
 
     @property

@@ -17,26 +17,22 @@ class BackendRegistryError(Exception):
     """Base class of every error this library raises."""
 
 
-class ManifestError(BackendRegistryError):
-    """A manifest cannot be used as written.
-
-    The message starts ``PATH:LINE: KEY: `` so that editors and CI logs can jump
-    to the offending place; the same facts are kept as attributes.
-    """
+class _Located(BackendRegistryError):
+    """An error of a place in a file: the message starts ``PATH:LINE: KEY: `` so that
+    editors and CI logs can jump to it; the same facts are kept as attributes."""
 
     def __init__(
-        self,
-        message: str,
-        *,
-        path: str | None,
-        line: int | None = None,
-        key: str | None = None,
+        self, message: str, *, path: str | None, line: int | None = None, key: str | None = None
     ) -> None:
         self.path = path
         self.line = line
         self.key = key
         self.message = message
         super().__init__(location(path, line, key) + message)
+
+
+class ManifestError(_Located):
+    """A manifest cannot be used as written."""
 
     @classmethod
     def of(cls, problem: Problem) -> ManifestError:
@@ -64,42 +60,27 @@ class UnknownBackendError(BackendRegistryError, LookupError):
     @property
     def brief(self) -> str:
         """The message without the hint: what is unknown, why, and the closest names."""
-        message = f"unknown backend {self.name!r}"
-        if self.note:
-            message += f" ({self.note})"
-        message += "."
-        if self.suggestions:
-            quoted = " or ".join(repr(s) for s in self.suggestions)
-            message += f" Did you mean {quoted}?"
-        return message
-
-    def __str__(self) -> str:
-        # LookupError/KeyError would repr() the message; keep it readable.
-        return str(self.args[0])
+        note = f" ({self.note})" if self.note else ""
+        quoted = " or ".join(map(repr, self.suggestions))
+        meant = f" Did you mean {quoted}?" if quoted else ""
+        return f"unknown backend {self.name!r}{note}.{meant}"
 
 
 class BackendLoadError(BackendRegistryError):
-    """A backend's target could not be imported or is not callable.
-
-    The original exception is chained as ``__cause__``. Failures are never
-    cached: once the code is fixed, looking the backend up again works.
-    """
+    """A backend's target could not be imported or is not callable (the cause chained)."""
 
     def __init__(self, name: str, target: str | None, source: Source, reason: str) -> None:
         self.name = name
         self.target = target
         self.source = source
         self.reason = reason
-        where = source.describe()
         what = f" (target {target!r})" if target else ""
-        super().__init__(f"{where}: cannot load backend {name!r}{what}: {reason}")
+        super().__init__(f"{source.describe()}: cannot load backend {name!r}{what}: {reason}")
 
 
 class BackendChainError(BackendRegistryError):
-    """Every member of a fallback chain was skipped or failed.
-
-    ``failures`` holds one ``(member, reason)`` pair for each member, in order.
-    """
+    """Every member of a fallback chain was skipped or failed: ``failures`` holds a
+    ``(member, reason)`` pair for each, in order."""
 
     def __init__(self, name: str, failures: Sequence[tuple[str, str]]) -> None:
         self.name = name
@@ -125,21 +106,13 @@ class DuplicateBackendError(BackendRegistryError, ValueError):
         )
 
 
-class LockFileError(BackendRegistryError):
+class LockFileError(_Located):
     """A lock file cannot be read or is not one (``path``, ``line``)."""
-
-    def __init__(self, message: str, *, path: str, line: int | None = None) -> None:
-        self.path = path
-        self.line = line
-        self.message = message
-        super().__init__(location(path, line, None) + message)
 
 
 class LockDriftError(BackendRegistryError):
-    """The registry resolves names differently from its lock file.
-
-    ``changes`` holds one line a difference (added, removed, changed field).
-    """
+    """The registry resolves names differently from its lock file: ``changes`` holds one
+    line a difference (added, removed, changed field)."""
 
     def __init__(self, lock: str, changes: list[str]) -> None:
         self.lock = lock
@@ -153,11 +126,8 @@ class LockDriftError(BackendRegistryError):
 
 
 class InconsistentRegistryError(BackendRegistryError):
-    """Ranks resolve backend names differently (or did not all take part in the check).
-
-    ``ranks`` are the ranks that differ from the majority (or that never came),
-    ``names`` the backend names on which they differ.
-    """
+    """Ranks resolve backend names differently (or did not all take part in the check):
+    ``ranks`` differ from the majority (or never came), on the backend ``names``."""
 
     def __init__(self, message: str, ranks: tuple[int, ...], names: tuple[str, ...]) -> None:
         self.ranks = ranks
@@ -190,15 +160,9 @@ def warn_problem(problem: Problem) -> None:
     said = str(problem)
     # An error of a backend's table leaves that backend out (the others stay): said, since
     # the message itself says what is wrong and what would be right.
-    backend = _backend_of(problem.key)
-    if problem.severity == "error" and backend is not None:
-        said += f" (so backend {backend!r} is left out)"
-    warn(said)
-
-
-def _backend_of(key: str | None) -> str | None:
-    """The backend a problem's key is in (``backends.fast.target``: ``fast``), if any."""
-    parts = (key or "").split(".")
+    parts = (problem.key or "").split(".")
     if parts[:2] == ["tool", "torch-backends"]:
         parts = parts[2:]
-    return parts[1] if len(parts) >= 2 and parts[0] == "backends" else None
+    if problem.severity == "error" and len(parts) >= 2 and parts[0] == "backends":
+        said += f" (so backend {parts[1]!r} is left out)"
+    warn(said)

@@ -27,18 +27,14 @@ class ForkSafeLock:
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
 
-    def reset(self) -> None:
-        """A new, free lock (the child of a fork is the only thread that can hold it)."""
-        self._lock = RLock()
-
 
 #: Every lock alive, to be replaced in a forked child.
 _LOCKS: WeakSet[ForkSafeLock] = WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    for lock in list(_LOCKS):
-        lock.reset()
+    for lock in list(_LOCKS):  # the child is the only thread that can hold them
+        lock._lock = RLock()
 
 
 if hasattr(os, "register_at_fork"):

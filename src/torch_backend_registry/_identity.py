@@ -2,11 +2,8 @@
 the lock file, doctor's verdict keys and the verdicts a listing shows.
 
 Pure: an index in, facts out. The facts leave out where a checkout lies
-(absolute paths, line numbers) and keep what decides what runs: the source
-kind, the target or chain, options, requires, ``python-path`` (as written),
-a plugin's distribution and version, ``skip-known-failures``, PyTorch's public
-version for its own backends, and for a chain the same facts of every backend
-it may reach.
+(absolute paths, line numbers) and keep what decides what runs, for a chain
+of every backend it may reach too.
 """
 
 from __future__ import annotations
@@ -22,25 +19,22 @@ if TYPE_CHECKING:
 
 
 def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts:
-    """The facts of one definition alone (a chain's members by name only)."""
+    """The facts of one definition alone (a chain's members by name only), each where it
+    has one."""
     source = definition.source
-    facts: Facts = {"kind": source.kind}
-    if definition.target is not None:
-        facts["target"] = definition.target
-    if definition.chain is not None:
-        facts["chain"] = list(definition.chain)
-    if definition.by_device is not None:
-        facts["by-device"] = dict(definition.by_device)
-    if definition.verify is not None:
-        facts["verify"] = list(definition.verify)
-    if definition.options:
-        facts["options"] = _plain(definition.options)
-    if definition.requires:
-        facts["requires"] = sorted(set(definition.requires))
-    if definition.written_path:
+    written: Facts = {
+        "kind": source.kind,
+        "target": definition.target,
+        "chain": list(definition.chain or ()),
+        "by-device": dict(definition.by_device or ()),
+        "verify": list(definition.verify or ()),
+        "options": _plain(definition.options),
+        "requires": sorted(set(definition.requires)),
         # As written: an absolute folder is the same folder from every checkout, and a
         # relative one the same place in each.
-        facts["python-path"] = list(definition.written_path)
+        "python-path": list(definition.written_path),
+    }
+    facts = {key: value for key, value in written.items() if value}
     if source.distribution is not None:
         facts["distribution"] = source.distribution
         facts["version"] = source.version or ""
@@ -59,9 +53,8 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
 
 
 def reach(index: Index, definition: BackendDefinition) -> dict[str, BackendDefinition | None]:
-    """Every backend a chain (or ``by-device`` table) may run, by name (``None`` for a name
-    that resolves to nothing), through others inside it; linear in their graph. Empty for a
-    backend that runs no other."""
+    """Every backend a chain (or ``by-device`` table) may run, through others inside it, by
+    name (``None`` for a name that resolves to nothing)."""
     found: dict[str, BackendDefinition | None] = {}
     todo = list(definition.members)
     while todo:
@@ -87,11 +80,8 @@ def identity(index: Index, definition: BackendDefinition, torch_version: str | N
 
 
 def registry_facts(index: Index, torch_version: str | None) -> Facts:
-    """``{"backends": {name: facts}, "aliases": {alias: name}}`` for every usable name,
-    and ``"default"``, the backend torch.compile uses when given none, where one is set.
-
-    Each backend's own facts: a chain's members stand there under their own names.
-    """
+    """``{"backends": {name: own facts}, "aliases": {alias: name}}`` for every usable name,
+    and the ``"default"`` where one is set."""
     backends: Facts = {}
     aliases: dict[str, str] = {}
     for key in sorted(index.by_key):

@@ -25,107 +25,85 @@ def unknown_members(index: Index) -> dict[str, Problem]:
     never be used: those are errors. A member that may be one of PyTorch's is not
     reported when PyTorch's registry was not read.
     """
-
-    known = [key for key in index.by_key if index.get(key) is not None]
-    if not index.torch_read:
-        known += sorted(index.pytorch)
     problems: dict[str, Problem] = {}
     for definition in index.winners():
         unknown = index.missing_members(definition)
         if not unknown:
             continue
-        names = ", ".join(map(repr, unknown))
-        said = f"{_what(definition)} {definition.name!r} names {names}, which"
-        typos = {m: _typo_of(m, known) for m in unknown}
-        meant = [f"{m!r} -> {close[0]!r}" for m, close in typos.items() if close]
-        if index.all_members_missing(definition):
-            are = "is" if len(unknown) == 1 else "are"
-            guess = f" (did you mean {', '.join(meant)}?)" if meant else ""
-            problems[definition.name] = chain_error(
-                definition,
-                f"{said} {are} no usable backend{guess}; no member can ever be used;"
-                " fix the name or remove it",
-                member=unknown[0],
-            )
-            continue
-        if meant:
-            problems[definition.name] = chain_error(
-                definition,
-                f"{said} {'is' if len(unknown) == 1 else 'are'} no usable backend"
-                f" (did you mean {', '.join(meant)}?); fix the name or remove it",
-                member=next(m for m, close in typos.items() if close),
-            )
-            continue
+        what = f"{_what(definition)} {definition.name!r}"
         are = "is" if len(unknown) == 1 else "are"
-        if definition.by_device is None:
-            happens = f"it skips {'it' if len(unknown) == 1 else 'them'} when it runs"
+        said = f"{what} names {', '.join(map(repr, unknown))}, which {are}"
+        typos = {m: close[0] for m in unknown if (close := _typo_of(m, index.known()))}
+        meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
+        guess = f" (did you mean {meant}?)" if meant else ""
+        dead = index.all_members_missing(definition)
+        if dead or typos:
+            ever = "; no member can ever be used" if dead else ""
+            problem = chain_error(
+                definition,
+                f"{said} no usable backend{guess}{ever}; fix the name or remove it",
+                member=unknown[0] if dead else next(iter(typos)),
+            )
         else:
-            devices = [device for device, name in definition.by_device if name in unknown]
-            happens = f"on {', '.join(devices)} it fails"
-        whys = {m: index.why_missing(m) for m in unknown}
-        if set(whys.values()) == {"not installed here"}:
-            said = f"{said} {are} not installed here"
-        else:  # disabled, or left out by the plugin policy: each says why
-            listed = ", ".join(f"{m!r} ({why})" for m, why in whys.items())
-            said = f"{_what(definition)} {definition.name!r} names {listed}"
-        problems[definition.name] = chain_error(
-            definition, f"{said}; {happens}", severity="note", member=unknown[0]
-        )
+            if definition.by_device is None:
+                happens = f"it skips {'it' if len(unknown) == 1 else 'them'} when it runs"
+            else:
+                devices = [device for device, name in definition.by_device if name in unknown]
+                happens = f"on {', '.join(devices)} it fails"
+            whys = {m: index.why_missing(m) for m in unknown}
+            if set(whys.values()) != {"not installed here"}:
+                # Disabled, or left out by the plugin policy: each says why.
+                said = f"{what} names " + ", ".join(f"{m!r} ({why})" for m, why in whys.items())
+            else:
+                said += " not installed here"
+            problem = chain_error(
+                definition, f"{said}; {happens}", severity="note", member=unknown[0]
+            )
+        problems[definition.name] = problem
     return problems
 
 
 def chain_problems(index: Index) -> dict[str, Problem]:
     """Each chain that names itself or nests too deeply, by name: it cannot be used.
     Linear in the size of the chain graph, whatever its shape or depth."""
-    problems: dict[str, Problem] = {}
     chains = {d.name: d for d in index.winners() if d.members}
+    # The chains each chain runs, by their own names.
+    inner = {
+        name: [m.name for m in map(index.get, d.members) if m is not None and m.name in chains]
+        for name, d in chains.items()
+    }
+    problems: dict[str, Problem] = {}
     depth: dict[str, int] = {}
     for start in chains:
         if start in depth:
             continue
-        # Iterative depth-first search: grey on the path, a depth once done.
-        path: list[str] = [start]
+        # Iterative depth-first search: on the path, or a depth once done.
+        path = [start]
         on_path = {start}
-        iterators = [iter(_chain_members(index, chains[start], chains))]
-        while iterators:
-            member = next(iterators[-1], None)
+        todo = [iter(inner[start])]
+        while todo:
+            member = next(todo[-1], None)
             if member is None:
                 done = path.pop()
                 on_path.discard(done)
-                iterators.pop()
-                below = [depth.get(m, 0) for m in _chain_members(index, chains[done], chains)]
-                depth[done] = 1 + max(below, default=0)
-                continue
-            if member in on_path:
+                todo.pop()
+                depth[done] = 1 + max((depth.get(m, 0) for m in inner[done]), default=0)
+            elif member in on_path:
                 loop = [*path[path.index(member) :], member]
                 for name in set(loop):
                     problems.setdefault(name, _loop_error(chains[name], loop, name))
-                continue
-            if member in depth:
-                continue
-            path.append(member)
-            on_path.add(member)
-            iterators.append(iter(_chain_members(index, chains[member], chains)))
+            elif member not in depth:
+                path.append(member)
+                on_path.add(member)
+                todo.append(iter(inner[member]))
     for name, levels in depth.items():
         if levels > MAX_CHAIN_DEPTH and name not in problems:
             problems[name] = chain_error(
                 chains[name],
                 f"{_what(chains[name])} {name!r} nests {levels} chains deep, more than"
-                f" {MAX_CHAIN_DEPTH};"
-                " name the backends it ends in directly",
+                f" {MAX_CHAIN_DEPTH}; name the backends it ends in directly",
             )
     return problems
-
-
-def _chain_members(
-    index: Index, definition: BackendDefinition, chains: dict[str, BackendDefinition]
-) -> list[str]:
-    members = []
-    for member in definition.members:  # repeats walk once
-        resolved = index.get(member)
-        if resolved is not None and resolved.members and resolved.name in chains:
-            members.append(resolved.name)
-    return members
 
 
 def _typo_of(name: str, known: Sequence[str]) -> list[str]:

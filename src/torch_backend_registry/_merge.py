@@ -18,8 +18,7 @@ The rules, in one place:
   declare one name (:mod:`._plugins`);
 - a chain (or a ``by-device`` table: both run other backends, their members)
   may not name itself, directly or through others, and may nest only so deep; a
-  member that does not exist is skipped when it runs, and reported by ``check``
-  (an error when it looks like a typo, or when no member exists: :mod:`._members`).
+  member that does not exist is skipped when it runs (:mod:`._members`).
 """
 
 from __future__ import annotations
@@ -33,28 +32,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
 
-    from ._definition import DefaultDeclaration
-
 
 class Index:
     """Every name and alias, each with its candidate definitions, highest first."""
 
-    __slots__ = (
-        "_chain_problems",
-        "_suggestable",
-        "admitted",
-        "by_key",
-        "conflicts",
-        "default",
-        "excluded",
-        "problems",
-        "pytorch",
-        "torch_read",
-    )
-
     def __init__(self, found: Discovery, pytorch: Collection[str], torch_read: bool) -> None:
         self.by_key: dict[str, list[BackendDefinition]] = {}
-        self.default: DefaultDeclaration | None = found.default
+        self.default = found.default
         #: Every problem found, in precedence order: the sources', then the merge's own.
         self.problems: list[Problem] = list(found.problems)
         #: The names PyTorch's own backends take, and whether PyTorch's registry was read.
@@ -67,17 +51,14 @@ class Index:
         #: Entry points admitted by an allow list over a lower deny, by name: which rule decided.
         self.admitted: dict[str, str] = {}
         # Derived once, on first need: the index never changes after merge().
-        self._suggestable: list[str] | None = None
+        self._known: list[str] | None = None
         self._chain_problems: dict[str, Problem] | None = None
 
     # ------------------------------------------------------------------ resolving
 
     def resolve(self, key: str) -> BackendDefinition:
-        """The definition ``key`` resolves to.
-
-        Raises :class:`UnknownBackendError` (no such name, or disabled) or the
-        definition's own :class:`ManifestError` when it is broken.
-        """
+        """The definition ``key`` resolves to; :class:`UnknownBackendError` for no such name
+        (or a disabled one), the definition's own :class:`ManifestError` for a broken one."""
         definition = self._follow(key)
         if definition is None:
             excluded = self.excluded.get(key)
@@ -125,10 +106,8 @@ class Index:
         return tuple(d for d in lower if d.name == definition.name and d is not definition)
 
     def winners(self, *, broken: bool = False) -> list[BackendDefinition]:
-        """The usable definition of every name (not alias), in no particular order.
-
-        ``broken=True`` adds the enabled ones that cannot be used (each has its ``problem``).
-        """
+        """The usable definition of every name (not alias); ``broken=True`` adds the enabled
+        ones that cannot be used (each has its ``problem``)."""
         return [
             candidates[0]
             for key, candidates in self.by_key.items()
@@ -140,6 +119,15 @@ class Index:
         """Whether ``name`` is one of PyTorch's, which this index did not read."""
         return not self.torch_read and name in self.pytorch
 
+    def known(self) -> list[str]:
+        """Every name that resolves, PyTorch's among them (read or not): what a
+        misspelt name may have meant."""
+        if self._known is None:
+            self._known = [key for key in self.by_key if self.get(key) is not None]
+            if not self.torch_read:
+                self._known += sorted(self.pytorch - set(self._known))
+        return self._known
+
     def unknown(self, name: str, note: str = "") -> UnknownBackendError:
         import difflib
 
@@ -147,11 +135,7 @@ class Index:
         if not note and errors:
             # The name may live in a manifest that could not be read.
             note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
-        if self._suggestable is None:  # once per index, not once per miss
-            self._suggestable = [key for key in self.by_key if self.get(key) is not None]
-            if not self.torch_read:  # PyTorch's names are names, read or not
-                self._suggestable += sorted(self.pytorch - set(self._suggestable))
-        suggestions = difflib.get_close_matches(name, self._suggestable, n=3, cutoff=0.6)
+        suggestions = difflib.get_close_matches(name, self.known(), n=3, cutoff=0.6)
         return UnknownBackendError(name, suggestions, note=note)
 
     # ----------------------------------------------------------------- validating
@@ -180,10 +164,7 @@ class Index:
         return unknown_members(self)
 
     def chain_problems(self) -> dict[str, Problem]:
-        """Each chain that names itself or nests too deeply, by name: it cannot be used.
-
-        Linear in the size of the chain graph, whatever its shape or depth.
-        """
+        """Each chain that names itself or nests too deeply, by name: it cannot be used."""
         if self._chain_problems is None:
             self._chain_problems = chain_problems(self)
         return self._chain_problems
@@ -199,7 +180,7 @@ class Index:
             message = f"{exc.brief.rstrip('.')}; name a backend that exists here"
             return Problem(message, path=default.path, line=default.line, key=default.key)
         except ManifestError:
-            return None  # the backend's own problem is reported already
+            pass  # the backend's own problem is reported already
         return None
 
 
@@ -210,12 +191,9 @@ def merge(
     torch_read: bool = False,
     plugins_read: bool = True,
 ) -> Index:
-    """Fold ``discoveries`` (highest precedence first) into an :class:`Index`.
-
-    ``pytorch`` are the names PyTorch's own backends take; ``torch_read`` says
-    whether PyTorch's registry is among the discoveries, ``plugins_read``
-    whether the installed distributions' entry points are.
-    """
+    """Fold ``discoveries`` (highest precedence first) into an :class:`Index`; ``pytorch``
+    are the names PyTorch's own backends take, ``torch_read`` and ``plugins_read`` say
+    whether PyTorch's registry and the installed entry points are among the discoveries."""
     found = Discovery()
     for discovery in discoveries:
         found.add(discovery)
@@ -226,105 +204,88 @@ def merge(
     # this registry gives the same answer, a definition (or alias) of such a
     # name from any other source is refused where it is made.
     reserved = index.pytorch
-    refused: list[Problem] = []
     # The names the pick-and-conflict pass must visit: picks and entry points.
-    special: set[str] = set()
+    picked: set[str] = set()
     for definition in found.definitions:
         kind = definition.source.kind
         name = definition.name
-        if definition.distribution is not None:
-            special.add(name)
+        if kind == "entry-point" or definition.distribution is not None:
+            picked.add(name)
         if kind == "entry-point":
-            special.add(name)
             why = excluded(definition, found.rules, index)
             if why is not None:
                 index.excluded.setdefault(name, []).append((definition, why))
                 continue
         if kind != "torch":
             if name in reserved:
-                refused.append(_pytorch_owns(definition))
+                index.problems.append(_pytorch_owns(definition))
                 continue
             clashing = [a for a in definition.aliases if a in reserved]
             if clashing:
-                refused.append(_pytorch_owns(definition, clashing))
-        if name in by_key:
-            by_key[name].append(definition)
-        else:
-            by_key[name] = [definition]
+                index.problems.append(_pytorch_owns(definition, clashing))
+        by_key.setdefault(name, []).append(definition)
         if definition.enabled:
             for alias in definition.aliases:
                 if alias not in reserved or kind == "torch":
                     by_key.setdefault(alias, []).append(definition)
-    index.problems.extend(refused)
-    resolve_picks(index, special)
+    resolve_picks(index, picked)
     if plugins_read:
         index.problems.extend(rules_naming_nothing(found))
-    index.problems.extend(_hidden_by_aliases(index))
-    index.problems.extend(_disabling_nothing(index, plugins_read))
+    index.problems.extend(_hiding(index, plugins_read))
     return index
 
 
-def _hidden_by_aliases(index: Index) -> list[Problem]:
-    """An alias from a higher source wins over a lower backend of that very name (the
-    precedence says so); said, since it hides that backend from listings."""
-    said = []
-    for key, candidates in index.by_key.items():
-        owner = candidates[0]
-        if owner.name == key or owner.source.path is None:
+def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
+    """What hides more, or less, than its manifest likely means (warnings): an alias from a
+    higher source hides a lower backend of its very name (the precedence says so), and
+    ``enabled = false`` for a name nothing lower defines hides nothing (likely a typo)."""
+    import difflib
+
+    aliases, disabled = [], []
+    known = [k for k, c in index.by_key.items() if c[0].usable] + sorted(index.pytorch)
+    for key, found in index.by_key.items():
+        top = found[0]
+        if top.source.path is None:
             continue
-        hidden = [d for d in candidates[1:] if d.name == key]
-        if hidden:
-            lower = hidden[0]
-            said.append(
-                owner.located(
-                    f"alias {key!r} of {owner.name!r} hides backend {key!r} of"
-                    f" {lower.source.describe()}, which ranks lower: {key!r} now runs"
-                    f" {owner.name!r}; rename the alias if that is not meant",
-                    "aliases",
+        if top.name != key:
+            lower = next((d for d in found[1:] if d.name == key), None)
+            if lower is not None:
+                aliases.append(
+                    top.located(
+                        f"alias {key!r} of {top.name!r} hides backend {key!r} of"
+                        f" {lower.source.describe()}, which ranks lower: {key!r} now runs"
+                        f" {top.name!r}; rename the alias if that is not meant",
+                        "aliases",
+                        severity="warning",
+                    )
+                )
+        # An entry point the policy left out is hidden, and so may be one not read.
+        elif plugins_read and not top.enabled and len(found) == 1 and key not in index.excluded:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]!r}?" if close else "remove the entry"
+            disabled.append(
+                top.located(
+                    f"{key!r} is disabled, but no lower source defines it: nothing is hidden;"
+                    f" {hint}",
+                    "enabled",
                     severity="warning",
                 )
             )
-    return said
-
-
-def _disabling_nothing(index: Index, plugins_read: bool) -> list[Problem]:
-    """``enabled = false`` for a name nothing lower defines hides nothing: likely a typo."""
-    import difflib
-
-    said = []
-    known = [k for k, c in index.by_key.items() if c[0].usable] + sorted(index.pytorch)
-    for key, candidates in index.by_key.items():
-        top = candidates[0]
-        if top.enabled or top.name != key or top.source.path is None or len(candidates) > 1:
-            continue
-        if key in index.excluded or not plugins_read:
-            continue  # it hides an entry point the policy left out, or plugins were not read
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
-        hint = f"did you mean {close[0]!r}?" if close else "remove the entry"
-        said.append(
-            top.located(
-                f"{key!r} is disabled, but no lower source defines it: nothing is hidden; {hint}",
-                "enabled",
-                severity="warning",
-            )
-        )
-    return said
+    return aliases + disabled
 
 
 def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) -> Problem:
-    if definition.source.kind == "entry-point":  # not the user's to rename: say what is
-        dist = definition.source.distribution
+    source = definition.source
+    if source.kind == "entry-point":  # not the user's to rename: say what is
+        dist = source.distribution
+        deny = f" (deny the plugin with [plugins] deny = [{dist!r}] to silence this)"
         return Problem(
-            f"{definition.source.describe()} declares the entry point {definition.name!r},"
-            " one of PyTorch's own backends, which torch.compile keeps using: it is left out"
-            + (
-                f" (deny the plugin with [plugins] deny = [{dist!r}] to silence this)"
-                if dist
-                else ""
-            ),
+            f"{source.describe()} declares the entry point {definition.name!r}, one of"
+            " PyTorch's own backends, which torch.compile keeps using: it is left out"
+            + (deny if dist else ""),
             severity="warning",
         )
-    where = "" if definition.source.path is not None else f"{definition.source.describe()}: "
+    where = "" if source.path is not None else f"{source.describe()}: "
     if aliases:
         names = ", ".join(map(repr, aliases))
         message = (
@@ -332,14 +293,11 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
             " backends, which torch.compile keeps using; it is left out: remove it"
         )
         return definition.located(message, "aliases")
+    own = f"{where}{definition.name!r} is one of PyTorch's own backends"
     if not definition.enabled:
-        message = (
-            f"{where}{definition.name!r} is one of PyTorch's own backends and cannot be"
-            " disabled: torch.compile keeps using it; remove this entry"
+        return definition.located(
+            f"{own} and cannot be disabled: torch.compile keeps using it; remove this entry"
         )
-    else:
-        message = (
-            f"{where}{definition.name!r} is one of PyTorch's own backends, which"
-            " torch.compile keeps using; this definition is left out: rename it"
-        )
-    return definition.located(message)
+    return definition.located(
+        f"{own}, which torch.compile keeps using; this definition is left out: rename it"
+    )

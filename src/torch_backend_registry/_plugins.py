@@ -25,13 +25,7 @@ def rules_naming_nothing(found: Discovery) -> list[Problem]:
     at the line of its list, with the closest name that does."""
     import difflib
 
-    declaring = sorted(
-        {
-            _dist_key(d.source.distribution or "")
-            for d in found.definitions
-            if d.source.kind == "entry-point"
-        }
-    )
+    declaring = sorted({_dist_of(d) for d in found.definitions if d.source.kind == "entry-point"})
     said = []
     for rule in found.rules:
         for name in sorted(rule.names - set(declaring)):
@@ -59,10 +53,8 @@ def excluded(
     definition: BackendDefinition, rules: Sequence[PluginRule], index: Index
 ) -> str | None:
     """Why the plugin policy leaves this entry point out, or ``None`` (see the module's rules)."""
-    if not rules:
-        return None
     name = definition.source.distribution or ""
-    key = _dist_key(name)
+    key = _dist_of(definition)
     allow = next((rule for rule in rules if rule.kind == "allow"), None)
     if allow is not None and key not in allow.names:
         return f"distribution {name!r} is not allowed by {allow.where}"
@@ -81,11 +73,7 @@ def excluded(
 
 
 def resolve_picks(index: Index, names: set[str]) -> None:
-    """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts.
-
-    When several distributions declare one name, the first on ``sys.path`` wins
-    (then the first by name) unless a manifest picks one.
-    """
+    """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts."""
     for key in sorted(names):
         candidates = index.by_key.get(key)
         if not candidates or candidates[0].name != key:
@@ -95,7 +83,7 @@ def resolve_picks(index: Index, names: set[str]) -> None:
         if top.distribution is not None and top.usable:
             candidates[0] = _picked(top, points, index.excluded.get(key, []))
             continue
-        owners = {_dist_key(p.source.distribution or "") for p in points}
+        owners = {_dist_of(p) for p in points}
         if len(owners) > 1 and top.source.kind == "entry-point":
             index.conflicts[key] = _conflict(key, points)
     index.problems.extend(index.conflicts.values())
@@ -106,36 +94,35 @@ def _picked(
     points: list[BackendDefinition],
     excluded: list[tuple[BackendDefinition, str]],
 ) -> BackendDefinition:
-    source = pick.source
     wanted = _dist_key(pick.distribution or "")
-    match = next((p for p in points if _dist_key(p.source.distribution or "") == wanted), None)
-    if match is None:
-        why = next(
-            (why for p, why in excluded if _dist_key(p.source.distribution or "") == wanted), None
-        )
-        if why is None:
-            import difflib
+    match = next((p for p in points if _dist_of(p) == wanted), None)
+    if match is not None:
+        found = match.source
+        source = pick.source._replace(distribution=found.distribution, version=found.version)
+        return pick._replace(source=source, target=match.target)
+    why = next((why for p, why in excluded if _dist_of(p) == wanted), None)
+    if why is not None:
+        why = f"the entry point {pick.name!r} it picks is left out: {why}"
+    else:
+        import difflib
 
-            declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
-            why = (
-                f"no installed distribution {pick.distribution!r} declares the entry point"
-                f" {pick.name!r} (declared by: {declared})"
-            )
-            owners = [p.source.distribution or "" for p in points]
-            close = difflib.get_close_matches(pick.distribution or "", owners, n=1, cutoff=0.6)
-            if close:
-                why += f"; did you mean {close[0]!r}?"
-        else:
-            why = f"the entry point {pick.name!r} it picks is left out: {why}"
-        problem = pick.located(why, "distribution")
-        return BackendDefinition(
-            pick.name, source, distribution=pick.distribution, problem=problem, lines=pick.lines
+        declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
+        why = (
+            f"no installed distribution {pick.distribution!r} declares the entry point"
+            f" {pick.name!r} (declared by: {declared})"
         )
-    found = match.source
-    return pick._replace(
-        source=source._replace(distribution=found.distribution, version=found.version),
-        target=match.target,
+        owners = [p.source.distribution or "" for p in points]
+        close = difflib.get_close_matches(pick.distribution or "", owners, n=1, cutoff=0.6)
+        if close:
+            why += f"; did you mean {close[0]!r}?"
+    problem = pick.located(why, "distribution")
+    return BackendDefinition(
+        pick.name, pick.source, distribution=pick.distribution, problem=problem, lines=pick.lines
     )
+
+
+def _dist_of(point: BackendDefinition) -> str:
+    return _dist_key(point.source.distribution or "")
 
 
 def _owner(point: BackendDefinition) -> str:
