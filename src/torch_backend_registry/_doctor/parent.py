@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from .._definition import BackendDefinition
     from .._registry import Registry
     from .processes import Progress, Server
 
@@ -191,7 +190,7 @@ def _run(
                 results[name] = Verdict(name, "crashed", 0, reason, 0.0)
                 continue
             verdict, code, missing = futures[name].result()
-            results[name] = _asked(verdict, options, defined[name])
+            results[name] = verdict
             found.append((subjects[name], facts, results[name], code, missing))
     except BaseException:  # a bad model, an interruption: nothing more is started or left
         pool.shutdown(wait=False, cancel_futures=True)
@@ -205,33 +204,8 @@ def _run(
 
 def _sorted(results: dict[str, Verdict], first: dict[str, str], names: list[str]) -> list[Verdict]:
     """A verdict for each name asked (an alias's is its backend's), best first."""
-    return sorted((_named(results[first[name]], name) for name in names), key=_rank)
-
-
-def _asked(verdict: Verdict, options: Options, definition: BackendDefinition) -> Verdict:
-    """A verdict held to what was asked.
-
-    A backend runs in the probe and could say more: levels and timings nobody asked
-    for, a member of a backend that has none.
-    """
-    facts = verdict.facts()
-    top = 5 if options.bench else 4 if options.level == "backward" else 3
-    facts["level"] = min(facts["level"], top)
-    if not options.bench:
-        for fact in ("compile_seconds", "per_call_seconds", "eager_seconds", "speedup", "spread"):
-            facts[fact] = None
-    if not definition.members:
-        facts["member"] = None
-    return Verdict.from_json(facts)
-
-
-def _named(verdict: Verdict, name: str) -> Verdict:
-    return Verdict.from_json({**verdict.facts(), "name": name}, cached=verdict.cached)
-
-
-def _rank(verdict: Verdict) -> tuple[int, float, str]:
-    speed = -(verdict.speedup or 0.0)
-    return STATUSES.index(verdict.status), speed, verdict.name
+    verdicts = (results[first[name]]._replace(name=name) for name in names)
+    return sorted(verdicts, key=lambda v: (STATUSES.index(v.status), -(v.speedup or 0.0), v.name))
 
 
 def import_path() -> list[str]:

@@ -14,6 +14,8 @@ reported for the parent to tell; the server tells the parent how it ended.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import statistics
 import sys
@@ -21,11 +23,12 @@ import time
 
 from .._sources.finding import stamp
 from .._verify import differ, leaves
-from .model import Eager, loss, one_line
+from .model import Eager, causes, loss, one_line
 from .options import ModelError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 #: What ``python -I -c`` runs: the import path the parent chose, then :func:`serve`.
@@ -47,7 +50,6 @@ def serve(config: dict[str, Any]) -> None:
     killing whatever it left in its session. ``{"kill": N}`` ends a probe
     and its session. When the parent goes, every probe goes with it.
     """
-    import json
     import select
     import signal
     import socket
@@ -121,22 +123,14 @@ def _kill_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-class _Channel:
-    """The pipe to the parent: one JSON object a line, nothing else on it."""
-
-    def __init__(self, fd: int) -> None:
-        os.set_inheritable(fd, False)  # a backend's own children must not hold it open
-        self.fd = fd
-
-    def say(self, **fields: Any) -> None:
-        import json
-
-        data = (json.dumps(fields) + "\n").encode()
-        while data:
-            data = data[os.write(self.fd, data) :]
+def _tell(fd: int, **fields: Any) -> None:
+    """Say ``fields`` on the pipe to the parent: one JSON object a line, nothing else on it."""
+    data = (json.dumps(fields) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
 
 
-def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
+def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     """Go through the levels for ``config["name"]``; the verdict as a dict.
 
     The model is built and run eagerly before any code of the backend is imported, so
@@ -191,12 +185,12 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
     eager_times = _timed(eager, eager.model, rounds) if config.get("bench") else []
     # The first report: doctor counts the backend's time limit from here, past starting
     # Python, importing PyTorch and running the model eagerly.
-    channel.say(level=2)
+    say(level=2)
     try:
         registry.lookup_backend(name)
     except Exception as exc:
         return verdict("import-error", 2, one_line(exc), missing=_missing(exc))
-    channel.say(level=3)
+    say(level=3)
     install(registry)  # torch.compile(backend=name) is what is probed
     model = eager.model
     try:
@@ -206,14 +200,15 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         compile_seconds = time.perf_counter() - start
     except Exception as exc:
         return verdict("compile-error", 3, one_line(exc), missing=_missing(exc))
+    # The member a chain used; a backend of no members may have a `used` of its own.
     member = getattr(registry.lookup_backend(name), "used", None)
-    extra: dict[str, Any] = {"member": member} if member else {}
+    extra: dict[str, Any] = {"member": member} if member and info.definition.members else {}
     wrong = differ(leaves(eager.expected), leaves(out), "forward output", *eager.tolerance)
     if wrong is not None:
         return verdict("wrong-result", 3, wrong, **extra)
     reached = 3
     if backward and eager.grads is not None:
-        channel.say(level=4)
+        say(level=4)
         params = [p for p in model.parameters() if p.requires_grad]
         total = loss(out)
         if total is None:
@@ -236,7 +231,7 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         reached = 4
     if not config.get("bench"):
         return verdict("ok", reached, eager.said, **extra)
-    channel.say(level=5)
+    say(level=5)
     try:
         timed = _timed(eager, compiled, rounds)
     except Exception as exc:  # the backend works; only timing it failed
@@ -277,15 +272,7 @@ def _device(spec: str) -> Any:
 
 def _missing(exc: BaseException) -> list[str]:
     """The modules an exception says are not there (installing one changes the verdict)."""
-    names = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ModuleNotFoundError) and current.name:
-            names.append(current.name)
-        current = current.__cause__ or getattr(current, "inner_exception", None)
-    return names
+    return [c.name for c in causes(exc) if isinstance(c, ModuleNotFoundError) and c.name]
 
 
 def imported_code() -> list[list[object]]:
@@ -342,13 +329,15 @@ def _spread(times: list[float]) -> float:
 
 def main(config: dict[str, Any]) -> None:
     """Probe, report the verdict and the code it ran on the channel, and end at once."""
-    channel = _Channel(config["channel"])
+    channel = config["channel"]
+    os.set_inheritable(channel, False)  # a backend's own children must not hold it open
+    say = functools.partial(_tell, channel)
     started = time.perf_counter()
     try:
         os.chdir(config["workdir"])  # the folder and the environment doctor was run in
         os.environ.clear()
         os.environ.update(config["process_environ"])
-        result: dict[str, Any] = {"verdict": probe(config, channel)}
+        result: dict[str, Any] = {"verdict": probe(config, say)}
     except ModelError as exc:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
@@ -359,7 +348,7 @@ def main(config: dict[str, Any]) -> None:
         result["code"] = imported_code()
     except Exception:
         result["code"] = None  # not known: the verdict holds for this probe only
-    channel.say(**result)
+    say(**result)
     sys.stdout.flush()
     sys.stderr.flush()
     # At once: a thread the backend left running must not keep this process alive.
