@@ -184,13 +184,13 @@ def _without_torch(facts: Facts) -> Facts:
 
 def summary(facts: Facts) -> str:
     """What a lock holds, by source: ``1 project, 23 torch backends and 2 aliases``."""
-    kinds: dict[str, int] = {}
-    for backend in facts["backends"].values():
-        kinds[backend["kind"]] = kinds.get(backend["kind"], 0) + 1
+    from collections import Counter
+
+    kinds = Counter(backend["kind"] for backend in facts["backends"].values())
     parts = [f"{count} {kind}" for kind, count in sorted(kinds.items())] or ["no"]
     said = (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
     aliases = len(facts["aliases"])
-    said += f" backend{'s' if sum(kinds.values()) != 1 else ''}"
+    said += f" backend{'s' if kinds.total() != 1 else ''}"
     if aliases:
         said += f", {aliases} alias{'es' if aliases != 1 else ''}"
     if "default" in facts:

@@ -37,17 +37,6 @@ def one_line(exc: BaseException) -> str:
     return said if len(said) <= 300 else f"{said[:99]}…{said[-200:]}"
 
 
-def default_model() -> tuple[Any, tuple[Any, ...]]:
-    """The built-in model: small, deterministic, with a backward pass."""
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh()
-    )
-    return model, (torch.randn(4, 16),)
-
-
 #: What a ``--model`` factory returns, said where it returns something else.
 FACTORY_SHAPE = (
     "(model, inputs): inputs a tuple of positional inputs, a dict of keyword inputs (a"
@@ -59,9 +48,12 @@ FACTORY_SHAPE = (
 def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The model ``spec`` (``module:factory``) names, with its positional and keyword
     inputs; :class:`ModelError` where it cannot be built."""
-    if spec is None:
-        model, args = default_model()
-        return model, args, {}
+    if spec is None:  # the built-in model: small, deterministic, with a backward pass
+        import torch
+
+        torch.manual_seed(0)
+        layers = (torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
+        return torch.nn.Sequential(*layers), (torch.randn(4, 16),), {}
     import importlib
 
     try:

@@ -36,9 +36,12 @@ def start(registry: Registry, options: Options) -> Server:
     one another run still uses is stopped only once that run ends."""
     from .._definition import canonical
     from .._sources.finding import installed_stamp
+    from .._sources.pytorch import torch_available
     from .processes import Server
 
     global _WARM
+    if not torch_available():
+        raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     _find_model(registry, options.model)
     path = import_path()
     # Each probe runs in this process's environment of its run (see _config); what PyTorch
@@ -97,21 +100,6 @@ if hasattr(os, "register_at_fork"):  # POSIX: where probes fork
 atexit.register(_stop)
 
 
-def _config(registry: Registry, options: Options, model_path: list[str]) -> dict[str, Any]:
-    """How each probe of a run goes: the registry's inputs, the model's folder, the options."""
-    context = registry.context
-    return {
-        "workdir": os.getcwd(),
-        "process_environ": dict(os.environ),
-        "cwd": context.cwd,
-        "environ": dict(context.environ),
-        "files": None if context.files is None else list(context.files),
-        "sources": list(registry.sources),
-        "model_path": model_path,
-        **options._asdict(),
-    }
-
-
 def run(
     registry: Registry,
     names: Sequence[str] | None,
@@ -127,11 +115,7 @@ def run(
     probed once. An interruption kills every probe of this run. ``server``: what
     :func:`start` gave for the same registry and options (this run ends the caller's use).
     """
-    from .._sources.pytorch import torch_available
-
     options = options.checked()
-    if not torch_available():
-        raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     server = server or start(registry, options)
     try:
         return _run(registry, names, options, on_progress, server)
@@ -179,7 +163,17 @@ def _run(
     pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
     try:
         broken = server.wait_ready()
-        config = _config(registry, options, model_path)
+        context = registry.context
+        config = {  # how each probe of this run goes
+            "workdir": os.getcwd(),
+            "process_environ": dict(os.environ),
+            "cwd": context.cwd,
+            "environ": dict(context.environ),
+            "files": None if context.files is None else list(context.files),
+            "sources": list(registry.sources),
+            "model_path": model_path,
+            **options._asdict(),
+        }
         futures = {
             name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
             for name in (todo if broken is None else ())
@@ -228,6 +222,8 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     and its file's stamp; :class:`ModelError` where it is nowhere."""
     if spec is None:
         return [], None
+    from importlib.machinery import PathFinder
+
     from .._sources.finding import find, stamp
 
     module, _, factory = spec.partition(":")
@@ -244,7 +240,10 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     # As the probe finds it: on its import path (this one's, less the working folder),
     # else in a folder a manifest's backends search (a model beside the manifest included).
     top = module.split(".")[0]
-    on_path = sys.modules.get(top) is not None or _on_path(top, import_path()) is not None
+    try:  # on this import path alone, past any finder of this process's
+        on_path = (sys.modules.get(top) or PathFinder.find_spec(top, import_path())) is not None
+    except (ImportError, ValueError):
+        on_path = False
     path = [] if on_path else [f for f in folders if find(top, [f]) is not None][:1]
     found = find(module, path) if on_path or path else None
     origin = getattr(found, "origin", None)
@@ -254,13 +253,3 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
         )
     # Built into Python or frozen, [origin] alone: it changes with Python.
     return path, stamp(origin) if os.path.isfile(origin) else [origin]
-
-
-def _on_path(module: str, path: list[str]) -> Any:
-    """The spec of top-level ``module`` on ``path`` alone (no finder of this process's)."""
-    import importlib.machinery
-
-    try:
-        return importlib.machinery.PathFinder.find_spec(module, path)
-    except (ImportError, ValueError):
-        return None

@@ -14,9 +14,11 @@ reported for the parent to tell; the server tells the parent how it ended.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -38,20 +40,20 @@ BOOT = (
 )
 #: The most a message on the server's socket holds (a request: a name and its number).
 MESSAGE = 64 * 1024
+#: The timed rounds of a backend, and of eager, with ``bench``.
+ROUNDS = 15
 
 
 def serve(config: dict[str, Any]) -> None:
     """Import PyTorch, then fork a probe for each request on the socket until it closes.
 
     A request is ``{"id": N, "name": NAME}`` with the probe's report pipe, stdout,
-    stderr and a pipe of its configuration attached; the server answers
-    ``{"started": N, "pid": PID}`` and, once that process ended,
-    ``{"ended": N, "code": CODE}`` (a negative code: killed by that signal), after
+    stderr and a pipe of its configuration attached; once that process ended, the server
+    answers ``{"ended": N, "code": CODE}`` (a negative code: killed by that signal), after
     killing whatever it left in its session. ``{"kill": N}`` ends a probe
     and its session. When the parent goes, every probe goes with it.
     """
     import select
-    import signal
     import socket
 
     server = socket.socket(fileno=config["socket"])
@@ -109,16 +111,12 @@ def serve(config: dict[str, Any]) -> None:
         for fd in fds:
             os.close(fd)
         probes[pid] = request["id"]
-        say(started=request["id"], pid=pid)
     for pid in probes:
         _kill_session(pid)
     os._exit(0)
 
 
 def _kill_session(pid: int) -> None:
-    import contextlib
-    import signal
-
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
@@ -179,10 +177,9 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("unavailable", 1, f"no {config.get('device')} device here")
     sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
     eager = Eager(config.get("model"), device, backward)
-    rounds = config.get("rounds", 15)
     # Eager is timed before any backend's code is loaded (a backend may start threads that
     # slow every later call): each row's speed-up is against the same eager.
-    eager_times = _timed(eager, eager.model, rounds) if config.get("bench") else []
+    eager_times = _timed(eager, eager.model) if config.get("bench") else []
     # The first report: doctor counts the backend's time limit from here, past starting
     # Python, importing PyTorch and running the model eagerly.
     say(level=2)
@@ -233,7 +230,7 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("ok", reached, eager.said, **extra)
     say(level=5)
     try:
-        timed = _timed(eager, compiled, rounds)
+        timed = _timed(eager, compiled)
     except Exception as exc:  # the backend works; only timing it failed
         return verdict("ok", reached, f"timing failed: {one_line(exc)}", **extra)
     eager_call, per_call = statistics.median(eager_times), statistics.median(timed)
@@ -297,8 +294,8 @@ def imported_code() -> list[list[object]]:
     return sorted(f for f in found if len(f) == 3)[:10_000]
 
 
-def _timed(eager: Eager, fn: Any, rounds: int) -> list[float]:
-    """Seconds a call of ``fn`` on the model's inputs, for each of ``rounds`` rounds, after
+def _timed(eager: Eager, fn: Any) -> list[float]:
+    """Seconds a call of ``fn`` on the model's inputs, for each of :data:`ROUNDS`, after
     a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
     that the clock and a stray interruption weigh little in it."""
     import torch
@@ -309,7 +306,7 @@ def _timed(eager: Eager, fn: Any, rounds: int) -> list[float]:
         eager(fn)
         once = max(time.perf_counter() - start, 1e-7)
         calls = min(10_000, max(5, int(0.01 / once)))
-        for _round in range(rounds):
+        for _round in range(ROUNDS):
             start = time.perf_counter()
             for _ in range(calls):
                 eager(fn)
@@ -321,8 +318,6 @@ def _spread(times: list[float]) -> float:
     """How far the middle half of the rounds spread, as a share of their median (the
     interquartile range over the median): one stalled round on a busy machine moves it
     little, where the range from fastest to slowest is decided by it."""
-    if len(times) < 2:
-        return 0.0
     low, middle, high = statistics.quantiles(times, n=4)
     return (high - low) / middle if middle > 0 else 0.0
 

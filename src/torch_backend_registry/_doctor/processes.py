@@ -39,12 +39,11 @@ STARTUP = 60.0
 
 
 class _Probe:
-    """One probe process: its pid once started, its exit code once ended."""
+    """One probe process: the run it belongs to (what :meth:`Server.kill` ends with it), its
+    exit code once ended."""
 
     def __init__(self, owner: object) -> None:
-        #: The run it belongs to (what :meth:`Server.kill` ends with it).
         self.owner = owner
-        self.pid: int | None = None
         self.code: int | None = None
         self.ended = threading.Event()
 
@@ -104,12 +103,8 @@ class Server:
                 self._ready.set()
                 continue
             with self._lock:
-                probe = self._probes.get(said.get("started", said.get("ended")))
-            if probe is None:
-                continue
-            if "started" in said:
-                probe.pid = said["pid"]
-            else:
+                probe = self._probes.get(said["ended"])
+            if probe is not None:
                 probe.code = said["code"]
                 probe.ended.set()
         # The server is gone: every probe with it (its session killed them).

@@ -252,12 +252,11 @@ class Verdicts:
         """The newest current verdict of ``subject`` on the built-in model and the CPU."""
         found = []
         for entry in self._probes(subject).values():
-            when, probe = _when(entry), entry.get("probe") if isinstance(entry, dict) else None
+            probe = entry.get("probe") if isinstance(entry, dict) else None
             if isinstance(probe, dict) and all(probe.get(k) == v for k, v in BUILT_IN.items()):
-                found.append((when, entry))
-        found.sort(key=lambda pair: pair[0], reverse=True)
+                found.append(entry)
         # Only the newest that reads back as a verdict is built.
-        return next(filter(None, (_read(entry) for _when, entry in found)), None)
+        return next(filter(None, map(_read, sorted(found, key=_when, reverse=True))), None)
 
     def put(self, subject: str, probe: Mapping[str, Any], verdict: Verdict) -> None:
         """Remember ``verdict`` of ``subject`` found by ``probe``."""
@@ -287,10 +286,7 @@ class Verdicts:
                     "missing": missing,
                 }
             if len(table) > LIMIT:
-                newest = {
-                    s: max(map(_when, probes.values()), default=0.0) for s, probes in table.items()
-                }
-                for old in sorted(table, key=newest.__getitem__)[: len(table) - LIMIT]:
+                for old in sorted(table, key=lambda s: _newest(table[s]))[: len(table) - LIMIT]:
                     del table[old]
             self.cache.put(self.KIND, self.KEY, table)
 
@@ -304,6 +300,10 @@ def _digest(subject: str) -> str:
 def _when(entry: Any) -> float:
     when = entry.get("when") if isinstance(entry, dict) else None
     return when if isinstance(when, float) else 0.0
+
+
+def _newest(probes: Any) -> float:
+    return max(map(_when, probes.values()), default=0.0) if isinstance(probes, dict) else 0.0
 
 
 def _read(entry: Any) -> Verdict | None:
