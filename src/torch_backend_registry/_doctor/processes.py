@@ -269,16 +269,14 @@ class _Watch:
         self.errors = bytearray()
         self._pending = bytearray()
         self._stop = threading.Event()
+        #: Set once the last report came, or every pipe closed.
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def finish(self) -> None:
         """Wait a moment (:data:`GRACE`) for the verdict, then stop reading."""
-        deadline = time.monotonic() + GRACE
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            if self.report or self.model_error is not None:
-                break
-            time.sleep(0.02)
+        self._done.wait(GRACE)
         self._stop.set()
         self._thread.join()
 
@@ -300,6 +298,7 @@ class _Watch:
                         del self.errors[:-TAIL]
                 else:
                     self._report(data)
+        self._done.set()
 
     def _report(self, data: bytes) -> None:
         self._pending += data
@@ -317,8 +316,10 @@ class _Watch:
                 self.progress(self.level, False)
             if isinstance(message.get("verdict"), dict):
                 self.report = message
+                self._done.set()
             if isinstance(message.get("model_error"), str):
                 self.model_error = message["model_error"]
+                self._done.set()
 
 
 #: A reason that sends its reader elsewhere for the cause ("JIT compilation failed. See
