@@ -44,7 +44,7 @@ def start(registry: Registry, options: Options) -> Server:
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     _find_model(registry, options.model)
     path = import_path()
-    # Each probe runs in this process's environment of its run (see _config); what PyTorch
+    # Each probe runs in this process's environment of its run (see _run); what PyTorch
     # read of it at import is the server's: a server started in another environment is
     # another, save for variables read only where they are used (the folders of the XDG
     # standard; the test pytest runs, which it sets anew for each test).
@@ -57,29 +57,25 @@ def start(registry: Registry, options: Options) -> Server:
             except OSError as exc:  # an environment too large to start a process with, say
                 raise BackendRegistryError(f"doctor could not start its probes: {exc}") from exc
             old, _WARM = _WARM, (key, server)
-            if old is not None and not _USERS.get(old[1]):
+            if old is not None and not old[1].users:
                 old[1].close()  # its last run ended: nobody else will
-        _USERS[_WARM[1]] = _USERS.get(_WARM[1], 0) + 1
+        _WARM[1].users += 1
         return _WARM[1]
 
 
 #: Environment variables that do not decide which server a run may use.
 _PER_RUN = ("XDG_", "PYTEST_CURRENT_TEST")
 
-#: The probe server this process keeps for its next run, under what it was started for,
-#: and how many runs use each server still running.
+#: The probe server this process keeps for its next run, under what it was started for.
 _WARM: tuple[str, Server] | None = None
-_USERS: dict[Server, int] = {}
 _LOCK = ForkSafeLock()
 
 
 def _release(server: Server) -> None:
     """A run ended with ``server``: stop it if it is no longer the one kept, and unused."""
     with _LOCK:
-        left = _USERS.pop(server, 0) - 1
-        if left > 0:
-            _USERS[server] = left
-        elif _WARM is None or _WARM[1] is not server:
+        server.users -= 1
+        if not server.users and (_WARM is None or _WARM[1] is not server):
             server.close()
 
 
@@ -92,7 +88,6 @@ def _forget() -> None:
     """In a forked child: the parent's server is the parent's (closing it would end it)."""
     global _WARM
     _WARM = None
-    _USERS.clear()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX: where probes fork

@@ -64,6 +64,8 @@ class Server:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self.broken: str | None = None
+        #: How many runs use it (see :func:`.parent.start`).
+        self.users = 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._socket = ours
         # Only the server's own words go there (importing PyTorch): each probe has its own.
@@ -182,7 +184,7 @@ class Server:
             reason = f"{reason} ({level_name(watch.level)}); killed"
             return Verdict(name, "timeout", watch.level, reason, seconds), None, []
         report = watch.report
-        if isinstance(report.get("verdict"), dict):
+        if report:
             data = {**report["verdict"], "name": name}
             missing = data.pop("missing", None)
             if data.get("status") == "crashed" and not data.get("level"):
