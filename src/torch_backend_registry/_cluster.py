@@ -91,7 +91,7 @@ def mismatch(
     """The same error on every rank: the ranks outside the majority, and where they differ."""
     from collections import Counter
 
-    from ._lock import differences, differing_names
+    from ._lock import changes
 
     majority, _count = Counter(hashes).most_common(1)[0]
     reference = everyone[hashes.index(majority)][2]
@@ -100,9 +100,10 @@ def mismatch(
     names: set[str] = set()
     for index in odd:
         host, _pid, facts = everyone[index]
-        names.update(differing_names(reference, facts))
-        changes = differences(reference, facts)
-        lines.append(f"rank {members[index]} on {host}: " + "; ".join(changes[:5]))
+        found = changes(reference, facts)
+        names.update(name for about, _said in found for name in about)
+        said = "; ".join(said for _about, said in found[:5])
+        lines.append(f"rank {members[index]} on {host}: {said}")
     odd_ranks = tuple(members[i] for i in odd)
     return InconsistentRegistryError(
         f"ranks {list(odd_ranks)} resolve backend names differently from the other"

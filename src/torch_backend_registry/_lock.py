@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._registry import Registry
-    from ._sources.positions import KeyLines
 
     Facts = dict[str, Any]
 
@@ -58,9 +57,6 @@ def fingerprint(registry: Registry) -> str:
     return digest(registry.facts())[:16]
 
 
-# ----------------------------------------------------------------------------- lock files
-
-
 def lock_path(registry: Registry) -> str:
     """``backends.lock`` beside the project manifest (else in the working folder)."""
     from ._sources import project_manifest
@@ -85,40 +81,29 @@ def lock_text(facts: Facts) -> str:
 
 
 def write_lock(registry: Registry, path: str | None = None) -> str:
-    """Write the lock of ``registry``; return its path."""
-    path = path or lock_path(registry)
-    text = lock_text(registry.facts())
-    _readable(text, path)
-    write_atomically(path, text.encode("utf-8"))
-    return path
-
-
-def _readable(text: str, path: str) -> None:
-    """Refuse to write a lock that read_lock would refuse: larger than it reads, or holding
-    more keys than it parses."""
+    """Write the lock of ``registry``; return its path. A lock that :func:`read_lock` would
+    refuse (larger than it reads, more keys than it parses) is refused instead."""
     from ._sources.positions import TooManyKeys, key_lines
 
-    too_large = len(text.encode()) > LOCK_MAX_BYTES
-    if not too_large:
-        try:
-            key_lines(text, LOCK_MAX_KEY_PARTS)
-        except TooManyKeys:
-            too_large = True
-    if too_large:
+    path = path or lock_path(registry)
+    text = lock_text(registry.facts())
+    try:
+        key_lines(text, LOCK_MAX_KEY_PARTS)  # the budget bounds this parse too
+        fits = len(text.encode()) <= LOCK_MAX_BYTES
+    except TooManyKeys:
+        fits = False
+    if not fits:
         raise LockFileError(
             f"the lock would be larger than a lock is read ({LOCK_MAX_BYTES // 2**20} MiB,"
             f" {LOCK_MAX_KEY_PARTS:,} keys and key parts); lock fewer backends",
             path=path,
         )
+    write_atomically(path, text.encode("utf-8"))
+    return path
 
 
 def read_lock(path: str) -> Facts:
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used."""
-    return read_lock_lines(path)[0]
-
-
-def read_lock_lines(path: str) -> tuple[Facts, KeyLines]:
-    """The facts a lock file holds, and the line of each of its keys."""
     from ._sources.files import parse_toml, read_text
 
     try:
@@ -151,7 +136,7 @@ def read_lock_lines(path: str) -> tuple[Facts, KeyLines]:
             path=path,
             line=lines.line_of(("fingerprint",)),
         )
-    return facts, lines
+    return facts
 
 
 def differences(locked: Facts, now: Facts, *, with_torch: bool = True) -> list[str]:
@@ -165,8 +150,8 @@ def differences(locked: Facts, now: Facts, *, with_torch: bool = True) -> list[s
 def changes(
     locked: Facts, now: Facts, *, with_torch: bool = True
 ) -> list[tuple[tuple[str, ...], str]]:
-    """Each difference from ``locked`` to ``now``, with the key of the lock it is about
-    (``("backends", name)``, ``("aliases", name)``, ``("default",)``)."""
+    """Each difference from ``locked`` to ``now``, with the names it is about (a backend's
+    or alias's; the old and the new default, what torch.compile uses unasked)."""
     if not with_torch:
         locked, now = _without_torch(locked), _without_torch(now)
     found: list[tuple[tuple[str, ...], str]] = []
@@ -174,17 +159,17 @@ def changes(
         before: Mapping[str, Any] = locked.get(section, {})
         after: Mapping[str, Any] = now.get(section, {})
         for name in sorted(set(before) | set(after)):
-            key = (section, name)
             if name not in before:
-                found.append((key, f"added {noun} {name!r}: {_show(after[name])}"))
+                found.append(((name,), f"added {noun} {name!r}: {_show(after[name])}"))
             elif name not in after:
-                found.append((key, f"removed {noun} {name!r} (was {_show(before[name])})"))
+                found.append(((name,), f"removed {noun} {name!r} (was {_show(before[name])})"))
             elif canonical(before[name]) != canonical(after[name]):
                 fields = _field_changes(noun, name, before[name], after[name])
-                found.extend((key, line) for line in fields)
-    if locked.get("default") != now.get("default"):
-        said = f"changed default: {_show(locked.get('default'))} -> {_show(now.get('default'))}"
-        found.append((("default",), said))
+                found.extend(((name,), line) for line in fields)
+    old, new = locked.get("default"), now.get("default")
+    if old != new:
+        names = tuple(n for n in (old, new) if n is not None)
+        found.append((names, f"changed default: {_show(old)} -> {_show(new)}"))
     return found
 
 
@@ -199,33 +184,18 @@ def _without_torch(facts: Facts) -> Facts:
 
 def summary(facts: Facts) -> str:
     """What a lock holds, by source: ``1 project, 23 torch backends and 2 aliases``."""
-    kinds: dict[str, int] = {}
-    for backend in facts["backends"].values():
-        kinds[backend["kind"]] = kinds.get(backend["kind"], 0) + 1
+    from collections import Counter
+
+    kinds = Counter(backend["kind"] for backend in facts["backends"].values())
     parts = [f"{count} {kind}" for kind, count in sorted(kinds.items())] or ["no"]
     said = (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
     aliases = len(facts["aliases"])
-    said += f" backend{'s' if sum(kinds.values()) != 1 else ''}"
+    said += f" backend{'s' if kinds.total() != 1 else ''}"
     if aliases:
         said += f", {aliases} alias{'es' if aliases != 1 else ''}"
     if "default" in facts:
         said += f", default {facts['default']!r}"
     return said
-
-
-def differing_names(locked: Facts, now: Facts) -> set[str]:
-    """The backend names and aliases whose facts differ between ``locked`` and ``now``."""
-    names: set[str] = set()
-    for section in ("backends", "aliases"):
-        before, after = locked.get(section, {}), now.get(section, {})
-        names.update(
-            n
-            for n in set(before) | set(after)
-            if canonical(before.get(n)) != canonical(after.get(n))
-        )
-    if locked.get("default") != now.get("default"):  # what torch.compile uses unasked
-        names.update(n for n in (locked.get("default"), now.get("default")) if n is not None)
-    return names
 
 
 def _field_changes(noun: str, name: str, before: Any, after: Any) -> list[str]:

@@ -11,7 +11,6 @@ from .common import (
     EXIT_PROBLEMS,
     EXIT_USAGE,
     PROG,
-    CommandError,
     Waiting,
     error,
     print_rows,
@@ -32,32 +31,27 @@ if TYPE_CHECKING:
 def run_doctor(args: Arguments) -> int:
     from .._doctor.options import ModelError, Options
     from .._doctor.parent import run, start
-    from .._sources.pytorch import dynamo_imported, torch_available
+    from .._sources.pytorch import dynamo_imported
 
-    if not torch_available():
-        raise CommandError("doctor needs PyTorch to compile with: pip install torch")
     registry = registry_for()
     options = Options(**{f: getattr(args, f) for f in Options._fields}).checked()
     try:
         # The probes' server imports PyTorch meanwhile, as this process does to list every
         # backend or resolve a name no manifest declares.
         server = start(registry, options)
+        with Waiting("importing PyTorch", not dynamo_imported()):
+            names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
+            for name in names:
+                registry.backend_info(name)  # an unknown name fails here, as explain says it
+        progress = _Progress(sys.stderr.isatty(), len(names))
+        try:
+            with _terminated_as_exit():
+                verdicts = run(registry, names, options, progress.update, server)
+        finally:
+            progress.done()
     except ModelError as exc:
         error(str(exc))
         return EXIT_USAGE
-    with Waiting("importing PyTorch", not dynamo_imported()):
-        names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
-        for name in names:
-            registry.backend_info(name)  # an unknown name fails here, as explain says it
-    progress = _Progress(sys.stderr.isatty(), len(names))
-    try:
-        with _terminated_as_exit():
-            verdicts = run(registry, names, options, progress.update, server)
-    except ModelError as exc:
-        progress.done()
-        error(str(exc))
-        return EXIT_USAGE
-    progress.done()
     if args.json:
         import json
 

@@ -8,38 +8,33 @@ from .options import ModelError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 
-def one_line(exc: BaseException) -> str:
-    """The exception in one line, and the causes it wraps (torch's BackendCompilerFailed)
-    where they say more than it already does."""
-    said = ""
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the causes it wraps (torch's BackendCompilerFailed holds its own)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while isinstance(current, BaseException) and id(current) not in seen:
         seen.add(id(current))
+        yield current
+        current = current.__cause__ or getattr(current, "inner_exception", None)
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception in one line, and the causes it wraps where they say more than it
+    already does."""
+    said = ""
+    for current in causes(exc):
         lines = str(current).strip().splitlines()
         text = lines[0] if lines else ""
         own = f"{type(current).__name__}: {text}".rstrip(": ")
-        if text and text in said:  # a cause its wrapper already quotes says nothing new
-            pass
-        elif own not in said:
+        # A cause its wrapper already quotes says nothing new.
+        if not (text and text in said) and own not in said:
             said = f"{said.rstrip(':')}: {own}" if said else own
-        current = current.__cause__ or getattr(current, "inner_exception", None)
     # Bounded; the innermost cause, which says most, comes last: keep the end.
     return said if len(said) <= 300 else f"{said[:99]}…{said[-200:]}"
-
-
-def default_model() -> tuple[Any, tuple[Any, ...]]:
-    """The built-in model: small, deterministic, with a backward pass."""
-    import torch
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh()
-    )
-    return model, (torch.randn(4, 16),)
 
 
 #: What a ``--model`` factory returns, said where it returns something else.
@@ -53,9 +48,12 @@ FACTORY_SHAPE = (
 def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The model ``spec`` (``module:factory``) names, with its positional and keyword
     inputs; :class:`ModelError` where it cannot be built."""
-    if spec is None:
-        model, args = default_model()
-        return model, args, {}
+    if spec is None:  # the built-in model: small, deterministic, with a backward pass
+        import torch
+
+        torch.manual_seed(0)
+        layers = (torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
+        return torch.nn.Sequential(*layers), (torch.randn(4, 16),), {}
     import importlib
 
     try:

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-    from .._definition import BackendDefinition
     from .._registry import Registry
     from .processes import Progress, Server
 
@@ -37,12 +36,15 @@ def start(registry: Registry, options: Options) -> Server:
     one another run still uses is stopped only once that run ends."""
     from .._definition import canonical
     from .._sources.finding import installed_stamp
+    from .._sources.pytorch import torch_available
     from .processes import Server
 
     global _WARM
+    if not torch_available():
+        raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     _find_model(registry, options.model)
     path = import_path()
-    # Each probe runs in this process's environment of its run (see _config); what PyTorch
+    # Each probe runs in this process's environment of its run (see _run); what PyTorch
     # read of it at import is the server's: a server started in another environment is
     # another, save for variables read only where they are used (the folders of the XDG
     # standard; the test pytest runs, which it sets anew for each test).
@@ -55,29 +57,25 @@ def start(registry: Registry, options: Options) -> Server:
             except OSError as exc:  # an environment too large to start a process with, say
                 raise BackendRegistryError(f"doctor could not start its probes: {exc}") from exc
             old, _WARM = _WARM, (key, server)
-            if old is not None and not _USERS.get(old[1]):
+            if old is not None and not old[1].users:
                 old[1].close()  # its last run ended: nobody else will
-        _USERS[_WARM[1]] = _USERS.get(_WARM[1], 0) + 1
+        _WARM[1].users += 1
         return _WARM[1]
 
 
 #: Environment variables that do not decide which server a run may use.
 _PER_RUN = ("XDG_", "PYTEST_CURRENT_TEST")
 
-#: The probe server this process keeps for its next run, under what it was started for,
-#: and how many runs use each server still running.
+#: The probe server this process keeps for its next run, under what it was started for.
 _WARM: tuple[str, Server] | None = None
-_USERS: dict[Server, int] = {}
 _LOCK = ForkSafeLock()
 
 
 def _release(server: Server) -> None:
     """A run ended with ``server``: stop it if it is no longer the one kept, and unused."""
     with _LOCK:
-        left = _USERS.pop(server, 0) - 1
-        if left > 0:
-            _USERS[server] = left
-        elif _WARM is None or _WARM[1] is not server:
+        server.users -= 1
+        if not server.users and (_WARM is None or _WARM[1] is not server):
             server.close()
 
 
@@ -90,27 +88,11 @@ def _forget() -> None:
     """In a forked child: the parent's server is the parent's (closing it would end it)."""
     global _WARM
     _WARM = None
-    _USERS.clear()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX: where probes fork
     os.register_at_fork(after_in_child=_forget)
 atexit.register(_stop)
-
-
-def _config(registry: Registry, options: Options, model_path: list[str]) -> dict[str, Any]:
-    """How each probe of a run goes: the registry's inputs, the model's folder, the options."""
-    context = registry.context
-    return {
-        "workdir": os.getcwd(),
-        "process_environ": dict(os.environ),
-        "cwd": context.cwd,
-        "environ": dict(context.environ),
-        "files": None if context.files is None else list(context.files),
-        "sources": list(registry.sources),
-        "model_path": model_path,
-        **options._asdict(),
-    }
 
 
 def run(
@@ -128,11 +110,7 @@ def run(
     probed once. An interruption kills every probe of this run. ``server``: what
     :func:`start` gave for the same registry and options (this run ends the caller's use).
     """
-    from .._sources.pytorch import torch_available
-
     options = options.checked()
-    if not torch_available():
-        raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     server = server or start(registry, options)
     try:
         return _run(registry, names, options, on_progress, server)
@@ -180,7 +158,17 @@ def _run(
     pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
     try:
         broken = server.wait_ready()
-        config = _config(registry, options, model_path)
+        context = registry.context
+        config = {  # how each probe of this run goes
+            "workdir": os.getcwd(),
+            "process_environ": dict(os.environ),
+            "cwd": context.cwd,
+            "environ": dict(context.environ),
+            "files": None if context.files is None else list(context.files),
+            "sources": list(registry.sources),
+            "model_path": model_path,
+            **options._asdict(),
+        }
         futures = {
             name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
             for name in (todo if broken is None else ())
@@ -191,7 +179,7 @@ def _run(
                 results[name] = Verdict(name, "crashed", 0, reason, 0.0)
                 continue
             verdict, code, missing = futures[name].result()
-            results[name] = _asked(verdict, options, defined[name])
+            results[name] = verdict
             found.append((subjects[name], facts, results[name], code, missing))
     except BaseException:  # a bad model, an interruption: nothing more is started or left
         pool.shutdown(wait=False, cancel_futures=True)
@@ -205,33 +193,8 @@ def _run(
 
 def _sorted(results: dict[str, Verdict], first: dict[str, str], names: list[str]) -> list[Verdict]:
     """A verdict for each name asked (an alias's is its backend's), best first."""
-    return sorted((_named(results[first[name]], name) for name in names), key=_rank)
-
-
-def _asked(verdict: Verdict, options: Options, definition: BackendDefinition) -> Verdict:
-    """A verdict held to what was asked.
-
-    A backend runs in the probe and could say more: levels and timings nobody asked
-    for, a member of a backend that has none.
-    """
-    facts = verdict.facts()
-    top = 5 if options.bench else 4 if options.level == "backward" else 3
-    facts["level"] = min(facts["level"], top)
-    if not options.bench:
-        for fact in ("compile_seconds", "per_call_seconds", "eager_seconds", "speedup", "spread"):
-            facts[fact] = None
-    if not definition.members:
-        facts["member"] = None
-    return Verdict.from_json(facts)
-
-
-def _named(verdict: Verdict, name: str) -> Verdict:
-    return Verdict.from_json({**verdict.facts(), "name": name}, cached=verdict.cached)
-
-
-def _rank(verdict: Verdict) -> tuple[int, float, str]:
-    speed = -(verdict.speedup or 0.0)
-    return STATUSES.index(verdict.status), speed, verdict.name
+    verdicts = (results[first[name]]._replace(name=name) for name in names)
+    return sorted(verdicts, key=lambda v: (STATUSES.index(v.status), -(v.speedup or 0.0), v.name))
 
 
 def import_path() -> list[str]:
@@ -254,6 +217,8 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     and its file's stamp; :class:`ModelError` where it is nowhere."""
     if spec is None:
         return [], None
+    from importlib.machinery import PathFinder
+
     from .._sources.finding import find, stamp
 
     module, _, factory = spec.partition(":")
@@ -270,7 +235,10 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     # As the probe finds it: on its import path (this one's, less the working folder),
     # else in a folder a manifest's backends search (a model beside the manifest included).
     top = module.split(".")[0]
-    on_path = sys.modules.get(top) is not None or _on_path(top, import_path()) is not None
+    try:  # on this import path alone, past any finder of this process's
+        on_path = (sys.modules.get(top) or PathFinder.find_spec(top, import_path())) is not None
+    except (ImportError, ValueError):
+        on_path = False
     path = [] if on_path else [f for f in folders if find(top, [f]) is not None][:1]
     found = find(module, path) if on_path or path else None
     origin = getattr(found, "origin", None)
@@ -280,13 +248,3 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
         )
     # Built into Python or frozen, [origin] alone: it changes with Python.
     return path, stamp(origin) if os.path.isfile(origin) else [origin]
-
-
-def _on_path(module: str, path: list[str]) -> Any:
-    """The spec of top-level ``module`` on ``path`` alone (no finder of this process's)."""
-    import importlib.machinery
-
-    try:
-        return importlib.machinery.PathFinder.find_spec(module, path)
-    except (ImportError, ValueError):
-        return None

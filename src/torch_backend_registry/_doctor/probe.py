@@ -14,18 +14,23 @@ reported for the parent to tell; the server tells the parent how it ended.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import os
+import signal
 import statistics
 import sys
 import time
 
 from .._sources.finding import stamp
 from .._verify import differ, leaves
-from .model import Eager, loss, one_line
+from .model import Eager, causes, loss, one_line
 from .options import ModelError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 #: What ``python -I -c`` runs: the import path the parent chose, then :func:`serve`.
@@ -35,21 +40,20 @@ BOOT = (
 )
 #: The most a message on the server's socket holds (a request: a name and its number).
 MESSAGE = 64 * 1024
+#: The timed rounds of a backend, and of eager, with ``bench``.
+ROUNDS = 15
 
 
 def serve(config: dict[str, Any]) -> None:
     """Import PyTorch, then fork a probe for each request on the socket until it closes.
 
     A request is ``{"id": N, "name": NAME}`` with the probe's report pipe, stdout,
-    stderr and a pipe of its configuration attached; the server answers
-    ``{"started": N, "pid": PID}`` and, once that process ended,
-    ``{"ended": N, "code": CODE}`` (a negative code: killed by that signal), after
+    stderr and a pipe of its configuration attached; once that process ended, the server
+    answers ``{"ended": N, "code": CODE}`` (a negative code: killed by that signal), after
     killing whatever it left in its session. ``{"kill": N}`` ends a probe
     and its session. When the parent goes, every probe goes with it.
     """
-    import json
     import select
-    import signal
     import socket
 
     server = socket.socket(fileno=config["socket"])
@@ -107,36 +111,24 @@ def serve(config: dict[str, Any]) -> None:
         for fd in fds:
             os.close(fd)
         probes[pid] = request["id"]
-        say(started=request["id"], pid=pid)
     for pid in probes:
         _kill_session(pid)
     os._exit(0)
 
 
 def _kill_session(pid: int) -> None:
-    import contextlib
-    import signal
-
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
 
-class _Channel:
-    """The pipe to the parent: one JSON object a line, nothing else on it."""
-
-    def __init__(self, fd: int) -> None:
-        os.set_inheritable(fd, False)  # a backend's own children must not hold it open
-        self.fd = fd
-
-    def say(self, **fields: Any) -> None:
-        import json
-
-        data = (json.dumps(fields) + "\n").encode()
-        while data:
-            data = data[os.write(self.fd, data) :]
+def _tell(fd: int, **fields: Any) -> None:
+    """Say ``fields`` on the pipe to the parent: one JSON object a line, nothing else on it."""
+    data = (json.dumps(fields) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data) :]
 
 
-def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
+def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     """Go through the levels for ``config["name"]``; the verdict as a dict.
 
     The model is built and run eagerly before any code of the backend is imported, so
@@ -185,18 +177,17 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         return verdict("unavailable", 1, f"no {config.get('device')} device here")
     sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
     eager = Eager(config.get("model"), device, backward)
-    rounds = config.get("rounds", 15)
     # Eager is timed before any backend's code is loaded (a backend may start threads that
     # slow every later call): each row's speed-up is against the same eager.
-    eager_times = _timed(eager, eager.model, rounds) if config.get("bench") else []
+    eager_times = _timed(eager, eager.model) if config.get("bench") else []
     # The first report: doctor counts the backend's time limit from here, past starting
     # Python, importing PyTorch and running the model eagerly.
-    channel.say(level=2)
+    say(level=2)
     try:
         registry.lookup_backend(name)
     except Exception as exc:
         return verdict("import-error", 2, one_line(exc), missing=_missing(exc))
-    channel.say(level=3)
+    say(level=3)
     install(registry)  # torch.compile(backend=name) is what is probed
     model = eager.model
     try:
@@ -206,14 +197,15 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         compile_seconds = time.perf_counter() - start
     except Exception as exc:
         return verdict("compile-error", 3, one_line(exc), missing=_missing(exc))
+    # The member a chain used; a backend of no members may have a `used` of its own.
     member = getattr(registry.lookup_backend(name), "used", None)
-    extra: dict[str, Any] = {"member": member} if member else {}
+    extra: dict[str, Any] = {"member": member} if member and info.definition.members else {}
     wrong = differ(leaves(eager.expected), leaves(out), "forward output", *eager.tolerance)
     if wrong is not None:
         return verdict("wrong-result", 3, wrong, **extra)
     reached = 3
     if backward and eager.grads is not None:
-        channel.say(level=4)
+        say(level=4)
         params = [p for p in model.parameters() if p.requires_grad]
         total = loss(out)
         if total is None:
@@ -236,9 +228,9 @@ def probe(config: dict[str, Any], channel: _Channel) -> dict[str, Any]:
         reached = 4
     if not config.get("bench"):
         return verdict("ok", reached, eager.said, **extra)
-    channel.say(level=5)
+    say(level=5)
     try:
-        timed = _timed(eager, compiled, rounds)
+        timed = _timed(eager, compiled)
     except Exception as exc:  # the backend works; only timing it failed
         return verdict("ok", reached, f"timing failed: {one_line(exc)}", **extra)
     eager_call, per_call = statistics.median(eager_times), statistics.median(timed)
@@ -277,15 +269,7 @@ def _device(spec: str) -> Any:
 
 def _missing(exc: BaseException) -> list[str]:
     """The modules an exception says are not there (installing one changes the verdict)."""
-    names = []
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ModuleNotFoundError) and current.name:
-            names.append(current.name)
-        current = current.__cause__ or getattr(current, "inner_exception", None)
-    return names
+    return [c.name for c in causes(exc) if isinstance(c, ModuleNotFoundError) and c.name]
 
 
 def imported_code() -> list[list[object]]:
@@ -310,8 +294,8 @@ def imported_code() -> list[list[object]]:
     return sorted(f for f in found if len(f) == 3)[:10_000]
 
 
-def _timed(eager: Eager, fn: Any, rounds: int) -> list[float]:
-    """Seconds a call of ``fn`` on the model's inputs, for each of ``rounds`` rounds, after
+def _timed(eager: Eager, fn: Any) -> list[float]:
+    """Seconds a call of ``fn`` on the model's inputs, for each of :data:`ROUNDS`, after
     a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
     that the clock and a stray interruption weigh little in it."""
     import torch
@@ -322,7 +306,7 @@ def _timed(eager: Eager, fn: Any, rounds: int) -> list[float]:
         eager(fn)
         once = max(time.perf_counter() - start, 1e-7)
         calls = min(10_000, max(5, int(0.01 / once)))
-        for _round in range(rounds):
+        for _round in range(ROUNDS):
             start = time.perf_counter()
             for _ in range(calls):
                 eager(fn)
@@ -334,21 +318,21 @@ def _spread(times: list[float]) -> float:
     """How far the middle half of the rounds spread, as a share of their median (the
     interquartile range over the median): one stalled round on a busy machine moves it
     little, where the range from fastest to slowest is decided by it."""
-    if len(times) < 2:
-        return 0.0
     low, middle, high = statistics.quantiles(times, n=4)
     return (high - low) / middle if middle > 0 else 0.0
 
 
 def main(config: dict[str, Any]) -> None:
     """Probe, report the verdict and the code it ran on the channel, and end at once."""
-    channel = _Channel(config["channel"])
+    channel = config["channel"]
+    os.set_inheritable(channel, False)  # a backend's own children must not hold it open
+    say = functools.partial(_tell, channel)
     started = time.perf_counter()
     try:
         os.chdir(config["workdir"])  # the folder and the environment doctor was run in
         os.environ.clear()
         os.environ.update(config["process_environ"])
-        result: dict[str, Any] = {"verdict": probe(config, channel)}
+        result: dict[str, Any] = {"verdict": probe(config, say)}
     except ModelError as exc:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
@@ -359,7 +343,7 @@ def main(config: dict[str, Any]) -> None:
         result["code"] = imported_code()
     except Exception:
         result["code"] = None  # not known: the verdict holds for this probe only
-    channel.say(**result)
+    say(**result)
     sys.stdout.flush()
     sys.stderr.flush()
     # At once: a thread the backend left running must not keep this process alive.

@@ -10,8 +10,11 @@ without end or leaves processes behind affects only its own verdict.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import signal
+import socket
 import sys
 import threading
 import time
@@ -21,7 +24,6 @@ from .verdicts import Verdict, level_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
     from collections.abc import Callable
     from typing import Any
 
@@ -37,12 +39,11 @@ STARTUP = 60.0
 
 
 class _Probe:
-    """One probe process: its pid once started, its exit code once ended."""
+    """One probe process: the run it belongs to (what :meth:`Server.kill` ends with it), its
+    exit code once ended."""
 
     def __init__(self, owner: object) -> None:
-        #: The run it belongs to (what :meth:`Server.kill` ends with it).
         self.owner = owner
-        self.pid: int | None = None
         self.code: int | None = None
         self.ended = threading.Event()
 
@@ -50,12 +51,12 @@ class _Probe:
 class Server:
     """The probe server: importing PyTorch from the moment it is made, with the import path
     ``path``; probing a backend per :meth:`probe` call (from as many threads as probes
-    should run at once), each told how in its own configuration; stopped by :meth:`close`
-    (or at the end of a ``with`` block), or when this process ends."""
+    should run at once), each told how in its own configuration; stopped by :meth:`close`,
+    or when this process ends."""
 
     def __init__(self, path: list[str]) -> None:
-        import socket
         import subprocess
+        import tempfile
 
         from .probe import BOOT
 
@@ -63,49 +64,34 @@ class Server:
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self.broken: str | None = None
+        #: How many runs use it (see :func:`.parent.start`).
+        self.users = 0
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._socket: socket.socket = ours
-        boot: dict[str, Any] = {"path": path, "socket": theirs.fileno()}
+        self._socket = ours
+        # Only the server's own words go there (importing PyTorch): each probe has its own.
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         self._process = subprocess.Popen(
             [sys.executable, "-I", "-c", BOOT],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            pass_fds=(boot["socket"],),
+            stderr=self._stderr,
+            pass_fds=(theirs.fileno(),),
             start_new_session=True,
         )
+        boot = {"path": path, "socket": theirs.fileno()}
         theirs.close()
-        self._send_line(boot, last=True)
-        self._stderr = _Tail(self._process.stderr)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _send_line(self, value: dict[str, Any], last: bool = False) -> None:
-        import json
-
         stdin = self._process.stdin
         assert stdin is not None
-        try:
-            stdin.write(json.dumps(value).encode() + b"\n")
-            stdin.flush()
-            if last:
-                stdin.close()
-        except OSError:
-            pass  # it died before reading: the socket closes, and says so
+        with contextlib.suppress(OSError), stdin:  # it died before reading: the socket says so
+            stdin.write(json.dumps(boot).encode() + b"\n")
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def alive(self) -> bool:
         """Whether it can still probe: not ended, and PyTorch imported (or importing)."""
         return self._process.poll() is None and self.broken is None
 
     def _read(self) -> None:
-        import json
-
         while True:
             try:
                 message = self._socket.recv(65536)
@@ -118,20 +104,16 @@ class Server:
                 self.broken = said.get("broken")
                 self._ready.set()
                 continue
-            number = said.get("started", said.get("ended"))
             with self._lock:
-                probe = self._probes.get(number)
-            if probe is None:
-                continue
-            if "started" in said:
-                probe.pid = said["pid"]
-            else:
+                probe = self._probes.get(said["ended"])
+            if probe is not None:
                 probe.code = said["code"]
                 probe.ended.set()
         # The server is gone: every probe with it (its session killed them).
         self._process.wait()
         if not self._ready.is_set():
-            self.broken = _crash_reason(self._process.returncode, self._stderr.finish())
+            self._stderr.seek(max(0, os.fstat(self._stderr.fileno()).st_size - TAIL))
+            self.broken = _crash_reason(self._process.returncode, self._stderr.read())
             self._ready.set()
         with self._lock:
             for probe in self._probes.values():
@@ -157,15 +139,14 @@ class Server:
         the options), killed at ``timeout`` seconds of the backend's own time: its verdict,
         the code it ran, the modules it found missing. :class:`ModelError` where the model
         cannot be built."""
-        import json
-        import socket
-
         started = time.perf_counter()
         ends = [os.pipe() for _ in range(3)]  # the report channel, stdout, stderr
         # The configuration on a pipe of its own, never a command line: it holds the
-        # registry's environment, which may be large and private.
+        # registry's environment, which may be large and private. A thread writes it: a
+        # pipe holds only so much until its reader reads, and a probe that never starts
+        # reads nothing.
         config_end, config_in = os.pipe()
-        _Writer(config_in, json.dumps(config).encode())
+        threading.Thread(target=_write, args=(config_in, json.dumps(config)), daemon=True).start()
         probe = _Probe(owner)
         with self._lock:
             number = len(self._probes)
@@ -186,13 +167,12 @@ class Server:
                 os.close(w)
             os.close(config_end)
         watch = _Watch(ends[0][0], ends[1][0], ends[2][0], progress)
-        watch.start()
         try:
             timed_out = not _wait(probe, watch, timeout, progress)
         finally:
-            self.kill(number)  # at the time limit, on an interruption, or what it left behind
+            self._kill(number)  # at the time limit, on an interruption, or what it left behind
             probe.ended.wait(GRACE)
-            watch.finish(GRACE)
+            watch.finish()
             for r, _w in ends:
                 os.close(r)
         progress(watch.level, True)
@@ -204,46 +184,34 @@ class Server:
             reason = f"{reason} ({level_name(watch.level)}); killed"
             return Verdict(name, "timeout", watch.level, reason, seconds), None, []
         report = watch.report
-        if isinstance(report.get("verdict"), dict):
+        if report:
             data = {**report["verdict"], "name": name}
             missing = data.pop("missing", None)
             if data.get("status") == "crashed" and not data.get("level"):
                 data["level"] = watch.level
-            try:
-                verdict = Verdict.from_json(data)
-            except TypeError:
-                pass
-            else:
-                verdict = _diagnosed(verdict, watch.errors)
+            with contextlib.suppress(TypeError):  # not a verdict: the probe crashed
+                verdict = _diagnosed(Verdict.from_json(data), watch.errors)
                 found = [m for m in missing or [] if isinstance(m, str)]
                 return verdict, report.get("code"), found
         reason = _crash_reason(probe.code, watch.tail)
         return Verdict(name, "crashed", watch.level, reason, seconds), None, []
 
-    def kill(self, number: int | None = None, owner: object = None) -> None:
-        """Kill probe ``number`` and its session (``None``: every probe, or every probe of the
-        run ``owner``)."""
-        import json
-
+    def kill(self, owner: object) -> None:
+        """Kill every probe of the run ``owner`` still running, and its session."""
         with self._lock:
-            numbers = list(self._probes) if number is None else [number]
-            if owner is not None:
-                numbers = [n for n in numbers if self._probes[n].owner is owner]
-            numbers = [n for n in numbers if not self._probes[n].ended.is_set()]
-        for n in numbers:
+            numbers = [n for n, p in self._probes.items() if p.owner is owner]
+        for number in numbers:
+            self._kill(number)
+
+    def _kill(self, number: int) -> None:
+        if not self._probes[number].ended.is_set():
             with contextlib.suppress(OSError):
-                self._socket.send(json.dumps({"kill": n}).encode())
+                self._socket.send(json.dumps({"kill": number}).encode())
 
     def close(self) -> None:
         """Stop the server; a probe still running is killed with it."""
-        import contextlib
-        import signal
-
         with contextlib.suppress(OSError):
-            assert self._process.stdin is not None
-            self._process.stdin.close()
-        with contextlib.suppress(OSError):
-            self._socket.shutdown(2)  # it kills its probes, and ends
+            self._socket.shutdown(socket.SHUT_RDWR)  # it kills its probes, and ends
         try:
             # Not ready: still importing PyTorch, with no probe to end.
             self._process.wait(GRACE if self._ready.is_set() else 0)
@@ -253,7 +221,7 @@ class Server:
             self._process.wait()
         self._reader.join(GRACE)
         self._socket.close()
-        self._stderr.finish()
+        self._stderr.close()
 
 
 def _wait(
@@ -274,41 +242,15 @@ def _wait(
             return False
 
 
-class _Writer:
-    """Writes ``data`` to the pipe ``fd`` in a thread, then closes it: a pipe holds only so
-    much until its reader reads, and a probe that never starts reads nothing."""
-
-    def __init__(self, fd: int, data: bytes) -> None:
-        threading.Thread(target=self._run, args=(fd, data), daemon=True).start()
-
-    @staticmethod
-    def _run(fd: int, data: bytes) -> None:
-        try:
-            while data:
-                data = data[os.write(fd, data) :]
-        except OSError:
-            pass  # the probe is gone: nobody reads it
-        finally:
-            os.close(fd)
-
-
-class _Tail:
-    """The last of what a stream gives, read in a thread until it ends."""
-
-    def __init__(self, stream: Any) -> None:
-        self.data = bytearray()
-        self._stream = stream
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        for chunk in iter(lambda: self._stream.read1(65536), b""):
-            self.data += chunk
-            del self.data[:-TAIL]
-
-    def finish(self) -> bytes:
-        self._thread.join(GRACE)
-        return bytes(self.data)
+def _write(fd: int, text: str) -> None:
+    data = text.encode()
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        pass  # the probe is gone: nobody reads it
+    finally:
+        os.close(fd)
 
 
 class _Watch:
@@ -318,8 +260,6 @@ class _Watch:
     def __init__(
         self, channel: int, output: int, errors: int, progress: Callable[[int, bool], None]
     ) -> None:
-        import threading
-
         self.channel, self.output, self.error_fd = channel, output, errors
         self.progress = progress
         self.level = 0
@@ -331,21 +271,16 @@ class _Watch:
         self.errors = bytearray()
         self._pending = bytearray()
         self._stop = threading.Event()
+        #: Set once the last report came, or every pipe closed.
+        self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
         self._thread.start()
 
-    def finish(self, grace: float) -> None:
-        """Wait up to ``grace`` seconds for the verdict, then stop reading."""
-        deadline = time.monotonic() + grace
-        while self._thread.is_alive() and time.monotonic() < deadline and not self._ended():
-            time.sleep(0.02)
+    def finish(self) -> None:
+        """Wait a moment (:data:`GRACE`) for the verdict, then stop reading."""
+        self._done.wait(GRACE)
         self._stop.set()
         self._thread.join()
-
-    def _ended(self) -> bool:
-        return bool(self.report) or self.model_error is not None
 
     def _run(self) -> None:
         import select
@@ -365,10 +300,9 @@ class _Watch:
                         del self.errors[:-TAIL]
                 else:
                     self._report(data)
+        self._done.set()
 
     def _report(self, data: bytes) -> None:
-        import json
-
         self._pending += data
         *lines, rest = bytes(self._pending).split(b"\n")
         self._pending = bytearray(rest[-TAIL:])
@@ -384,8 +318,10 @@ class _Watch:
                 self.progress(self.level, False)
             if isinstance(message.get("verdict"), dict):
                 self.report = message
+                self._done.set()
             if isinstance(message.get("model_error"), str):
                 self.model_error = message["model_error"]
+                self._done.set()
 
 
 #: A reason that sends its reader elsewhere for the cause ("JIT compilation failed. See
@@ -395,45 +331,37 @@ _ELSEWHERE = re.compile(
     r"|for (more )?(details|information)\b|check the log",
     re.IGNORECASE,
 )
+#: The header of one of Python's warnings (``file:line: SomeWarning: ...``).
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 
 
 def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
-    """``verdict`` with what the probe last wrote to stderr, where that is the diagnosis: a
-    reason that points elsewhere, or a failed import (a plugin that prints why, "needs
-    PyTorch 2.8.*, but 2.13.0 is found", and then fails on something else)."""
-    if verdict.ok or verdict.status in ("unavailable", "timeout"):
+    """``verdict`` with the last few lines the probe wrote to stderr that say something new
+    (not Python's warnings, with the source line each quotes, nor what the reason says),
+    where that is the diagnosis: a reason that points elsewhere, or a failed import (a
+    plugin that prints why, "needs PyTorch 2.8.*, but 2.13.0 is found", and then fails on
+    something else)."""
+    if verdict.status in ("ok", "unavailable", "timeout"):
         return verdict
     if verdict.status != "import-error" and not _ELSEWHERE.search(verdict.reason):
         return verdict
-    said = _last_words(errors, verdict.reason)
-    if not said:
-        return verdict
-    return Verdict.from_json({**verdict.facts(), "reason": f"{verdict.reason}; it printed: {said}"})
-
-
-def _last_words(errors: bytes | bytearray, known: str, lines: int = 3) -> str:
-    """The last few lines written to stderr that say something new: not Python's warnings
-    (a file:line: SomeWarning: header and its source line), not what ``known`` holds."""
     kept: list[str] = []
-    warning = re.compile(r"^\S.*:\d+: \w*Warning: ")
     after_warning = False
     for line in errors.decode("utf-8", "replace").splitlines():
-        text = line.strip()
-        if warning.match(line):
+        if _WARNING.match(line):
             after_warning = True
-            continue
-        if after_warning and line[:1].isspace():  # the source line a warning quotes
-            continue
-        after_warning = False
-        if text and text not in known:
-            kept.append(text)
-    said = " | ".join(kept[-lines:])
-    return said if len(said) <= 300 else "…" + said[-299:]
+        elif not (after_warning and line[:1].isspace()):
+            after_warning = False
+            if line.strip() and line.strip() not in verdict.reason:
+                kept.append(line.strip())
+    said = " | ".join(kept[-3:])
+    if not said:
+        return verdict
+    said = said if len(said) <= 300 else "…" + said[-299:]
+    return verdict._replace(reason=f"{verdict.reason}; it printed: {said}")
 
 
 def _crash_reason(code: int | None, tail: bytes | bytearray) -> str:
-    import signal
-
     if code is not None and code < 0:
         try:
             what = f"killed by {signal.Signals(-code).name}"

@@ -97,7 +97,7 @@ class Verdict(NamedTuple):
 
     def facts(self) -> dict[str, Any]:
         """Every field but ``cached``: what is remembered of a verdict."""
-        return {fact: getattr(self, fact) for fact in FACTS}
+        return {fact: getattr(self, fact) for fact in _KINDS}
 
     def as_json(self) -> dict[str, Any]:
         return {**self.facts(), "cached": self.cached, "level_name": self.level_name}
@@ -106,7 +106,7 @@ class Verdict(NamedTuple):
     def from_json(cls, data: Mapping[str, Any], *, cached: bool = False) -> Verdict:
         """The verdict ``as_json`` (or ``facts``) gave; a :class:`TypeError` for anything
         else (a remembered verdict of another shape is not one)."""
-        facts = {k: v for k, v in data.items() if k in FACTS}
+        facts = {k: v for k, v in data.items() if k in _KINDS}
         for fact, value in facts.items():  # what is left out takes its default
             kinds = _KINDS[fact]
             if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
@@ -116,25 +116,16 @@ class Verdict(NamedTuple):
         return cls(**facts, cached=cached)
 
 
-#: What is remembered of a verdict, and read back: every field but ``cached``.
-FACTS = Verdict._fields[:-1]
-_NUMBER = (int, float)
-_MAYBE = (int, float, type(None))
-#: The kinds of value each fact may hold.
+#: The kinds of value each fact of a verdict (every field but ``cached``) may hold.
 _KINDS: dict[str, tuple[type, ...]] = {
     "name": (str,),
     "status": (str,),
     "level": (int,),
     "reason": (str,),
-    "seconds": _NUMBER,
+    "seconds": (int, float),
     "member": (str, type(None)),
-    "compile_seconds": _MAYBE,
-    "per_call_seconds": _MAYBE,
-    "eager_seconds": _MAYBE,
-    "speedup": _MAYBE,
-    "spread": _MAYBE,
+    **dict.fromkeys(Verdict._fields[6:-1], (int, float, type(None))),
 }
-
 
 #: The most subjects remembered; the oldest are forgotten first.
 LIMIT = 10_000
@@ -143,39 +134,62 @@ LIMIT = 10_000
 BUILT_IN = {"model": None, "device": "cpu"}
 
 
-def subject(registry: Registry, name: str, stamps: dict[Any, Any] | None = None) -> str:
-    """What a verdict about ``name`` judges (see :func:`subject_key`): the identity of what it
-    runs, the files of the targets it may run, this machine. ``stamps`` remembers files
-    across the calls of one listing."""
+def subject(
+    registry: Registry,
+    name: str,
+    stamps: dict[Any, Any] | None = None,
+    memory: Verdicts | None = None,
+) -> str:
+    """What a verdict about ``name`` judges: the identity of what it runs, and for it and
+    what its chain reaches, the code their targets name, which of their requirements are
+    missing and which python-path folders the trust rule refuses; this machine and what is
+    installed in it. ``stamps`` remembers what was looked at across the calls of one listing."""
     index = registry.index_for(name)
-    return _subject(index, index.resolve(name), stamps, Verdicts(registry.context.cache))
+    memo = {} if stamps is None else stamps
+    memory = Verdicts(registry.context.cache) if memory is None else memory
+    return _subject(index, index.resolve(name), memo, memory)
 
 
 def _subject(
     index: Index,
     definition: BackendDefinition,
-    stamps: dict[Any, Any] | None,
+    memo: dict[Any, Any],
     memory: Verdicts,
     within: frozenset[str] = frozenset(),
 ) -> str:
-    """A chain that skips known failures runs what its members' verdicts say: which of them
-    are known to fail belongs to what its own verdict judges."""
     from .._sources.pytorch import torch_version
 
-    members = [d for d in reach(index, definition).values() if d is not None]
     facts = identity(index, definition, torch_version())
     if definition.skip_known_failures:
+        # Which members are known to fail belongs to what such a chain runs.
         failing = []
         for name in definition.members:
             member = index.get(name)
             if member is None or member.name in within:  # a cycle: the chain is broken
                 continue
-            inner = _subject(index, member, stamps, memory, within | {definition.name})
+            inner = _subject(index, member, memo, memory, within | {definition.name})
             verdict = memory.latest(inner)
             if verdict is not None and verdict.status in FAILURES:
                 failing.append(name)
         facts["known_failures"] = failing
-    return subject_key(facts, [definition, *members], torch_version(), stamps)
+    judged = []
+    members = [d for d in reach(index, definition).values() if d is not None]
+    for judging in [definition, *members]:
+        folders = judging.search_path
+        module = None  # the stamp is the module's: many backends share one
+        if judging.target is not None and judging.compiler_fn is None:
+            module = judging.target.partition(":")[0]
+        code, needs = ("code", module, folders), ("requires", judging.requires, folders)
+        # Each part kept as its canonical text: a listing writes it once, not once a row.
+        if code not in memo:
+            memo[code] = canonical(None if module is None else code_stamp(module, folders))
+        if needs not in memo:
+            trust = [(p, untrusted_folder(p)) for p in folders]
+            memo[needs] = canonical([missing_requirements(judging), trust])
+        judged.append([memo[code], memo[needs]])
+    if "installed" not in memo:
+        memo["installed"] = canonical([installed_stamp(), sys.version, *this_machine()])
+    return canonical([facts, judged, memo["installed"], torch_version()])
 
 
 def known_failure(registry: Registry, name: str) -> str | None:
@@ -184,8 +198,7 @@ def known_failure(registry: Registry, name: str) -> str | None:
     nothing (the chain says why it skips it). What a chain that skips known failures asks."""
     memory = Verdicts(registry.context.cache)
     try:
-        index = registry.index_for(name)
-        verdict = memory.latest(_subject(index, index.resolve(name), None, memory))
+        verdict = memory.latest(subject(registry, name, memory=memory))
     except BackendRegistryError:
         return None
     if verdict is None or verdict.status not in FAILURES:
@@ -193,51 +206,13 @@ def known_failure(registry: Registry, name: str) -> str | None:
     return f"doctor found {verdict.status} here ({verdict.reason})"
 
 
-def subject_key(
-    identity: Mapping[str, Any],
-    definitions: Iterable[BackendDefinition],
-    torch_version: str | None,
-    stamps: dict[Any, Any] | None = None,
-) -> str:
-    """The key of what a verdict judges: ``identity``; for the backend and what its chain
-    reaches, the code their targets name, which of their requirements are missing and
-    which python-path folders the trust rule refuses; and this machine and environment
-    (what is installed in it, PyTorch's version).
-
-    ``stamps`` remembers what was looked at across the calls of one listing.
-    """
-    memo: dict[Any, Any] = {} if stamps is None else stamps
-    judged = []
-    for definition in definitions:
-        folders = definition.search_path
-        module = None  # the stamp is the module's: many backends share one
-        if definition.target is not None and definition.compiler_fn is None:
-            module = definition.target.partition(":")[0]
-        code, needs = ("code", module, folders), ("requires", definition.requires, folders)
-        # Each part kept as its canonical text: a listing writes it once, not once a row.
-        if code not in memo:
-            memo[code] = canonical(None if module is None else code_stamp(module, folders))
-        if needs not in memo:
-            trust = [(p, untrusted_folder(p)) for p in folders]
-            memo[needs] = canonical([missing_requirements(definition), trust])
-        judged.append([memo[code], memo[needs]])
-    if "installed" not in memo:
-        memo["installed"] = canonical([installed_stamp(), sys.version, *this_machine()])
-    return canonical([identity, judged, memo["installed"], torch_version])
-
-
 def this_machine() -> list[str]:
     """What tells this machine from another that shares its home folder (nodes of a
     cluster over NFS, one with a GPU and one without): its platform, processor, host."""
-    uname = getattr(os, "uname", None)
-    if uname is None:  # pragma: no cover - Windows
-        return [
-            sys.platform,
-            os.environ.get("PROCESSOR_ARCHITECTURE", ""),
-            os.environ.get("COMPUTERNAME", ""),
-        ]
-    found = uname()
-    return [sys.platform, found.machine, found.nodename]
+    if not hasattr(os, "uname"):  # pragma: no cover - Windows
+        machine, host = (os.environ.get(v, "") for v in ("PROCESSOR_ARCHITECTURE", "COMPUTERNAME"))
+        return [sys.platform, machine, host]
+    return [sys.platform, os.uname().machine, os.uname().nodename]
 
 
 class Verdicts:
@@ -246,7 +221,7 @@ class Verdicts:
     Each is kept under a digest of its subject, with its probe and, as the probe found
     them, the files of the code it ran (a project's own: an edit of any of them, the
     target's imports included, makes it stale) and the modules it found missing
-    (installing one does too).
+    (installing one does too). An entry of another shape is no entry.
     """
 
     KIND = "verdicts"
@@ -265,31 +240,23 @@ class Verdicts:
     def __len__(self) -> int:
         return len(self._load())
 
-    def _entries(self, subject: str) -> list[dict[str, Any]]:
+    def _probes(self, subject: str) -> dict[str, Any]:
         probes = self._load().get(_digest(subject))
-        found = probes.values() if isinstance(probes, dict) else ()
-        return [entry for entry in found if _current(entry)]
+        return probes if isinstance(probes, dict) else {}
 
     def get(self, subject: str, probe: Mapping[str, Any]) -> Verdict | None:
         """The verdict of ``subject`` found by exactly ``probe``, where still current."""
-        wanted = canonical(probe)
-        for entry in self._entries(subject):
-            if canonical(entry.get("probe")) == wanted:
-                return _verdict(entry)
-        return None
+        return _read(self._probes(subject).get(canonical(probe)))
 
     def latest(self, subject: str) -> Verdict | None:
         """The newest current verdict of ``subject`` on the built-in model and the CPU."""
         found = []
-        for entry in self._entries(subject):
-            when, probe = entry.get("when"), entry.get("probe")
-            if not isinstance(probe, dict) or not isinstance(when, float):
-                continue
-            if all(probe.get(k) == v for k, v in BUILT_IN.items()):
-                found.append((when, entry))
-        found.sort(key=lambda pair: pair[0], reverse=True)
+        for entry in self._probes(subject).values():
+            probe = entry.get("probe") if isinstance(entry, dict) else None
+            if isinstance(probe, dict) and all(probe.get(k) == v for k, v in BUILT_IN.items()):
+                found.append(entry)
         # Only the newest that reads back as a verdict is built.
-        return next(filter(None, (_verdict(entry) for _when, entry in found)), None)
+        return next(filter(None, map(_read, sorted(found, key=_when, reverse=True))), None)
 
     def put(self, subject: str, probe: Mapping[str, Any], verdict: Verdict) -> None:
         """Remember ``verdict`` of ``subject`` found by ``probe``."""
@@ -303,31 +270,25 @@ class Verdicts:
         cache's lock: two runs ending together both keep what they found."""
         with self.cache.locked(self.KIND):
             self._table = None
-            self._remember(self._load(), found)
-
-    def _remember(
-        self,
-        table: dict[str, Any],
-        found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]],
-    ) -> None:
-        for subject, probe, verdict, code, missing in found:
-            key = _digest(subject)
-            probes = table.get(key)
-            if not isinstance(probes, dict):
-                probes = table[key] = {}
-            # What is None takes its default when read back: a listing reads every entry.
-            facts = {fact: value for fact, value in verdict.facts().items() if value is not None}
-            probes[canonical(probe)] = {
-                "verdict": facts,
-                "when": time.time(),
-                "probe": dict(probe),
-                "code": code,
-                "missing": missing,
-            }
-        if len(table) > LIMIT:
-            for old in sorted(table, key=lambda s: _newest(table[s]))[: len(table) - LIMIT]:
-                del table[old]
-        self.cache.put(self.KIND, self.KEY, table)
+            table = self._load()
+            for subject, probe, verdict, code, missing in found:
+                probes = self._probes(subject)
+                table[_digest(subject)] = probes
+                # What is None takes its default when read back: a listing reads every entry.
+                facts = {
+                    fact: value for fact, value in verdict.facts().items() if value is not None
+                }
+                probes[canonical(probe)] = {
+                    "verdict": facts,
+                    "when": time.time(),
+                    "probe": dict(probe),
+                    "code": code,
+                    "missing": missing,
+                }
+            if len(table) > LIMIT:
+                for old in sorted(table, key=lambda s: _newest(table[s]))[: len(table) - LIMIT]:
+                    del table[old]
+            self.cache.put(self.KIND, self.KEY, table)
 
 
 def _digest(subject: str) -> str:
@@ -336,29 +297,23 @@ def _digest(subject: str) -> str:
     return hashlib.sha256(subject.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _current(entry: object) -> bool:
-    """Whether what a verdict was found on is as it was: the code it ran, the modules it
-    missed (still missing)."""
-    if not isinstance(entry, dict):
-        return False
-    code, missing = entry.get("code"), entry.get("missing") or []
-    for stamped in code if isinstance(code, list) else ():
-        if not isinstance(stamped, list) or not stamped or stamp(str(stamped[0])) != stamped:
-            return False
-    return all(isinstance(m, str) and find(m) is None for m in missing)
+def _when(entry: Any) -> float:
+    when = entry.get("when") if isinstance(entry, dict) else None
+    return when if isinstance(when, float) else 0.0
 
 
-def _newest(probes: object) -> float:
-    if not isinstance(probes, dict):
-        return 0.0
-    times = [p.get("when") for p in probes.values() if isinstance(p, dict)]
-    return max((t for t in times if isinstance(t, (int, float))), default=0.0)
+def _newest(probes: Any) -> float:
+    return max(map(_when, probes.values()), default=0.0) if isinstance(probes, dict) else 0.0
 
 
-def _verdict(found: object) -> Verdict | None:
-    if not isinstance(found, dict) or not isinstance(found.get("verdict"), dict):
-        return None
+def _read(entry: Any) -> Verdict | None:
+    """The verdict ``entry`` holds where what it was found on is as it was (the code it ran,
+    the modules it missed still missing); ``None`` for an entry of another shape."""
     try:
-        return Verdict.from_json(found["verdict"], cached=True)
-    except TypeError:
+        if any(stamp(str(stamped[0])) != stamped for stamped in entry.get("code") or ()):
+            return None
+        if any(find(module) is not None for module in entry.get("missing") or ()):
+            return None
+        return Verdict.from_json(entry["verdict"], cached=True)
+    except (TypeError, KeyError, IndexError, AttributeError):
         return None
