@@ -513,48 +513,50 @@ print(tbr.lookup_backend("tensorrt").__name__, "tensorrt" in torch._dynamo.list_
 
 
 def test_a_stale_or_renamed_entry_point_is_never_loaded_by_a_listing(tmp_path: Path) -> None:
-    def installed_plugin(site: Path) -> None:
-        info = site / "stale_plugin-1.0.dist-info"
+    # Two plugins in one process, as PyTorch read them once: one uninstalled since, one whose
+    # new version renames its entry point.
+    site = tmp_path / "site"
+    for case in ("uninstalled", "upgraded"):
+        info = site / f"{case}_plugin-1.0.dist-info"
         info.mkdir(parents=True)
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stale-plugin\nVersion: 1.0\n")
-        points = info / "entry_points.txt"
-        points.write_text("[torch_dynamo_backends]\nold_name = tbr_stale_plugin:compile\n")
-        (site / "tbr_stale_plugin.py").write_text(
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {case}-plugin\nVersion: 1.0\n"
+        )
+        (info / "entry_points.txt").write_text(
+            f"[torch_dynamo_backends]\nold_{case} = tbr_{case}_plugin:compile\n"
+        )
+        (site / f"tbr_{case}_plugin.py").write_text(
             "import sys\nprint('plugin code ran', file=sys.stderr)\n"
             "def compile(gm, inputs):\n    return gm.forward\n"
         )
 
     code = """
 import shutil, sys, pathlib
-sys.path.insert(0, sys.argv[2])
+sys.path.insert(0, sys.argv[1])
 import torch, torch_backend_registry as tbr
 torch._dynamo.list_backends()  # PyTorch reads the entry points, once a process
-assert "old_name" in tbr.list_backends()
-site = pathlib.Path(sys.argv[2])
-if sys.argv[1] == "upgraded":  # a new version renames its entry point
-    (site / "stale_plugin-1.0.dist-info" / "entry_points.txt").write_text(
-        "[torch_dynamo_backends]\\nnew_name = tbr_stale_plugin:compile\\n"
-    )
-else:  # uninstalled
-    shutil.rmtree(site / "stale_plugin-1.0.dist-info")
-    (site / "tbr_stale_plugin.py").unlink()
+assert {"old_uninstalled", "old_upgraded"} <= set(tbr.list_backends())
+site = pathlib.Path(sys.argv[1])
+shutil.rmtree(site / "uninstalled_plugin-1.0.dist-info")
+(site / "tbr_uninstalled_plugin.py").unlink()
+(site / "upgraded_plugin-1.0.dist-info" / "entry_points.txt").write_text(
+    "[torch_dynamo_backends]\\nnew_upgraded = tbr_upgraded_plugin:compile\\n"
+)
 import importlib; importlib.invalidate_caches()
 tbr.refresh()
 names = tbr.list_backends(exclude_tags=())
-print("inductor" in names, "old_name" in names, "tbr_stale_plugin" in sys.modules)
+print("inductor" in names, "new_upgraded" in names)
+print([n for n in names if n.startswith("old_")], [m for m in sys.modules if m.startswith("tbr_")])
 print(callable(tbr.lookup_backend("inductor")))
 """
     environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    for case in ("uninstalled", "upgraded"):
-        site = tmp_path / case
-        installed_plugin(site)
-        done = subprocess.run(
-            [sys.executable, "-c", code, case, str(site)], cwd=tmp_path, env=environ,
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.splitlines() == ["True False False", "True"], case
-        assert "plugin code ran" not in done.stderr, case
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(site)], cwd=tmp_path, env=environ,
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["True True", "[] []", "True"]
+    assert "plugin code ran" not in done.stderr
 
 
 # ------------------------------------------------------------------ check --import
