@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 from ._definition import SOURCE_KINDS, Source, runtime_definition
@@ -58,7 +59,14 @@ class Registry:
         files: Sequence[str | os.PathLike[str]] | None = None,
         known_failure: KnownFailure | None = None,
     ) -> None:
-        self._kinds = _source_kinds(sources)
+        kinds = SOURCE_KINDS if sources is None else tuple(sources)
+        unknown = [kind for kind in kinds if kind not in SOURCE_KINDS]
+        if unknown:
+            raise ValueError(
+                f"unknown source kind {unknown[0]!r}; expected some of {', '.join(SOURCE_KINDS)}"
+            )
+        #: The source kinds this registry reads, highest precedence first.
+        self.sources: tuple[SourceKind, ...] = tuple(k for k in SOURCE_KINDS if k in kinds)
         #: Why a backend is known to fail here, for chains that skip known failures.
         self.known_failure = known_failure
         self._cwd = None if cwd is None else os.fspath(cwd)
@@ -79,12 +87,7 @@ class Registry:
         self._listeners: list[Callable[[Registry], None]] = []
 
     def __repr__(self) -> str:
-        return f"Registry(cwd={self._cwd!r}, sources={self._kinds!r})"
-
-    @property
-    def sources(self) -> tuple[SourceKind, ...]:
-        """The source kinds this registry reads, highest precedence first."""
-        return self._kinds
+        return f"Registry(cwd={self._cwd!r}, sources={self.sources!r})"
 
     @property
     def context(self) -> Context:
@@ -109,7 +112,7 @@ class Registry:
                 snapshot = self._snapshot
                 if snapshot is None:
                     snapshot = self._snapshot = Snapshot(
-                        self._kinds,
+                        self.sources,
                         cwd=self._cwd,
                         environ=self._environ,
                         files=self._files,
@@ -117,6 +120,9 @@ class Registry:
                         fresh=self._fresh,
                     )
         return snapshot
+
+    def _read(self, with_torch: bool) -> Snapshot:
+        return self._live() if with_torch else self._current()
 
     def _live(self) -> Snapshot:
         """The snapshot, with PyTorch's registry read again where that changed since."""
@@ -147,7 +153,7 @@ class Registry:
         registry gained since is found at once."""
         snapshot = self._current()
         index = snapshot.index(with_torch=False)
-        if "torch" not in self._kinds:
+        if "torch" not in self.sources:
             return snapshot, index
         from ._sources.pytorch import dynamo_imported
 
@@ -259,7 +265,9 @@ class Registry:
             if problem is not None:
                 raise ManifestError.of(problem)
             check_requirements(definition)
-            skip = self._known_failure if definition.skip_known_failures else None
+            skip = None
+            if definition.skip_known_failures and self.known_failure is not None:
+                skip = functools.partial(self.known_failure, self)
             fn = (
                 ChainBackend(
                     definition,
@@ -278,10 +286,6 @@ class Registry:
             # One callable a definition, whichever of its names was asked for first.
             fn = snapshot.loaded[name] = snapshot.by_definition.setdefault(definition, fn)
         return fn
-
-    def _known_failure(self, name: str) -> str | None:
-        """Why ``name`` is known to fail here, where this registry was told how to know."""
-        return None if self.known_failure is None else self.known_failure(self, name)
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
         """Sorted backend names, leaving out those with a tag in ``exclude_tags``.
@@ -304,10 +308,9 @@ class Registry:
         its ``problem``.
         """
         exclude = set(exclude_tags or ())
-        snapshot = self._live() if with_torch else self._current()
         result = [
             d
-            for d in snapshot.index(with_torch).winners(broken=broken)
+            for d in self._read(with_torch).index(with_torch).winners(broken=broken)
             if not (exclude and exclude.intersection(d.tags))
         ]
         result.sort(key=lambda d: d.name)
@@ -350,7 +353,7 @@ class Registry:
 
     def index(self, *, with_torch: bool = True) -> Index:
         """The merge of what this registry read: every name with its candidates."""
-        return (self._live() if with_torch else self._current()).index(with_torch)
+        return self._read(with_torch).index(with_torch)
 
     def default_backend(self) -> DefaultDeclaration | None:
         """The first manifest ``default`` by precedence."""
@@ -359,28 +362,16 @@ class Registry:
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
-        return (self._live() if with_torch else self._current()).problems(with_torch)
+        return self._read(with_torch).problems(with_torch)
 
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
         """Every usable name's facts and every alias: what the fingerprint and a lock hold."""
         from ._identity import registry_facts
         from ._sources.pytorch import torch_version
 
-        snapshot = self._live() if with_torch else self._current()
-        return registry_facts(snapshot.index(with_torch), torch_version())
+        return registry_facts(self.index(with_torch=with_torch), torch_version())
 
     def index_for(self, name: str) -> Index:
         """The index ``name`` resolves in: without PyTorch's backends where another source
         defines it (no torch import), with them otherwise."""
         return self._resolving(name)[1]
-
-
-def _source_kinds(sources: Iterable[str] | None) -> tuple[SourceKind, ...]:
-    """The kinds asked for, in the order of precedence; a ValueError for an unknown one."""
-    kinds = SOURCE_KINDS if sources is None else tuple(sources)
-    unknown = [kind for kind in kinds if kind not in SOURCE_KINDS]
-    if unknown:
-        raise ValueError(
-            f"unknown source kind {unknown[0]!r}; expected some of {', '.join(SOURCE_KINDS)}"
-        )
-    return tuple(k for k in SOURCE_KINDS if k in kinds)

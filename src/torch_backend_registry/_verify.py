@@ -25,14 +25,14 @@ from ._forksafe import ForkSafeLock
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
-    from contextlib import AbstractContextManager
     from typing import Any
 
 #: Compiling for a backward check changes a setting of the whole process: one at a time.
 _SERIAL = ForkSafeLock()
 
 
-def compiling(level: str | None) -> AbstractContextManager[object]:
+@contextlib.contextmanager
+def compiling(level: str | None) -> Iterator[None]:
     """Where a member of a chain that verifies is compiled.
 
     A backward pass is compiled lazily, at its first run (AOTAutograd's): run while
@@ -40,19 +40,15 @@ def compiling(level: str | None) -> AbstractContextManager[object]:
     way for its own. For ``backward``, members compile it at once, as PyTorch does for
     its ahead-of-time compiles (``force_non_lazy_backward_lowering``).
     """
-    if level != "backward":
-        return contextlib.nullcontext()
-    import torch._functorch.config as functorch_config
+    with contextlib.ExitStack() as stack:
+        if level == "backward":
+            import torch._functorch.config as config
 
-    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
-        return contextlib.nullcontext()
-    return _patched(functorch_config)
-
-
-@contextlib.contextmanager
-def _patched(config: Any) -> Iterator[None]:
-    # The setting is the process's: two threads patching it at once would leave it set.
-    with _SERIAL, config.patch(force_non_lazy_backward_lowering=True):
+            if hasattr(config, "force_non_lazy_backward_lowering"):
+                # The setting is the process's: two threads patching it at once would leave
+                # it set.
+                stack.enter_context(_SERIAL)
+                stack.enter_context(config.patch(force_non_lazy_backward_lowering=True))
         yield
 
 
