@@ -140,8 +140,10 @@ def _install() -> None:
 def _install_or_defer() -> None:
     """install(), its checks at the first compile: while torch._dynamo is still being
     imported, neither PyTorch's registry can be read whole nor may be imported further."""
-    from ._api import default_registry
-    from ._cluster import VERIFY_VAR
+    import functools
+
+    from ._api import check_before_install, default_registry, verify_asked
+    from ._errors import BackendRegistryError
     from ._lock import lock_from_environment
     from ._torch import install
 
@@ -149,54 +151,27 @@ def _install_or_defer() -> None:
     # Early: the modules importing torch._dynamo (torch._inductor, say) are not whole yet.
     install(registry, early=True)
     lock = lock_from_environment(registry)
-    verify = registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0")
-    if lock is not None or verify:
-        _at_compile_start(_checks(registry, lock, verify))
+    verify = verify_asked(registry)
+    if lock is None and not verify:
+        return
 
-
-def _checks(registry: Any, lock: str | None, verify: bool) -> Callable[[object], None]:
-    """What install() checks before it installs, run when the first compile starts (each
-    once; what fails is raised by every compile): the lock (``TORCH_BACKENDS_LOCKED``), the
-    ranks (``TORCH_BACKENDS_VERIFY``, where torch.distributed is initialised by then)."""
-    failed: list[BaseException | None] = []
+    @functools.cache  # each check once; what fails is raised by every compile
+    def failure() -> BackendRegistryError | None:
+        try:
+            unready = "was not initialised by the first torch.compile: the ranks were not compared"
+            check_before_install(registry, lock, verify, unready)
+        except BackendRegistryError as exc:
+            return exc
+        return None
 
     def check(args: object) -> None:
-        if not failed:
-            from ._errors import BackendRegistryError
+        exc = failure()
+        if exc is not None:
+            raise exc
 
-            try:
-                _check(registry, lock, verify)
-            except BackendRegistryError as exc:
-                failed.append(exc)
-            else:
-                failed.append(None)
-        if failed[0] is not None:
-            raise failed[0]
-
-    return check
-
-
-def _check(registry: Any, lock: str | None, verify: bool) -> None:
-    from ._api import verify_consistent
-    from ._cluster import VERIFY_VAR, distributed_ready
-    from ._errors import warn
-    from ._lock import check_locked
-
-    if lock is not None:
-        check_locked(registry, lock)
-    if verify and distributed_ready():
-        verify_consistent(registry=registry)
-    elif verify:
-        warn(
-            f"{VERIFY_VAR} is set but torch.distributed was not initialised by the first"
-            " torch.compile: the ranks were not compared"
-        )
-
-
-def _at_compile_start(callback: Callable[[object], None]) -> None:
     from torch._dynamo.callback import on_compile_start
 
-    on_compile_start(callback)
+    on_compile_start(check)
 
 
 def _say(message: str) -> None:

@@ -133,7 +133,7 @@ def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
     """Put ``proxy`` under ``name`` in place of what a plugin registered there, which is
     kept aside (still PyTorch's registry's definition of the name, shadowed by the
     registry's); ``False`` where PyTorch's own backend holds the name."""
-    module = sys.modules[REGISTRY_MODULE]
+    module: Any = sys.modules[REGISTRY_MODULE]
     loaded = getattr(module, "_COMPILER_FNS", None)
     held = loaded.get(name) if isinstance(loaded, dict) else None
     if held is None or own(held):
@@ -155,7 +155,7 @@ def _let_plugins_register() -> None:
     ``register_backend`` PyTorch exports is replaced by one that does so."""
     import torch._dynamo
 
-    module = sys.modules[REGISTRY_MODULE]
+    module: Any = sys.modules[REGISTRY_MODULE]
     original = module.register_backend
     if getattr(original, STAND_IN, False):
         return
