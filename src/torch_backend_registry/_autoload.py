@@ -23,7 +23,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
@@ -66,22 +66,18 @@ def autoload() -> None:
         if DYNAMO in sys.modules:  # imported already (a process that imported torch twice)
             _install()
         elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _AfterImport(DYNAMO, _install))
+            sys.meta_path.insert(0, _AfterImport())
     except Exception as exc:  # pragma: no cover - import torch must not fail for us
         _say(f"{AUTOLOAD_VAR} is set, but autoload could not start: {type(exc).__name__}: {exc}")
 
 
 class _AfterImport:
-    """A finder that finds one module as the others do, and runs ``then`` once it has run."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name = name
-        self.then = then
+    """A finder that finds ``torch._dynamo`` as the others do, and installs once it has run."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != self.name:
+        if fullname != DYNAMO:
             return None
         # Once: and the finders asked below must not come back here.
         if self in sys.meta_path:
@@ -91,27 +87,21 @@ class _AfterImport:
             spec: ModuleSpec | None = find(fullname, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _Then(spec.loader, self.then)  # type: ignore[assignment]
+                    spec.loader = _Then(spec.loader)  # type: ignore[assignment]
                 return spec
         return None
 
 
 class _Then:
-    """A loader that runs a module as its own loader does, then ``then``; anything else
-    asked of it (its source, its code) is its own loader's answer."""
+    """A loader that runs a module as its own loader does, then installs; anything else
+    asked of it (``create_module``, its source, its code) is its own loader's answer."""
 
-    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+    def __init__(self, loader: Any) -> None:
         self.loader = loader
-        self.then = then
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        create = getattr(self.loader, "create_module", None)
-        module: ModuleType | None = None if create is None else create(spec)
-        return module
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
-        self.then()
+        _install()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)

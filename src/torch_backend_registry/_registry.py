@@ -121,13 +121,11 @@ class Registry:
                     )
         return snapshot
 
-    def _read(self, with_torch: bool) -> Snapshot:
-        return self._live() if with_torch else self._current()
-
-    def _live(self) -> Snapshot:
-        """The snapshot, with PyTorch's registry read again where that changed since."""
+    def _live(self, with_torch: bool = True) -> Snapshot:
+        """The snapshot; ``with_torch``, with PyTorch's registry read again where that
+        changed since."""
         snapshot = self._current()
-        if snapshot.torch_changed():
+        if with_torch and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
                     self._snapshot = snapshot.derive(torch=False)
@@ -308,13 +306,8 @@ class Registry:
         its ``problem``.
         """
         exclude = set(exclude_tags or ())
-        result = [
-            d
-            for d in self._read(with_torch).index(with_torch).winners(broken=broken)
-            if not (exclude and exclude.intersection(d.tags))
-        ]
-        result.sort(key=lambda d: d.name)
-        return result
+        winners = self._live(with_torch).index(with_torch).winners(broken=broken)
+        return sorted((d for d in winners if exclude.isdisjoint(d.tags)), key=lambda d: d.name)
 
     def backend_info(self, name: str) -> BackendInfo:
         """What ``name`` resolves to: its definition, the lower definitions of that name
@@ -353,7 +346,7 @@ class Registry:
 
     def index(self, *, with_torch: bool = True) -> Index:
         """The merge of what this registry read: every name with its candidates."""
-        return self._read(with_torch).index(with_torch)
+        return self._live(with_torch).index(with_torch)
 
     def default_backend(self) -> DefaultDeclaration | None:
         """The first manifest ``default`` by precedence."""
@@ -362,7 +355,7 @@ class Registry:
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
-        return self._read(with_torch).problems(with_torch)
+        return self._live(with_torch).problems(with_torch)
 
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
         """Every usable name's facts and every alias: what the fingerprint and a lock hold."""

@@ -46,8 +46,7 @@ class _LazyBackend:
     def __init__(self, registry: Registry, name: str) -> None:
         self.registry = registry
         self.name = name
-        self.__name__ = name
-        self.__qualname__ = name
+        self.__name__ = self.__qualname__ = name
         setattr(self, STAND_IN, True)
 
     def __repr__(self) -> str:
