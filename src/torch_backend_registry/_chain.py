@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
+import sys
 
 from ._errors import BackendChainError, BackendRegistryError, RefusedArguments
 from ._loader import call_options
@@ -130,26 +132,7 @@ def own_copy(gm: Any) -> Any:
     (FX passes rewrite graphs in place; inductor rewrites the graphs of higher-order ops'
     branches and sets them back): its graph and the graph modules inside it copied, with
     what dynamo set on their nodes and on the module (its ``meta``, the sources of its
-    parameters); the parameters and buffers themselves shared, not copied."""
-    import torch.fx
-
-    if not isinstance(gm, torch.fx.GraphModule):
-        return gm
-    copied = torch.fx.GraphModule(gm, copy_graph(gm.graph), class_name=type(gm).__name__)
-    for name, child in list(copied.named_children()):
-        if isinstance(child, torch.fx.GraphModule):
-            setattr(copied, name, own_copy(child))
-    mine = vars(copied)
-    for key, value in vars(gm).items():
-        if key not in mine:  # dynamo's own: _param_name_to_source, _source_to_user_stacks
-            setattr(copied, key, value)
-    copied.meta = dict(gm.meta)
-    copied.training = gm.training
-    return copied
-
-
-def copy_graph(graph: Any) -> Any:
-    """A copy of an FX graph that keeps what dynamo set on its nodes besides ``meta``.
+    parameters); the parameters and buffers themselves shared, not copied.
 
     ``copy.deepcopy`` copies each node's ``meta`` only; dynamo also sets attributes of its
     own (``_dynamo_source`` on each placeholder), which AOTAutograd, and so inductor and
@@ -158,13 +141,29 @@ def copy_graph(graph: Any) -> Any:
     """
     import copy
 
-    copied = copy.deepcopy(graph)
-    for old, new in zip(graph.nodes, copied.nodes, strict=True):
-        mine = vars(new)
-        for key, value in vars(old).items():
-            if key not in mine:
-                setattr(new, key, value)
+    import torch.fx
+
+    if not isinstance(gm, torch.fx.GraphModule):
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    for old, new in zip(gm.graph.nodes, graph.nodes, strict=True):
+        _carry_over(old, new)
+    copied = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    for name, child in list(copied.named_children()):
+        if isinstance(child, torch.fx.GraphModule):
+            setattr(copied, name, own_copy(child))
+    _carry_over(gm, copied)  # dynamo's own: _param_name_to_source, _source_to_user_stacks
+    copied.meta = dict(gm.meta)
+    copied.training = gm.training
     return copied
+
+
+def _carry_over(old: object, new: object) -> None:
+    """Set on ``new`` each attribute of ``old`` that it lacks."""
+    mine = vars(new)
+    for key, value in vars(old).items():
+        if key not in mine:
+            setattr(new, key, value)
 
 
 class DeviceBackend(_Composite):
@@ -250,19 +249,13 @@ def member_compiler(
             f" torch.compile was given ({given}), as torch.compile(backend="
             f"{definition.name!r}) could not: {exc}"
         ) from None
-    if not options:
-        return compiler
-    import functools
-
-    return functools.partial(compiler, **options)
+    return functools.partial(compiler, **options) if options else compiler
 
 
 def _is_inductor(definition: BackendDefinition, compiler: Callable[..., Any]) -> bool:
     """Whether a member is PyTorch's own inductor: its name, or its function as a target."""
     if definition.source.kind == "torch" and definition.name == "inductor":
         return True
-    import sys
-
     module = sys.modules.get("torch._dynamo.backends.inductor")
     return module is not None and compiler is getattr(module, "inductor", None)
 

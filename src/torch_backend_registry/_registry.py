@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -158,8 +159,7 @@ class Registry:
         if name in index.by_key and not (shadows and dynamo_imported()):
             return snapshot, index
         snapshot = self._live()
-        index = snapshot.index()
-        return snapshot, index
+        return snapshot, snapshot.index()
 
     # ------------------------------------------------------------------ registering
 
@@ -188,11 +188,7 @@ class Registry:
         PyTorch's own backends is refused, as PyTorch's registry refuses it.
         """
         if compiler_fn is None:
-
-            def decorator(fn: F) -> F:
-                return self.register_backend(fn, name=name, tags=tags)
-
-            return decorator
+            return functools.partial(self.register_backend, name=name, tags=tags)
         if not callable(compiler_fn):
             raise TypeError(f"compiler_fn must be callable, got {type(compiler_fn).__name__}")
         name = name or compiler_fn.__name__
@@ -333,11 +329,8 @@ class Registry:
             return True
         compiler_name = getattr(compiler_fn, "compiler_name", None)
         if isinstance(compiler_name, str):
-            try:
+            with contextlib.suppress(BackendRegistryError):
                 self.backend_info(compiler_name)
-            except BackendRegistryError:
-                pass
-            else:
                 return True
         inner = getattr(compiler_fn, "compiler_fn", None)
         return inner is not None and any(fn is inner for fn in known)

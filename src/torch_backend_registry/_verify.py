@@ -98,7 +98,11 @@ class Reference:
             randomly = differ(leaves(out), leaves(again), "", 0, 0) is not None
             if randomly or differ(passed, written, "", 0, 0) is not None:
                 self.close = (None, None)  # it draws random numbers: shapes and types only
-            self.gradients = self._gradients(out, grads) if self.backward else None
+            loss = _loss(out) if self.backward else None
+            if loss is not None and grads:
+                self.gradients = torch.autograd.grad(loss, grads, allow_unused=True)
+            else:
+                self.backward = False  # nothing to differentiate: the forward is all there is
         except Exception as exc:
             self.unverified = f"the graph run eagerly raised {type(exc).__name__}: {exc}"
             return
@@ -176,16 +180,6 @@ class Reference:
                     if name in state:
                         t.copy_(state[name])
         return out, [x for x in passed if _tensor(x)], grads
-
-    def _gradients(self, out: Any, grads: list[Any]) -> tuple[Any, ...] | None:
-        import torch
-
-        loss = _loss(out)
-        if loss is None or not grads:
-            self.backward = False  # nothing to differentiate: the forward is all there is
-            return None
-        found: tuple[Any, ...] = torch.autograd.grad(loss, grads, allow_unused=True)
-        return found
 
     def _same_gradients(self, out: Any, grads: list[Any]) -> str | None:
         import torch
