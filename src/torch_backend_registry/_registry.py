@@ -6,7 +6,7 @@ import contextlib
 import functools
 import os
 
-from ._definition import SOURCE_KINDS, Source, runtime_definition
+from ._definition import SOURCE_KINDS, BackendInfo, Source, runtime_definition
 from ._errors import BackendRegistryError, DuplicateBackendError, UnknownBackendError
 from ._forksafe import ForkSafeLock
 
@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
     from ._definition import (
         BackendDefinition,
-        BackendInfo,
         DefaultDeclaration,
         Problem,
         SourceKind,
@@ -316,6 +315,8 @@ class Registry:
         Its ``requires`` are looked for (no code runs); a chain can be used when one
         of its members can, and the reason names each member's.
         """
+        if isinstance(definition, BackendInfo):
+            definition = definition.definition
         return self._current().why_unavailable(definition)
 
     def is_registered_backend(self, compiler_fn: CompilerFn) -> bool:

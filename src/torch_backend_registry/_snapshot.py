@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 
-from ._definition import BackendInfo
 from ._errors import BackendRegistryError, warn_problem
 from ._forksafe import ForkSafeLock
 from ._sources import pytorch
@@ -82,8 +81,8 @@ class Snapshot:
     ) -> Snapshot:
         """The same reading with other runtime registrations (``torch=False``: PyTorch's
         registry read again too). Nothing else is read again."""
-        found = {k: v for k, v in self._found.items() if torch or k != "torch"}
-        found.pop("runtime", None)
+        read_again = ("runtime",) if torch else ("runtime", "torch")
+        found = {k: v for k, v in self._found.items() if k not in read_again}
         ctx = self.context
         return Snapshot(
             self.kinds,
@@ -187,13 +186,10 @@ class Snapshot:
 
     # ------------------------------------------------------------------ answers
 
-    def why_unavailable(self, definition: BackendDefinition | BackendInfo) -> str | None:
+    def why_unavailable(
+        self, definition: BackendDefinition, visiting: frozenset[str] = frozenset()
+    ) -> str | None:
         """Why ``definition`` cannot be used here (``None``: it can); see the registry's."""
-        if isinstance(definition, BackendInfo):
-            definition = definition.definition
-        return self._why(definition, frozenset())
-
-    def _why(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
         if definition in self.available:
             return self.available[definition]
         reason: str | None = None
@@ -241,7 +237,7 @@ class Snapshot:
             return f"{member}: {str(exc).split('. ', 1)[0]}"
         if resolved.name in visiting:
             return f"{member}: it refers back to {definition.name!r}"
-        why = self._why(resolved, visiting)
+        why = self.why_unavailable(resolved, visiting)
         return None if why is None else f"{member}: {why}"
 
     def problems(self, with_torch: bool) -> list[Problem]:
