@@ -38,6 +38,8 @@ class _Composite:
         self._lookup = lookup
         self._info = info
         self.__name__ = self.__qualname__ = definition.name
+        #: The member the last compile used.
+        self.used: str | None = None
 
 
 class ChainBackend(_Composite):
@@ -115,6 +117,7 @@ class ChainBackend(_Composite):
                             logger.warning(
                                 "backend %r: warning: compiled with %r%s", name, member, said
                             )
+                        self.used = member
                         return compiled
                     skipped = f"verifying it failed: {why}", "warning"
             assert skipped is not None
@@ -190,6 +193,7 @@ class DeviceBackend(_Composite):
                 )
             )
         logger.info("backend %r: device %s: compiling with %r", self.__name__, device, member)
+        self.used = member
         compiler = self._lookup(member)
         definition = self._info(member).definition
         return member_compiler(self.__name__, definition, compiler, kwargs)(gm, example_inputs)

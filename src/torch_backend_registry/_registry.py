@@ -258,9 +258,7 @@ class Registry:
             if problem is not None:
                 raise ManifestError.of(problem)
             check_requirements(definition)
-            skip = None
-            if definition.skip_known_failures and self.known_failure is not None:
-                skip = functools.partial(self.known_failure, self)
+            skip = self._known_failure if definition.skip_known_failures else None
             fn = (
                 ChainBackend(
                     definition,
@@ -279,6 +277,10 @@ class Registry:
             # One callable a definition, whichever of its names was asked for first.
             fn = snapshot.loaded[name] = snapshot.by_definition.setdefault(definition, fn)
         return fn
+
+    def _known_failure(self, name: str) -> str | None:
+        """Why ``name`` is known to fail here, where this registry was told how to know."""
+        return None if self.known_failure is None else self.known_failure(self, name)
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
         """Sorted backend names, leaving out those with a tag in ``exclude_tags``.
