@@ -191,15 +191,12 @@ class Registry:
         if not callable(compiler_fn):
             raise TypeError(f"compiler_fn must be callable, got {type(compiler_fn).__name__}")
         name = name or compiler_fn.__name__
-        from ._sources.pytorch import dynamo_imported, pytorch_names
-
         # PyTorch's names are refused whether or not torch.compile's registry is loaded.
-        snapshot = self._current()
-        live = snapshot.live_names() if dynamo_imported() else None
+        pytorch = self._current().pytorch_names()
         with self._lock:
             if name in self._runtime:
                 raise DuplicateBackendError(name, self._runtime[name].source)
-            if name in pytorch_names(snapshot.cache) or (live is not None and name in live):
+            if name in pytorch:
                 raise DuplicateBackendError(name, Source("torch"))
             self._runtime[name] = runtime_definition(name, compiler_fn, tuple(tags))
         self._changed(registered=True)

@@ -140,7 +140,7 @@ class Snapshot:
                 d.name for d in found if pytorch.own(d.compiler_fn)
             }
         else:
-            own = self.live_names() or pytorch.pytorch_names(self.cache)
+            own = self.pytorch_names()
         with self.lock:
             index = self._indexes.get(with_torch)
             if index is None:  # else another thread merged while this one waited
@@ -157,13 +157,14 @@ class Snapshot:
                         warn_problem(problem)
         return index
 
-    def live_names(self) -> frozenset[str] | None:
-        """The names of PyTorch's own backends in its registry now, where it is loaded."""
+    def pytorch_names(self) -> frozenset[str]:
+        """The names of PyTorch's own backends: those known without importing torch, and
+        those in its registry now, where that is loaded."""
+        names = pytorch.pytorch_names(self.cache)
         found = self._registered()
         if found is None:
-            return None
-        own = {name for name, fn in found.items() if pytorch.own(fn)}
-        return pytorch.pytorch_names(self.cache) | own
+            return names
+        return names | {name for name, fn in found.items() if pytorch.own(fn)}
 
     def _registered(self) -> dict[str, Any] | None:
         if not pytorch.dynamo_imported():
