@@ -43,44 +43,9 @@ if TYPE_CHECKING:
         UnknownBackendError,
     )
 
-#: The module each public name is defined in.
-_HOMES = {
-    **dict.fromkeys(
-        (
-            "backend_info",
-            "doctor",
-            "fingerprint",
-            "install",
-            "is_registered_backend",
-            "list_backends",
-            "lookup_backend",
-            "refresh",
-            "register_backend",
-            "register_debug_backend",
-            "register_experimental_backend",
-            "verify_consistent",
-        ),
-        "_api",
-    ),
-    **dict.fromkeys(("BackendDefinition", "BackendInfo", "Problem", "Source"), "_definition"),
-    **dict.fromkeys(
-        (
-            "BackendChainError",
-            "BackendLoadError",
-            "BackendRegistryError",
-            "DuplicateBackendError",
-            "InconsistentRegistryError",
-            "LockDriftError",
-            "LockFileError",
-            "ManifestError",
-            "ManifestWarning",
-            "UnknownBackendError",
-        ),
-        "_errors",
-    ),
-    "Registry": "_api",
-    "Verdict": "_doctor.verdicts",
-}
+#: The modules the public names are defined in (as imported above), cheapest first: a name
+#: costs the import of its own module and of those before it, no more.
+_HOMES = ("_errors", "_definition", "_api", "_doctor.verdicts")
 
 __all__ = [
     "BackendChainError",
@@ -116,17 +81,18 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is not None:
-        from importlib import import_module
-
-        value = getattr(import_module(f"{__name__}.{home}"), name)
-        globals()[name] = value  # from now on a plain attribute: no second call
-        return value
     if name == "__version__":  # importlib.metadata costs milliseconds: only when asked
         from importlib.metadata import version
 
         return version("torch-backend-registry")
+    if name in __all__:
+        from importlib import import_module
+
+        for home in _HOMES:
+            module = import_module(f"{__name__}.{home}")
+            if hasattr(module, name):
+                value = globals()[name] = getattr(module, name)  # a plain attribute from now on
+                return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -90,9 +90,7 @@ def install(
     """
     import os
 
-    from ._cluster import VERIFY_VAR, distributed_ready
-    from ._errors import warn
-    from ._lock import check_locked, lock_from_environment, lock_path
+    from ._lock import lock_from_environment, lock_path
     from ._torch import install as install_into_torch
 
     registry = registry or default_registry
@@ -103,17 +101,36 @@ def install(
         lock = None
     else:
         lock = lock_path(registry) if locked is True else os.fspath(locked)
+    unready = (
+        "is not initialised: call install() after init_process_group(), or"
+        " verify_consistent() yourself"
+    )
+    check_before_install(registry, lock, verify_asked(registry), unready)
+    install_into_torch(registry)
+
+
+def verify_asked(registry: Registry) -> bool:
+    """Whether ``TORCH_BACKENDS_VERIFY`` in the registry's environment asks install() to
+    compare the ranks."""
+    from ._cluster import VERIFY_VAR
+
+    return registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0")
+
+
+def check_before_install(registry: Registry, lock: str | None, verify: bool, unready: str) -> None:
+    """What install() checks first: the ``lock`` the backends must match, then, with
+    ``verify``, that every rank resolves names alike (a warning ``unready`` says what
+    torch.distributed was, where it was not initialised)."""
+    from ._cluster import VERIFY_VAR, distributed_ready
+    from ._errors import warn
+    from ._lock import check_locked
+
     if lock is not None:
         check_locked(registry, lock)
-    if registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0"):
-        if distributed_ready():
-            verify_consistent(registry=registry)
-        else:
-            warn(
-                f"{VERIFY_VAR} is set but torch.distributed is not initialised: call"
-                " install() after init_process_group(), or verify_consistent() yourself"
-            )
-    install_into_torch(registry)
+    if verify and distributed_ready():
+        verify_consistent(registry=registry)
+    elif verify:
+        warn(f"{VERIFY_VAR} is set but torch.distributed {unready}")
 
 
 def doctor(

@@ -23,7 +23,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
@@ -66,22 +66,18 @@ def autoload() -> None:
         if DYNAMO in sys.modules:  # imported already (a process that imported torch twice)
             _install()
         elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _AfterImport(DYNAMO, _install))
+            sys.meta_path.insert(0, _AfterImport())
     except Exception as exc:  # pragma: no cover - import torch must not fail for us
         _say(f"{AUTOLOAD_VAR} is set, but autoload could not start: {type(exc).__name__}: {exc}")
 
 
 class _AfterImport:
-    """A finder that finds one module as the others do, and runs ``then`` once it has run."""
-
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
-        self.name = name
-        self.then = then
+    """A finder that finds ``torch._dynamo`` as the others do, and installs once it has run."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != self.name:
+        if fullname != DYNAMO:
             return None
         # Once: and the finders asked below must not come back here.
         if self in sys.meta_path:
@@ -91,27 +87,21 @@ class _AfterImport:
             spec: ModuleSpec | None = find(fullname, path, target) if find is not None else None
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _Then(spec.loader, self.then)  # type: ignore[assignment]
+                    spec.loader = _Then(spec.loader)  # type: ignore[assignment]
                 return spec
         return None
 
 
 class _Then:
-    """A loader that runs a module as its own loader does, then ``then``; anything else
-    asked of it (its source, its code) is its own loader's answer."""
+    """A loader that runs a module as its own loader does, then installs; anything else
+    asked of it (``create_module``, its source, its code) is its own loader's answer."""
 
-    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+    def __init__(self, loader: Any) -> None:
         self.loader = loader
-        self.then = then
-
-    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
-        create = getattr(self.loader, "create_module", None)
-        module: ModuleType | None = None if create is None else create(spec)
-        return module
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
-        self.then()
+        _install()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
@@ -140,8 +130,10 @@ def _install() -> None:
 def _install_or_defer() -> None:
     """install(), its checks at the first compile: while torch._dynamo is still being
     imported, neither PyTorch's registry can be read whole nor may be imported further."""
-    from ._api import default_registry
-    from ._cluster import VERIFY_VAR
+    import functools
+
+    from ._api import check_before_install, default_registry, verify_asked
+    from ._errors import BackendRegistryError
     from ._lock import lock_from_environment
     from ._torch import install
 
@@ -149,54 +141,27 @@ def _install_or_defer() -> None:
     # Early: the modules importing torch._dynamo (torch._inductor, say) are not whole yet.
     install(registry, early=True)
     lock = lock_from_environment(registry)
-    verify = registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0")
-    if lock is not None or verify:
-        _at_compile_start(_checks(registry, lock, verify))
+    verify = verify_asked(registry)
+    if lock is None and not verify:
+        return
 
-
-def _checks(registry: Any, lock: str | None, verify: bool) -> Callable[[object], None]:
-    """What install() checks before it installs, run when the first compile starts (each
-    once; what fails is raised by every compile): the lock (``TORCH_BACKENDS_LOCKED``), the
-    ranks (``TORCH_BACKENDS_VERIFY``, where torch.distributed is initialised by then)."""
-    failed: list[BaseException | None] = []
+    @functools.cache  # each check once; what fails is raised by every compile
+    def failure() -> BackendRegistryError | None:
+        try:
+            unready = "was not initialised by the first torch.compile: the ranks were not compared"
+            check_before_install(registry, lock, verify, unready)
+        except BackendRegistryError as exc:
+            return exc
+        return None
 
     def check(args: object) -> None:
-        if not failed:
-            from ._errors import BackendRegistryError
+        exc = failure()
+        if exc is not None:
+            raise exc
 
-            try:
-                _check(registry, lock, verify)
-            except BackendRegistryError as exc:
-                failed.append(exc)
-            else:
-                failed.append(None)
-        if failed[0] is not None:
-            raise failed[0]
-
-    return check
-
-
-def _check(registry: Any, lock: str | None, verify: bool) -> None:
-    from ._api import verify_consistent
-    from ._cluster import VERIFY_VAR, distributed_ready
-    from ._errors import warn
-    from ._lock import check_locked
-
-    if lock is not None:
-        check_locked(registry, lock)
-    if verify and distributed_ready():
-        verify_consistent(registry=registry)
-    elif verify:
-        warn(
-            f"{VERIFY_VAR} is set but torch.distributed was not initialised by the first"
-            " torch.compile: the ranks were not compared"
-        )
-
-
-def _at_compile_start(callback: Callable[[object], None]) -> None:
     from torch._dynamo.callback import on_compile_start
 
-    on_compile_start(callback)
+    on_compile_start(check)
 
 
 def _say(message: str) -> None:

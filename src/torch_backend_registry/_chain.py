@@ -3,34 +3,53 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
+import sys
 
 from ._errors import BackendChainError, BackendRegistryError, RefusedArguments
 from ._loader import call_options
 from ._sources.finding import missing_requirements
-from ._verify import leaves
+from ._verify import Reference, compiling, leaves
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
-    from contextlib import AbstractContextManager
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo, Severity
-    from ._verify import Reference
 
 logger = logging.getLogger("torch_backend_registry")
 
 
-class ChainBackend:
+class _Composite:
+    """A backend that compiles with other backends, which the registry hands over how to look
+    up (``lookup``) and what it knows of (``info``)."""
+
+    def __init__(
+        self,
+        definition: BackendDefinition,
+        *,
+        lookup: Callable[[str], Callable[..., Any]],
+        info: Callable[[str], BackendInfo],
+    ) -> None:
+        self.definition = definition
+        self._lookup = lookup
+        self._info = info
+        self.__name__ = self.__qualname__ = definition.name
+        #: The member the last compile used.
+        self.used: str | None = None
+
+
+class ChainBackend(_Composite):
     """Calls each member of a chain in order until one compiles.
 
     A member is skipped when its ``requires`` cannot be found, when it cannot be
-    looked up or loaded, when compiling raises, or (with ``known_failure``)
-    when doctor found it failing here; each skip is logged with its reason. If
-    every member is skipped, :class:`BackendChainError` names them all.
-    The registry hands over how to look a member up and what it knows of it.
+    looked up or loaded, when compiling raises, when it computes other than eager
+    (``verify``), or (with ``known_failure``) when doctor found it failing here; each
+    skip is logged with its reason. If every member is skipped,
+    :class:`BackendChainError` names them all.
     """
 
     def __init__(
@@ -41,21 +60,11 @@ class ChainBackend:
         info: Callable[[str], BackendInfo],
         known_failure: Callable[[str], str | None] | None = None,
     ) -> None:
-        self.definition = definition
-        self._lookup = lookup
-        self._info = info
+        super().__init__(definition, lookup=lookup, info=info)
         self._known_failure = known_failure
-        #: The member the last successful compile used.
-        self.used: str | None = None
-        self.__name__ = definition.name
-        self.__qualname__ = definition.name
 
     def __repr__(self) -> str:
-        return f"<fallback chain {self.definition.name!r}: {' -> '.join(self.members)}>"
-
-    @property
-    def members(self) -> tuple[str, ...]:
-        return self.definition.members
+        return f"<fallback chain {self.__name__!r}: {' -> '.join(self.definition.members)}>"
 
     def _skip(self, member: str) -> tuple[str, Severity] | None:
         """Why ``member`` is skipped before compiling, and how loudly; ``None`` to try it."""
@@ -72,10 +81,10 @@ class ChainBackend:
         return None
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        name = self.definition.name
+        name, verify = self.__name__, self.definition.verify
         failures: list[tuple[str, str]] = []
         reference: Reference | None = None
-        for member in self.members:
+        for member in self.definition.members:
             skipped = self._skip(member)
             compiler = None
             if skipped is None:
@@ -87,12 +96,12 @@ class ChainBackend:
                 # What torch.compile(backend=member, ...) would hand it; a member that takes no
                 # such argument is the caller's mistake, said at once, not a member to skip.
                 compile_fn = member_compiler(name, self._info(member).definition, compiler, kwargs)
-                if reference is None and self.definition.verify is not None:
-                    reference = self._reference(gm, example_inputs)  # before any member runs
+                if reference is None and verify is not None:
+                    reference = Reference(gm, example_inputs, *verify)  # before any member runs
                 try:
                     # Each member its own copy: one that rewrites what it is given and then
                     # fails leaves the next, and dynamo, the graph and inputs as they came.
-                    with self._compiling():
+                    with compiling(None if verify is None else verify[0]):
                         compiled = compile_fn(own_copy(gm), list(example_inputs))
                 except passed_through():
                     raise
@@ -101,18 +110,12 @@ class ChainBackend:
                 else:
                     why = None if reference is None else reference.check(compiled)
                     if why is None:
-                        said = ""
-                        if reference is not None:
-                            said = f", {reference.said}"
+                        said = "" if reference is None else f", {reference.said}"
                         if reference is None or reference.complete:
                             logger.info("backend %r: compiled with %r%s", name, member, said)
                         else:  # less than asked is worth a warning
-                            say(
-                                "warning",
-                                "backend %r: warning: compiled with %r%s",
-                                name,
-                                member,
-                                said,
+                            logger.warning(
+                                "backend %r: warning: compiled with %r%s", name, member, said
                             )
                         self.used = member
                         return compiled
@@ -122,23 +125,9 @@ class ChainBackend:
             failures.append((member, reason))
             # A compiler's own message may run to pages: the log line keeps its head and end.
             said = reason if len(reason) <= 600 else f"{reason[:400]} ... {reason[-150:]}"
-            say(severity, "backend %r: %s: skipping %r: %s", name, severity, member, said)
+            level = LOG_LEVELS[severity]
+            logger.log(level, "backend %r: %s: skipping %r: %s", name, severity, member, said)
         raise BackendChainError(name, failures)
-
-    def _compiling(self) -> AbstractContextManager[object]:
-        """How members are compiled: as they would be, or ready to be verified."""
-        if self.definition.verify is None:
-            return contextlib.nullcontext()
-        from ._verify import compiling
-
-        return compiling(self.definition.verify[0])
-
-    def _reference(self, gm: Any, example_inputs: Any) -> Reference:
-        """The graph run eagerly, to hold each member to (``verify``)."""
-        from ._verify import Reference
-
-        assert self.definition.verify is not None
-        return Reference(gm, example_inputs, *self.definition.verify)
 
 
 def own_copy(gm: Any) -> Any:
@@ -146,26 +135,7 @@ def own_copy(gm: Any) -> Any:
     (FX passes rewrite graphs in place; inductor rewrites the graphs of higher-order ops'
     branches and sets them back): its graph and the graph modules inside it copied, with
     what dynamo set on their nodes and on the module (its ``meta``, the sources of its
-    parameters); the parameters and buffers themselves shared, not copied."""
-    import torch.fx
-
-    if not isinstance(gm, torch.fx.GraphModule):
-        return gm
-    copied = torch.fx.GraphModule(gm, copy_graph(gm.graph), class_name=type(gm).__name__)
-    for name, child in list(copied.named_children()):
-        if isinstance(child, torch.fx.GraphModule):
-            setattr(copied, name, own_copy(child))
-    mine = vars(copied)
-    for key, value in vars(gm).items():
-        if key not in mine:  # dynamo's own: _param_name_to_source, _source_to_user_stacks
-            setattr(copied, key, value)
-    copied.meta = dict(gm.meta)
-    copied.training = gm.training
-    return copied
-
-
-def copy_graph(graph: Any) -> Any:
-    """A copy of an FX graph that keeps what dynamo set on its nodes besides ``meta``.
+    parameters); the parameters and buffers themselves shared, not copied.
 
     ``copy.deepcopy`` copies each node's ``meta`` only; dynamo also sets attributes of its
     own (``_dynamo_source`` on each placeholder), which AOTAutograd, and so inductor and
@@ -174,62 +144,59 @@ def copy_graph(graph: Any) -> Any:
     """
     import copy
 
-    copied = copy.deepcopy(graph)
-    for old, new in zip(graph.nodes, copied.nodes, strict=True):
-        mine = vars(new)
-        for key, value in vars(old).items():
-            if key not in mine:
-                setattr(new, key, value)
+    import torch.fx
+
+    if not isinstance(gm, torch.fx.GraphModule):
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    for old, new in zip(gm.graph.nodes, graph.nodes, strict=True):
+        _carry_over(old, new)
+    copied = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+    for name, child in list(copied.named_children()):
+        if isinstance(child, torch.fx.GraphModule):
+            setattr(copied, name, own_copy(child))
+    _carry_over(gm, copied)  # dynamo's own: _param_name_to_source, _source_to_user_stacks
+    copied.meta = dict(gm.meta)
+    copied.training = gm.training
     return copied
 
 
-class DeviceBackend:
+def _carry_over(old: object, new: object) -> None:
+    """Set on ``new`` each attribute of ``old`` that it lacks."""
+    mine = vars(new)
+    for key, value in vars(old).items():
+        if key not in mine:
+            setattr(new, key, value)
+
+
+class DeviceBackend(_Composite):
     """Compiles with the backend its ``by-device`` table names for the device type of the
     graph (as ``torch.device(...).type`` names it), ``other`` for any not listed."""
 
-    def __init__(
-        self,
-        definition: BackendDefinition,
-        *,
-        lookup: Callable[[str], Callable[..., Any]],
-        info: Callable[[str], BackendInfo],
-    ) -> None:
-        self.definition = definition
-        self._lookup = lookup
-        self._info = info
-        self.table = dict(definition.by_device or ())
-        #: The member the last compile used.
-        self.used: str | None = None
-        self.__name__ = definition.name
-        self.__qualname__ = definition.name
-
     def __repr__(self) -> str:
-        table = ", ".join(f"{device} -> {name}" for device, name in self.table.items())
-        return f"<by-device backend {self.definition.name!r}: {table}>"
+        table = ", ".join(f"{device} -> {name}" for device, name in self.definition.by_device or ())
+        return f"<by-device backend {self.__name__!r}: {table}>"
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         device = device_type(gm, example_inputs)
-        member = self.table.get(device, self.table.get("other"))
+        table = dict(self.definition.by_device or ())
+        member = table.get(device, table.get("other"))
         if member is None:
             from ._errors import ManifestError
 
-            listed = ", ".join(self.table)
             raise ManifestError.of(
                 self.definition.located(
-                    f"backend {self.definition.name!r} names no backend for device {device!r}"
-                    f" (by-device has {listed}); add it, or 'other' for every device not listed",
+                    f"backend {self.__name__!r} names no backend for device {device!r}"
+                    f" (by-device has {', '.join(table)}); add it, or 'other' for every device"
+                    " not listed",
                     "by-device",
                 )
             )
-        logger.info(
-            "backend %r: device %s: compiling with %r", self.definition.name, device, member
-        )
+        logger.info("backend %r: device %s: compiling with %r", self.__name__, device, member)
         self.used = member
         compiler = self._lookup(member)
-        compile_fn = member_compiler(
-            self.definition.name, self._info(member).definition, compiler, kwargs
-        )
-        return compile_fn(gm, example_inputs)
+        definition = self._info(member).definition
+        return member_compiler(self.__name__, definition, compiler, kwargs)(gm, example_inputs)
 
 
 #: The logging level of each severity, so that the log says what ``check`` says.
@@ -238,11 +205,6 @@ LOG_LEVELS: dict[Severity, int] = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
-
-
-def say(severity: Severity, message: str, *args: object) -> None:
-    """Log ``message`` at the level of ``severity`` (which it names, as ``check`` does)."""
-    logger.log(LOG_LEVELS[severity], message, *args)
 
 
 def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:
@@ -291,19 +253,13 @@ def member_compiler(
             f" torch.compile was given ({given}), as torch.compile(backend="
             f"{definition.name!r}) could not: {exc}"
         ) from None
-    if not options:
-        return compiler
-    import functools
-
-    return functools.partial(compiler, **options)
+    return functools.partial(compiler, **options) if options else compiler
 
 
 def _is_inductor(definition: BackendDefinition, compiler: Callable[..., Any]) -> bool:
     """Whether a member is PyTorch's own inductor: its name, or its function as a target."""
     if definition.source.kind == "torch" and definition.name == "inductor":
         return True
-    import sys
-
     module = sys.modules.get("torch._dynamo.backends.inductor")
     return module is not None and compiler is getattr(module, "inductor", None)
 

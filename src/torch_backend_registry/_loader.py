@@ -20,9 +20,6 @@ if TYPE_CHECKING:
     from ._definition import BackendDefinition
 
 
-# ------------------------------------------------------------------ requirements
-
-
 def check_requirements(definition: BackendDefinition) -> None:
     """Raise :class:`BackendLoadError` if a ``requires`` module cannot be found."""
     missing = missing_requirements(definition)
@@ -31,9 +28,6 @@ def check_requirements(definition: BackendDefinition) -> None:
         raise _error(definition, f"requires {names}, which cannot be found; install it") from (
             ModuleNotFoundError(f"No module named {missing[0]!r}")
         )
-
-
-# ----------------------------------------------------------------------- loading
 
 
 def trusted_folders(definition: BackendDefinition) -> tuple[list[str], list[str]]:
@@ -94,10 +88,14 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     if folders:
         python_path_finder().keep(folders)
     if definition.options:
-        wrong = refused_options(obj, definition.options)
-        if wrong:
-            message = refusal(wrong, accepted_options(obj) or [], target, manifest=True)
-            raise _option_error(definition, wrong[0][0], message)
+        wrong = refusal(accepted_options(obj), definition.options, target, manifest=True)
+        if wrong is not None:  # said where it is written: at its key, in the manifest
+            key, message = wrong
+            if definition.source.path is None:
+                raise _error(definition, message)
+            from ._errors import ManifestError
+
+            raise ManifestError.of(definition.located(message, "options", key))
         import functools
 
         bound = functools.partial(obj, **definition.options)
@@ -148,53 +146,44 @@ def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
     return said
 
 
-def refused_options(fn: Any, keys: Iterable[str]) -> list[tuple[str, str | None]]:
-    """Each key ``fn`` takes no keyword argument of, with the closest it takes (or ``None``).
-    See :func:`accepted_options` for what it takes."""
-    accepted = accepted_options(fn)
+def refusal(
+    accepted: Sequence[str] | None, keys: Iterable[str], target: str, *, manifest: bool
+) -> tuple[str, str] | None:
+    """The first of ``keys`` not ``accepted`` (``None``: any is), and the sentence that
+    refuses each such key: with the parameter it was likely meant for, else what ``target``
+    takes. A ``manifest`` option written for a compiler that takes its options as one table
+    is shown how to write it so. ``None`` where every key is accepted."""
     if accepted is None:
-        return []
+        return None
+    keys = [key for key in keys if key not in accepted]
+    if not keys:
+        return None
     import difflib
 
-    return [
-        (key, next(iter(difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)), None))
-        for key in keys
-        if key not in accepted
-    ]
-
-
-def refusal(
-    refused: Sequence[tuple[str, str | None]],
-    accepted: Sequence[str],
-    target: str,
-    *,
-    manifest: bool,
-) -> str:
-    """The sentence that refuses options: each named, each with the parameter it was likely
-    meant for, else what ``target`` takes. A ``manifest`` option written for a compiler that
-    takes its options as one table is shown how to write it so."""
-    keys = [key for key, _close in refused]
     quoted = [repr(key) for key in keys]
     names = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if quoted[1:] else quoted)
     if len(keys) == 1:
         said = f"option {names} is not a parameter of {target}"
     else:
         said = f"options {names} are not parameters of {target}"
-    meant = [(key, close) for key, close in refused if close is not None]
+    meant = [
+        (key, close[0])
+        for key in keys
+        if (close := difflib.get_close_matches(key, accepted, n=1, cutoff=0.6))
+    ]
+    if meant and len(keys) == 1:
+        return keys[0], f"{said}; did you mean {meant[0][1]!r}?"
     if meant:
-        if len(keys) == 1:
-            return f"{said}; did you mean {meant[0][1]!r}?"
         guesses = ", ".join(f"{close!r} for {key!r}" for key, close in meant)
         said = f"{said}; did you mean {guesses}?"
-        if len(meant) == len(keys):
-            return said
-        return f"{said} It takes {', '.join(map(repr, accepted))}"
-    if manifest and "options" in accepted:  # written for torch.compile(options={...})
+        if len(meant) < len(keys):
+            said += f" It takes {', '.join(map(repr, accepted))}"
+    elif manifest and "options" in accepted:  # written for torch.compile(options={...})
         table = f"options = {{ options = {{ {keys[0]} = ... }} }}"
-        return f"{said}; it takes its options as one table: {table}"
-    if accepted:
-        return f"{said}; it takes {', '.join(map(repr, accepted))}"
-    return f"{said}; it takes none"
+        said += f"; it takes its options as one table: {table}"
+    else:
+        said += f"; it takes {', '.join(map(repr, accepted)) or 'none'}"
+    return keys[0], said
 
 
 def accepted_options(fn: Any) -> list[str] | None:
@@ -237,28 +226,19 @@ def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]
     its ``options`` table unpacked (unless ``fn`` takes ``options`` itself, as a backend
     written for torch.compile does) and ``mode``; a :class:`TypeError`, worded as a
     manifest's option would be, for one ``fn`` does not take."""
+    from ._definition import target_of
+
     passed = dict(given)
     options = passed.pop("options", None)
-    if options is not None and refused_options(fn, ["options"]):
+    accepted = accepted_options(fn)
+    if options is not None and accepted is not None and "options" not in accepted:
         passed.update(options)
     elif options is not None:
         passed["options"] = options
-    from ._definition import target_of
-
-    refused = refused_options(fn, passed)
-    if refused:
-        target = target_of(fn) or f"backend {name!r}"
-        raise TypeError(refusal(refused, accepted_options(fn) or [], target, manifest=False))
+    refused = refusal(accepted, passed, target_of(fn) or f"backend {name!r}", manifest=False)
+    if refused is not None:
+        raise TypeError(refused[1])
     return passed
-
-
-def _option_error(definition: BackendDefinition, key: str, message: str) -> Exception:
-    """A refused option, where it is written: the line of its key in the manifest."""
-    from ._errors import ManifestError
-
-    if definition.source.path is None:
-        return _error(definition, message)
-    return ManifestError.of(definition.located(message, "options", key))
 
 
 def _a(noun: str) -> str:
@@ -315,20 +295,17 @@ def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) 
 
 
 def _why(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" + built_for_another_torch(exc)
-
-
-def built_for_another_torch(exc: BaseException) -> str:
-    """What an import error of a compiled extension means, where it says ``undefined
-    symbol``: it was built against another PyTorch's C++ library (or "")."""
+    """The exception, and where it says ``undefined symbol`` (a compiled extension built
+    against another PyTorch's C++ library), what that means."""
+    said = f"{type(exc).__name__}: {exc}"
     if "undefined symbol" not in str(exc):
-        return ""
+        return said
     from ._sources.pytorch import torch_version
 
     version = torch_version()
     here = f" ({version})" if version else ""
     return (
-        f"; it was built for another PyTorch than the one installed here{here}:"
+        f"{said}; it was built for another PyTorch than the one installed here{here}:"
         " install the build of it made for this one"
     )
 

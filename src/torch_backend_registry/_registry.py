@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 
-from ._definition import SOURCE_KINDS, Source, runtime_definition
+from ._definition import SOURCE_KINDS, BackendInfo, Source, runtime_definition
 from ._errors import BackendRegistryError, DuplicateBackendError, UnknownBackendError
 from ._forksafe import ForkSafeLock
 
@@ -15,7 +17,6 @@ if TYPE_CHECKING:
 
     from ._definition import (
         BackendDefinition,
-        BackendInfo,
         DefaultDeclaration,
         Problem,
         SourceKind,
@@ -58,7 +59,14 @@ class Registry:
         files: Sequence[str | os.PathLike[str]] | None = None,
         known_failure: KnownFailure | None = None,
     ) -> None:
-        self._kinds = _source_kinds(sources)
+        kinds = SOURCE_KINDS if sources is None else tuple(sources)
+        unknown = [kind for kind in kinds if kind not in SOURCE_KINDS]
+        if unknown:
+            raise ValueError(
+                f"unknown source kind {unknown[0]!r}; expected some of {', '.join(SOURCE_KINDS)}"
+            )
+        #: The source kinds this registry reads, highest precedence first.
+        self.sources: tuple[SourceKind, ...] = tuple(k for k in SOURCE_KINDS if k in kinds)
         #: Why a backend is known to fail here, for chains that skip known failures.
         self.known_failure = known_failure
         self._cwd = None if cwd is None else os.fspath(cwd)
@@ -79,12 +87,7 @@ class Registry:
         self._listeners: list[Callable[[Registry], None]] = []
 
     def __repr__(self) -> str:
-        return f"Registry(cwd={self._cwd!r}, sources={self._kinds!r})"
-
-    @property
-    def sources(self) -> tuple[SourceKind, ...]:
-        """The source kinds this registry reads, highest precedence first."""
-        return self._kinds
+        return f"Registry(cwd={self._cwd!r}, sources={self.sources!r})"
 
     @property
     def context(self) -> Context:
@@ -109,7 +112,7 @@ class Registry:
                 snapshot = self._snapshot
                 if snapshot is None:
                     snapshot = self._snapshot = Snapshot(
-                        self._kinds,
+                        self.sources,
                         cwd=self._cwd,
                         environ=self._environ,
                         files=self._files,
@@ -118,10 +121,11 @@ class Registry:
                     )
         return snapshot
 
-    def _live(self) -> Snapshot:
-        """The snapshot, with PyTorch's registry read again where that changed since."""
+    def _live(self, with_torch: bool = True) -> Snapshot:
+        """The snapshot; ``with_torch``, with PyTorch's registry read again where that
+        changed since."""
         snapshot = self._current()
-        if snapshot.torch_changed():
+        if with_torch and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
                     self._snapshot = snapshot.derive(torch=False)
@@ -147,15 +151,14 @@ class Registry:
         registry gained since is found at once."""
         snapshot = self._current()
         index = snapshot.index(with_torch=False)
-        if "torch" not in self._kinds:
+        if "torch" not in self.sources:
             return snapshot, index
         from ._sources.pytorch import dynamo_imported
 
         if name in index.by_key and not (shadows and dynamo_imported()):
             return snapshot, index
         snapshot = self._live()
-        index = snapshot.index()
-        return snapshot, index
+        return snapshot, snapshot.index()
 
     # ------------------------------------------------------------------ registering
 
@@ -184,23 +187,16 @@ class Registry:
         PyTorch's own backends is refused, as PyTorch's registry refuses it.
         """
         if compiler_fn is None:
-
-            def decorator(fn: F) -> F:
-                return self.register_backend(fn, name=name, tags=tags)
-
-            return decorator
+            return functools.partial(self.register_backend, name=name, tags=tags)
         if not callable(compiler_fn):
             raise TypeError(f"compiler_fn must be callable, got {type(compiler_fn).__name__}")
         name = name or compiler_fn.__name__
-        from ._sources.pytorch import dynamo_imported, pytorch_names
-
         # PyTorch's names are refused whether or not torch.compile's registry is loaded.
-        snapshot = self._current()
-        live = snapshot.live_names() if dynamo_imported() else None
+        pytorch = self._current().pytorch_names()
         with self._lock:
             if name in self._runtime:
                 raise DuplicateBackendError(name, self._runtime[name].source)
-            if name in pytorch_names(snapshot.cache) or (live is not None and name in live):
+            if name in pytorch:
                 raise DuplicateBackendError(name, Source("torch"))
             self._runtime[name] = runtime_definition(name, compiler_fn, tuple(tags))
         self._changed(registered=True)
@@ -304,14 +300,8 @@ class Registry:
         its ``problem``.
         """
         exclude = set(exclude_tags or ())
-        snapshot = self._live() if with_torch else self._current()
-        result = [
-            d
-            for d in snapshot.index(with_torch).winners(broken=broken)
-            if not (exclude and exclude.intersection(d.tags))
-        ]
-        result.sort(key=lambda d: d.name)
-        return result
+        winners = self._live(with_torch).index(with_torch).winners(broken=broken)
+        return sorted((d for d in winners if exclude.isdisjoint(d.tags)), key=lambda d: d.name)
 
     def backend_info(self, name: str) -> BackendInfo:
         """What ``name`` resolves to: its definition, the lower definitions of that name
@@ -324,6 +314,8 @@ class Registry:
         Its ``requires`` are looked for (no code runs); a chain can be used when one
         of its members can, and the reason names each member's.
         """
+        if isinstance(definition, BackendInfo):
+            definition = definition.definition
         return self._current().why_unavailable(definition)
 
     def is_registered_backend(self, compiler_fn: CompilerFn) -> bool:
@@ -337,11 +329,8 @@ class Registry:
             return True
         compiler_name = getattr(compiler_fn, "compiler_name", None)
         if isinstance(compiler_name, str):
-            try:
+            with contextlib.suppress(BackendRegistryError):
                 self.backend_info(compiler_name)
-            except BackendRegistryError:
-                pass
-            else:
                 return True
         inner = getattr(compiler_fn, "compiler_fn", None)
         return inner is not None and any(fn is inner for fn in known)
@@ -350,7 +339,7 @@ class Registry:
 
     def index(self, *, with_torch: bool = True) -> Index:
         """The merge of what this registry read: every name with its candidates."""
-        return (self._live() if with_torch else self._current()).index(with_torch)
+        return self._live(with_torch).index(with_torch)
 
     def default_backend(self) -> DefaultDeclaration | None:
         """The first manifest ``default`` by precedence."""
@@ -359,28 +348,16 @@ class Registry:
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
-        return (self._live() if with_torch else self._current()).problems(with_torch)
+        return self._live(with_torch).problems(with_torch)
 
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
         """Every usable name's facts and every alias: what the fingerprint and a lock hold."""
         from ._identity import registry_facts
         from ._sources.pytorch import torch_version
 
-        snapshot = self._live() if with_torch else self._current()
-        return registry_facts(snapshot.index(with_torch), torch_version())
+        return registry_facts(self.index(with_torch=with_torch), torch_version())
 
     def index_for(self, name: str) -> Index:
         """The index ``name`` resolves in: without PyTorch's backends where another source
         defines it (no torch import), with them otherwise."""
         return self._resolving(name)[1]
-
-
-def _source_kinds(sources: Iterable[str] | None) -> tuple[SourceKind, ...]:
-    """The kinds asked for, in the order of precedence; a ValueError for an unknown one."""
-    kinds = SOURCE_KINDS if sources is None else tuple(sources)
-    unknown = [kind for kind in kinds if kind not in SOURCE_KINDS]
-    if unknown:
-        raise ValueError(
-            f"unknown source kind {unknown[0]!r}; expected some of {', '.join(SOURCE_KINDS)}"
-        )
-    return tuple(k for k in SOURCE_KINDS if k in kinds)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-from ._definition import BackendInfo
 from ._errors import BackendRegistryError, warn_problem
 from ._forksafe import ForkSafeLock
+from ._sources import pytorch
 from ._sources.finding import missing_requirements
 
 TYPE_CHECKING = False
@@ -76,17 +76,13 @@ class Snapshot:
         #: What was said as a warning, so that each problem is said once a reading.
         self._warned = set() if warned is None else warned
 
-    @property
-    def cwd(self) -> str | None:
-        return self.context.cwd
-
     def derive(
         self, *, runtime: Sequence[BackendDefinition] | None = None, torch: bool = True
     ) -> Snapshot:
         """The same reading with other runtime registrations (``torch=False``: PyTorch's
         registry read again too). Nothing else is read again."""
-        found = {k: v for k, v in self._found.items() if torch or k != "torch"}
-        found.pop("runtime", None)
+        read_again = ("runtime",) if torch else ("runtime", "torch")
+        found = {k: v for k, v in self._found.items() if k not in read_again}
         ctx = self.context
         return Snapshot(
             self.kinds,
@@ -140,17 +136,19 @@ class Snapshot:
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         if with_torch:
             found = self.found("torch").definitions
-            pytorch = _pytorch_names(self.cache) | {d.name for d in found if _own(d.compiler_fn)}
+            own = pytorch.pytorch_names(self.cache) | {
+                d.name for d in found if pytorch.own(d.compiler_fn)
+            }
         else:
-            pytorch = self.live_names() or _pytorch_names(self.cache)
+            own = self.pytorch_names()
         with self.lock:
             index = self._indexes.get(with_torch)
             if index is None:  # else another thread merged while this one waited
                 index = self._indexes[with_torch] = merge(
                     discoveries,
-                    pytorch,
+                    own,
                     # Without torch installed there is no registry of PyTorch's to read.
-                    torch_read=with_torch and _torch_available(),
+                    torch_read=with_torch and pytorch.torch_available(),
                     plugins_read="entry-point" in self.kinds,
                 )
                 for problem in index.problems:
@@ -159,23 +157,23 @@ class Snapshot:
                         warn_problem(problem)
         return index
 
-    def live_names(self) -> frozenset[str] | None:
-        """The names of PyTorch's own backends in its registry now, where it is loaded."""
+    def pytorch_names(self) -> frozenset[str]:
+        """The names of PyTorch's own backends: those known without importing torch, and
+        those in its registry now, where that is loaded."""
+        names = pytorch.pytorch_names(self.cache)
         found = self._registered()
         if found is None:
-            return None
-        return _pytorch_names(self.cache) | {name for name, fn in found.items() if _own(fn)}
+            return names
+        return names | {name for name, fn in found.items() if pytorch.own(fn)}
 
     def _registered(self) -> dict[str, Any] | None:
-        from ._sources.pytorch import dynamo_imported, registered
-
-        return registered(self.entry_point_names()) if dynamo_imported() else None
+        if not pytorch.dynamo_imported():
+            return None
+        return pytorch.registered(self.entry_point_names())
 
     def pytorch_callables(self) -> list[Callable[..., Any]]:
         """The callables of PyTorch's own backends, where torch.compile's registry is loaded."""
-        from ._sources.pytorch import dynamo_imported
-
-        if "torch" not in self.kinds or not dynamo_imported():
+        if "torch" not in self.kinds or not pytorch.dynamo_imported():
             return []
         return [d.compiler_fn for d in self.found("torch").definitions if d.compiler_fn]
 
@@ -189,13 +187,10 @@ class Snapshot:
 
     # ------------------------------------------------------------------ answers
 
-    def why_unavailable(self, definition: BackendDefinition | BackendInfo) -> str | None:
+    def why_unavailable(
+        self, definition: BackendDefinition, visiting: frozenset[str] = frozenset()
+    ) -> str | None:
         """Why ``definition`` cannot be used here (``None``: it can); see the registry's."""
-        if isinstance(definition, BackendInfo):
-            definition = definition.definition
-        return self._why(definition, frozenset())
-
-    def _why(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
         if definition in self.available:
             return self.available[definition]
         reason: str | None = None
@@ -203,9 +198,7 @@ class Snapshot:
         if missing:
             reason = "missing " + ", ".join(missing)
         elif definition.source.kind == "torch":
-            from ._sources.pytorch import missing_device
-
-            reason = missing_device(definition.name)
+            reason = pytorch.missing_device(definition.name)
         elif definition.members:
             reason = self._why_chain(definition, visiting | {definition.name})
         self.available[definition] = reason  # the same answer whichever thread found it
@@ -245,7 +238,7 @@ class Snapshot:
             return f"{member}: {str(exc).split('. ', 1)[0]}"
         if resolved.name in visiting:
             return f"{member}: it refers back to {definition.name!r}"
-        why = self._why(resolved, visiting)
+        why = self.why_unavailable(resolved, visiting)
         return None if why is None else f"{member}: {why}"
 
     def problems(self, with_torch: bool) -> list[Problem]:
@@ -268,21 +261,3 @@ class Snapshot:
             if definition.problem is not None and definition.problem not in listed:
                 problems.append(definition.problem)
         return problems
-
-
-def _pytorch_names(cache: Cache) -> frozenset[str]:
-    from ._sources.pytorch import pytorch_names
-
-    return pytorch_names(cache)
-
-
-def _torch_available() -> bool:
-    from ._sources.pytorch import torch_available
-
-    return torch_available()
-
-
-def _own(fn: object) -> bool:
-    from ._sources.pytorch import own
-
-    return own(fn)

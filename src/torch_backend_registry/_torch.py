@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 
 from ._errors import BackendRegistryError, warn
 from ._forksafe import ForkSafeLock
@@ -45,8 +46,7 @@ class _LazyBackend:
     def __init__(self, registry: Registry, name: str) -> None:
         self.registry = registry
         self.name = name
-        self.__name__ = name
-        self.__qualname__ = name
+        self.__name__ = self.__qualname__ = name
         setattr(self, STAND_IN, True)
 
     def __repr__(self) -> str:
@@ -95,14 +95,9 @@ def install(registry: Registry, *, early: bool = False) -> None:
         # later import of its backends cannot collide with ours.
         _dynamo().list_backends(exclude_tags=())
     _let_plugins_register()
-    registry.on_change(_follow)
+    registry.on_change(_install_names)  # later refreshes and registrations reach it at once
     _install_names(registry)
     _apply_default(registry)
-
-
-def _follow(registry: Registry) -> None:
-    """After a refresh or a registration: new names reach torch.compile at once."""
-    _install_names(registry)
 
 
 def _install_names(registry: Registry) -> None:
@@ -133,17 +128,12 @@ def _install_names(registry: Registry) -> None:
             _INSTALLED[name] = proxy
 
 
-def _registry_module() -> Any:
-    import sys
-
-    return sys.modules[REGISTRY_MODULE]
-
-
 def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
     """Put ``proxy`` under ``name`` in place of what a plugin registered there, which is
     kept aside (still PyTorch's registry's definition of the name, shadowed by the
     registry's); ``False`` where PyTorch's own backend holds the name."""
-    loaded = getattr(_registry_module(), "_COMPILER_FNS", None)
+    module: Any = sys.modules[REGISTRY_MODULE]
+    loaded = getattr(module, "_COMPILER_FNS", None)
     held = loaded.get(name) if isinstance(loaded, dict) else None
     if held is None or own(held):
         return False
@@ -152,7 +142,7 @@ def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
         held._tags = tags_of(name, held)  # 2.14 keeps them by name, where the proxy goes now
     proxy._tags = tuple(tags)  # type: ignore[attr-defined]  # what PyTorch's listing reads
     loaded[name] = proxy  # type: ignore[index]
-    by_name = getattr(_registry_module(), "_BACKEND_TAGS", None)
+    by_name = getattr(module, "_BACKEND_TAGS", None)
     if isinstance(by_name, dict):  # torch 2.14: its listing reads them here
         by_name[name] = tuple(tags)
     return True
@@ -164,7 +154,7 @@ def _let_plugins_register() -> None:
     ``register_backend`` PyTorch exports is replaced by one that does so."""
     import torch._dynamo
 
-    module = _registry_module()
+    module: Any = sys.modules[REGISTRY_MODULE]
     original = module.register_backend
     if getattr(original, STAND_IN, False):
         return
@@ -221,19 +211,19 @@ def _apply_default(registry: Registry) -> None:
     default = registry.default_backend()
     if default is None:
         return
-    name, path, line = default.name, default.path, default.line
+    where = f"{default.path}:{default.line}"
     try:
-        registry.backend_info(name)
+        registry.backend_info(default.name)
     except BackendRegistryError as exc:
-        warn(f"{path}:{line}: {default.key}: not applied: {exc}")
+        warn(f"{where}: {default.key}: not applied: {exc}")
         return
     import torch.compiler
 
     setter = getattr(torch.compiler, "set_default_backend", None)
     if setter is None:
         warn(
-            f"{path}:{line}: default backend {name!r} not applied: this PyTorch has no"
+            f"{where}: default backend {default.name!r} not applied: this PyTorch has no"
             " torch.compiler.set_default_backend (added in a later release)"
         )
         return
-    setter(name)
+    setter(default.name)

@@ -25,14 +25,14 @@ from ._forksafe import ForkSafeLock
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
-    from contextlib import AbstractContextManager
     from typing import Any
 
 #: Compiling for a backward check changes a setting of the whole process: one at a time.
 _SERIAL = ForkSafeLock()
 
 
-def compiling(level: str | None) -> AbstractContextManager[object]:
+@contextlib.contextmanager
+def compiling(level: str | None) -> Iterator[None]:
     """Where a member of a chain that verifies is compiled.
 
     A backward pass is compiled lazily, at its first run (AOTAutograd's): run while
@@ -40,19 +40,15 @@ def compiling(level: str | None) -> AbstractContextManager[object]:
     way for its own. For ``backward``, members compile it at once, as PyTorch does for
     its ahead-of-time compiles (``force_non_lazy_backward_lowering``).
     """
-    if level != "backward":
-        return contextlib.nullcontext()
-    import torch._functorch.config as functorch_config
+    with contextlib.ExitStack() as stack:
+        if level == "backward":
+            import torch._functorch.config as config
 
-    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
-        return contextlib.nullcontext()
-    return _patched(functorch_config)
-
-
-@contextlib.contextmanager
-def _patched(config: Any) -> Iterator[None]:
-    # The setting is the process's: two threads patching it at once would leave it set.
-    with _SERIAL, config.patch(force_non_lazy_backward_lowering=True):
+            if hasattr(config, "force_non_lazy_backward_lowering"):
+                # The setting is the process's: two threads patching it at once would leave
+                # it set.
+                stack.enter_context(_SERIAL)
+                stack.enter_context(config.patch(force_non_lazy_backward_lowering=True))
         yield
 
 
@@ -102,7 +98,11 @@ class Reference:
             randomly = differ(leaves(out), leaves(again), "", 0, 0) is not None
             if randomly or differ(passed, written, "", 0, 0) is not None:
                 self.close = (None, None)  # it draws random numbers: shapes and types only
-            self.gradients = self._gradients(out, grads) if self.backward else None
+            loss = _loss(out) if self.backward else None
+            if loss is not None and grads:
+                self.gradients = torch.autograd.grad(loss, grads, allow_unused=True)
+            else:
+                self.backward = False  # nothing to differentiate: the forward is all there is
         except Exception as exc:
             self.unverified = f"the graph run eagerly raised {type(exc).__name__}: {exc}"
             return
@@ -181,25 +181,13 @@ class Reference:
                         t.copy_(state[name])
         return out, [x for x in passed if _tensor(x)], grads
 
-    def _gradients(self, out: Any, grads: list[Any]) -> tuple[Any, ...] | None:
-        import torch
-
-        loss = _loss(out)
-        if loss is None or not grads:
-            self.backward = False  # nothing to differentiate: the forward is all there is
-            return None
-        found: tuple[Any, ...] = torch.autograd.grad(loss, grads, allow_unused=True)
-        return found
-
     def _same_gradients(self, out: Any, grads: list[Any]) -> str | None:
         import torch
 
         assert self.gradients is not None
-        loss = _loss(out)
-        if loss is None:
-            return "no output requires grad, where eager's do: it gives no backward pass"
         try:
-            got = torch.autograd.grad(loss, grads, allow_unused=True)
+            # An output requires grad: _same_requires_grad said so before this is asked.
+            got = torch.autograd.grad(_loss(out), grads, allow_unused=True)
         except Exception as exc:
             return f"its backward raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
         pairs = [(e, g) for e, g in zip(self.gradients, got, strict=True) if (e, g) != (None, None)]

@@ -40,7 +40,7 @@ class RegistryDynamoPlugin(TorchDynamoPlugin):  # type: ignore[misc]
         super().__post_init__()
 
     def to_dict(self) -> dict[str, Any]:
-        """What accelerate records and hands on: the registry's name as the backend."""
+        # What accelerate records and hands torch.compile: the registry's name as the backend.
         settings: dict[str, Any] = super().to_dict()
         name = settings.pop("registry_backend", "")
         if name:
@@ -49,14 +49,11 @@ class RegistryDynamoPlugin(TorchDynamoPlugin):  # type: ignore[misc]
 
 
 def dynamo_plugin(backend: str, *, registry: Any = None, **kwargs: Any) -> RegistryDynamoPlugin:
-    """A ``TorchDynamoPlugin`` for ``Accelerator(dynamo_plugin=...)`` that compiles with
-    ``backend``, a name the registry resolves (a declared chain, a plugin's, PyTorch's).
+    """A ``TorchDynamoPlugin`` that compiles with ``backend`` (see the module's docstring).
 
-    ``kwargs`` are accelerate's own settings (``mode``, ``fullgraph``, ``dynamic``,
-    ``options``, ``use_regional_compilation``), passed on as they are. An unknown name
-    raises :class:`~torch_backend_registry.UnknownBackendError` here, with the closest
-    names; the registry's backends are installed into torch.compile (``install()``) so
-    that accelerate's ``torch.compile(model, backend=name)`` finds it.
+    An unknown name raises :class:`~torch_backend_registry.UnknownBackendError` here; the
+    registry's backends are installed into torch.compile (``install()``) so that
+    accelerate's ``torch.compile(model, backend=name)`` finds it.
     """
     target = registry or _api.default_registry
     target.backend_info(backend)
