@@ -8,7 +8,7 @@ from ._definition import Problem, location
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
     from ._definition import Source
 
@@ -166,3 +166,11 @@ def warn_problem(problem: Problem) -> None:
     if problem.severity == "error" and len(parts) >= 2 and parts[0] == "backends":
         said += f" (so backend {parts[1]!r} is left out)"
     warn(said)
+
+
+def closest(word: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """The names of ``choices`` nearest ``word``, for a "did you mean" (``difflib`` is only
+    imported once a message needs it: a listing with no problem never does)."""
+    import difflib
+
+    return difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from ._errors import BackendLoadError, warn
+from ._errors import BackendLoadError, closest, warn
 from ._sources.finding import missing_requirements, python_path_finder, searching
 
 TYPE_CHECKING = False
@@ -158,19 +158,13 @@ def refusal(
     keys = [key for key in keys if key not in accepted]
     if not keys:
         return None
-    import difflib
-
     quoted = [repr(key) for key in keys]
     names = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if quoted[1:] else quoted)
     if len(keys) == 1:
         said = f"option {names} is not a parameter of {target}"
     else:
         said = f"options {names} are not parameters of {target}"
-    meant = [
-        (key, close[0])
-        for key in keys
-        if (close := difflib.get_close_matches(key, accepted, n=1, cutoff=0.6))
-    ]
+    meant = [(key, close[0]) for key in keys if (close := closest(key, accepted))]
     if meant and len(keys) == 1:
         return keys[0], f"{said}; did you mean {meant[0][1]!r}?"
     if meant:
@@ -264,10 +258,8 @@ def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
 
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    import difflib
-
     public = [c for c in candidates if not c.startswith("_") or name.startswith("_")]
-    close = difflib.get_close_matches(name, public, n=1, cutoff=0.75)
+    close = closest(name, public, cutoff=0.75)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

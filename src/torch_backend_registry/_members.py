@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._definition import BackendDefinition, Problem
+from ._errors import closest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -109,9 +110,7 @@ def chain_problems(index: Index) -> dict[str, Problem]:
 def _typo_of(name: str, known: Sequence[str]) -> list[str]:
     """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
     added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
-    import difflib
-
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    close = closest(name, known, cutoff=0.8)
     if close:
         return close
     return [k for k in known if len(name) >= 3 and _one_edit(name, k)][:1]

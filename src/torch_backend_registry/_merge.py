@@ -24,7 +24,7 @@ The rules, in one place:
 from __future__ import annotations
 
 from ._definition import BackendDefinition, BackendInfo, Discovery, Problem
-from ._errors import ManifestError, UnknownBackendError
+from ._errors import ManifestError, UnknownBackendError, closest
 from ._members import chain_problems, unknown_members
 from ._plugins import excluded, resolve_picks, rules_naming_nothing
 
@@ -129,13 +129,11 @@ class Index:
         return self._known
 
     def unknown(self, name: str, note: str = "") -> UnknownBackendError:
-        import difflib
-
         errors = sum(p.severity == "error" for p in self.problems)
         if not note and errors:
             # The name may live in a manifest that could not be read.
             note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
-        suggestions = difflib.get_close_matches(name, self.known(), n=3, cutoff=0.6)
+        suggestions = closest(name, self.known(), n=3)
         return UnknownBackendError(name, suggestions, note=note)
 
     # ----------------------------------------------------------------- validating
@@ -239,8 +237,6 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
     """What hides more, or less, than its manifest likely means (warnings): an alias from a
     higher source hides a lower backend of its very name (the precedence says so), and
     ``enabled = false`` for a name nothing lower defines hides nothing (likely a typo)."""
-    import difflib
-
     aliases, disabled = [], []
     known = [k for k, c in index.by_key.items() if c[0].usable] + sorted(index.pytorch)
     for key, found in index.by_key.items():
@@ -261,7 +257,7 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
                 )
         # An entry point the policy left out is hidden, and so may be one not read.
         elif plugins_read and not top.enabled and len(found) == 1 and key not in index.excluded:
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+            close = closest(key, known, cutoff=0.75)
             hint = f"did you mean {close[0]!r}?" if close else "remove the entry"
             disabled.append(
                 top.located(

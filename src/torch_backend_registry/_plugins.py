@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._definition import BackendDefinition, Discovery, Problem
 from ._definition import distribution_key as _dist_key
+from ._errors import closest
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,13 +24,11 @@ if TYPE_CHECKING:
 def rules_naming_nothing(found: Discovery) -> list[Problem]:
     """An allow or deny list naming a distribution that declares no backend here (a typo?),
     at the line of its list, with the closest name that does."""
-    import difflib
-
     declaring = sorted({_dist_of(d) for d in found.definitions if d.source.kind == "entry-point"})
     said = []
     for rule in found.rules:
         for name in sorted(rule.names - set(declaring)):
-            close = difflib.get_close_matches(name, declaring, n=1, cutoff=0.6)
+            close = closest(name, declaring)
             hint = f"did you mean {close[0]!r}?" if close else "check the name"
             if rule.kind == "allow" and declaring and not rule.names & set(declaring):
                 hint += (
@@ -104,15 +103,13 @@ def _picked(
     if why is not None:
         why = f"the entry point {pick.name!r} it picks is left out: {why}"
     else:
-        import difflib
-
         declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
         why = (
             f"no installed distribution {pick.distribution!r} declares the entry point"
             f" {pick.name!r} (declared by: {declared})"
         )
         owners = [p.source.distribution or "" for p in points]
-        close = difflib.get_close_matches(pick.distribution or "", owners, n=1, cutoff=0.6)
+        close = closest(pick.distribution or "", owners)
         if close:
             why += f"; did you mean {close[0]!r}?"
     problem = pick.located(why, "distribution")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from .._errors import BackendRegistryError, UnknownBackendError
+from .._errors import BackendRegistryError, UnknownBackendError, closest
 from .._registry import DEFAULT_EXCLUDE_TAGS
 from .common import (
     EXIT_OK,
@@ -75,11 +75,9 @@ def run_list(args: Arguments) -> int:
 
 
 def _no_such_tag(missing: set[str], known: set[str]) -> str:
-    import difflib
-
     said = f"no backend is tagged {', '.join(map(repr, sorted(missing)))}"
     said += f" (the tags here: {', '.join(sorted(known)) or 'none'})"
-    close = [c for m in sorted(missing) for c in difflib.get_close_matches(m, sorted(known), n=1)]
+    close = [c for m in sorted(missing) for c in closest(m, sorted(known))]
     return said + (f"; did you mean {' or '.join(map(repr, close))}?" if close else "")
 
 

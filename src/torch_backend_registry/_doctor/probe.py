@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 
+from .._errors import closest
 from .._sources.finding import stamp
 from .._verify import differ, leaves
 from .model import Eager, causes, loss, one_line
@@ -255,10 +256,8 @@ def _device(spec: str) -> Any:
     try:
         device = torch.device(spec)
     except (RuntimeError, ValueError) as exc:
-        import difflib
-
         kinds = ["cpu", "cuda", "xpu", "mps", "hip", "meta", "npu", "hpu", "mtia"]
-        close = difflib.get_close_matches(spec.split(":")[0], kinds, n=1, cutoff=0.6)
+        close = closest(spec.split(":")[0], kinds)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ModelError(f"--device {spec!r}: {one_line(exc)}{hint}") from exc
     accelerator = getattr(torch, device.type, None)
