@@ -70,32 +70,21 @@ _TABLE = ConfigDict(
 )
 #: The keys that say what a backend runs: exactly one of them, or ``enabled = false``.
 _KINDS = ("target", "chain", "by-device", "distribution")
+_EXCLUSIVE = [*itertools.combinations(_KINDS, 2), ("chain", "options"), ("by-device", "options")]
+#: What BackendEntry._target_or_chain checks, said so that editors can check it too.
+_ONE_KIND: dict[str, Any] = {
+    "anyOf": [
+        *({"required": [kind]} for kind in _KINDS),
+        {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
+    ],
+    "not": {"anyOf": [{"required": list(pair)} for pair in _EXCLUSIVE]},
+}
 
 
 class BackendEntry(BaseModel):
     """One ``[backends.NAME]`` table."""
 
-    model_config = ConfigDict(
-        **_TABLE,
-        title="Backend",
-        # What _target_or_chain checks, said so editors can check it too.
-        json_schema_extra={
-            "anyOf": [
-                *({"required": [kind]} for kind in _KINDS),
-                {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
-            ],
-            "not": {
-                "anyOf": [
-                    {"required": list(pair)}
-                    for pair in (
-                        *itertools.combinations(_KINDS, 2),
-                        ("chain", "options"),
-                        ("by-device", "options"),
-                    )
-                ]
-            },
-        },
-    )
+    model_config = ConfigDict(**_TABLE, title="Backend", json_schema_extra=_ONE_KIND)
 
     target: Target | None = Field(
         default=None,
