@@ -164,7 +164,7 @@ def parse_toml(
             else "in one file, more than this file is read"
         )
         raise ManifestError(
-            f"more than {exc.budget:,} keys and key parts {advice}", path=path, line=exc.line
+            f"more than {budget:,} keys and key parts {advice}", path=path, line=exc.line
         ) from None
     written = physical_lines(text) or [""]
     deep = False
