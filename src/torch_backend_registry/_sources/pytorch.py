@@ -195,20 +195,12 @@ def torch_version() -> str | None:
     origin = _torch_origin()
     if origin is None:
         return None
-    try:
+    try:  # every build of PyTorch writes it
         with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
             found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(), re.MULTILINE)
     except OSError:
-        found = None
-    if found is not None:
-        return found.group(1)
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:  # a PyTorch laid out otherwise: its metadata says
-        return installed("torch")
-    except PackageNotFoundError:
         return None
+    return found.group(1) if found else None
 
 
 def public_version(version: str | None) -> str | None:
