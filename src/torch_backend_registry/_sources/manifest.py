@@ -205,7 +205,7 @@ class _Validation:
             )
         self._header(header)
         if isinstance(raw_backends, dict):
-            self._backends(raw_backends, manifest, broken)
+            self._backends(raw_backends, {} if manifest is None else manifest.backends, broken)
 
     def _header(self, header: Manifest) -> None:
         """The plugin rules and default a document declares, and its search path."""
@@ -233,7 +233,7 @@ class _Validation:
     def _backends(
         self,
         raw_backends: dict[str, Any],
-        manifest: Manifest | None,
+        valid: dict[str, BackendEntry],
         broken: dict[str, list[Problem]],
     ) -> None:
         from .._definition import ATOL, RTOL
@@ -247,7 +247,8 @@ class _Validation:
             if problems:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problems[0]))
                 continue
-            entry = manifest.backends[name] if manifest else BackendEntry.model_validate(raw)
+            # Where the document as a whole is not valid, each valid table is validated alone.
+            entry = valid.get(name) or BackendEntry.model_validate(raw)
             problem = self._alias_problem(name, entry, raw_backends, seen)
             if problem is not None:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problem))
