@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from types import MappingProxyType
+from typing import NamedTuple
 
 from .._definition import (
     EMPTY,
@@ -122,22 +123,14 @@ def load_schema() -> None:
                 os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
 
 
-class _Validation:
+class _Validation(NamedTuple):
     """Validating one parsed document, its problems collected in ``found``."""
 
-    def __init__(
-        self,
-        found: Discovery,
-        path: str,
-        kind: SourceKind,
-        prefix: tuple[str, ...],
-        lines: KeyLines,
-    ) -> None:
-        self.found = found
-        self.path = path
-        self.kind = kind
-        self.prefix = prefix
-        self.lines = lines
+    found: Discovery
+    path: str
+    kind: SourceKind
+    prefix: tuple[str, ...]
+    lines: KeyLines
 
     def problem(self, loc: tuple[str | int, ...], message: str, **facts: Any) -> Problem:
         """A problem at the key ``loc`` of the document (array indexes left out), reported."""
@@ -205,10 +198,11 @@ class _Validation:
             )
         self._header(header)
         if isinstance(raw_backends, dict):
-            self._backends(raw_backends, {} if manifest is None else manifest.backends, broken)
+            valid = {} if manifest is None else manifest.backends
+            self._backends(raw_backends, valid, broken, tuple(header.python_path))
 
     def _header(self, header: Manifest) -> None:
-        """The plugin rules and default a document declares, and its search path."""
+        """The plugin rules and the default a document declares."""
         for field in ("allow", "deny"):
             names = getattr(header.plugins, field, None)
             if names is not None and (names or field == "allow"):
@@ -220,25 +214,25 @@ class _Validation:
             self.found.default = DefaultDeclaration(
                 header.default, self.path, self.lines.line_of(key), toml_key(key)
             )
-        # Relative to the real file: a link to a manifest must not make its code
-        # come from the folder the link is in.
-        base = os.path.dirname(os.path.realpath(self.path))
-        folders = (os.path.normpath(os.path.join(base, p)) for p in header.python_path)
-        self.python_path = tuple(dict.fromkeys(folders))
-        # The manifest's own folder is searched last, whatever python-path says: a module
-        # beside the manifest is found from any working folder, as a script's is.
-        self.search_path = (*(f for f in self.python_path if f != base), base)
-        self.written_path = tuple(header.python_path)
 
     def _backends(
         self,
         raw_backends: dict[str, Any],
         valid: dict[str, BackendEntry],
         broken: dict[str, list[Problem]],
+        written_path: tuple[str, ...],
     ) -> None:
         from .._definition import ATOL, RTOL
         from .schema import BackendEntry
 
+        # Relative to the real file: a link to a manifest must not make its code
+        # come from the folder the link is in.
+        base = os.path.dirname(os.path.realpath(self.path))
+        folders = (os.path.normpath(os.path.join(base, p)) for p in written_path)
+        python_path = tuple(dict.fromkeys(folders))
+        # The manifest's own folder is searched last, whatever python-path says: a module
+        # beside the manifest is found from any working folder, as a script's is.
+        search_path = (*(f for f in python_path if f != base), base)
         seen: dict[str, str] = {}
         for name, raw in raw_backends.items():
             table = (*self.prefix, "backends", name)
@@ -273,9 +267,9 @@ class _Validation:
                 requires=tuple(entry.requires),
                 options=MappingProxyType(entry.options) if entry.options else EMPTY,
                 enabled=entry.enabled,
-                python_path=self.python_path,
-                search_path=self.search_path,
-                written_path=self.written_path,
+                python_path=python_path,
+                search_path=search_path,
+                written_path=written_path,
                 skip_known_failures=entry.skip_known_failures,
                 verify=verify,
                 distribution=entry.distribution,
