@@ -79,7 +79,8 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
                 said = untrusted_message(f"folder named by {ENV_VAR}", reason)
             except OSError as exc:
                 said = f"cannot list the folder named by {ENV_VAR}: {exc.strerror or exc}"
-            entry = path
+            found.problems.append(Problem(said, path=path))
+            continue
         elif os.path.lexists(path):
             files.append(path)
             continue
