@@ -236,11 +236,10 @@ def _encode(value: Any) -> object:
         value = [getattr(value, slot) for slot in Discovery.__slots__]
     elif kind is BackendDefinition and value.compiler_fn is not None:
         raise TypeError("a callable is not kept")
-    if kind in _NAMES:
-        # Most fields are plain: tested here, not in a call each.
-        return {"@": _NAMES[kind], "v": [i if type(i) in _PLAIN else _encode(i) for i in value]}
-    if isinstance(value, (list, tuple)):
-        return [_encode(item) for item in value]
+    if kind in _NAMES or isinstance(value, (list, tuple)):
+        # Most items are plain: tested here, not in a call each.
+        items = [i if type(i) in _PLAIN else _encode(i) for i in value]
+        return {"@": _NAMES[kind], "v": items} if kind in _NAMES else items
     if isinstance(value, (dict, MappingProxyType)):
         return {"{}": [[key, _encode(item)] for key, item in value.items()]}
     if isinstance(value, frozenset):

@@ -26,6 +26,11 @@ _KEY_RE = re.compile(rf"[ \t]*({_DOTTED_KEY})[ \t]*=")
 _PART_RE = re.compile(_PART)
 # Characters after a key's `=` that may start a value spanning several lines.
 _MULTILINE_HINT = re.compile(r"""[\[{]|\"\"\"|'''""")
+# A one-line array of plain strings and bare values, closed on its line (`tags = ["a"]`).
+_SIMPLE_ARRAY = re.compile(
+    r"""[ \t]*\[(?:[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)[ \t]*,)*"""
+    r"""[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)?[ \t]*\][ \t\r]*(?:#.*)?$"""
+)
 Path = tuple[str, ...]
 
 
@@ -193,7 +198,7 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
         if key:
             yield number, table, _split_key(key.group(1))
             # Most values fit on their line; only these need the careful scan.
-            if _MULTILINE_HINT.search(line, key.end()):
+            if _MULTILINE_HINT.search(line, key.end()) and not _SIMPLE_ARRAY.match(line, key.end()):
                 depth, string = _feed(line, key.end(), 0, "")
 
 
