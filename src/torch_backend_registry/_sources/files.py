@@ -173,7 +173,9 @@ def parse_toml(
     except tomli.TOMLDecodeError as exc:
         # Past the last line is the end of the document: point at the last line.
         line = max(1, min(exc.lineno, len(written)))
-        said = f"invalid TOML: {_plainly(exc.msg)}"
+        # What the parser says in its own terms, with what it means.
+        meant = next((m for start, m in _PARSER_WORDS if exc.msg.startswith(start)), None)
+        said = f"invalid TOML: {exc.msg}" + (f" ({meant})" if meant else "")
     except RecursionError as exc:  # tomli's own limits on nesting and key parts
         # The parser gives no position here; the line with the most openings and dots
         # is where such nesting is written in any file that reaches the limits.
@@ -204,11 +206,3 @@ _PARSER_WORDS = (
     ("Invalid value", 'a value TOML cannot read: quote a string (target = "a.b:c")'),
     ("Invalid statement", "not a key = value line or a [table] header"),
 )
-
-
-def _plainly(message: str) -> str:
-    """The parser's message, with what it means where it says it in its own terms."""
-    for said, meant in _PARSER_WORDS:
-        if message.startswith(said):
-            return f"{message} ({meant})"
-    return message
