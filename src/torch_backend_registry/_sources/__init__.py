@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from .._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Problem
 from .entry_points import entry_point_stamps, read_entry_points
@@ -21,45 +22,22 @@ ALLOW_VAR, DENY_VAR = "TORCH_BACKENDS_ALLOW", "TORCH_BACKENDS_DENY"
 PROJECT_FILES = ("backends.toml", "pyproject.toml")
 
 
-class Context:
+class Context(NamedTuple):
     """The inputs of one discovery, fixed for its whole life."""
 
-    __slots__ = ("cache", "cwd", "entry_point_names", "environ", "files", "fresh", "runtime")
-
-    def __init__(
-        self,
-        *,
-        cwd: str | None,
-        environ: Mapping[str, str],
-        runtime: Iterable[BackendDefinition],
-        cache: Cache,
-        files: Sequence[str] | None = None,
-        fresh: bool = False,
-        entry_point_names: Callable[[], Collection[str]] = frozenset,
-    ) -> None:
-        #: An absolute path, or ``None`` when the working directory no longer exists.
-        self.cwd = cwd
-        #: The environment the registry reads its variables from.
-        self.environ = environ
-        self.runtime = tuple(runtime)
-        self.cache = cache
-        #: Manifest files given one by one, read instead of ``TORCH_BACKENDS_PATH``.
-        self.files = files
-        #: Read entry points for real, not from the cache (after ``refresh()``).
-        self.fresh = fresh
-        #: The names installed distributions declare, read once (PyTorch's registry holds them too).
-        self.entry_point_names = entry_point_names
-
-
-def _read(path: str, kind: SourceKind, ctx: Context, found: Discovery) -> bool:
-    """Fold one manifest into ``found``; ``False`` for a pyproject.toml without our table."""
-    from .manifest import read_manifest
-
-    result = read_manifest(path, kind, ctx.cache)
-    if result is None:
-        return False
-    found.add(result)
-    return True
+    #: An absolute path, or ``None`` when the working directory no longer exists.
+    cwd: str | None
+    #: The environment the registry reads its variables from.
+    environ: Mapping[str, str]
+    #: ``register_backend`` calls made in this process.
+    runtime: Sequence[BackendDefinition]
+    cache: Cache
+    #: Manifest files given one by one, read instead of ``TORCH_BACKENDS_PATH``.
+    files: Sequence[str] | None = None
+    #: Read entry points for real, not from the cache (after ``refresh()``).
+    fresh: bool = False
+    #: The names installed distributions declare, read once (PyTorch's registry holds them too).
+    entry_point_names: Callable[[], Collection[str]] = frozenset
 
 
 def runtime_source(ctx: Context) -> Discovery:
@@ -82,50 +60,43 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
         if ctx.cwd is not None:
             path = os.path.join(ctx.cwd, path)
         if not os.path.isabs(path):
-            found.problems.append(
-                Problem(
-                    f"relative entry of {ENV_VAR} and the working directory no longer exists;"
-                    " use an absolute path",
-                    path=entry,
-                )
+            said = (
+                f"relative entry of {ENV_VAR} and the working directory no longer exists;"
+                " use an absolute path"
             )
         elif os.path.isdir(path):
             # Whoever can write here can add a manifest: the folder must be trusted.
             reason = untrusted_folder(path)
-            if reason is not None:
-                message = untrusted_message(f"folder named by {ENV_VAR}", reason)
-                found.problems.append(Problem(message, path=path))
-                continue
             try:
-                names = sorted(os.listdir(path))
-            except OSError as exc:
-                found.problems.append(
-                    Problem(
-                        f"cannot list the folder named by {ENV_VAR}: {exc.strerror or exc}",
-                        path=path,
+                if reason is None:
+                    names = sorted(os.listdir(path))
+                    files.extend(
+                        os.path.join(path, name)
+                        for name in names
+                        if name.endswith(".toml") and os.path.isfile(os.path.join(path, name))
                     )
-                )
-                continue
-            files.extend(
-                os.path.join(path, name)
-                for name in names
-                if name.endswith(".toml") and os.path.isfile(os.path.join(path, name))
-            )
+                    continue
+                said = untrusted_message(f"folder named by {ENV_VAR}", reason)
+            except OSError as exc:
+                said = f"cannot list the folder named by {ENV_VAR}: {exc.strerror or exc}"
+            found.problems.append(Problem(said, path=path))
+            continue
         elif os.path.lexists(path):
             files.append(path)
+            continue
         else:
-            found.problems.append(
-                Problem(
-                    f"{NO_SUCH_FILE} or folder (named by {ENV_VAR}={entry!r}); remove the"
-                    " entry or create the file",
-                    path=entry,
-                )
+            said = (
+                f"{NO_SUCH_FILE} or folder (named by {ENV_VAR}={entry!r}); remove the"
+                " entry or create the file"
             )
+        found.problems.append(Problem(said, path=entry))
     return files, found
 
 
 def env_source(ctx: Context) -> Discovery:
     """Manifests named by ``TORCH_BACKENDS_PATH`` (or given as files), earlier entries first."""
+    from .manifest import read_manifest
+
     if ctx.files is not None:
         files, found = list(ctx.files), Discovery()
     else:
@@ -137,7 +108,10 @@ def env_source(ctx: Context) -> Discovery:
             names = [n.strip() for n in value.split(",") if n.strip()]
             found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
-        if not _read(path, "env", ctx, found):
+        result = read_manifest(path, "env", ctx.cache)
+        if result is not None:
+            found.add(result)
+        else:
             found.problems.append(
                 Problem(
                     "has no [tool.torch-backends] table; nothing to read"
@@ -174,18 +148,16 @@ def project_manifest(cwd: str) -> str | None:
     """The nearest ``backends.toml``, else ``pyproject.toml`` with our table, from ``cwd`` up."""
     directory = os.path.abspath(cwd)
     while True:
-        candidate = os.path.join(directory, PROJECT_FILES[0])
+        backends, pyproject = (os.path.join(directory, name) for name in PROJECT_FILES)
         # Not isfile(): a backends.toml that is a directory or unreadable is
         # meant as the manifest, and reading it says what is wrong.
-        if os.path.lexists(candidate):
-            return candidate
-        candidate = os.path.join(directory, PROJECT_FILES[1])
-        if os.path.lexists(candidate) and _declares_table(candidate):
-            return candidate
-        parent = os.path.dirname(directory)
-        if parent == directory:
+        if os.path.lexists(backends):
+            return backends
+        if os.path.lexists(pyproject) and _declares_table(pyproject):
+            return pyproject
+        directory, below = os.path.dirname(directory), directory
+        if directory == below:
             return None
-        directory = parent
 
 
 def _declares_table(pyproject: str) -> bool:
@@ -218,6 +190,8 @@ def _declares_table(pyproject: str) -> bool:
 
 def project_source(ctx: Context) -> Discovery:
     """The nearest project manifest."""
+    from .manifest import read_manifest
+
     found = Discovery()
     if ctx.cwd is None:
         found.problems.append(
@@ -228,10 +202,8 @@ def project_source(ctx: Context) -> Discovery:
         )
         return found
     path = project_manifest(ctx.cwd)
-    if path is None:
-        return found
-    _read(path, "project", ctx, found)
-    return found
+    result = None if path is None else read_manifest(path, "project", ctx.cache)
+    return found if result is None else result
 
 
 def replaced_table(manifest: str) -> Problem | None:

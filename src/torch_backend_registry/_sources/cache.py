@@ -1,18 +1,11 @@
-"""The warm start: what was read before, as JSON entries in the user's cache folder.
+"""The warm start: what was read before, as sealed JSON entries in the user's cache folder.
 
-Each entry is named by a digest of its key, sealed by a digest of its own
-text (a torn or changed file is no entry), and its key holds everything the
-value depends on: a manifest's full text, path and source kind and the bytes
-of this package's code; the folders on ``sys.path`` and the metadata of the
-distributions in them. An entry is never checked against a time stamp alone.
-
-The folder is the user's cache folder as ``platformdirs`` knows it
-(``$XDG_CACHE_HOME``, else ``~/.cache``, where a relative value is ignored).
-It is used only when it is the user's own: created by this user, private, in
-a folder the trust rule accepts. Entries are opened without blocking and read
-only when they are regular files of this user no larger than a limit; anything
-else, or anything that does not parse, is no entry. ``TORCH_BACKENDS_NO_CACHE``
-turns it off.
+An entry is named by a digest of its key, which holds everything its value depends on (a
+manifest's full text, path and kind, the bytes of this package's code, what is on
+``sys.path``), never a time stamp alone; its first line seals its text, so a torn, changed
+or moved entry is no entry. The folder is the user's cache folder as ``platformdirs`` knows
+it, used only while it is this user's own and private, in a folder the trust rule accepts.
+Anything in doubt is no entry, and is read again. ``TORCH_BACKENDS_NO_CACHE`` turns it off.
 """
 
 from __future__ import annotations
@@ -37,14 +30,16 @@ from .._definition import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Callable, Iterator, Mapping
     from typing import Any
 
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
 LAYOUT = 4
 _MAX_ENTRY = 64 * 2**20  # larger than any entry this library writes
-_OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# A FIFO at an entry's name opens at once, and fstat tells it is no entry.
+_OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
 
 
 def cache_folder(environ: Mapping[str, str]) -> str | None:
@@ -66,38 +61,20 @@ class Cache:
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
-        #: The folders of entries found private (they stay so: only their owner can change it).
-        self._private: set[str] = set()
-
-    def _usable(self, folder: str, *, make: bool = False) -> bool:
-        """Whether entries may be read from (or with ``make``, written to) ``folder``."""
-        if folder not in self._private:
-            made = make and _make_private_folders(self.folder, folder)
-            if not made and not _private_folders(self.folder, os.path.join(folder, "entry")):
-                return False
-            self._private.add(folder)
-        return True
 
     def get(self, kind: str, key: object) -> Any:
         """The value stored under ``key``, or ``None``."""
-        entry = self._entry(kind, key)
-        if entry is None or not self._usable(os.path.dirname(entry[0])):
+        if self.folder is None or not self._private(kind):
             return None
-        path, name = entry
+        path, name = self._entry(kind, key)
         try:
-            fd = os.open(path, _OPEN | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            return None
-        try:
-            info = os.fstat(fd)
-            if not _private_file(info) or info.st_size > _MAX_ENTRY:
-                return None
-            with open(fd, "rb", closefd=False) as handle:
+            with open(os.open(path, _OPEN), "rb") as handle:
+                info = os.fstat(handle.fileno())
+                if not _ours(info, entry=True) or info.st_size > _MAX_ENTRY:
+                    return None
                 data = handle.read(_MAX_ENTRY + 1)
         except OSError:
             return None
-        finally:
-            os.close(fd)
         import json
 
         seal, _, text = data.partition(b"\n")
@@ -110,18 +87,15 @@ class Cache:
 
     def put(self, kind: str, key: object, value: object) -> None:
         """Store ``value`` under ``key``: atomically, readable by its owner only."""
-        entry = self._entry(kind, key)
-        if entry is None:
+        if self.folder is None:
             return
-        path, name = entry
         import json
 
+        path, name = self._entry(kind, key)
         try:
             text = json.dumps(_encode(value), separators=(",", ":")).encode()
-            text = _seal(name, text) + b"\n" + text
-            if not self._usable(os.path.dirname(path), make=True):
-                return
-            write_atomically(path, text, 0o600)
+            if self._private(kind, make=True):
+                write_atomically(path, _seal(name, text) + b"\n" + text, 0o600)
         except (OSError, TypeError, ValueError, RecursionError):
             pass  # a read-only home, a full disk: no cache, that is all
 
@@ -131,14 +105,11 @@ class Cache:
         for the time of the block, so that a read, change and write of them is one step for
         every process. Where there is no lock to take (no cache, no ``fcntl``), the block
         runs unlocked."""
-        root = self.folder
         fd = -1
-        if root is not None and self._usable(os.path.join(root, kind), make=True):
-            flags = (
-                os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-            )
+        if self.folder is not None and self._private(kind, make=True):
             with contextlib.suppress(OSError):
-                fd = os.open(os.path.join(root, f"{kind}.lock"), flags, 0o600)
+                lock = os.path.join(self.folder, f"{kind}.lock")
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
         try:
             if fd >= 0:
                 with contextlib.suppress(ImportError, OSError):
@@ -150,15 +121,47 @@ class Cache:
             if fd >= 0:
                 os.close(fd)  # closing releases the lock
 
-    def _entry(self, kind: str, key: object) -> tuple[str, bytes] | None:
+    def _private(self, kind: str, *, make: bool = False) -> bool:
+        """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
+        this user's, private, and below a folder the trust rule accepts: nobody else can
+        have put anything there."""
+        from .files import untrusted_folder
+
+        assert self.folder is not None
+        folders = (self.folder, os.path.join(self.folder, kind))
+        try:
+            if make:
+                os.makedirs(os.path.dirname(self.folder), exist_ok=True)  # ~/.cache, as it is
+                for folder in folders:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(folder, 0o700)
+            return untrusted_folder(os.path.dirname(self.folder)) is None and all(
+                _ours(os.lstat(folder)) for folder in folders
+            )
+        except OSError:
+            return False
+
+    def _entry(self, kind: str, key: object) -> tuple[str, bytes]:
         """Where the entry of ``key`` lies, and the digest of its key (which its seal holds)."""
-        if self.folder is None:
-            return None
         import hashlib
 
+        assert self.folder is not None
         key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
         name = hashlib.sha256(key_text).hexdigest()
         return os.path.join(self.folder, kind, name + ".json"), name.encode()
+
+
+def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
+    """Whether a cache folder (or an entry) is this user's and nobody else's to change, and
+    a folder nobody else's to look into."""
+    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
+        return True
+    kind, others = (
+        (stat.S_ISREG, stat.S_IWGRP | stat.S_IWOTH)
+        if entry
+        else (stat.S_ISDIR, stat.S_IRWXG | stat.S_IRWXO)
+    )
+    return kind(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & others
 
 
 def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
@@ -179,57 +182,10 @@ def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
 
 
 def _seal(name: bytes, text: bytes) -> bytes:
-    """What an entry's first line holds: a digest of its key and its text, so that a torn
-    or changed entry, or one moved to another key's name, is no entry."""
+    """A digest of an entry's key and text: what its first line holds."""
     import hashlib
 
     return hashlib.sha256(name + b"\n" + text).hexdigest().encode()
-
-
-def _private_file(info: os.stat_result) -> bool:
-    return (
-        stat.S_ISREG(info.st_mode)
-        and info.st_uid == os.getuid()
-        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    )
-
-
-def _private_folder(path: str) -> bool:
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return (
-        stat.S_ISDIR(info.st_mode)
-        and info.st_uid == os.getuid()
-        and not info.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
-    )
-
-
-def _private_folders(root: str | None, entry: str) -> bool:
-    """Whether the folders from the cache's own down to ``entry``'s are this user's, private,
-    and below a folder the trust rule accepts: nobody else can have put anything there."""
-    if root is None or not hasattr(os, "getuid"):
-        return root is not None
-    from .files import untrusted_folder
-
-    folder = os.path.dirname(entry)
-    return (
-        untrusted_folder(os.path.dirname(root)) is None
-        and _private_folder(root)
-        and _private_folder(folder)
-    )
-
-
-def _make_private_folders(root: str | None, folder: str) -> bool:
-    """Create the cache's folders, private; ``False`` where one exists that is not ours."""
-    if root is None:
-        return False
-    os.makedirs(os.path.dirname(root), exist_ok=True)  # ~/.cache: the user's, as it is
-    for path in (root, folder):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
-    return _private_folders(root, os.path.join(folder, "entry"))
 
 
 @functools.cache  # one process runs one version of this code
@@ -257,104 +213,78 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
-# -------------------------------------------------------------------- values as JSON
-#
-# Each value is written as {"@": its class's name, "v": [its fields, in order]} and
-# read back through its class, each field made again the type its annotation names
-# (arrays tuples, a mapping read-only, a set a frozenset), so the round trip follows
-# the classes' fields (and the code's digest in every key keeps an entry from
-# outliving them). A mapping (a backend's options) is written as {"{}": [[key,
-# value]...]}, so a key of the user's never meets a key of this format; inside it,
-# arrays stay lists (TOML's).
+# Values as JSON: a value class as {"@": its name, "v": [its fields]}, a mapping as
+# {"{}": [[key, value], ...]} (so that no key of the user's meets a key of this format),
+# a date or time as {its kind: its ISO text}. Read back, each field is made again the type
+# its annotation names: arrays tuples (inside a mapping, TOML's lists), a mapping
+# read-only, a set a frozenset. The code's digest in every key keeps an entry from
+# outliving the classes.
 
 _CLASSES: dict[str, type[Any]] = {
     cls.__name__: cls
-    for cls in (BackendDefinition, DefaultDeclaration, PluginRule, Problem, Source)
+    for cls in (BackendDefinition, DefaultDeclaration, Discovery, PluginRule, Problem, Source)
 }
+_NAMES = {cls: name for name, cls in _CLASSES.items()}
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
-def _encode(value: object) -> object:
-    """``value`` as plain JSON values, each value class and mapping tagged."""
+def _encode(value: Any) -> object:
     kind = type(value)
-    if kind in _PLAIN:  # most of what a manifest holds: first, and at once
+    if kind in _PLAIN:
         return value
-    name = _NAMES.get(kind)
-    if name is not None or kind is tuple or kind is list:
-        items: tuple[object, ...] = value  # type: ignore[assignment]
-        if kind is BackendDefinition and items[_COMPILER_FN] is not None:
-            raise TypeError("a callable is not kept")
-        encoded = [i if type(i) in _PLAIN else _encode(i) for i in items]
-        return encoded if name is None else {"@": name, "v": encoded}
-    if isinstance(value, Discovery):
-        fields = [getattr(value, slot) for slot in Discovery.__slots__]
-        return {"@": "Discovery", "v": [_encode(item) for item in fields]}
+    if kind is Discovery:
+        value = [getattr(value, slot) for slot in Discovery.__slots__]
+    elif kind is BackendDefinition and value.compiler_fn is not None:
+        raise TypeError("a callable is not kept")
+    if kind in _NAMES or isinstance(value, (list, tuple)):
+        # Most items are plain: tested here, not in a call each.
+        items = [i if type(i) in _PLAIN else _encode(i) for i in value]
+        return {"@": _NAMES[kind], "v": items} if kind in _NAMES else items
     if isinstance(value, (dict, MappingProxyType)):
         return {"{}": [[key, _encode(item)] for key, item in value.items()]}
-    if isinstance(value, (list, tuple)):
-        return [_encode(item) for item in value]
     if isinstance(value, frozenset):
         return sorted(value)
-    if value is None or isinstance(value, (str, int, float)):
-        return value
     import datetime
 
-    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
-        return {type(value).__name__: value.isoformat()}
-    raise TypeError(f"not kept in the cache: {type(value).__name__}")
-
-
-_PLAIN = frozenset({str, int, float, bool, type(None)})
-_NAMES = {cls: name for name, cls in _CLASSES.items()}
-_COMPILER_FN = BackendDefinition._fields.index("compiler_fn")
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
+        return {kind.__name__: value.isoformat()}
+    return value  # json.dumps refuses what it cannot write: then nothing is written
 
 
 def _decode(data: dict[str, Any]) -> Any:
     if len(data) == 1:
         [(tag, value)] = data.items()
-        if tag == "{}" and type(value) is list:
+        if tag == "{}":
             return dict(value)
-        if tag in ("datetime", "date", "time") and type(value) is str:
+        if tag in ("datetime", "date", "time"):
             import datetime  # only a manifest with a TOML date needs it
 
-            kind: Any = getattr(datetime, tag)
-            return kind.fromisoformat(value)
-    name = data.get("@")
-    if len(data) != 2 or (name != "Discovery" and name not in _CLASSES):
+            return getattr(datetime, tag).fromisoformat(value)
+    cls = _CLASSES.get(data.get("@"))  # type: ignore[arg-type]
+    if cls is None or len(data) != 2:
         return data
-    if name == "Discovery":
+    if cls is Discovery:
         found = Discovery()
-        fields = dict(zip(Discovery.__slots__, data["v"], strict=True))
-        found.definitions = list(fields["definitions"])
-        found.problems = list(fields["problems"])
-        found.rules = list(fields["rules"])
-        found.default = fields["default"]
+        for slot, item in zip(Discovery.__slots__, data["v"], strict=True):
+            setattr(found, slot, item)
         return found
-    cls = _CLASSES[name]
-    kinds = _KINDS[name]
-    return cls(*(_typed(kind, v) for kind, v in zip(kinds, data["v"], strict=True)))
+    return cls(*(read(v) for read, v in zip(_READERS[cls], data["v"], strict=True)))
 
 
-def _field_kinds(cls: type[Any]) -> tuple[str, ...]:
-    """What each field of ``cls`` is, from its annotation: ``Mapping``, ``frozenset``, ``any``."""
-    # Annotations are text here (or forward references holding it).
-    written = {f: str(getattr(a, "__forward_arg__", a)) for f, a in cls.__annotations__.items()}
-    return tuple(
-        next((k for k in ("Mapping", "frozenset") if written[f].startswith(k)), "any")
-        for f in cls._fields
-    )
-
-
-_KINDS = {name: _field_kinds(cls) for name, cls in _CLASSES.items()}
-
-
-def _typed(kind: str, value: Any) -> object:
-    if kind == "Mapping":
-        return MappingProxyType(value) if value else EMPTY
-    if kind == "frozenset":
-        return frozenset(value)
-    return _tuples(value)
+def _reader(annotation: object) -> Callable[[Any], object]:
+    """How a field is read back, by its annotation (text here, or a reference holding it)."""
+    written = str(getattr(annotation, "__forward_arg__", annotation))
+    if written.startswith("Mapping"):
+        return lambda value: MappingProxyType(value) if value else EMPTY
+    return frozenset if written.startswith("frozenset") else _tuples
 
 
 def _tuples(value: object) -> object:
-    """A value class's own arrays as the tuples they were (a mapping's stay lists)."""
     return tuple(map(_tuples, value)) if type(value) is list else value
+
+
+_READERS = {
+    cls: [_reader(cls.__annotations__[f]) for f in cls._fields]
+    for cls in _CLASSES.values()
+    if cls is not Discovery
+}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .._definition import BackendDefinition, Discovery, Problem, Source
+from .._definition import BackendDefinition, Discovery, Problem, Source, distribution_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -98,8 +98,6 @@ def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
     """A deterministic order of entry points: their folder's place on sys.path, then the
     distribution's name (within one folder, importlib.metadata follows os.listdir)."""
 
-    from .._definition import distribution_key
-
     def real(path: str) -> str:
         try:
             return os.path.realpath(path or os.curdir)
@@ -123,19 +121,12 @@ def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
 
 def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
     """The entry points of our group; a distribution that cannot be read goes to ``problems``."""
-    from importlib.metadata import entry_points
+    from importlib.metadata import distributions, entry_points
 
     try:
         return entry_points(group=ENTRY_POINT_GROUP)
     except Exception:  # a broken *.dist-info: read them one by one to spare the others
-        return _entry_points_one_by_one(problems)
-
-
-def _entry_points_one_by_one(problems: list[Problem]) -> list[EntryPoint]:
-    from importlib.metadata import distributions
-
-    from .._definition import distribution_key
-
+        pass
     eps: list[EntryPoint] = []
     seen: set[str] = set()
     for dist in distributions():

@@ -1,9 +1,7 @@
 """Reading configuration safely: the trust rule, a size limit, TOML errors as ManifestError.
 
-Every file this library reads as configuration (manifests, and the
-``pyproject.toml`` files met while looking for one) goes through
-:func:`read_toml`, and every folder that configuration or code comes from is
-judged by :func:`untrusted_folder`.
+Every file read as configuration goes through :func:`read_text`, and every folder that
+configuration or code comes from is judged by :func:`untrusted_folder`.
 """
 
 from __future__ import annotations
@@ -47,45 +45,32 @@ class Untrusted(Exception):
         self.message = message
 
 
-def _owner_reason(info: os.stat_result) -> str | None:
-    if info.st_uid not in (0, os.getuid()):
-        return f"owned by another user (uid {info.st_uid})"
-    return None
-
-
-def untrusted_file(info: os.stat_result) -> str | None:
-    """Why a file must not be used, or ``None``.
+def _untrusted(info: os.stat_result, *, folder: bool = False) -> str | None:
+    """Why a file (or ``folder``) must not be used, or ``None``.
 
     Owned by this user or root and not writable by every user: the rule git applies
     to repositories (``safe.directory``) and OpenSSH to its files (``StrictModes``).
     Group-writable files are accepted, as git does: the group is one its owner chose.
+    A folder writable by every user is accepted when it has the sticky bit (as the
+    system's temporary folder): there only a file's owner can rename or remove it,
+    and every file read is judged by the file rule itself.
     """
-    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
-        return None
-    if info.st_mode & stat.S_IWOTH:
+    if info.st_mode & stat.S_IWOTH and not (folder and info.st_mode & stat.S_ISVTX):
         return "it is writable by every user"
-    reason = _owner_reason(info)
-    return None if reason is None else f"it is {reason}"
+    if info.st_uid not in (0, os.getuid()):
+        return f"it is owned by another user (uid {info.st_uid})"
+    return None
 
 
 def untrusted_folder(path: str) -> str | None:
-    """Why a folder must not be a place configuration or code comes from, or ``None``.
-
-    The file rule, except that a folder writable by every user is accepted when it
-    has the sticky bit (as the system's temporary folder): there only a file's owner
-    can rename or remove it, and every file read is judged by the file rule itself.
-    A folder that cannot be examined is not trusted.
-    """
+    """Why a folder must not be a place configuration or code comes from, or ``None``; a
+    folder that cannot be examined is not trusted."""
     if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
         return None
     try:
-        info = os.stat(path)
+        return _untrusted(os.stat(path), folder=True)
     except OSError as exc:
         return f"it cannot be examined ({exc.strerror or exc})"
-    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
-        return "it is writable by every user"
-    reason = _owner_reason(info)
-    return None if reason is None else f"it is {reason}"
 
 
 def untrusted_message(what: str, reason: str) -> str:
@@ -117,7 +102,7 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
             )
         if not stat.S_ISREG(info.st_mode):
             raise ManifestError("is not a regular file; name a .toml file", path=path)
-        reason = untrusted_file(info)
+        reason = _untrusted(info) if hasattr(os, "getuid") else None
         if reason is None:
             folder = untrusted_folder(os.path.dirname(os.path.realpath(path)))
             if folder is not None:
@@ -127,11 +112,7 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
         if info.st_size > limit:
             raise _too_large(path, limit)
         with open(fd, "rb", closefd=False) as handle:
-            # A buffer of the size fstat gave, plus one byte that tells a file that grew
-            # since; such a file is read on, up to the limit.
-            data = handle.read(info.st_size + 1)
-            if len(data) > info.st_size:
-                data += handle.read(limit + 1 - len(data))
+            data = handle.read(limit + 1)  # one byte more tells a file that grew since
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     finally:
@@ -183,23 +164,36 @@ def parse_toml(
             else "in one file, more than this file is read"
         )
         raise ManifestError(
-            f"more than {exc.budget:,} keys and key parts {advice}", path=path, line=exc.line
+            f"more than {budget:,} keys and key parts {advice}", path=path, line=exc.line
         ) from None
+    written = physical_lines(text) or [""]
+    deep = False
     try:
         return tomli.loads(text), lines
     except tomli.TOMLDecodeError as exc:
-        written = physical_lines(text)
         # Past the last line is the end of the document: point at the last line.
         line = max(1, min(exc.lineno, len(written)))
-        error = ManifestError(
-            f"invalid TOML: {_plainly(exc.msg)}", path=path, line=line, key=key_at(written, line)
-        )
+        # What the parser says in its own terms, with what it means.
+        meant = next((m for start, m in _PARSER_WORDS if exc.msg.startswith(start)), None)
+        said = f"invalid TOML: {exc.msg}" + (f" ({meant})" if meant else "")
     except RecursionError as exc:  # tomli's own limits on nesting and key parts
-        error = _too_deep(path, text, exc)
+        # The parser gives no position here; the line with the most openings and dots
+        # is where such nesting is written in any file that reaches the limits.
+        line = 1 + max(range(len(written)), key=lambda i: sum(map(written[i].count, "[{.")))
+        said, deep = f"invalid TOML: {exc}; nest less deeply", True
     except ValueError as exc:
         # int() refuses more than sys.get_int_max_str_digits() digits; tomli lets it through.
-        error = _huge_number(path, text, exc)
-    raise error
+        import re
+
+        match = re.search(r"[0-9][0-9_]{1000,}", text)
+        if match is None:
+            raise ManifestError(f"invalid TOML: {exc}", path=path) from None
+        line = text.count("\n", 0, match.start()) + 1
+        said = "invalid TOML: a number too long to read; write it as a string"
+    key = key_at(written, line)
+    if deep and key is not None and len(key) > 200:
+        key = None  # the key is the problem: a thousand parts help no one read the line
+    raise ManifestError(said, path=path, line=line, key=key)
 
 
 #: What the TOML parser says, and what it means for a user writing a manifest.
@@ -212,42 +206,3 @@ _PARSER_WORDS = (
     ("Invalid value", 'a value TOML cannot read: quote a string (target = "a.b:c")'),
     ("Invalid statement", "not a key = value line or a [table] header"),
 )
-
-
-def _plainly(message: str) -> str:
-    """The parser's message, with what it means where it says it in its own terms."""
-    for said, meant in _PARSER_WORDS:
-        if message.startswith(said):
-            return f"{message} ({meant})"
-    return message
-
-
-def _too_deep(path: str, text: str, exc: RecursionError) -> ManifestError:
-    from .positions import key_at, physical_lines
-
-    # The parser gives no position here; the line with the most openings and dots
-    # is where such nesting is written in any file that reaches the limits.
-    lines = physical_lines(text) or [""]
-    line = 1 + max(range(len(lines)), key=lambda i: sum(map(lines[i].count, "[{.")))
-    key = key_at(lines, line)
-    if key is not None and len(key) > 200:
-        key = None  # the key is the problem: a thousand parts help no one read the line
-    return ManifestError(f"invalid TOML: {exc}; nest less deeply", path=path, line=line, key=key)
-
-
-def _huge_number(path: str, text: str, exc: ValueError) -> ManifestError:
-    import re
-
-    from .positions import key_at, physical_lines
-
-    match = re.search(r"[0-9][0-9_]{1000,}", text)
-    if match is None:
-        return ManifestError(f"invalid TOML: {exc}", path=path)
-    lines = physical_lines(text)
-    line = text.count("\n", 0, match.start()) + 1
-    return ManifestError(
-        "invalid TOML: a number too long to read; write it as a string",
-        path=path,
-        line=line,
-        key=key_at(lines, line),
-    )

@@ -1,21 +1,17 @@
 """Finding modules without running them, as importing would find them: a backend's
 requirements, its target's file, and the ``python-path`` folders a lookup searches.
 
-A manifest's ``python-path`` folders are served by a finder placed after every
-other finder on ``sys.meta_path``: a folder never shadows a module importable
-without it, and ``sys.path`` is never touched. While a target is imported (or
-looked for), its folders are served to that lookup only (a context variable, so
-another thread's imports never see them); once it is loaded, they stay
-searchable, last, for the rest of the process (:meth:`PythonPathFinder.keep`).
-
-``importlib.util.find_spec("a.b")`` imports ``a``; here each level is looked
-for in the search locations of the level above, so that no code runs, not even
-a dotted name's parent package.
+A manifest's ``python-path`` folders are served by a finder placed after every other
+finder on ``sys.meta_path``, so a folder never shadows a module importable without it
+and ``sys.path`` is never touched. While a target is looked up, its folders are served to
+that lookup only (a context variable: another thread's imports never see them); once it
+is loaded, they stay searchable, last, for the rest of the process.
 """
 
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -32,28 +28,12 @@ if TYPE_CHECKING:
 _FOLDERS: ContextVar[tuple[str, ...]] = ContextVar("torch_backend_registry_folders", default=())
 
 
-def file_finder(folder: str) -> importlib.machinery.FileFinder:
-    """A finder of the modules directly in ``folder``.
-
-    A new one each time, not ``sys.path_importer_cache``'s: a folder missing at
-    one lookup and created before the next must be seen then.
-    """
-    machinery = importlib.machinery
-    return machinery.FileFinder(
-        folder,
-        (machinery.ExtensionFileLoader, machinery.EXTENSION_SUFFIXES),
-        (machinery.SourceFileLoader, machinery.SOURCE_SUFFIXES),
-        (machinery.SourcelessFileLoader, machinery.BYTECODE_SUFFIXES),
-    )
-
-
-def find_in(folders: Sequence[str], name: str) -> ModuleSpec | None:
-    """The spec of the top-level module ``name`` in the first of ``folders`` that has it."""
-    for folder in folders:
-        spec = file_finder(folder).find_spec(name)
-        if spec is not None:
-            return spec
-    return None
+#: What a folder's modules are loaded with, as the standard path finder has it.
+_LOADERS = (
+    (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+    (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),
+    (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES),
+)
 
 
 class PythonPathFinder:
@@ -69,11 +49,13 @@ class PythonPathFinder:
     ) -> ModuleSpec | None:
         if path is not None:  # submodules: found through their package
             return None
-        folders = _FOLDERS.get() + self.loaded
-        return find_in(folders, fullname) if folders else None
-
-    def invalidate_caches(self) -> None:
-        """Nothing cached: each search makes new finders."""
+        for folder in _FOLDERS.get() + self.loaded:
+            # A new finder each time, not sys.path_importer_cache's: a folder missing at
+            # one lookup and created before the next must be seen then.
+            spec = importlib.machinery.FileFinder(folder, *_LOADERS).find_spec(fullname)
+            if spec is not None:
+                return spec
+        return None
 
     def keep(self, folders: Sequence[str]) -> None:
         """Keep ``folders`` searchable from now on (one tuple swap: readers need no lock)."""
@@ -103,10 +85,9 @@ def searching(folders: Sequence[str]) -> Iterator[None]:
 
 
 def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
-    """The spec ``import module`` would use (``folders`` searched last), running nothing.
-
-    For a module already imported, its own spec.
-    """
+    """The spec ``import module`` would use (``folders`` searched last), running nothing:
+    for a module already imported, its own. ``importlib.util.find_spec("a.b")`` imports
+    ``a``; here each level is looked for in the search locations of the level above."""
     import importlib.util
 
     loaded = sys.modules.get(module)
@@ -157,8 +138,6 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
 
     Installed packages change by being installed again, which :func:`installed_stamp` sees.
     """
-    import os
-
     spec = find(module, folders)
     origin = getattr(spec, "origin", None)
     if not isinstance(origin, str):
@@ -183,8 +162,6 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
 def stamp(path: str) -> list[object]:
     """A file as a cache key knows it: ``[path, size, mtime_ns]``, or ``[path]`` when it
     cannot be read; a file written again, even within the same second, stamps anew."""
-    import os
-
     try:
         info = os.stat(path)
     except OSError:

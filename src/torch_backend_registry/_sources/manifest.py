@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from types import MappingProxyType
+from typing import NamedTuple
 
 from .._definition import (
     EMPTY,
@@ -46,21 +47,21 @@ def manifest_table(data: dict[str, Any], prefix: tuple[str, ...]) -> object:
 
 
 def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Discovery | None:
-    """Read and validate one manifest file.
+    """Read and validate one manifest file; ``None`` for a ``pyproject.toml`` without a
+    ``[tool.torch-backends]`` table.
 
-    A ``pyproject.toml`` is read from its ``[tool.torch-backends]`` table; if it
-    has none, ``None`` is returned. The problems of one backend are recorded on
-    that backend and in ``problems``; the file's other backends stay usable.
-    A reading of exactly this text is taken from ``cache`` where it holds one.
+    The problems of one backend are recorded on that backend and in ``problems``; the
+    file's other backends stay usable. A reading of exactly this text is taken from
+    ``cache`` where it holds one.
     """
     found = Discovery()
     try:
         text = read_text(path)  # the trust rule and the limits: judged every time
-    except Untrusted as exc:
-        found.problems.append(Problem(exc.message, path=exc.path))
-        return found
-    except ManifestError as exc:
-        found.problems.append(exc.problem)
+    except (Untrusted, ManifestError) as exc:
+        problem = (
+            exc.problem if isinstance(exc, ManifestError) else Problem(exc.message, path=exc.path)
+        )
+        found.problems.append(problem)
         return found
     if cache is None:
         return _validated(path, kind, text)
@@ -95,20 +96,15 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
 def load_schema() -> None:
     """Import (and so build) the schema models, whatever is installed beside them.
 
-    pydantic scans every installed distribution's entry points for its plugins
-    when the first model is built, and one unreadable ``*.dist-info`` makes that
-    scan raise. Then the models are built with pydantic's documented switch
-    ``PYDANTIC_DISABLE_PLUGINS`` set for the moment it takes: our manifests need
-    no plugin, and a broken distribution elsewhere must not stop them.
+    pydantic scans every installed distribution's entry points for its plugins when the
+    first model is built, and one unreadable ``*.dist-info`` makes that scan raise. Then
+    the models are built with pydantic's documented switch ``PYDANTIC_DISABLE_PLUGINS``
+    set for the moment it takes: manifests need no plugin.
     """
-    import sys
-
-    if f"{__package__}.schema" in sys.modules:
-        return
     try:
         from . import schema
     except ImportError:
-        raise
+        raise  # pydantic itself is missing: no switch helps
     except Exception as exc:
         from .._errors import warn
 
@@ -127,208 +123,173 @@ def load_schema() -> None:
                 os.environ["PYDANTIC_DISABLE_PLUGINS"] = previous
 
 
-class _Validation:
-    """Validating one parsed document: each step one method, problems collected in ``found``."""
+class _Validation(NamedTuple):
+    """Validating one parsed document, its problems collected in ``found``."""
 
-    def __init__(
-        self,
-        found: Discovery,
-        path: str,
-        kind: SourceKind,
-        prefix: tuple[str, ...],
-        lines: KeyLines,
-    ) -> None:
-        self.found = found
-        self.path = path
-        self.kind = kind
-        self.prefix = prefix
-        self.lines = lines
-        #: Backends left out of validation for nesting too deeply, with their problem.
-        self.too_deep: dict[str, Problem] = {}
+    found: Discovery
+    path: str
+    kind: SourceKind
+    prefix: tuple[str, ...]
+    lines: KeyLines
 
-    def error(self, loc: tuple[str | int, ...], message: str) -> Problem:
+    def problem(self, loc: tuple[str | int, ...], message: str, **facts: Any) -> Problem:
+        """A problem at the key ``loc`` of the document (array indexes left out), reported."""
         keys = self.prefix + tuple(str(part) for part in loc if not isinstance(part, int))
-        line = self.lines.line_of(keys)
-        return Problem(message, path=self.path, line=line, key=toml_key(keys))
+        problem = Problem(
+            message, path=self.path, line=self.lines.line_of(keys), key=toml_key(keys), **facts
+        )
+        self.found.problems.append(problem)
+        return problem
 
     def run(self, table: object) -> None:
+        from pydantic import ValidationError
+
+        from .schema import SCHEMA_VERSION, Manifest, describe, error_loc
+
         if not isinstance(table, dict):
             self.found.problems.append(
                 Problem("expected a table", path=self.path, key=toml_key(self.prefix))
             )
             return
-        if not self._version_supported(table):
-            return
-        data = self._without_deep_values(table)
-        from .schema import HEADER_KEYS, Manifest
-
-        manifest, broken = self._validate(data, Manifest)
-        header = manifest if manifest is not None else self._salvage_header(data, HEADER_KEYS)
-        plugins = header.plugins
-        if plugins is not None:
-            for field in ("allow", "deny"):
-                names = getattr(plugins, field)
-                if names is not None and (names or field == "allow"):
-                    key = (*self.prefix, "plugins", field)
-                    line = self.lines.line_of(key)
-                    rule = PluginRule.of(field, names, toml_key(key), self.path, line)
-                    self.found.rules.append(rule)
-        if header.default is not None:
-            self.found.default = DefaultDeclaration(
-                header.default,
-                self.path,
-                self.lines.line_of((*self.prefix, "default")),
-                toml_key((*self.prefix, "default")),
-            )
-        # Relative to the real file: a link to a manifest must not make its code
-        # come from the folder the link is in.
-        base = os.path.dirname(os.path.realpath(self.path))
-        folders = [os.path.normpath(os.path.join(base, p)) for p in header.python_path]
-        # The manifest's own folder is searched last, whatever python-path says: a module
-        # beside the manifest is found from any working folder, as a script's is.
-        search = (*dict.fromkeys(f for f in folders if f != base), base)
-        paths = (tuple(dict.fromkeys(folders)), search, tuple(header.python_path))
-        raw_backends = table.get("backends")
-        if isinstance(raw_backends, dict):
-            self._definitions(raw_backends, manifest, broken, paths)
-
-    def _version_supported(self, table: dict[str, Any]) -> bool:
-        from .schema import SCHEMA_VERSION
-
         version = table.get("schema-version", SCHEMA_VERSION)
         if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-            self.found.problems.append(
-                self.error(
-                    ("schema-version",),
-                    f"schema version {version} is newer than this release supports"
-                    f" ({SCHEMA_VERSION}); upgrade torch-backend-registry or write"
-                    f" schema-version = {SCHEMA_VERSION}",
-                )
+            self.problem(
+                ("schema-version",),
+                f"schema version {version} is newer than this release supports"
+                f" ({SCHEMA_VERSION}); upgrade torch-backend-registry or write"
+                f" schema-version = {SCHEMA_VERSION}",
             )
-            return False
-        return True
-
-    def _without_deep_values(self, table: dict[str, Any]) -> dict[str, Any]:
-        """``table`` less every backend whose options nest beyond the limit."""
-        # Only options take any value: every other key's type stops a deep value at
-        # its first level, and messages print values in a bounded form.
+            return
         data = dict(table)
-        backends = data.get("backends")
-        if isinstance(backends, dict):
-            backends = data["backends"] = dict(backends)
-            for name, entry in list(backends.items()):
-                options = entry.get("options") if isinstance(entry, dict) else None
-                deep = _too_deep(options)
+        raw_backends = table.get("backends")
+        #: Each broken backend's problems, by its name.
+        broken: dict[str, list[Problem]] = {}
+        if isinstance(raw_backends, dict):
+            # Only options take any value: every other key's type stops a deep value at its
+            # first level. A backend whose options nest too deeply is not validated.
+            data["backends"] = backends = dict(raw_backends)
+            for name, entry in raw_backends.items():
+                deep = _too_deep(entry.get("options") if isinstance(entry, dict) else None)
                 if deep is not None:
-                    loc = ("backends", name, "options", *deep)
-                    self.too_deep[name] = self._deep_problem(loc)
+                    said = (
+                        f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
+                    )
+                    broken[name] = [self.problem(("backends", name, "options", *deep), said)]
                     del backends[name]
-        return data
-
-    def _deep_problem(self, loc: tuple[str | int, ...]) -> Problem:
-        problem = self.error(
-            loc, f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
-        )
-        self.found.problems.append(problem)
-        return problem
-
-    def _validate(
-        self, data: dict[str, Any], model: type[Manifest]
-    ) -> tuple[Manifest | None, dict[str, list[Problem]]]:
-        """The validated document, or ``None`` and each broken backend's problems."""
-        from pydantic import ValidationError
-
-        from .schema import describe, error_loc
-
-        # Left out for nesting too deeply: broken, and already reported.
-        broken = {name: [problem] for name, problem in self.too_deep.items()}
         try:
-            return model.model_validate(data), broken
+            header = manifest = Manifest.model_validate(data)
         except ValidationError as exc:
+            manifest = None
             items = exc.errors(include_url=False, include_context=True, include_input=True)
             for number, item in enumerate(items):
                 loc = tuple(item["loc"])
                 if number < MAX_PROBLEMS:
-                    problem = self.error(error_loc(item), describe(item, loc))
-                    self.found.problems.append(problem)
+                    problem = self.problem(error_loc(item), describe(item, loc))
                 elif number == MAX_PROBLEMS:
                     more = len(items) - MAX_PROBLEMS
-                    first = self.error(error_loc(item), "")
-                    problem = Problem(
-                        f"and {more} more problems; fix those above first",
-                        path=first.path,
-                        line=first.line,
-                        key=first.key,
-                        also=more - 1,
-                    )
-                    self.found.problems.append(problem)
+                    said = f"and {more} more problems; fix those above first"
+                    problem = self.problem(error_loc(item), said, also=more - 1)
                 if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
                     broken.setdefault(loc[1], []).append(problem)
-            return None, broken
+            # The document's own keys where they are valid, without its backends.
+            wrong = {item["loc"][0] for item in items if item["loc"]}
+            header = Manifest.model_validate(
+                {k: v for k, v in data.items() if k != "backends" and k not in wrong}
+            )
+        self._header(header)
+        if isinstance(raw_backends, dict):
+            valid = {} if manifest is None else manifest.backends
+            self._backends(raw_backends, valid, broken, tuple(header.python_path))
 
-    def _salvage_header(self, data: dict[str, Any], keys: tuple[str, ...]) -> Manifest:
-        """The document's own keys where they are valid, without its backends."""
-        from pydantic import ValidationError
+    def _header(self, header: Manifest) -> None:
+        """The plugin rules and the default a document declares."""
+        for field in ("allow", "deny"):
+            names = getattr(header.plugins, field, None)
+            if names is not None and (names or field == "allow"):
+                key = (*self.prefix, "plugins", field)
+                line = self.lines.line_of(key)
+                self.found.rules.append(PluginRule.of(field, names, toml_key(key), self.path, line))
+        if header.default is not None:
+            key = (*self.prefix, "default")
+            self.found.default = DefaultDeclaration(
+                header.default, self.path, self.lines.line_of(key), toml_key(key)
+            )
 
-        from .schema import Manifest
-
-        values: dict[str, Any] = {}
-        for key in keys:
-            if key in data:
-                try:
-                    Manifest.model_validate({key: data[key]})
-                except ValidationError:
-                    continue
-                values[key] = data[key]
-        return Manifest.model_validate(values)
-
-    def _definitions(
+    def _backends(
         self,
         raw_backends: dict[str, Any],
-        manifest: Manifest | None,
+        valid: dict[str, BackendEntry],
         broken: dict[str, list[Problem]],
-        paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
+        written_path: tuple[str, ...],
     ) -> None:
+        from .._definition import ATOL, RTOL
         from .schema import BackendEntry
 
+        # Relative to the real file: a link to a manifest must not make its code
+        # come from the folder the link is in.
+        base = os.path.dirname(os.path.realpath(self.path))
+        folders = (os.path.normpath(os.path.join(base, p)) for p in written_path)
+        python_path = tuple(dict.fromkeys(folders))
+        # The manifest's own folder is searched last, whatever python-path says: a module
+        # beside the manifest is found from any working folder, as a script's is.
+        search_path = (*(f for f in python_path if f != base), base)
         seen: dict[str, str] = {}
         for name, raw in raw_backends.items():
-            source = Source(
-                self.kind,
-                path=self.path,
-                line=self.lines.line_of((*self.prefix, "backends", str(name))),
-            )
+            table = (*self.prefix, "backends", name)
+            source = Source(self.kind, path=self.path, line=self.lines.line_of(table))
             problems = broken.get(name)
             if problems:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problems[0]))
                 continue
-            entry = (
-                manifest.backends[name]
-                if manifest is not None
-                else BackendEntry.model_validate(raw)
-            )
+            # Where the document as a whole is not valid, each valid table is validated alone.
+            entry = valid.get(name) or BackendEntry.model_validate(raw)
             problem = self._alias_problem(name, entry, raw_backends, seen)
             if problem is not None:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problem))
                 continue
-            lines = self._key_lines(name, raw)
-            self.found.definitions.append(_definition(name, source, entry, paths, lines))
-            for device in entry.by_device or ():
+            verify = None
+            if entry.verify != "none":  # doctor's tolerances unless given
+                rtol = RTOL if entry.rtol is None else entry.rtol
+                verify = (entry.verify, rtol, ATOL if entry.atol is None else entry.atol)
+            by_device = entry.by_device
+            definition = BackendDefinition(
+                name,
+                source,
+                target=entry.target,
+                chain=tuple(entry.chain) if entry.chain is not None else None,
+                # As pairs, ``other`` last: the one asked when no device type matches.
+                by_device=None
+                if by_device is None
+                else tuple(sorted(by_device.items(), key=lambda pair: pair[0] == "other")),
+                tags=tuple(entry.tags),
+                description=entry.description,
+                aliases=tuple(entry.aliases),
+                requires=tuple(entry.requires),
+                options=MappingProxyType(entry.options) if entry.options else EMPTY,
+                enabled=entry.enabled,
+                python_path=python_path,
+                search_path=search_path,
+                written_path=written_path,
+                skip_known_failures=entry.skip_known_failures,
+                verify=verify,
+                distribution=entry.distribution,
+                lines=MappingProxyType(self._key_lines(table, raw)),
+            )
+            self.found.definitions.append(definition)
+            for device in by_device or ():
                 self._known_device(name, device)
 
-    def _key_lines(self, name: str, raw: object) -> dict[str, int]:
+    def _key_lines(self, table: tuple[str, ...], raw: dict[str, Any]) -> dict[str, int]:
         """The line of each key of a backend's table, and of each key one level inside it
         (an option, a device type), by the key as TOML writes it relative to the table."""
         lines: dict[str, int] = {}
         # And the manifest's python-path, which each of its backends searches (no key of a
         # backend's table has that name).
-        searched = self.lines.line_of((*self.prefix, "python-path"))
-        if searched is not None and (*self.prefix, "python-path") in self.lines:
-            lines["python-path"] = searched
-        table = (*self.prefix, "backends", name)
-        for key, value in raw.items() if isinstance(raw, dict) else ():
-            below = value.items() if isinstance(value, dict) else ()
-            for parts in [(key,), *((key, inner) for inner, _v in below)]:
+        if (*self.prefix, "python-path") in self.lines:
+            lines["python-path"] = self.lines[(*self.prefix, "python-path")]
+        for key, value in raw.items():
+            inside = value if isinstance(value, dict) else ()
+            for parts in [(key,), *((key, inner) for inner in inside)]:
                 line = self.lines.line_of((*table, *parts))
                 if line is not None:
                     lines[toml_key(parts)] = line
@@ -345,22 +306,15 @@ class _Validation:
 
         close = {"gpu": ["cuda"]}.get(device) or difflib.get_close_matches(device, DEVICE_TYPES, 1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        keys = (*self.prefix, "backends", name, "by-device", device)
-        said = (
+        self.problem(
+            ("backends", name, "by-device", device),
             f"device type {device!r} is not one PyTorch names, so no graph will be on it;"
-            f" {hint}(an extension's own device type is fine as written)"
-        )
-        line = self.lines.line_of(keys)
-        self.found.problems.append(
-            Problem(said, path=self.path, line=line, key=toml_key(keys), severity="warning")
+            f" {hint}(an extension's own device type is fine as written)",
+            severity="warning",
         )
 
     def _alias_problem(
-        self,
-        name: str,
-        entry: BackendEntry,
-        raw_backends: dict[str, Any],
-        seen: dict[str, str],
+        self, name: str, entry: BackendEntry, raw_backends: dict[str, Any], seen: dict[str, str]
     ) -> Problem | None:
         """A name or alias used twice in this file is a problem at the later alias, each
         such alias named."""
@@ -375,56 +329,10 @@ class _Validation:
             seen.setdefault(alias, name)
         if not clashes:
             return None
-        problem = self.error(
+        return self.problem(
             ("backends", name, "aliases"),
             f"{'; '.join(clashes)} in this file; each name and alias must be unique",
         )
-        self.found.problems.append(problem)
-        return problem
-
-
-def _definition(
-    name: str,
-    source: Source,
-    entry: BackendEntry,
-    paths: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
-    lines: dict[str, int],
-) -> BackendDefinition:
-    """The definition of one validated table; ``paths`` are its manifest's ``python-path``
-    folders, the folders its lookups search, and ``python-path`` as written."""
-    return BackendDefinition(
-        name,
-        source,
-        target=entry.target,
-        chain=tuple(entry.chain) if entry.chain is not None else None,
-        # As pairs, ``other`` last: the one asked when no device type matches.
-        by_device=None
-        if entry.by_device is None
-        else tuple(sorted(entry.by_device.items(), key=lambda pair: pair[0] == "other")),
-        tags=tuple(entry.tags),
-        description=entry.description,
-        aliases=tuple(entry.aliases),
-        requires=tuple(entry.requires),
-        options=MappingProxyType(entry.options) if entry.options else EMPTY,
-        enabled=entry.enabled,
-        python_path=paths[0],
-        search_path=paths[1],
-        written_path=paths[2],
-        skip_known_failures=entry.skip_known_failures,
-        verify=_verify(entry),
-        distribution=entry.distribution,
-        lines=MappingProxyType(lines),
-    )
-
-
-def _verify(entry: BackendEntry) -> tuple[str, float, float] | None:
-    """How a chain checks its members: a level and tolerances (doctor's unless given)."""
-    if entry.verify == "none":
-        return None
-    from .._definition import ATOL, RTOL
-
-    rtol = RTOL if entry.rtol is None else entry.rtol
-    return entry.verify, rtol, ATOL if entry.atol is None else entry.atol
 
 
 def _too_deep(value: object) -> tuple[str | int, ...] | None:

@@ -1,5 +1,4 @@
-"""Where things are in a TOML text: the line of each table header and key (tomli gives
-none).
+"""Where things are in a TOML text: the line of each table header and key (tomli gives none).
 
 The scan follows TOML's structure (strings of the four kinds, arrays and inline
 tables spanning lines, comments), so that nothing inside a value is taken for a
@@ -32,7 +31,6 @@ _SIMPLE_ARRAY = re.compile(
     r"""[ \t]*\[(?:[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)[ \t]*,)*"""
     r"""[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)?[ \t]*\][ \t\r]*(?:#.*)?$"""
 )
-
 Path = tuple[str, ...]
 
 
@@ -111,10 +109,9 @@ class KeyLines:
 class TooManyKeys(Exception):
     """A text holds more key parts than the budget; ``line`` is where it ran out."""
 
-    def __init__(self, line: int, budget: int) -> None:
-        super().__init__(line, budget)
+    def __init__(self, line: int) -> None:
+        super().__init__(line)
         self.line = line
-        self.budget = budget
 
 
 def key_lines(text: str, budget: int | None = None) -> KeyLines:
@@ -132,7 +129,7 @@ def key_lines(text: str, budget: int | None = None) -> KeyLines:
         if budget is not None:
             spent += len(parts)
             if spent > budget:
-                raise TooManyKeys(number, budget)
+                raise TooManyKeys(number)
         if not under:  # a header, or a key before any header
             node = lines.add(parts, number)
             table, table_node = parts, node
@@ -185,13 +182,13 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
     or an inline table) are values, never keys or headers.
     """
     table: Path = ()
-    state = _State()
+    #: What is left open at the end of a line: arrays and tables, a multi-line string.
+    depth, string = 0, ""
     for number, line in enumerate(lines, start=1):
-        if state.depth or state.string:  # inside a value that spans lines
-            state.feed(line, 0)
+        if depth or string:  # inside a value that spans lines
+            depth, string = _feed(line, 0, depth, string)
             continue
-        stripped = line.lstrip(" \t")
-        if stripped[:1] == "[":
+        if line.lstrip(" \t")[:1] == "[":
             header = _HEADER_RE.match(line)
             if header:
                 table = _split_key(header.group(1))
@@ -202,68 +199,44 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
             yield number, table, _split_key(key.group(1))
             # Most values fit on their line; only these need the careful scan.
             if _MULTILINE_HINT.search(line, key.end()) and not _SIMPLE_ARRAY.match(line, key.end()):
-                state.feed(line, key.end())
-
-
-class _State:
-    """What is left open at the end of a line: a multi-line string, or arrays and tables."""
-
-    __slots__ = ("depth", "string")
-
-    def __init__(self) -> None:
-        self.depth = 0
-        #: The quotes of an open multi-line string, or "".
-        self.string = ""
-
-    @property
-    def open(self) -> bool:
-        return self.depth > 0 or bool(self.string)
-
-    def feed(self, line: str, i: int) -> None:
-        """Scan a value's text from ``line[i]`` to the end of the line."""
-        end = len(line)
-        while i < end:
-            if self.string:
-                i = self._in_multiline(line, i)
-                continue
-            token = _TOKEN.search(line, i)
-            if token is None:
-                return
-            text = token.group()
-            i = token.end()
-            if text in ("[", "{"):
-                self.depth += 1
-            elif text in ("]", "}"):
-                self.depth = max(self.depth - 1, 0)
-            elif text == "#":
-                return
-            elif text in ('"""', "'''"):
-                self.string = text
-            # else a one-line string, skipped whole (an unclosed one runs to the line's end)
-
-    def _in_multiline(self, line: str, i: int) -> int:
-        quotes = self.string
-        if quotes == "'''":
-            close = line.find(quotes, i)
-            if close == -1:
-                return len(line)
-        else:
-            close = _find_unescaped(line, i, quotes)
-            if close == -1:
-                return len(line)
-        # Up to two more quotes may end the string's content ('''a'''' holds a').
-        close += 3
-        extra = 0
-        while extra < 2 and line.startswith(quotes[0], close):
-            close += 1
-            extra += 1
-        self.string = ""
-        return close
+                depth, string = _feed(line, key.end(), 0, "")
 
 
 # What matters inside a value: brackets, comments, and strings (skipped whole),
 # the quotes of a multi-line string first.
 _TOKEN = re.compile(r"""\"\"\"|'''|"(?:[^"\\\n]|\\.)*"?|'[^'\n]*'?|[\[\]{}#]""")
+
+
+def _feed(line: str, i: int, depth: int, string: str) -> tuple[int, str]:
+    """Scan a value's text from ``line[i]`` to the end of the line, with ``depth`` arrays and
+    tables open and ``string`` the quotes of an open multi-line string (or ""): what is
+    left open after it."""
+    while i < len(line):
+        if string:
+            close = line.find(string, i) if string == "'''" else _find_unescaped(line, i, string)
+            if close == -1:
+                break
+            # Up to two more quotes may end the string's content ('''a'''' holds a').
+            i = close + 3
+            while i < close + 5 and line.startswith(string[0], i):
+                i += 1
+            string = ""
+            continue
+        token = _TOKEN.search(line, i)
+        if token is None:
+            break
+        text = token.group()
+        i = token.end()
+        if text in ("[", "{"):
+            depth += 1
+        elif text in ("]", "}"):
+            depth = max(depth - 1, 0)
+        elif text == "#":
+            break
+        elif text in ('"""', "'''"):
+            string = text
+        # else a one-line string, skipped whole (an unclosed one runs to the line's end)
+    return depth, string
 
 
 def _find_unescaped(line: str, i: int, quotes: str) -> int:

@@ -91,20 +91,26 @@ def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> fr
 _PARSING = ForkSafeLock()
 
 
-def _registering_files() -> list[str]:
-    """The files PyTorch's registry imports to register its own backends, as its
-    ``_lazy_import`` does: ``torch/_dynamo/backends/*.py`` and the minifier's backends."""
-    import importlib.util
-    import os
-
-    module = sys.modules.get("torch")
-    origin = getattr(module, "__file__", None)
+def _torch_origin() -> str | None:
+    """The ``__init__.py`` of the torch installed here, found without importing it."""
+    origin = getattr(sys.modules.get("torch"), "__file__", None)
     if not isinstance(origin, str):
+        import importlib.util
+
         try:
             origin = getattr(importlib.util.find_spec("torch"), "origin", None)
         except (ImportError, ValueError):
-            return []
-    if not isinstance(origin, str):
+            return None
+    return origin if isinstance(origin, str) else None
+
+
+def _registering_files() -> list[str]:
+    """The files PyTorch's registry imports to register its own backends, as its
+    ``_lazy_import`` does: ``torch/_dynamo/backends/*.py`` and the minifier's backends."""
+    import os
+
+    origin = _torch_origin()
+    if origin is None:
         return []
     dynamo = os.path.join(os.path.dirname(origin), "_dynamo")
     try:
@@ -126,56 +132,37 @@ def _registered_in(path: str) -> set[str]:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
         return set()
+
+    def called(node: ast.expr) -> str | None:
+        return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+
+    def keyword(node: ast.Call, name: str) -> ast.expr | None:
+        return next((k.value for k in node.keywords if k.arg == name), None)
+
+    def given(node: ast.Call) -> ast.expr | None:
+        return node.args[1] if len(node.args) > 1 else keyword(node, "name")
+
     registering = set(_REGISTERING)
     for node in ast.walk(tree):  # from .registry import register_backend as ...
         if isinstance(node, ast.ImportFrom):
             registering.update(a.asname for a in node.names if a.name in _REGISTERING and a.asname)
     names: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            for decorator in node.decorator_list:
-                if _called(decorator) in registering:
-                    given = _given_name(decorator)
-                    if given is not _UNKNOWN:
-                        names.add(given if isinstance(given, str) else node.name)
-        elif isinstance(node, ast.Call) and _called(node) in registering:
-            given = _given_name(node)
-            compiler = node.args[0] if node.args else _keyword(node, "compiler_fn")
-            if isinstance(given, str):
-                names.add(given)
-            elif given is None and isinstance(compiler, ast.Name):
-                names.add(compiler.id)  # register_backend(fn): the function's own name
+        if isinstance(node, ast.Call) and called(node.func) in registering:
+            name = given(node)  # a decorator's too: @register_backend(name="x")
+            fn = node.args[0] if node.args else keyword(node, "compiler_fn")
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                names.add(name.value)
+            elif name is None and isinstance(fn, ast.Name):
+                names.add(fn.id)  # register_backend(fn): the function's own name
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            for decorator in node.decorator_list:  # giving no name: the function's own
+                call = decorator if isinstance(decorator, ast.Call) else None
+                if called(call.func if call else decorator) in registering and (
+                    call is None or given(call) is None
+                ):
+                    names.add(node.name)
     return names
-
-
-#: A name given, but not as a string the source writes out.
-_UNKNOWN = object()
-
-
-def _called(node: ast.expr) -> str | None:
-    import ast
-
-    called = node.func if isinstance(node, ast.Call) else node
-    return called.attr if isinstance(called, ast.Attribute) else getattr(called, "id", None)
-
-
-def _keyword(node: ast.Call, name: str) -> ast.expr | None:
-    return next((k.value for k in node.keywords if k.arg == name), None)
-
-
-def _given_name(node: ast.expr) -> object:
-    """The name a registration gives: a string, ``None`` when it gives none, or
-    :data:`_UNKNOWN`."""
-    import ast
-
-    if not isinstance(node, ast.Call):
-        return None
-    value = node.args[1] if len(node.args) > 1 else _keyword(node, "name")
-    if value is None:
-        return None
-    if isinstance(value, ast.Constant) and isinstance(value.value, str):
-        return value.value
-    return _UNKNOWN
 
 
 #: The attribute that marks what this library put into PyTorch's registry (the
@@ -199,35 +186,21 @@ def torch_available() -> bool:
 def torch_version() -> str | None:
     """The installed PyTorch's version, as ``torch.__version__`` gives it, without importing
     torch or ``importlib.metadata``: from the ``version.py`` beside its ``__init__``."""
-    module = sys.modules.get("torch")
-    version = getattr(module, "__version__", None)
+    version = getattr(sys.modules.get("torch"), "__version__", None)
     if isinstance(version, str):
         return version
-    import importlib.util
     import os
     import re
 
-    try:
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
+    origin = _torch_origin()
+    if origin is None:
         return None
-    origin = getattr(spec, "origin", None)
-    if not isinstance(origin, str):
-        return None
-    try:
+    try:  # every build of PyTorch writes it
         with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
             found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(), re.MULTILINE)
     except OSError:
-        found = None
-    if found is not None:
-        return found.group(1)
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:  # a PyTorch laid out otherwise: its metadata says
-        return installed("torch")
-    except PackageNotFoundError:
         return None
+    return found.group(1) if found else None
 
 
 def public_version(version: str | None) -> str | None:
@@ -255,38 +228,24 @@ REGISTRY_MODULE = "torch._dynamo.backends.registry"
 DISPLACED: dict[str, Any] = {}
 
 
-def loaded_backends() -> dict[str, Any] | None:
-    """The backends PyTorch's registry has loaded, by name; ``None`` while torch.compile's
-    registry is not imported. A dict read: an entry point PyTorch knows of but has not
+def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
+    """What PyTorch's registry holds now, by name: what it has loaded, less ``entry_points``
+    and this library's stand-ins, with the registrations a stand-in displaced; ``None`` while
+    ``torch._dynamo`` is not imported. Dict reads: an entry point PyTorch knows of but has not
     loaded (a plugin since upgraded or removed, say) is neither loaded nor looked at."""
     module: Any = sys.modules.get(REGISTRY_MODULE)
     if module is None or not dynamo_imported():
         return None
     found = getattr(module, "_COMPILER_FNS", None)
-    if isinstance(found, dict):
-        return dict(found)
-    # Another layout: ask by name, each alone, for the names that are not entry points.
-    dynamo: Any = sys.modules.get("torch._dynamo")
-    loaded: dict[str, Any] = {}
-    try:
-        names = dynamo.list_backends(exclude_tags=())
-    except Exception:
-        return loaded
-    for name in names:
-        point = getattr(module, "_BACKENDS", {}).get(name)
-        if point is None:  # registered by code, not an entry point it would load now
-            with contextlib.suppress(Exception):
-                loaded[name] = dynamo.lookup_backend(name)
-    return loaded
-
-
-def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
-    """What PyTorch's registry holds now, by name: what it has loaded, less ``entry_points``
-    and this library's stand-ins, with the registrations a stand-in displaced; ``None`` while
-    ``torch._dynamo`` is not imported. Dict reads: nothing is loaded."""
-    found = loaded_backends()
-    if found is None:
-        return None
+    if not isinstance(found, dict):
+        # Another layout: ask by name, each alone, for the names that are not entry points.
+        dynamo: Any = sys.modules.get("torch._dynamo")
+        found = {}
+        with contextlib.suppress(Exception):
+            for name in dynamo.list_backends(exclude_tags=()):
+                if getattr(module, "_BACKENDS", {}).get(name) is None:  # registered by code
+                    with contextlib.suppress(Exception):
+                        found[name] = dynamo.lookup_backend(name)
     held = {
         name: fn
         for name, fn in found.items()
@@ -362,10 +321,7 @@ def missing_device(name: str) -> str | None:
         return None
     import torch
 
-    module = getattr(torch, device, None)
-    available = getattr(module, "is_available", None)
+    available = getattr(getattr(torch, device, None), "is_available", None)
     if callable(available) and available():
         return None
-    return (
-        f"needs a {device.upper() if len(device) <= 4 else device} device; none is available here"
-    )
+    return f"needs a {device.upper()} device; none is available here"

@@ -7,6 +7,7 @@ manifest is first validated, so ``import torch_backend_registry`` stays cheap.
 from __future__ import annotations
 
 import difflib
+import itertools
 import reprlib
 from typing import Annotated, Any, Literal
 
@@ -26,31 +27,10 @@ DISTRIBUTION_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 #: A device type as ``torch.device(...).type`` names it, or ``other``.
 DEVICE_PATTERN = r"^[a-z][a-z0-9_]*$"
 #: The device types PyTorch names (c10's DeviceType), and the best-known ones extensions add.
-DEVICE_TYPES = [
-    "cpu",
-    "cuda",
-    "xpu",
-    "mps",
-    "hip",
-    "meta",
-    "xla",
-    "lazy",
-    "hpu",
-    "mtia",
-    "maia",
-    "ipu",
-    "ve",
-    "fpga",
-    "vulkan",
-    "metal",
-    "mkldnn",
-    "opengl",
-    "opencl",
-    "ideep",
-    "privateuseone",
-    "npu",
-    "musa",
-]
+DEVICE_TYPES = """
+    cpu cuda xpu mps hip meta xla lazy hpu mtia maia ipu ve fpga vulkan metal mkldnn opengl
+    opencl ideep privateuseone npu musa
+    """.split()  # noqa: SIM905 - names to read, not a list to edit
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 ModuleName = Annotated[str, Field(pattern=MODULE_PATTERN)]
@@ -83,44 +63,28 @@ _TYPE_WORDS = {
 }
 
 
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
-
-
 #: What every table of a manifest shares: no unknown keys, no coercion, immutable,
 #: keys written in kebab-case.
-_TABLE = ConfigDict(extra="forbid", strict=True, frozen=True, alias_generator=_kebab)
+_TABLE = ConfigDict(
+    extra="forbid", strict=True, frozen=True, alias_generator=lambda name: name.replace("_", "-")
+)
+#: The keys that say what a backend runs: exactly one of them, or ``enabled = false``.
+_KINDS = ("target", "chain", "by-device", "distribution")
+_EXCLUSIVE = [*itertools.combinations(_KINDS, 2), ("chain", "options"), ("by-device", "options")]
+#: What BackendEntry._target_or_chain checks, said so that editors can check it too.
+_ONE_KIND: dict[str, Any] = {
+    "anyOf": [
+        *({"required": [kind]} for kind in _KINDS),
+        {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
+    ],
+    "not": {"anyOf": [{"required": list(pair)} for pair in _EXCLUSIVE]},
+}
 
 
 class BackendEntry(BaseModel):
     """One ``[backends.NAME]`` table."""
 
-    model_config = ConfigDict(
-        **_TABLE,
-        title="Backend",
-        # What _target_or_chain checks, said so editors can check it too.
-        json_schema_extra={
-            "anyOf": [
-                {"required": ["target"]},
-                {"required": ["chain"]},
-                {"required": ["by-device"]},
-                {"required": ["distribution"]},
-                {"required": ["enabled"], "properties": {"enabled": {"const": False}}},
-            ],
-            "not": {
-                "anyOf": [
-                    {"required": ["target", "chain"]},
-                    {"required": ["target", "by-device"]},
-                    {"required": ["target", "distribution"]},
-                    {"required": ["chain", "by-device"]},
-                    {"required": ["chain", "distribution"]},
-                    {"required": ["by-device", "distribution"]},
-                    {"required": ["chain", "options"]},
-                    {"required": ["by-device", "options"]},
-                ]
-            },
-        },
-    )
+    model_config = ConfigDict(**_TABLE, title="Backend", json_schema_extra=_ONE_KIND)
 
     target: Target | None = Field(
         default=None,
@@ -177,8 +141,7 @@ class BackendEntry(BaseModel):
 
     @model_validator(mode="after")
     def _target_or_chain(self) -> BackendEntry:
-        kinds = ("target", "chain", "by_device", "distribution")
-        given = [k.replace("_", "-") for k in kinds if getattr(self, k) is not None]
+        given = [k for k in _KINDS if getattr(self, k.replace("-", "_")) is not None]
         if self.enabled and not given:
             raise ValueError(
                 "needs 'target' (\"module.path:attribute\"), 'chain' (a list of backend"
@@ -251,10 +214,6 @@ class Manifest(BaseModel):
     )
 
 
-#: The document's own keys, as written (kebab-case), other than ``backends``.
-HEADER_KEYS = ("schema-version", "default", "python-path", "plugins")
-
-
 class _TomlJsonSchema(GenerateJsonSchema):
     """TOML has no null: an optional key is simply left out, so say nothing of null."""
 
@@ -297,7 +256,7 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     at = f"item {index}: " if index is not None else ""
     if kind == "extra_forbidden":
         key = str(loc[-1])
-        known = _fields_of(loc)
+        known = list(_fields(loc))
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
         return f"unknown key {key!r}; {hint}"
@@ -308,7 +267,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         what = "key" if "[key]" in loc else "value"
         return f"{at}invalid {what} {short(given)}: expected {_PATTERN_HINTS.get(pattern, pattern)}"
     if kind in _TYPE_WORDS:
-        return f"{at}expected {_TYPE_WORDS[kind]}, got {_toml_type(given)} {short(given)}"
+        toml_type = _TOML_TYPES.get(type(given), type(given).__name__)
+        return f"{at}expected {_TYPE_WORDS[kind]}, got {toml_type} {short(given)}"
     if kind == "value_error":
         return str(item["msg"]).removeprefix("Value error, ")
     if kind in ("less_than_equal", "greater_than_equal") and loc[-1] == "schema-version":
@@ -322,7 +282,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     if kind in ("too_short", "string_too_short"):
         return f"{at}must not be empty"
     if kind == "literal_error":
-        expected = [str(v) for v in getattr(_field(loc), "__args__", ())]
+        key = next(part for part in reversed(loc) if isinstance(part, str))
+        expected = [str(v) for v in getattr(_fields(loc).get(key), "__args__", ())]
         close = difflib.get_close_matches(str(given), expected, n=1, cutoff=0.6)
         hint = (
             f"did you mean {close[0]!r}?"
@@ -333,44 +294,26 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     return f"{at}{item['msg']}"
 
 
-def _field(loc: tuple[str | int, ...]) -> Any:
-    """The declared type of the key at ``loc`` (a ``Literal`` names its values)."""
-    model = _model_of(loc)
-    key = str(next((part for part in reversed(loc) if isinstance(part, str)), ""))
-    for name, field in model.model_fields.items():
-        if key in (name, field.alias):
-            return field.annotation
-    return None
-
-
-def _model_of(loc: tuple[str | int, ...]) -> type[BaseModel]:
+def _fields(loc: tuple[str | int, ...]) -> dict[str, Any]:
+    """The keys of the table the key at ``loc`` stands in, as written, and their types."""
     strings = [part for part in loc if isinstance(part, str)]
+    model: type[BaseModel] = Manifest
     if len(strings) >= 3 and strings[0] == "backends":
-        return BackendEntry
-    if len(strings) >= 2 and strings[0] == "plugins":
-        return Plugins
-    return Manifest
+        model = BackendEntry
+    elif len(strings) >= 2 and strings[0] == "plugins":
+        model = Plugins
+    return {field.alias or name: field.annotation for name, field in model.model_fields.items()}
 
 
-def _fields_of(loc: tuple[str | int, ...]) -> list[str]:
-    model = _model_of(loc)
-    return [field.alias or name for name, field in model.model_fields.items()]
-
-
-def _toml_type(value: object) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "table"
-    return type(value).__name__
+#: The parsed value's type, as TOML names it.
+_TOML_TYPES = {
+    bool: "boolean",
+    int: "integer",
+    float: "float",
+    str: "string",
+    list: "array",
+    dict: "table",
+}
 
 
 class _TomlRepr(reprlib.Repr):
