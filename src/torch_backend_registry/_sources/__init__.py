@@ -225,9 +225,7 @@ def replaced_table(manifest: str) -> Problem | None:
 def near_table(pyproject: str) -> str | None:
     """The ``[tool.X]`` table of a ``pyproject.toml`` that looks like a misspelt
     ``[tool.torch-backends]`` (``torch_backends``, ``torch-backend``), or ``None``."""
-    import difflib
-
-    from .._errors import ManifestError
+    from .._errors import ManifestError, closest
     from .files import Untrusted, parse_toml, read_text
 
     try:
@@ -236,7 +234,7 @@ def near_table(pyproject: str) -> str | None:
         return None
     tables = data.get("tool")
     names = [str(n) for n in tables] if isinstance(tables, dict) else []
-    close = difflib.get_close_matches("torch-backends", names, n=1, cutoff=0.8)
+    close = closest("torch-backends", names, cutoff=0.8)
     return f"[tool.{close[0]}]" if close and close[0] != "torch-backends" else None
 
 

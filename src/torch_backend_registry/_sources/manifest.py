@@ -15,7 +15,7 @@ from .._definition import (
     Problem,
     Source,
 )
-from .._errors import ManifestError
+from .._errors import ManifestError, closest
 from .._keys import table_prefix, toml_key
 from .files import Untrusted, parse_toml, read_text
 
@@ -302,9 +302,7 @@ class _Validation(NamedTuple):
 
         if device == "other" or device in DEVICE_TYPES:
             return
-        import difflib
-
-        close = {"gpu": ["cuda"]}.get(device) or difflib.get_close_matches(device, DEVICE_TYPES, 1)
+        close = {"gpu": ["cuda"]}.get(device) or closest(device, DEVICE_TYPES)
         hint = f"did you mean {close[0]!r}? " if close else ""
         self.problem(
             ("backends", name, "by-device", device),

@@ -6,7 +6,6 @@ manifest is first validated, so ``import torch_backend_registry`` stays cheap.
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import reprlib
 from typing import Annotated, Any, Literal
@@ -14,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
+
+from .._errors import closest
 
 SCHEMA_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -257,7 +258,7 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     if kind == "extra_forbidden":
         key = str(loc[-1])
         known = list(_fields(loc))
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        close = closest(key, known)
         hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
         return f"unknown key {key!r}; {hint}"
     if kind == "missing":
@@ -284,7 +285,7 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     if kind == "literal_error":
         key = next(part for part in reversed(loc) if isinstance(part, str))
         expected = [str(v) for v in getattr(_fields(loc).get(key), "__args__", ())]
-        close = difflib.get_close_matches(str(given), expected, n=1, cutoff=0.6)
+        close = closest(str(given), expected)
         hint = (
             f"did you mean {close[0]!r}?"
             if close
