@@ -85,8 +85,6 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
     and a symbolic link is judged by the file it points to and the folder holding
     that file.
     """
-    from .positions import key_at, physical_lines
-
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -123,6 +121,8 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
         # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        from .positions import key_at, physical_lines
+
         lines = physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
         line = data[: exc.start].count(b"\n") + 1
         raise ManifestError(
