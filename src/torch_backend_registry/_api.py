@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 from . import _registry
+from ._cluster import DEFAULT_TIMEOUT as CLUSTER_TIMEOUT
 from ._doctor.options import DEFAULT_TIMEOUT
 from ._registry import DEFAULT_EXCLUDE_TAGS
 
@@ -172,7 +173,10 @@ def fingerprint(registry: Registry | None = None) -> str:
 
 
 def verify_consistent(
-    group: Any = None, timeout: float | timedelta = 60.0, *, registry: Registry | None = None
+    group: Any = None,
+    timeout: float | timedelta = CLUSTER_TIMEOUT,
+    *,
+    registry: Registry | None = None,
 ) -> str:
     """Check, over torch.distributed, that every rank resolves names alike.
 
