@@ -306,6 +306,25 @@ def test_a_fifo_at_an_entrys_name_does_not_block(tmp_path: Path, write: WriteFn)
     assert again.stdout == first.stdout
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
+def test_a_folder_at_an_entrys_name_leaves_no_file_open(tmp_path: Path, write: WriteFn) -> None:
+    # A long-lived process reads the cache at every refresh: a folder where an entry
+    # belongs is no entry, and must not cost it a file descriptor each time.
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    registry = Registry(cwd=tmp_path / "proj", environ={}, sources=("project",))
+    assert registry.list_backends() == ["good"]
+    entries = cache_files()
+    assert entries
+    for entry in entries:
+        entry.unlink()
+        entry.mkdir(mode=0o700)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        registry.refresh()
+        assert registry.list_backends() == ["good"]
+    assert len(os.listdir("/proc/self/fd")) - before < 5
+
+
 @pytest.mark.parametrize(
     "environ",
     [{"XDG_CACHE_HOME": "relative/cache"}, {"XDG_CACHE_HOME": "", "HOME": ""}],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -535,3 +536,31 @@ for name in ("brand_new", "debug_new", "by_call", "by_call_positional", "by_call
             "inductor registered",
         ]
     )
+
+
+def test_a_load_error_names_the_pytorch_installed_here_without_its_version_py(
+    tmp_path: Path,
+) -> None:
+    # A PyTorch installed without its sources (byte code only, as slimmed images ship it),
+    # not imported here: its version is what its metadata says.
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("raise ImportError('not imported')\n")
+    info = site / "torch-9.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.1.0\n")
+    (tmp_path / "broken_ext.py").write_text(
+        "raise ImportError('_C.so: undefined symbol: _ZN3c1017RegisterOperators')\n"
+    )
+    (tmp_path / "backends.toml").write_text('[backends.ext]\ntarget = "broken_ext:compile"\n')
+    code = f"""
+import torch_backend_registry as tbr
+registry = tbr.Registry(cwd={str(tmp_path)!r}, environ={{}}, sources=("project",))
+try:
+    registry.lookup_backend("ext")
+except tbr.BackendLoadError as exc:
+    print(exc)
+"""
+    path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    said = run_python(code, env={"PYTHONPATH": path}).stdout
+    assert "built for another PyTorch than the one installed here (9.1.0)" in said, said

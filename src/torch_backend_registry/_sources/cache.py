@@ -68,7 +68,8 @@ class Cache:
             return None
         path, name = self._entry(kind, key)
         try:
-            with open(os.open(path, _OPEN), "rb") as handle:
+            # Through an opener, so that open() closes the file it refuses (a folder).
+            with open(path, "rb", opener=lambda path, _: os.open(path, _OPEN)) as handle:
                 info = os.fstat(handle.fileno())
                 if not _ours(info, entry=True) or info.st_size > _MAX_ENTRY:
                     return None

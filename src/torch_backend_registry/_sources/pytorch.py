@@ -185,7 +185,8 @@ def torch_available() -> bool:
 @functools.cache  # one process runs one PyTorch
 def torch_version() -> str | None:
     """The installed PyTorch's version, as ``torch.__version__`` gives it, without importing
-    torch or ``importlib.metadata``: from the ``version.py`` beside its ``__init__``."""
+    torch: from the ``version.py`` beside its ``__init__``, else (a PyTorch laid out
+    otherwise) from its metadata."""
     version = getattr(sys.modules.get("torch"), "__version__", None)
     if isinstance(version, str):
         return version
@@ -195,12 +196,20 @@ def torch_version() -> str | None:
     origin = _torch_origin()
     if origin is None:
         return None
-    try:  # every build of PyTorch writes it
+    try:
         with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
             found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(), re.MULTILINE)
-    except OSError:
+    except OSError:  # installed as byte code only, or from a zip: its metadata says
+        found = None
+    if found is not None:
+        return found.group(1)
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("torch")
+    except PackageNotFoundError:
         return None
-    return found.group(1) if found else None
 
 
 def public_version(version: str | None) -> str | None:
