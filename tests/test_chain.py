@@ -165,6 +165,26 @@ def test_a_table_by_device_compiles_with_the_cpus_backend(
     assert f"backend 'portable{uid}': compiled with 'fine{uid}'" in logged
 
 
+def test_a_composite_backend_says_what_it_runs(write: WriteFn, members: str) -> None:
+    # What lookup_backend gives a caller: a chain's members in order, a table's devices.
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.auto_UID]
+        by-device = {{ cpu = "portable_UID", other = "eager" }}
+        [backends.portable_UID]
+        chain = ["missing_here_UID", "fine_UID"]
+        [backends.fine_UID]
+        target = "{members}:fine"
+        """,
+    )
+    chain: Any = registry.lookup_backend(f"portable{uid}")
+    table: Any = registry.lookup_backend(f"auto{uid}")
+    assert chain.members == (f"missing_here{uid}", f"fine{uid}")
+    assert table.table == {"cpu": f"portable{uid}", "other": "eager"}
+    assert (chain.used, table.used) == (None, None)
+
+
 def test_no_backend_for_the_device_names_the_device_and_the_line(
     write: WriteFn, members: str
 ) -> None:

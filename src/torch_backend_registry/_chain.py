@@ -64,7 +64,12 @@ class ChainBackend(_Composite):
         self._known_failure = known_failure
 
     def __repr__(self) -> str:
-        return f"<fallback chain {self.__name__!r}: {' -> '.join(self.definition.members)}>"
+        return f"<fallback chain {self.__name__!r}: {' -> '.join(self.members)}>"
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The backends it tries, in order (callers read it, as ``used``)."""
+        return self.definition.members
 
     def _skip(self, member: str) -> tuple[str, Severity] | None:
         """Why ``member`` is skipped before compiling, and how loudly; ``None`` to try it."""
@@ -84,7 +89,7 @@ class ChainBackend(_Composite):
         name, verify = self.__name__, self.definition.verify
         failures: list[tuple[str, str]] = []
         reference: Reference | None = None
-        for member in self.definition.members:
+        for member in self.members:
             skipped = self._skip(member)
             compiler = None
             if skipped is None:
@@ -174,12 +179,17 @@ class DeviceBackend(_Composite):
     graph (as ``torch.device(...).type`` names it), ``other`` for any not listed."""
 
     def __repr__(self) -> str:
-        table = ", ".join(f"{device} -> {name}" for device, name in self.definition.by_device or ())
+        table = ", ".join(f"{device} -> {name}" for device, name in self.table.items())
         return f"<by-device backend {self.__name__!r}: {table}>"
+
+    @property
+    def table(self) -> dict[str, str]:
+        """The backend of each device type (callers read it, as ``used``)."""
+        return dict(self.definition.by_device or ())
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         device = device_type(gm, example_inputs)
-        table = dict(self.definition.by_device or ())
+        table = self.table
         member = table.get(device, table.get("other"))
         if member is None:
             from ._errors import ManifestError
