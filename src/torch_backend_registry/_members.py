@@ -34,7 +34,7 @@ def unknown_members(index: Index) -> dict[str, Problem]:
         what = f"{_what(definition)} {definition.name!r}"
         are = "is" if len(unknown) == 1 else "are"
         said = f"{what} names {', '.join(map(repr, unknown))}, which {are}"
-        typos = {m: close[0] for m in unknown if (close := _typo_of(m, index.known()))}
+        typos = {m: close[0] for m in unknown if (close := _typo_of(m, index.known))}
         meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
         guess = f" (did you mean {meant}?)" if meant else ""
         dead = index.all_members_missing(definition)
