@@ -30,7 +30,6 @@ def toml_key(parts: tuple[str, ...]) -> str:
 
 
 def _escaped(char: str) -> str:
-    """A character of a quoted key part, escaped as a TOML basic string needs."""
     if char in '"\\':
         return "\\" + char
     if char.isprintable():

@@ -34,7 +34,7 @@ def unknown_members(index: Index) -> dict[str, Problem]:
         what = f"{_what(definition)} {definition.name!r}"
         are = "is" if len(unknown) == 1 else "are"
         said = f"{what} names {', '.join(map(repr, unknown))}, which {are}"
-        typos = {m: close[0] for m in unknown if (close := _typo_of(m, index.known))}
+        typos = {m: close for m in unknown if (close := _typo_of(m, index.known))}
         meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
         guess = f" (did you mean {meant}?)" if meant else ""
         dead = index.all_members_missing(definition)
@@ -107,13 +107,13 @@ def chain_problems(index: Index) -> dict[str, Problem]:
     return problems
 
 
-def _typo_of(name: str, known: Sequence[str]) -> list[str]:
+def _typo_of(name: str, known: Sequence[str]) -> str | None:
     """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
     added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
     close = closest(name, known, cutoff=0.8)
     if close:
-        return close
-    return [k for k in known if len(name) >= 3 and _one_edit(name, k)][:1]
+        return close[0]
+    return next((k for k in known if len(name) >= 3 and _one_edit(name, k)), None)
 
 
 def _one_edit(a: str, b: str) -> bool:

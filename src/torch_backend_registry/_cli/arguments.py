@@ -86,7 +86,6 @@ def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole grammar: every command, option and help text."""
     # Global options are accepted before and after the command, as users type them;
     # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
     common = argparse.ArgumentParser(add_help=False, formatter_class=_FORMAT)
