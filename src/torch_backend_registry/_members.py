@@ -78,24 +78,23 @@ def chain_problems(index: Index) -> dict[str, Problem]:
     for start in chains:
         if start in depth:
             continue
-        # Iterative depth-first search: on the path, or a depth once done.
-        path = [start]
-        on_path = {start}
+        # Iterative depth-first search: on the path, or a depth once done. The path is
+        # a dict: in order, and searched in constant time.
+        path = {start: None}
         todo = [iter(inner[start])]
         while todo:
             member = next(todo[-1], None)
             if member is None:
-                done = path.pop()
-                on_path.discard(done)
+                done, _ = path.popitem()
                 todo.pop()
                 depth[done] = 1 + max((depth.get(m, 0) for m in inner[done]), default=0)
-            elif member in on_path:
-                loop = [*path[path.index(member) :], member]
+            elif member in path:
+                names = list(path)
+                loop = [*names[names.index(member) :], member]
                 for name in set(loop):
                     problems.setdefault(name, _loop_error(chains[name], loop, name))
             elif member not in depth:
-                path.append(member)
-                on_path.add(member)
+                path[member] = None
                 todo.append(iter(inner[member]))
     for name, levels in depth.items():
         if levels > MAX_CHAIN_DEPTH and name not in problems:
