@@ -156,7 +156,6 @@ _PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
 def warn_problem(problem: Problem) -> None:
-    """Say a problem found while discovering as a :class:`ManifestWarning`."""
     said = str(problem)
     # An error of a backend's table leaves that backend out (the others stay): said, since
     # the message itself says what is wrong and what would be right.

@@ -40,15 +40,14 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         facts["version"] = source.version or ""
     if definition.skip_known_failures:
         facts["skip-known-failures"] = True
-    fn = definition.compiler_fn
-    if fn is not None and source.kind != "torch":
-        described = callable_facts(fn)
-        if described != definition.target:  # a partial, a callable object: what it holds
-            facts["callable"] = described
     if source.kind == "torch":
         from ._sources.pytorch import public_version
 
         facts["torch"] = public_version(torch_version) or ""
+    elif definition.compiler_fn is not None:
+        described = callable_facts(definition.compiler_fn)
+        if described != definition.target:  # a partial, a callable object: what it holds
+            facts["callable"] = described
     return facts
 
 
@@ -82,17 +81,11 @@ def identity(index: Index, definition: BackendDefinition, torch_version: str | N
 def registry_facts(index: Index, torch_version: str | None) -> Facts:
     """``{"backends": {name: own facts}, "aliases": {alias: name}}`` for every usable name,
     and the ``"default"`` where one is set."""
-    backends: Facts = {}
-    aliases: dict[str, str] = {}
-    for key in sorted(index.by_key):
-        definition = index.get(key)
-        if definition is None:
-            continue
-        if key == definition.name:
-            backends[key] = own_facts(definition, torch_version)
-        else:
-            aliases[key] = definition.name
-    facts: Facts = {"backends": backends, "aliases": aliases}
+    resolved = {key: d for key in sorted(index.by_key) if (d := index.get(key)) is not None}
+    facts: Facts = {
+        "backends": {k: own_facts(d, torch_version) for k, d in resolved.items() if k == d.name},
+        "aliases": {k: d.name for k, d in resolved.items() if k != d.name},
+    }
     if index.default is not None:
         facts["default"] = index.default.name
     return facts

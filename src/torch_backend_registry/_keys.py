@@ -24,20 +24,14 @@ def toml_key(parts: tuple[str, ...]) -> str:
     override) from breaking the one line an error is printed on.
     """
     return ".".join(
-        part if part and BARE_KEY_CHARS.issuperset(part) else _quote(part) for part in parts
+        part if part and BARE_KEY_CHARS.issuperset(part) else f'"{"".join(map(_escaped, part))}"'
+        for part in parts
     )
 
 
-def _quote(part: str) -> str:
-    out = ['"']
-    for char in part:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char.isprintable():
-            out.append(char)
-        elif ord(char) <= 0xFFFF:
-            out.append(f"\\u{ord(char):04X}")
-        else:
-            out.append(f"\\U{ord(char):08X}")
-    out.append('"')
-    return "".join(out)
+def _escaped(char: str) -> str:
+    if char in '"\\':
+        return "\\" + char
+    if char.isprintable():
+        return char
+    return f"\\u{ord(char):04X}" if ord(char) <= 0xFFFF else f"\\U{ord(char):08X}"

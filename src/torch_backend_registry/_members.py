@@ -34,7 +34,7 @@ def unknown_members(index: Index) -> dict[str, Problem]:
         what = f"{_what(definition)} {definition.name!r}"
         are = "is" if len(unknown) == 1 else "are"
         said = f"{what} names {', '.join(map(repr, unknown))}, which {are}"
-        typos = {m: close[0] for m in unknown if (close := _typo_of(m, index.known()))}
+        typos = {m: close for m in unknown if (close := _typo_of(m, index.known))}
         meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
         guess = f" (did you mean {meant}?)" if meant else ""
         dead = index.all_members_missing(definition)
@@ -78,24 +78,23 @@ def chain_problems(index: Index) -> dict[str, Problem]:
     for start in chains:
         if start in depth:
             continue
-        # Iterative depth-first search: on the path, or a depth once done.
-        path = [start]
-        on_path = {start}
+        # Iterative depth-first search: on the path, or a depth once done. The path is
+        # a dict: in order, and searched in constant time.
+        path = {start: None}
         todo = [iter(inner[start])]
         while todo:
             member = next(todo[-1], None)
             if member is None:
-                done = path.pop()
-                on_path.discard(done)
+                done, _ = path.popitem()
                 todo.pop()
                 depth[done] = 1 + max((depth.get(m, 0) for m in inner[done]), default=0)
-            elif member in on_path:
-                loop = [*path[path.index(member) :], member]
+            elif member in path:
+                names = list(path)
+                loop = [*names[names.index(member) :], member]
                 for name in set(loop):
                     problems.setdefault(name, _loop_error(chains[name], loop, name))
             elif member not in depth:
-                path.append(member)
-                on_path.add(member)
+                path[member] = None
                 todo.append(iter(inner[member]))
     for name, levels in depth.items():
         if levels > MAX_CHAIN_DEPTH and name not in problems:
@@ -107,13 +106,13 @@ def chain_problems(index: Index) -> dict[str, Problem]:
     return problems
 
 
-def _typo_of(name: str, known: Sequence[str]) -> list[str]:
+def _typo_of(name: str, known: Sequence[str]) -> str | None:
     """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
     added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
     close = closest(name, known, cutoff=0.8)
     if close:
-        return close
-    return [k for k in known if len(name) >= 3 and _one_edit(name, k)][:1]
+        return close[0]
+    return next((k for k in known if len(name) >= 3 and _one_edit(name, k)), None)
 
 
 def _one_edit(a: str, b: str) -> bool:

@@ -23,6 +23,8 @@ The rules, in one place:
 
 from __future__ import annotations
 
+import functools
+
 from ._definition import BackendDefinition, BackendInfo, Discovery, Problem
 from ._errors import ManifestError, UnknownBackendError, closest
 from ._members import chain_problems, unknown_members
@@ -51,7 +53,6 @@ class Index:
         #: Entry points admitted by an allow list over a lower deny, by name: which rule decided.
         self.admitted: dict[str, str] = {}
         # Derived once, on first need: the index never changes after merge().
-        self._known: list[str] | None = None
         self._chain_problems: dict[str, Problem] | None = None
 
     # ------------------------------------------------------------------ resolving
@@ -80,20 +81,16 @@ class Index:
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
-        seen = {key}
-        name = key
-        while True:
-            candidates = self.by_key.get(name)
+        seen = set()
+        while key not in seen:  # aliases may name each other across sources
+            seen.add(key)
+            candidates = self.by_key.get(key)
             if not candidates:
                 return None
-            top = candidates[0]
-            if top.name == name:
-                return top
-            # An alias: whatever its canonical name resolves to.
-            name = top.name
-            if name in seen:  # aliases that name each other across sources
-                return None
-            seen.add(name)
+            if candidates[0].name == key:
+                return candidates[0]
+            key = candidates[0].name  # an alias: whatever its canonical name resolves to
+        return None
 
     def get(self, key: str) -> BackendDefinition | None:
         """The usable definition ``key`` resolves to, or ``None``."""
@@ -119,21 +116,21 @@ class Index:
         """Whether ``name`` is one of PyTorch's, which this index did not read."""
         return not self.torch_read and name in self.pytorch
 
+    @functools.cached_property
     def known(self) -> list[str]:
         """Every name that resolves, PyTorch's among them (read or not): what a
         misspelt name may have meant."""
-        if self._known is None:
-            self._known = [key for key in self.by_key if self.get(key) is not None]
-            if not self.torch_read:
-                self._known += sorted(self.pytorch - set(self._known))
-        return self._known
+        known = [key for key in self.by_key if self.get(key) is not None]
+        if not self.torch_read:
+            known += sorted(self.pytorch - set(known))
+        return known
 
     def unknown(self, name: str, note: str = "") -> UnknownBackendError:
         errors = sum(p.severity == "error" for p in self.problems)
         if not note and errors:
             # The name may live in a manifest that could not be read.
             note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
-        suggestions = closest(name, self.known(), n=3)
+        suggestions = closest(name, self.known, n=3)
         return UnknownBackendError(name, suggestions, note=note)
 
     # ----------------------------------------------------------------- validating

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command; return its exit code."""
     import warnings
 
     from .._errors import ManifestWarning

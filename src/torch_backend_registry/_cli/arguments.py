@@ -34,9 +34,6 @@ Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} sep
 
 class _VersionAction(argparse.Action):
     # importlib.metadata is only worth importing when the version is asked for.
-    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
-
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
         from importlib.metadata import version
 
@@ -89,7 +86,6 @@ def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The whole grammar: every command, option and help text."""
     # Global options are accepted before and after the command, as users type them;
     # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
     common = argparse.ArgumentParser(add_help=False, formatter_class=_FORMAT)
@@ -106,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_FORMAT,
         parents=[common],
     )
-    parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="show the version and exit"
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:

@@ -244,35 +244,30 @@ class _Imports:
         return problems
 
     def _judge(self, name: str) -> tuple[str, bool] | None:
-        if name in self.found:
-            return self.found[name]
-        self.found[name] = None  # a loop is reported already: do not walk it again
-        definition = self.index.get(name)
-        if definition is None:
-            return None  # unknown here (noted), or one of PyTorch's not read (--no-torch)
-        why = self.registry.why_unavailable(definition)
-        result: tuple[str, bool] | None
-        if why is not None:
-            result = (f"unavailable here ({why})", False)
-        elif definition.members:
-            result = self._judge_members(definition)
-        else:
-            problem = self._load(definition)
-            result = None if problem is None else (problem.message, True)
-        self.found[name] = result
-        return result
+        if name not in self.found:
+            self.found[name] = None  # a loop is reported already: do not walk it again
+            definition = self.index.get(name)
+            # None: unknown here (noted), or one of PyTorch's not read (--no-torch).
+            if definition is not None:
+                self.found[name] = self._verdict(definition)
+        return self.found[name]
 
-    def _judge_members(self, definition: BackendDefinition) -> tuple[str, bool] | None:
+    def _verdict(self, definition: BackendDefinition) -> tuple[str, bool] | None:
+        why = self.registry.why_unavailable(definition)
+        if why is not None:
+            return f"unavailable here ({why})", False
+        if not definition.members:
+            problem = self._load(definition)
+            return None if problem is None else (problem.message, True)
+        # Every member is judged, to be reported at its own line. Only manifests declare
+        # chains and tables, and each is reported at its own table: of theirs, only
+        # whether they can run is read, never the reason.
         judged = {m: self._judge(m) for m in definition.members}
         if definition.by_device is not None:
             table = dict(definition.by_device)
-            cpu = table.get("cpu", table.get("other"))
-            said = judged.get(cpu) if cpu is not None else ("it gives the CPU no backend", True)
-            return None if said is None else (f"for the CPU, {cpu}: {said[0]}", said[1])
-        if any(said is None for said in judged.values()):
-            return None
-        reasons = "; ".join(f"{m}: {said[0]}" for m, said in judged.items() if said)
-        return f"no member can be used ({reasons})", any(s[1] for s in judged.values() if s)
+            # Available, so it gives the CPU a backend.
+            return judged[table.get("cpu") or table["other"]]
+        return None if None in judged.values() else ("no member can be used", True)
 
     def _load(self, d: BackendDefinition) -> Problem | None:
         """Look ``d`` up; its failure as a problem at its ``target``, like the manifest's own."""

@@ -116,11 +116,10 @@ def print_rows(
         if limit is not None:
             widths = _fitted(rows, limit, [i for i in shrinkable if i < len(rows[0])])
     if widths is None:  # piped, or too wide even cut: each column as wide as its cells
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
     for row in rows:
-        cells = [_cut(cell, width) for cell, width in zip(row, widths, strict=False)]
-        padded = [cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=False)]
-        line = "  ".join([*padded, cells[-1]]).rstrip()
+        cells = [_cut(cell, width).ljust(width) for cell, width in zip(row, widths, strict=True)]
+        line = "  ".join(cells).rstrip()
         print(line if limit is None else _cut(line, limit))
 
 
@@ -137,7 +136,7 @@ def _fitted(
 ) -> list[int] | None:
     """The widths of ``rows``' columns with the ``shrinkable`` ones cut so that every line fits
     ``limit``; ``None`` where even cut to :data:`NARROWEST` they do not."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
     over = sum(widths) + 2 * (len(widths) - 1) - limit
     for column in shrinkable:
         by = min(over, widths[column] - NARROWEST)

@@ -40,8 +40,7 @@ def run_lock(args: Arguments) -> int:
         except OSError as exc:
             raise CommandError(f"cannot write {args.output or 'the lock'}: {exc.strerror}") from exc
         facts = registry.facts()
-    shown = relative(path)
-    print(f"wrote {shown}: {summary(facts)}; fingerprint {digest(facts)[:16]}; commit it")
+    print(f"wrote {relative(path)}: {summary(facts)}; fingerprint {digest(facts)[:16]}; commit it")
     return EXIT_OK
 
 

@@ -193,9 +193,8 @@ def _explain_unusable(registry: Registry, name: str) -> None:
     if candidates and not candidates[0].enabled:
         out.append(f"  {'disabled:':<13}by {candidates[0].source.describe(here)} (enabled = false)")
         lower = candidates[1:]
-    for definition, why in excluded:
-        out.append(f"  {'left out:':<13}{why}")
-        lower = [d for d in lower if d is not definition]
+    # What the policy leaves out never enters the index: it hides nothing of ``lower``.
+    out.extend(f"  {'left out:':<13}{why}" for _definition, why in excluded)
     for hidden in lower:
         out.append(f"  {'hides:':<13}{hidden.source.kind}: {hidden.source.describe(here)}")
     print("\n".join(printable(line) for line in out))
