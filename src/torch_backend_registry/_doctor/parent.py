@@ -10,6 +10,7 @@ the name runs, its targets' files, this machine) and by how it was found
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 
@@ -150,14 +151,16 @@ def _run(
             if on_progress is not None:
                 on_progress(name, cached.level, 0.0, True)
     todo = [name for name in subjects if name not in results]
-    found: list[Any] = []
-    if not todo:
+    broken = server.wait_ready() if todo else None
+    if not todo or broken is not None:
+        for name in todo:  # no probe ran: nothing to remember
+            results[name] = Verdict(name, "crashed", 0, f"the probe could not start: {broken}")
         return _sorted(results, first, names)
+    found: list[Any] = []
     # Timing wants the machine alone; otherwise two at once, or one a core pair.
     jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
     pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
     try:
-        broken = server.wait_ready()
         context = registry.context
         config = {  # how each probe of this run goes
             "workdir": os.getcwd(),
@@ -171,15 +174,10 @@ def _run(
         }
         futures = {
             name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
-            for name in (todo if broken is None else ())
+            for name in todo
         }
-        for name in todo:
-            if broken is not None:  # no probe ran: nothing to remember
-                reason = f"the probe could not start: {broken}"
-                results[name] = Verdict(name, "crashed", 0, reason, 0.0)
-                continue
-            verdict, code, missing = futures[name].result()
-            results[name] = verdict
+        for name, future in futures.items():
+            results[name], code, missing = future.result()
             found.append((subjects[name], facts, results[name], code, missing))
     except BaseException:  # a bad model, an interruption: nothing more is started or left
         pool.shutdown(wait=False, cancel_futures=True)
@@ -202,14 +200,11 @@ def import_path() -> list[str]:
     a probe imports what the registry would here, and nothing a folder it runs in offers."""
     path = list(sys.path)
     main = sys.modules.get("__main__")
-    by_module = getattr(main, "__spec__", None) is not None  # python -m: path[0] is the cwd
-    try:
-        here = os.path.realpath(os.getcwd())
-    except OSError:
-        here = None
-    if path and (path[0] == "" or (by_module and os.path.realpath(path[0]) == here)):
-        path = path[1:]
-    return [entry for entry in path if entry]
+    if path and getattr(main, "__spec__", None) is not None:  # python -m: path[0] is the cwd
+        with contextlib.suppress(OSError):  # no working folder: none to leave out
+            if os.path.realpath(path[0]) == os.path.realpath(os.getcwd()):
+                path = path[1:]
+    return [entry for entry in path if entry]  # "": the working folder, as -c puts it
 
 
 def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object]:
