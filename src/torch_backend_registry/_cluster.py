@@ -41,10 +41,9 @@ def verify_consistent(
     from ._lock import digest
 
     limit = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
-    if limit.total_seconds() <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
     seconds = limit.total_seconds()
-
+    if seconds <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
     if not (dist.is_available() and dist.is_initialized()):
         raise BackendRegistryError(
             "verify_consistent() needs torch.distributed initialised (init_process_group) first"
@@ -119,8 +118,7 @@ def _missing(
 ) -> InconsistentRegistryError:
     import re
 
-    said = str(exc)
-    found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", said)
+    found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
     if found:
         missing = tuple(int(r) for r in re.findall(r"\d+", found.group(1)))
         return InconsistentRegistryError(

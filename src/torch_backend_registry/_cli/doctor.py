@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from argparse import Namespace as Arguments
     from collections.abc import Iterator, Sequence
 
-    from .._api import Registry
     from .._doctor.verdicts import Verdict
 
 
@@ -59,8 +58,17 @@ def run_doctor(args: Arguments) -> int:
         sys.stdout.write("\n")
     else:
         _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
-    named = set(args.names)
-    failed = [v for v in verdicts if not v.ok and _fails(registry, v, named)]
+    # Any failure fails the run; ``unavailable`` only for a name asked for or a backend a
+    # manifest declares (PyTorch's GPU backends are not there on a CPU).
+    failed = any(
+        not v.ok
+        and (
+            v.status != "unavailable"
+            or v.name in args.names
+            or registry.backend_info(v.name).source.kind in ("env", "project")
+        )
+        for v in verdicts
+    )
     return EXIT_PROBLEMS if failed else EXIT_OK
 
 
@@ -73,23 +81,14 @@ def _terminated_as_exit() -> Iterator[None]:
     def terminated(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    try:
+    previous = None
+    with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
         previous = signal.signal(signal.SIGTERM, terminated)
-    except ValueError:  # not the main thread: the caller handles signals
-        yield
-        return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
-    """Whether a verdict fails the run: any failure; ``unavailable`` only for a name asked
-    for or a backend a manifest declares (PyTorch's GPU backends are not there on a CPU)."""
-    if verdict.status != "unavailable" or verdict.name in named:
-        return True
-    return registry.backend_info(verdict.name).source.kind in ("env", "project")
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 class _Progress:
