@@ -1,11 +1,4 @@
-"""Which backends work here: each probed in a process of its own with a time limit; verdicts kept.
-
-Probes run with the import path of this process (never the working folder),
-forked by one server that imported PyTorch (see :mod:`.processes`). A verdict
-is remembered by what it judges (:func:`.verdicts.subject`: the identity of what
-the name runs, its targets' files, this machine) and by how it was found
-(model, device, level, time limit): any change probes again.
-"""
+"""A run of doctor: what to probe, its remembered verdicts, and the probe server it shares."""
 
 from __future__ import annotations
 
@@ -32,9 +25,8 @@ def start(registry: Registry, options: Options) -> Server:
     """The probe server for a run of ``options`` on ``registry``, importing PyTorch from now
     on (while this process finds what to probe); :class:`ModelError` where the model is
     nowhere. One server serves every run of this process while its environment, import
-    path and installed packages stay as they were: it imports no backend's code, and each
-    probe is a fresh fork of it. The server is the caller's until :func:`run` ends with it;
-    one another run still uses is stopped only once that run ends."""
+    path and installed packages stay as they were. It is the caller's until :func:`run`
+    ends with it; one another run still uses is stopped only once that run ends."""
     from .._definition import canonical
     from .._sources.finding import installed_stamp
     from .._sources.pytorch import torch_available
