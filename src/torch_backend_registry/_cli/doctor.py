@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from argparse import Namespace as Arguments
     from collections.abc import Iterator, Sequence
 
+    from .._api import Registry
     from .._doctor.verdicts import Verdict
 
 
@@ -42,12 +43,8 @@ def run_doctor(args: Arguments) -> int:
             names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
             for name in names:
                 registry.backend_info(name)  # an unknown name fails here, as explain says it
-        progress = _Progress(sys.stderr.isatty(), len(names))
-        try:
-            with _terminated_as_exit():
-                verdicts = run(registry, names, options, progress.update, server)
-        finally:
-            progress.done()
+        with _Progress(sys.stderr.isatty(), len(names)) as progress, _terminated_as_exit():
+            verdicts = run(registry, names, options, progress.update, server)
     except ModelError as exc:
         error(str(exc))
         return EXIT_USAGE
@@ -58,17 +55,8 @@ def run_doctor(args: Arguments) -> int:
         sys.stdout.write("\n")
     else:
         _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
-    # Any failure fails the run; ``unavailable`` only for a name asked for or a backend a
-    # manifest declares (PyTorch's GPU backends are not there on a CPU).
-    failed = any(
-        not v.ok
-        and (
-            v.status != "unavailable"
-            or v.name in args.names
-            or registry.backend_info(v.name).source.kind in ("env", "project")
-        )
-        for v in verdicts
-    )
+    named = set(args.names)
+    failed = [v for v in verdicts if not v.ok and _fails(registry, v, named)]
     return EXIT_PROBLEMS if failed else EXIT_OK
 
 
@@ -91,9 +79,17 @@ def _terminated_as_exit() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
-class _Progress:
-    """One line on a terminal's stderr: how many are done, and each probe running (its level
-    and time), cut to the terminal's width."""
+def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
+    """Whether a verdict fails the run: any failure; ``unavailable`` only for a name asked
+    for or a backend a manifest declares (PyTorch's GPU backends are not there on a CPU)."""
+    if verdict.status != "unavailable" or verdict.name in named:
+        return True
+    return registry.backend_info(verdict.name).source.kind in ("env", "project")
+
+
+class _Progress(contextlib.AbstractContextManager["_Progress"]):
+    """One line on a terminal's stderr while it is entered: how many are done, and each
+    probe running (its level and time), cut to the terminal's width."""
 
     def __init__(self, shown: bool, total: int) -> None:
         import threading
@@ -123,7 +119,7 @@ class _Progress:
             sys.stderr.write("\r\033[K" + printable(line)[: width - 1])
             sys.stderr.flush()
 
-    def done(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.shown:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()

@@ -1,15 +1,9 @@
 """The child side of ``doctor``: a server that forks a fresh process per backend, and the probe.
 
-:data:`BOOT` starts the server under ``python -I`` (no working folder on the
-import path, no ``PYTHON*`` variables), its configuration as one JSON line on
-stdin, never on the command line (which every user can read). The server
-imports PyTorch once and then, for each backend asked for on its socket, forks
-a process of its own session that probes that one backend: no backend's code
-is ever imported into the server, so each probe starts where a fresh
-interpreter that imported PyTorch would. A probe reports on a pipe of its own,
-whatever the backend prints: each level as it is reached, then the verdict.
-Whatever kills it (a crash, a hang, ``os.abort()``) leaves the last level
-reported for the parent to tell; the server tells the parent how it ended.
+:data:`BOOT` starts the server under ``python -I`` (no working folder on the import
+path, no ``PYTHON*`` variables), its configuration on stdin, never on the command line
+(which every user can read). No backend's code is ever imported into the server, so
+each probe starts where a fresh interpreter that imported PyTorch would.
 """
 
 from __future__ import annotations

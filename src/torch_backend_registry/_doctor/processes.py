@@ -82,22 +82,17 @@ class Server:
         return self._process.poll() is None and self.broken is None
 
     def _read(self) -> None:
-        while True:
-            try:
-                message = self._socket.recv(65536)
-            except OSError:
-                message = b""
-            if not message:
-                break
-            said = json.loads(message)
-            if "ready" in said or "broken" in said:
-                self.broken = said.get("broken")
-                self._ready.set()
-                continue
-            with self._lock:
-                probe = self._probes[said["ended"]]  # each number is known before it is sent
-            probe.code = said["code"]
-            probe.ended.set()
+        with contextlib.suppress(OSError):
+            while message := self._socket.recv(65536):
+                said = json.loads(message)
+                if "ready" in said or "broken" in said:
+                    self.broken = said.get("broken")
+                    self._ready.set()
+                    continue
+                with self._lock:
+                    probe = self._probes[said["ended"]]  # each number is known before it is sent
+                probe.code = said["code"]
+                probe.ended.set()
         # The server is gone: every probe with it (its session killed them).
         self._process.wait()
         if not self._ready.is_set():

@@ -1,12 +1,10 @@
 """Doctor's verdicts: what probing a backend found, remembered by everything it depends on.
 
-A verdict is about a *subject*: the identity of what a name runs (its chain's
-members' included), the file and modification time of every target module it
-may import, and the machine (Python, platform, PyTorch). It was found by a
-*probe*: the model, the device, the level asked for and the time limit. A run
-of ``doctor`` reuses a verdict of the same subject and probe; a listing shows
-the newest verdict of the subject on the built-in model and the CPU; a chain
-with ``skip-known-failures`` skips a member with such a verdict of failure.
+A verdict is about a *subject* (:func:`subject`) and was found by a *probe*: the
+model, the device, the level asked for and the time limit. A run of ``doctor``
+reuses a verdict of the same subject and probe; a listing shows the newest verdict
+of the subject on the built-in model and the CPU; a chain with
+``skip-known-failures`` skips a member with such a verdict of failure.
 """
 
 from __future__ import annotations
