@@ -70,14 +70,8 @@ def lock_text(facts: Facts) -> str:
     """The lock file for ``facts``: sorted, deterministic TOML with a header."""
     import tomli_w
 
-    document = {
-        "lock-version": LOCK_VERSION,
-        "fingerprint": digest(facts)[:16],
-        **({"default": facts["default"]} if "default" in facts else {}),
-        "backends": facts["backends"],
-        "aliases": facts["aliases"],
-    }
-    return HEADER + "\n" + tomli_w.dumps(document)
+    document = {"lock-version": LOCK_VERSION, "fingerprint": digest(facts)[:16], **facts}
+    return HEADER + "\n" + tomli_w.dumps(document)  # the default, a string, before the tables
 
 
 def write_lock(registry: Registry, path: str | None = None) -> str:
@@ -122,17 +116,16 @@ def read_lock(path: str) -> Facts:
             f"lock version {version!r} is not {LOCK_VERSION}; run 'torch-backends lock' again",
             path=path,
         )
-    backends, aliases = data.get("backends", {}), data.get("aliases", {})
-    default = data.get("default")
-    if not isinstance(backends, dict) or not isinstance(aliases, dict):
+    facts: Facts = {"backends": data.get("backends", {}), "aliases": data.get("aliases", {})}
+    if not all(isinstance(part, dict) for part in facts.values()):
         raise LockFileError("not a lock file; run 'torch-backends lock' again", path=path)
-    facts: Facts = {"backends": backends, "aliases": aliases}
-    if default is not None:
-        facts["default"] = default
-    if data.get("fingerprint") != digest(facts)[:16]:  # what it holds is not what it says
+    if "default" in data:
+        facts["default"] = data["default"]
+    held = digest(facts)[:16]
+    if data.get("fingerprint") != held:  # what it holds is not what it says
         raise LockFileError(
             f"its fingerprint {data.get('fingerprint')!r} is not that of what it holds"
-            f" ({digest(facts)[:16]!r}): it was edited by hand; run 'torch-backends lock' again",
+            f" ({held!r}): it was edited by hand; run 'torch-backends lock' again",
             path=path,
             line=lines.line_of(("fingerprint",)),
         )
