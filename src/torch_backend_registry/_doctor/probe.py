@@ -291,20 +291,14 @@ def _timed(eager: Eager, fn: Any) -> list[float]:
     """Seconds a call of ``fn`` on the model's inputs, for each of :data:`ROUNDS`, after
     a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
     that the clock and a stray interruption weigh little in it."""
+    import timeit
+
     import torch
 
-    times = []
+    timer = timeit.Timer(lambda: eager(fn))
     with torch.no_grad():
-        start = time.perf_counter()
-        eager(fn)
-        once = max(time.perf_counter() - start, 1e-7)
-        calls = min(10_000, max(5, int(0.01 / once)))
-        for _round in range(ROUNDS):
-            start = time.perf_counter()
-            for _ in range(calls):
-                eager(fn)
-            times.append((time.perf_counter() - start) / calls)
-    return times
+        calls = min(10_000, max(5, int(0.01 / max(timer.timeit(1), 1e-7))))
+        return [seconds / calls for seconds in timer.repeat(ROUNDS, calls)]
 
 
 def _spread(times: list[float]) -> float:
