@@ -211,13 +211,11 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     module, _, factory = spec.partition(":")
     if not module or not factory:
         raise ModelError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. my_models:make")
-    folders = list(
-        dict.fromkeys(
-            folder
-            for d in registry.definitions((), with_torch=False)
-            if d.source.path is not None
-            for folder in d.search_path
-        )
+    folders = (
+        folder
+        for d in registry.definitions((), with_torch=False)
+        if d.source.path is not None
+        for folder in d.search_path
     )
     # As the probe finds it: on its import path (this one's, less the working folder),
     # else in a folder a manifest's backends search (a model beside the manifest included).
@@ -226,7 +224,7 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
         on_path = (sys.modules.get(top) or PathFinder.find_spec(top, import_path())) is not None
     except (ImportError, ValueError):
         on_path = False
-    path = [] if on_path else [f for f in folders if find(top, [f]) is not None][:1]
+    path = [] if on_path else [f for f in dict.fromkeys(folders) if find(top, [f]) is not None][:1]
     found = find(module, path) if on_path or path else None
     origin = getattr(found, "origin", None)
     if found is None or not isinstance(origin, str):
