@@ -103,82 +103,72 @@ def run(
     probed once. An interruption kills every probe of this run. ``server``: what
     :func:`start` gave for the same registry and options (this run ends the caller's use).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     options = options.checked()
     server = server or start(registry, options)
     try:
-        return _run(registry, names, options, on_progress, server)
+        names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
+        # Each name -> its definition (unknown names fail here), and the first name asked of it.
+        defined = {name: registry.backend_info(name).definition for name in names}
+        first: dict[str, str] = {}
+        for name, definition in defined.items():
+            if definition.source.kind == "runtime":
+                raise BackendRegistryError(
+                    f"backend {name!r} is registered at runtime in this process, which no probe"
+                    " shares: declare it in a manifest to probe it"
+                )
+            first[name] = next((n for n in first if defined[n] == definition), name)
+        model_path, model_file = _find_model(registry, options.model)
+        facts = options.facts(model_file, import_path())
+        memory = Verdicts(registry.context.cache)
+        subjects = {name: subject(registry, name) for name in names if first[name] == name}
+        results: dict[str, Verdict] = {}
+        for name, judged in subjects.items():
+            cached = None if options.fresh else memory.get(judged, facts)
+            if cached is not None and not (options.bench and cached.ok and cached.speedup is None):
+                results[name] = cached
+                if on_progress is not None:
+                    on_progress(name, cached.level, 0.0, True)
+        todo = [name for name in subjects if name not in results]
+        broken = server.wait_ready() if todo else None
+        if not todo or broken is not None:
+            for name in todo:  # no probe ran: nothing to remember
+                results[name] = Verdict(name, "crashed", 0, f"the probe could not start: {broken}")
+            return _sorted(results, first, names)
+        found: list[Any] = []
+        # Timing wants the machine alone; otherwise two at once, or one a core pair.
+        jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
+        pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
+        try:
+            context = registry.context
+            config = {  # how each probe of this run goes
+                "workdir": os.getcwd(),
+                "process_environ": dict(os.environ),
+                "cwd": context.cwd,
+                "environ": dict(context.environ),
+                "files": None if context.files is None else list(context.files),
+                "sources": list(registry.sources),
+                "model_path": model_path,
+                **options._asdict(),
+            }
+            futures = {
+                name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
+                for name in todo
+            }
+            for name, future in futures.items():
+                results[name], code, missing = future.result()
+                found.append((subjects[name], facts, results[name], code, missing))
+        except BaseException:  # a bad model, an interruption: nothing more is started or left
+            pool.shutdown(wait=False, cancel_futures=True)
+            server.kill(owner=pool)  # this run's probes; another run's go on
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            memory.remember(found)
+        return _sorted(results, first, names)
     finally:
         _release(server)
-
-
-def _run(
-    registry: Registry,
-    names: Sequence[str] | None,
-    options: Options,
-    on_progress: Progress | None,
-    server: Server,
-) -> list[Verdict]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
-    # Each name -> its definition (unknown names fail here), and the first name asked of it.
-    defined = {name: registry.backend_info(name).definition for name in names}
-    first: dict[str, str] = {}
-    for name, definition in defined.items():
-        if definition.source.kind == "runtime":
-            raise BackendRegistryError(
-                f"backend {name!r} is registered at runtime in this process, which no probe"
-                " shares: declare it in a manifest to probe it"
-            )
-        first[name] = next((n for n in first if defined[n] == definition), name)
-    model_path, model_file = _find_model(registry, options.model)
-    facts = options.facts(model_file, import_path())
-    memory = Verdicts(registry.context.cache)
-    subjects = {name: subject(registry, name) for name in names if first[name] == name}
-    results: dict[str, Verdict] = {}
-    for name, judged in subjects.items():
-        cached = None if options.fresh else memory.get(judged, facts)
-        if cached is not None and not (options.bench and cached.ok and cached.speedup is None):
-            results[name] = cached
-            if on_progress is not None:
-                on_progress(name, cached.level, 0.0, True)
-    todo = [name for name in subjects if name not in results]
-    broken = server.wait_ready() if todo else None
-    if not todo or broken is not None:
-        for name in todo:  # no probe ran: nothing to remember
-            results[name] = Verdict(name, "crashed", 0, f"the probe could not start: {broken}")
-        return _sorted(results, first, names)
-    found: list[Any] = []
-    # Timing wants the machine alone; otherwise two at once, or one a core pair.
-    jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
-    pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
-    try:
-        context = registry.context
-        config = {  # how each probe of this run goes
-            "workdir": os.getcwd(),
-            "process_environ": dict(os.environ),
-            "cwd": context.cwd,
-            "environ": dict(context.environ),
-            "files": None if context.files is None else list(context.files),
-            "sources": list(registry.sources),
-            "model_path": model_path,
-            **options._asdict(),
-        }
-        futures = {
-            name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
-            for name in todo
-        }
-        for name, future in futures.items():
-            results[name], code, missing = future.result()
-            found.append((subjects[name], facts, results[name], code, missing))
-    except BaseException:  # a bad model, an interruption: nothing more is started or left
-        pool.shutdown(wait=False, cancel_futures=True)
-        server.kill(owner=pool)  # this run's probes; another run's go on
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        memory.remember(found)
-    return _sorted(results, first, names)
 
 
 def _sorted(results: dict[str, Verdict], first: dict[str, str], names: list[str]) -> list[Verdict]:

@@ -207,14 +207,8 @@ class Server:
 
 
 def _write(fd: int, text: str) -> None:
-    data = text.encode()
-    try:
-        while data:
-            data = data[os.write(fd, data) :]
-    except OSError:
-        pass  # the probe is gone: nobody reads it
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError), open(fd, "wb") as stream:  # gone: nobody reads it
+        stream.write(text.encode())
 
 
 class _Probe:
