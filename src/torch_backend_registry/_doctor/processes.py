@@ -39,10 +39,8 @@ STARTUP = 60.0
 
 
 class Server:
-    """The probe server: importing PyTorch from the moment it is made, with the import path
-    ``path``; probing a backend per :meth:`probe` call (from as many threads as probes
-    should run at once), each told how in its own configuration; stopped by :meth:`close`,
-    or when this process ends."""
+    """The probe server, importing PyTorch with the import path ``path`` from the moment it is
+    made; :meth:`probe` is called from as many threads as probes should run at once."""
 
     def __init__(self, path: list[str]) -> None:
         import subprocess

@@ -106,8 +106,8 @@ class Verdict(NamedTuple):
         else (a remembered verdict of another shape is not one)."""
         facts = {k: v for k, v in data.items() if k in _KINDS}
         for fact, value in facts.items():  # what is left out takes its default
-            kinds = _KINDS[fact]
-            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            # True is an int to Python, and no fact is a bool.
+            if isinstance(value, bool) or not isinstance(value, _KINDS[fact]):
                 raise TypeError(f"a verdict's {fact} cannot be {value!r}")
         if facts.get("status") not in STATUSES:
             raise TypeError(f"no such status: {facts.get('status')!r}")
@@ -305,8 +305,7 @@ def _newest(probes: Any) -> float:
 
 
 def _read(entry: Any) -> Verdict | None:
-    """The verdict ``entry`` holds where what it was found on is as it was (the code it ran,
-    the modules it missed still missing); ``None`` for an entry of another shape."""
+    """The verdict ``entry`` holds, where still current; ``None`` for one of another shape."""
     try:
         if any(stamp(str(stamped[0])) != stamped for stamped in entry.get("code") or ()):
             return None
