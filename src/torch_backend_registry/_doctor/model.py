@@ -27,8 +27,7 @@ def one_line(exc: BaseException) -> str:
     already does."""
     said = ""
     for current in causes(exc):
-        lines = str(current).strip().splitlines()
-        text = lines[0] if lines else ""
+        text = (str(current).strip().splitlines() or [""])[0]
         own = f"{type(current).__name__}: {text}".rstrip(": ")
         # A cause its wrapper already quotes says nothing new.
         if not (text and text in said) and own not in said:
