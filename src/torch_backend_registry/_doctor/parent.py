@@ -37,7 +37,7 @@ def start(registry: Registry, options: Options) -> Server:
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     _find_model(registry, options.model)
     path = import_path()
-    # Each probe runs in this process's environment of its run (see _run); what PyTorch
+    # Each probe runs in this process's environment of its run (see run); what PyTorch
     # read of it at import is the server's: a server started in another environment is
     # another, save for variables read only where they are used (the folders of the XDG
     # standard; the test pytest runs, which it sets anew for each test).

@@ -9,6 +9,7 @@ of the subject on the built-in model and the CPU; a chain with
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -227,19 +228,17 @@ class Verdicts:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
-        self._table: dict[str, Any] | None = None
 
-    def _load(self) -> dict[str, Any]:
-        if self._table is None:
-            table = self.cache.get(self.KIND, self.KEY)
-            self._table = table if isinstance(table, dict) else {}
-        return self._table
+    @functools.cached_property
+    def _table(self) -> dict[str, Any]:
+        table = self.cache.get(self.KIND, self.KEY)
+        return table if isinstance(table, dict) else {}
 
     def __len__(self) -> int:
-        return len(self._load())
+        return len(self._table)
 
     def _probes(self, subject: str) -> dict[str, Any]:
-        probes = self._load().get(_digest(subject))
+        probes = self._table.get(_digest(subject))
         return probes if isinstance(probes, dict) else {}
 
     def get(self, subject: str, probe: Mapping[str, Any]) -> Verdict | None:
@@ -267,8 +266,8 @@ class Verdicts:
         modules it missed, in one write. The table is read again and written under the
         cache's lock: two runs ending together both keep what they found."""
         with self.cache.locked(self.KIND):
-            self._table = None
-            table = self._load()
+            vars(self).pop("_table", None)  # read again, under the lock
+            table = self._table
             for subject, probe, verdict, code, missing in found:
                 probes = self._probes(subject)
                 table[_digest(subject)] = probes
