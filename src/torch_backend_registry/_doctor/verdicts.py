@@ -256,7 +256,6 @@ class Verdicts:
         return next(filter(None, map(_read, sorted(found, key=_when, reverse=True))), None)
 
     def put(self, subject: str, probe: Mapping[str, Any], verdict: Verdict) -> None:
-        """Remember ``verdict`` of ``subject`` found by ``probe``."""
         self.remember([(subject, probe, verdict, None, [])])
 
     def remember(
