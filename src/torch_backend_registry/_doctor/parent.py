@@ -145,10 +145,12 @@ def run(
             config = {  # how each probe of this run goes
                 "workdir": os.getcwd(),
                 "process_environ": dict(os.environ),
-                "cwd": context.cwd,
-                "environ": dict(context.environ),
-                "files": None if context.files is None else list(context.files),
-                "sources": list(registry.sources),
+                "registry": {  # what the probe builds the registry again from
+                    "cwd": context.cwd,
+                    "environ": dict(context.environ),
+                    "files": None if context.files is None else list(context.files),
+                    "sources": list(registry.sources),
+                },
                 "model_path": model_path,
                 **options._asdict(),
             }

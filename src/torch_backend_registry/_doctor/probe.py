@@ -146,13 +146,7 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
             **extra,
         }
 
-    registry = Registry(
-        known_failure=known_failure,
-        cwd=config.get("cwd"),
-        environ=config.get("environ"),
-        sources=config.get("sources"),
-        files=config.get("files"),
-    )
+    registry = Registry(known_failure=known_failure, **config["registry"])
     try:
         info = registry.backend_info(name)
         # A chain that names itself cannot be loaded as written: not "unavailable here".

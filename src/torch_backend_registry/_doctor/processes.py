@@ -54,8 +54,7 @@ class Server:
         self.broken: str | None = None
         #: How many runs use it (see :func:`.parent.start`).
         self.users = 0
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._socket = ours
+        self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # Only the server's own words go there (importing PyTorch): each probe has its own.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         self._process = subprocess.Popen(
