@@ -134,18 +134,7 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     from .verdicts import known_failure
 
     name = config["name"]
-    started = time.perf_counter()
-
-    def verdict(status: str, level: int, reason: str = "", **extra: Any) -> dict[str, Any]:
-        return {
-            "name": name,
-            "status": status,
-            "level": level,
-            "reason": reason,
-            "seconds": round(time.perf_counter() - started, 3),
-            **extra,
-        }
-
+    verdict = functools.partial(_verdict, name, time.perf_counter())
     registry = Registry(known_failure=known_failure, **config["registry"])
     try:
         info = registry.backend_info(name)
@@ -236,6 +225,20 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     )
 
 
+def _verdict(
+    name: str | None, started: float, status: str, level: int, reason: str = "", **extra: Any
+) -> dict[str, Any]:
+    """A verdict as the probe reports it, its seconds counted from ``started``."""
+    return {
+        "name": name,
+        "status": status,
+        "level": level,
+        "reason": reason,
+        "seconds": round(time.perf_counter() - started, 3),
+        **extra,
+    }
+
+
 def _device(spec: str) -> Any:
     """The device to probe on (``None``: there is none of that kind here); :class:`ModelError`
     for what names no device."""
@@ -317,9 +320,7 @@ def main(config: dict[str, Any]) -> None:
     except ModelError as exc:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
-        seconds = round(time.perf_counter() - started, 3)
-        verdict = {"name": config.get("name"), "status": "crashed", "level": 0}
-        result = {"verdict": {**verdict, "reason": one_line(exc), "seconds": seconds}}
+        result = {"verdict": _verdict(config.get("name"), started, "crashed", 0, one_line(exc))}
     try:
         result["code"] = imported_code()
     except Exception:
