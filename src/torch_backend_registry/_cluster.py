@@ -28,10 +28,7 @@ DEFAULT_TIMEOUT = 60.0
 def verify_consistent(
     registry: Registry, group: Any = None, timeout: float | timedelta = DEFAULT_TIMEOUT
 ) -> str:
-    """Compare this registry's fingerprint with every rank's; return it when all agree.
-
-    ``timeout`` is in seconds or a :class:`datetime.timedelta`, as torch.distributed takes it.
-    """
+    """Compare this registry's fingerprint with every rank's; return it when all agree."""
     import socket
     from datetime import timedelta
 

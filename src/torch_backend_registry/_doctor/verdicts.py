@@ -261,9 +261,8 @@ class Verdicts:
     def remember(
         self, found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]]
     ) -> None:
-        """Remember verdicts, each with its subject, its probe, the code it ran and the
-        modules it missed, in one write. The table is read again and written under the
-        cache's lock: two runs ending together both keep what they found."""
+        """Remember verdicts in one write, the table read again under the cache's lock: two
+        runs ending together both keep what they found."""
         with self.cache.locked(self.KIND):
             vars(self).pop("_table", None)  # read again, under the lock
             table = self._table
