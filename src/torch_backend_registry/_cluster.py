@@ -8,8 +8,6 @@ the same :class:`InconsistentRegistryError`.
 
 from __future__ import annotations
 
-import os
-
 from ._errors import BackendRegistryError, InconsistentRegistryError
 
 TYPE_CHECKING = False
@@ -77,7 +75,7 @@ def verify_consistent(
         return full[:16]
     # Only now do the facts travel, and with them where each rank runs.
     everyone: list[Any] = [None] * len(members)
-    dist.all_gather_object(everyone, (socket.gethostname(), os.getpid(), facts), group=gloo)
+    dist.all_gather_object(everyone, (socket.gethostname(), facts), group=gloo)
     raise mismatch(members, hashes, everyone)
 
 
@@ -90,12 +88,12 @@ def mismatch(
     from ._lock import changes
 
     majority, _count = Counter(hashes).most_common(1)[0]
-    reference = everyone[hashes.index(majority)][2]
+    reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
     lines = []
     names: set[str] = set()
     for index in odd:
-        host, _pid, facts = everyone[index]
+        host, facts = everyone[index]
         found = changes(reference, facts)
         names.update(name for about, _said in found for name in about)
         said = "; ".join(said for _about, said in found[:5])
