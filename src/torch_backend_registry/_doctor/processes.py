@@ -159,8 +159,8 @@ class Server:
                 os.close(r)
         progress(probe.level, True)
         seconds = round(time.perf_counter() - started, 3)
-        if probe.model_error is not None:
-            raise ModelError(probe.model_error)
+        if "model_error" in probe.report:
+            raise ModelError(probe.report["model_error"])
         if timed_out:
             reason = f"no verdict after {timeout:g} s at level {probe.level}"
             reason = f"{reason} ({level_name(probe.level)}); killed"
@@ -221,9 +221,9 @@ class _Probe:
         self.channel, _output, self.error_fd = fds
         self.open = list(fds)
         self.level = 0
-        #: The probe's last report: its verdict, the code it ran.
+        #: The probe's last report: its verdict (or why the model cannot be built), the code
+        #: it ran.
         self.report: dict[str, Any] = {}
-        self.model_error: str | None = None
         #: The last of what it printed, and of what it printed to stderr alone.
         self.tail = bytearray()
         self.errors = bytearray()
@@ -232,7 +232,7 @@ class _Probe:
     @property
     def done(self) -> bool:
         """Whether the last report came, or every pipe closed."""
-        return bool(self.report) or self.model_error is not None or not self.open
+        return bool(self.report) or not self.open
 
     def wait(self, timeout: float, progress: Callable[[int, bool], None]) -> bool:
         """Read the pipes until the process ends, telling ``progress`` of each level reached
@@ -286,10 +286,8 @@ class _Probe:
                 continue
             if isinstance(message.get("level"), int):
                 self.level = message["level"]
-            if isinstance(message.get("verdict"), dict):
+            if isinstance(message.get("verdict"), dict) or "model_error" in message:
                 self.report = message
-            if isinstance(message.get("model_error"), str):
-                self.model_error = message["model_error"]
 
 
 #: A reason that sends its reader elsewhere for the cause ("JIT compilation failed. See
