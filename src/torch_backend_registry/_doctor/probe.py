@@ -3,7 +3,9 @@
 :data:`BOOT` starts the server under ``python -I`` (no working folder on the import
 path, no ``PYTHON*`` variables), its configuration on stdin, never on the command line
 (which every user can read). No backend's code is ever imported into the server, so
-each probe starts where a fresh interpreter that imported PyTorch would.
+each probe starts where a fresh interpreter that imported PyTorch would. A probe
+reports each level as it reaches it, then its verdict, on a pipe of its own: whatever
+kills it leaves the last level reported for the parent to tell.
 """
 
 from __future__ import annotations
