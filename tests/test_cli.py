@@ -667,11 +667,10 @@ def test_doctors_progress_fits_the_line_and_counts_what_is_done(
 ) -> None:
     from torch_backend_registry._cli.doctor import _Progress
 
-    progress = _Progress(True, 3)
-    progress.update("a_backend_with_a_very_long_name_" * 3, 3, 12.0, False)
-    progress.update("other", 2, 1.0, False)
-    progress.update("other", 4, 5.0, True)
-    progress.done()
+    with _Progress(True, 3) as progress:
+        progress.update("a_backend_with_a_very_long_name_" * 3, 3, 12.0, False)
+        progress.update("other", 2, 1.0, False)
+        progress.update("other", 4, 5.0, True)
     lines = [line.removeprefix("\033[K") for line in capsys.readouterr().err.split("\r")]
     shown = [line for line in lines if line]
     assert all(len(line) < 80 for line in shown)

@@ -8,8 +8,6 @@ the same :class:`InconsistentRegistryError`.
 
 from __future__ import annotations
 
-import os
-
 from ._errors import BackendRegistryError, InconsistentRegistryError
 
 TYPE_CHECKING = False
@@ -28,10 +26,7 @@ DEFAULT_TIMEOUT = 60.0
 def verify_consistent(
     registry: Registry, group: Any = None, timeout: float | timedelta = DEFAULT_TIMEOUT
 ) -> str:
-    """Compare this registry's fingerprint with every rank's; return it when all agree.
-
-    ``timeout`` is in seconds or a :class:`datetime.timedelta`, as torch.distributed takes it.
-    """
+    """Compare this registry's fingerprint with every rank's; return it when all agree."""
     import socket
     from datetime import timedelta
 
@@ -41,10 +36,9 @@ def verify_consistent(
     from ._lock import digest
 
     limit = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
-    if limit.total_seconds() <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
     seconds = limit.total_seconds()
-
+    if seconds <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
     if not (dist.is_available() and dist.is_initialized()):
         raise BackendRegistryError(
             "verify_consistent() needs torch.distributed initialised (init_process_group) first"
@@ -81,7 +75,7 @@ def verify_consistent(
         return full[:16]
     # Only now do the facts travel, and with them where each rank runs.
     everyone: list[Any] = [None] * len(members)
-    dist.all_gather_object(everyone, (socket.gethostname(), os.getpid(), facts), group=gloo)
+    dist.all_gather_object(everyone, (socket.gethostname(), facts), group=gloo)
     raise mismatch(members, hashes, everyone)
 
 
@@ -94,12 +88,12 @@ def mismatch(
     from ._lock import changes
 
     majority, _count = Counter(hashes).most_common(1)[0]
-    reference = everyone[hashes.index(majority)][2]
+    reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
     lines = []
     names: set[str] = set()
     for index in odd:
-        host, _pid, facts = everyone[index]
+        host, facts = everyone[index]
         found = changes(reference, facts)
         names.update(name for about, _said in found for name in about)
         said = "; ".join(said for _about, said in found[:5])
@@ -119,8 +113,7 @@ def _missing(
 ) -> InconsistentRegistryError:
     import re
 
-    said = str(exc)
-    found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", said)
+    found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
     if found:
         missing = tuple(int(r) for r in re.findall(r"\d+", found.group(1)))
         return InconsistentRegistryError(

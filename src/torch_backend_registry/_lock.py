@@ -70,14 +70,8 @@ def lock_text(facts: Facts) -> str:
     """The lock file for ``facts``: sorted, deterministic TOML with a header."""
     import tomli_w
 
-    document = {
-        "lock-version": LOCK_VERSION,
-        "fingerprint": digest(facts)[:16],
-        **({"default": facts["default"]} if "default" in facts else {}),
-        "backends": facts["backends"],
-        "aliases": facts["aliases"],
-    }
-    return HEADER + "\n" + tomli_w.dumps(document)
+    document = {"lock-version": LOCK_VERSION, "fingerprint": digest(facts)[:16], **facts}
+    return HEADER + "\n" + tomli_w.dumps(document)  # the default, a string, before the tables
 
 
 def write_lock(registry: Registry, path: str | None = None) -> str:
@@ -122,36 +116,34 @@ def read_lock(path: str) -> Facts:
             f"lock version {version!r} is not {LOCK_VERSION}; run 'torch-backends lock' again",
             path=path,
         )
-    backends, aliases = data.get("backends", {}), data.get("aliases", {})
-    default = data.get("default")
-    if not isinstance(backends, dict) or not isinstance(aliases, dict):
+    facts: Facts = {"backends": data.get("backends", {}), "aliases": data.get("aliases", {})}
+    if not all(isinstance(part, dict) for part in facts.values()):
         raise LockFileError("not a lock file; run 'torch-backends lock' again", path=path)
-    facts: Facts = {"backends": backends, "aliases": aliases}
-    if default is not None:
-        facts["default"] = default
-    if data.get("fingerprint") != digest(facts)[:16]:  # what it holds is not what it says
+    if "default" in data:
+        facts["default"] = data["default"]
+    held = digest(facts)[:16]
+    if data.get("fingerprint") != held:  # what it holds is not what it says
         raise LockFileError(
             f"its fingerprint {data.get('fingerprint')!r} is not that of what it holds"
-            f" ({digest(facts)[:16]!r}): it was edited by hand; run 'torch-backends lock' again",
+            f" ({held!r}): it was edited by hand; run 'torch-backends lock' again",
             path=path,
             line=lines.line_of(("fingerprint",)),
         )
     return facts
 
 
-def differences(locked: Facts, now: Facts, *, with_torch: bool = True) -> list[str]:
-    """What changed from ``locked`` to ``now``, one readable line a difference, sorted.
-
-    ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them).
-    """
-    return [said for _key, said in changes(locked, now, with_torch=with_torch)]
+def differences(locked: Facts, now: Facts) -> list[str]:
+    """What changed from ``locked`` to ``now``, one readable line a difference, sorted."""
+    return [said for _names, said in changes(locked, now)]
 
 
 def changes(
     locked: Facts, now: Facts, *, with_torch: bool = True
 ) -> list[tuple[tuple[str, ...], str]]:
     """Each difference from ``locked`` to ``now``, with the names it is about (a backend's
-    or alias's; the old and the new default, what torch.compile uses unasked)."""
+    or alias's; the old and the new default, what torch.compile uses unasked).
+    ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them).
+    """
     if not with_torch:
         locked, now = _without_torch(locked), _without_torch(now)
     found: list[tuple[tuple[str, ...], str]] = []
@@ -163,14 +155,24 @@ def changes(
                 found.append(((name,), f"added {noun} {name!r}: {_show(after[name])}"))
             elif name not in after:
                 found.append(((name,), f"removed {noun} {name!r} (was {_show(before[name])})"))
-            elif canonical(before[name]) != canonical(after[name]):
-                fields = _field_changes(noun, name, before[name], after[name])
-                found.extend(((name,), line) for line in fields)
+            else:
+                said = _changed(before[name], after[name])
+                found.extend(((name,), f"changed {noun} {name!r}: {line}") for line in said)
     old, new = locked.get("default"), now.get("default")
     if old != new:
         names = tuple(n for n in (old, new) if n is not None)
         found.append((names, f"changed default: {_show(old)} -> {_show(new)}"))
     return found
+
+
+def _changed(old: Any, new: Any) -> list[str]:
+    """How ``old`` became ``new``: field by field where both are tables."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [] if canonical(old) == canonical(new) else [f"{_show(old)} -> {_show(new)}"]
+    fields = [
+        f for f in sorted(set(old) | set(new)) if canonical(old.get(f)) != canonical(new.get(f))
+    ]
+    return [f"{f}: {_show(old.get(f))} -> {_show(new.get(f))}" for f in fields]
 
 
 def _without_torch(facts: Facts) -> Facts:
@@ -196,17 +198,6 @@ def summary(facts: Facts) -> str:
     if "default" in facts:
         said += f", default {facts['default']!r}"
     return said
-
-
-def _field_changes(noun: str, name: str, before: Any, after: Any) -> list[str]:
-    if not (isinstance(before, dict) and isinstance(after, dict)):
-        return [f"changed {noun} {name!r}: {_show(before)} -> {_show(after)}"]
-    lines = []
-    for field in sorted(set(before) | set(after)):
-        old, new = before.get(field), after.get(field)
-        if canonical(old) != canonical(new):
-            lines.append(f"changed {noun} {name!r}: {field}: {_show(old)} -> {_show(new)}")
-    return lines
 
 
 def _show(value: Any) -> str:

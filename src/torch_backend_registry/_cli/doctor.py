@@ -43,12 +43,8 @@ def run_doctor(args: Arguments) -> int:
             names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
             for name in names:
                 registry.backend_info(name)  # an unknown name fails here, as explain says it
-        progress = _Progress(sys.stderr.isatty(), len(names))
-        try:
-            with _terminated_as_exit():
-                verdicts = run(registry, names, options, progress.update, server)
-        finally:
-            progress.done()
+        with _Progress(sys.stderr.isatty(), len(names)) as progress, _terminated_as_exit():
+            verdicts = run(registry, names, options, progress.update, server)
     except ModelError as exc:
         error(str(exc))
         return EXIT_USAGE
@@ -59,8 +55,7 @@ def run_doctor(args: Arguments) -> int:
         sys.stdout.write("\n")
     else:
         _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
-    named = set(args.names)
-    failed = [v for v in verdicts if not v.ok and _fails(registry, v, named)]
+    failed = any(not v.ok and _fails(registry, v, set(args.names)) for v in verdicts)
     return EXIT_PROBLEMS if failed else EXIT_OK
 
 
@@ -73,15 +68,14 @@ def _terminated_as_exit() -> Iterator[None]:
     def terminated(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    try:
+    previous = None
+    with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
         previous = signal.signal(signal.SIGTERM, terminated)
-    except ValueError:  # not the main thread: the caller handles signals
-        yield
-        return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
@@ -92,9 +86,9 @@ def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
     return registry.backend_info(verdict.name).source.kind in ("env", "project")
 
 
-class _Progress:
-    """One line on a terminal's stderr: how many are done, and each probe running (its level
-    and time), cut to the terminal's width."""
+class _Progress(contextlib.AbstractContextManager["_Progress"]):
+    """One line on a terminal's stderr while it is entered: how many are done, and each
+    probe running (its level and time), cut to the terminal's width."""
 
     def __init__(self, shown: bool, total: int) -> None:
         import threading
@@ -124,7 +118,7 @@ class _Progress:
             sys.stderr.write("\r\033[K" + printable(line)[: width - 1])
             sys.stderr.flush()
 
-    def done(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.shown:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()

@@ -27,8 +27,7 @@ def one_line(exc: BaseException) -> str:
     already does."""
     said = ""
     for current in causes(exc):
-        lines = str(current).strip().splitlines()
-        text = lines[0] if lines else ""
+        text = (str(current).strip().splitlines() or [""])[0]
         own = f"{type(current).__name__}: {text}".rstrip(": ")
         # A cause its wrapper already quotes says nothing new.
         if not (text and text in said) and own not in said:
@@ -110,16 +109,17 @@ class Eager:
                 again = copy.deepcopy(self.model)(*self.args, **self.kwargs)
         except Exception as exc:
             raise ModelError(f"{self.what} cannot be run: {one_line(exc)}") from exc
-        #: Whether the model draws random numbers: then only shapes and types are compared.
-        self.random = differ(leaves(self.expected), leaves(again), "", 0, 0) is not None
-        self.tolerance: tuple[float | None, float | None] = (
-            (None, None) if self.random else (RTOL, ATOL)
-        )
+        # A model that draws random numbers is compared in shapes and types only.
+        random = differ(leaves(self.expected), leaves(again), "", 0, 0) is not None
+        self.tolerance: tuple[float | None, float | None] = (None, None) if random else (RTOL, ATOL)
+        #: What a verdict on this model is worth saying.
+        self.said = _RANDOM if random else ""
         self.grads: tuple[Any, ...] | None = None
         params = [p for p in reference.parameters() if p.requires_grad]
-        if backward and params and loss(self.expected) is not None:
+        total = loss(self.expected) if backward and params else None
+        if total is not None:
             try:
-                self.grads = torch.autograd.grad(loss(self.expected), params, allow_unused=True)
+                self.grads = torch.autograd.grad(total, params, allow_unused=True)
             except Exception as exc:
                 raise ModelError(
                     f"{self.what} has no backward pass of its own: {one_line(exc)}"
@@ -128,15 +128,11 @@ class Eager:
     def __call__(self, fn: Any) -> Any:
         return fn(*self.args, **self.kwargs)
 
-    @property
-    def said(self) -> str:
-        """What a verdict on this model is worth saying."""
-        if not self.random:
-            return ""
-        return (
-            "verified in shapes and types only: the model draws random numbers (dropout in"
-            " training mode, say; call model.eval() in the factory to compare values)"
-        )
+
+_RANDOM = (
+    "verified in shapes and types only: the model draws random numbers (dropout in"
+    " training mode, say; call model.eval() in the factory to compare values)"
+)
 
 
 def _on(value: Any, device: Any) -> Any:

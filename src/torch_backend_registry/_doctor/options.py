@@ -75,11 +75,8 @@ def device_name(device: str) -> str | None:
     try:
         import torch
 
-        kind = torch.device(device).type
-        module = getattr(torch, kind, None)
-        if module is None or not module.is_available():
-            return None
-        name = module.get_device_name(torch.device(device))
-    except Exception:
+        module = getattr(torch, torch.device(device).type)
+        name = module.get_device_name(torch.device(device)) if module.is_available() else None
+    except Exception:  # no such module, or it cannot tell
         return None
     return name if isinstance(name, str) else None

@@ -1,15 +1,9 @@
-"""Which backends work here: each probed in a process of its own with a time limit; verdicts kept.
-
-Probes run with the import path of this process (never the working folder),
-forked by one server that imported PyTorch (see :mod:`.processes`). A verdict
-is remembered by what it judges (:func:`.verdicts.subject`: the identity of what
-the name runs, its targets' files, this machine) and by how it was found
-(model, device, level, time limit): any change probes again.
-"""
+"""A run of doctor: what to probe, its remembered verdicts, and the probe server it shares."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 
@@ -31,9 +25,8 @@ def start(registry: Registry, options: Options) -> Server:
     """The probe server for a run of ``options`` on ``registry``, importing PyTorch from now
     on (while this process finds what to probe); :class:`ModelError` where the model is
     nowhere. One server serves every run of this process while its environment, import
-    path and installed packages stay as they were: it imports no backend's code, and each
-    probe is a fresh fork of it. The server is the caller's until :func:`run` ends with it;
-    one another run still uses is stopped only once that run ends."""
+    path and installed packages stay as they were. It is the caller's until :func:`run`
+    ends with it; one another run still uses is stopped only once that run ends."""
     from .._definition import canonical
     from .._sources.finding import installed_stamp
     from .._sources.pytorch import torch_available
@@ -44,7 +37,7 @@ def start(registry: Registry, options: Options) -> Server:
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     _find_model(registry, options.model)
     path = import_path()
-    # Each probe runs in this process's environment of its run (see _run); what PyTorch
+    # Each probe runs in this process's environment of its run (see run); what PyTorch
     # read of it at import is the server's: a server started in another environment is
     # another, save for variables read only where they are used (the folders of the XDG
     # standard; the test pytest runs, which it sets anew for each test).
@@ -110,85 +103,74 @@ def run(
     probed once. An interruption kills every probe of this run. ``server``: what
     :func:`start` gave for the same registry and options (this run ends the caller's use).
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     options = options.checked()
     server = server or start(registry, options)
     try:
-        return _run(registry, names, options, on_progress, server)
+        names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
+        # Each name -> its definition (unknown names fail here), and the first name asked of it.
+        defined = {name: registry.backend_info(name).definition for name in names}
+        first: dict[str, str] = {}
+        for name, definition in defined.items():
+            if definition.source.kind == "runtime":
+                raise BackendRegistryError(
+                    f"backend {name!r} is registered at runtime in this process, which no probe"
+                    " shares: declare it in a manifest to probe it"
+                )
+            first[name] = next((n for n in first if defined[n] == definition), name)
+        model_path, model_file = _find_model(registry, options.model)
+        facts = options.facts(model_file, import_path())
+        memory = Verdicts(registry.context.cache)
+        subjects = {name: subject(registry, name) for name in names if first[name] == name}
+        results: dict[str, Verdict] = {}
+        for name, judged in subjects.items():
+            cached = None if options.fresh else memory.get(judged, facts)
+            if cached is not None and not (options.bench and cached.ok and cached.speedup is None):
+                results[name] = cached
+                if on_progress is not None:
+                    on_progress(name, cached.level, 0.0, True)
+        todo = [name for name in subjects if name not in results]
+        broken = server.wait_ready() if todo else None
+        if not todo or broken is not None:
+            for name in todo:  # no probe ran: nothing to remember
+                results[name] = Verdict(name, "crashed", 0, f"the probe could not start: {broken}")
+            return _sorted(results, first, names)
+        found: list[Any] = []
+        # Timing wants the machine alone; otherwise two at once, or one a core pair.
+        jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
+        pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
+        try:
+            context = registry.context
+            config = {  # how each probe of this run goes
+                "workdir": os.getcwd(),
+                "process_environ": dict(os.environ),
+                "registry": {  # what the probe builds the registry again from
+                    "cwd": context.cwd,
+                    "environ": dict(context.environ),
+                    "files": None if context.files is None else list(context.files),
+                    "sources": list(registry.sources),
+                },
+                "model_path": model_path,
+                **options._asdict(),
+            }
+            futures = {
+                name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
+                for name in todo
+            }
+            for name, future in futures.items():
+                results[name], code, missing = future.result()
+                found.append((subjects[name], facts, results[name], code, missing))
+        except BaseException:  # a bad model, an interruption: nothing more is started or left
+            pool.shutdown(wait=False, cancel_futures=True)
+            server.kill(owner=pool)  # this run's probes; another run's go on
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            memory.remember(found)
+        return _sorted(results, first, names)
     finally:
         _release(server)
-
-
-def _run(
-    registry: Registry,
-    names: Sequence[str] | None,
-    options: Options,
-    on_progress: Progress | None,
-    server: Server,
-) -> list[Verdict]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
-    # Each name -> its definition (unknown names fail here), and the first name asked of it.
-    defined = {name: registry.backend_info(name).definition for name in names}
-    first: dict[str, str] = {}
-    for name, definition in defined.items():
-        if definition.source.kind == "runtime":
-            raise BackendRegistryError(
-                f"backend {name!r} is registered at runtime in this process, which no probe"
-                " shares: declare it in a manifest to probe it"
-            )
-        first[name] = next((n for n in first if defined[n] == definition), name)
-    model_path, model_file = _find_model(registry, options.model)
-    facts = options.facts(model_file, import_path())
-    memory = Verdicts(registry.context.cache)
-    subjects = {name: subject(registry, name) for name in names if first[name] == name}
-    results: dict[str, Verdict] = {}
-    for name, judged in subjects.items():
-        cached = None if options.fresh else memory.get(judged, facts)
-        if cached is not None and not (options.bench and cached.ok and cached.speedup is None):
-            results[name] = cached
-            if on_progress is not None:
-                on_progress(name, cached.level, 0.0, True)
-    todo = [name for name in subjects if name not in results]
-    found: list[Any] = []
-    if not todo:
-        return _sorted(results, first, names)
-    # Timing wants the machine alone; otherwise two at once, or one a core pair.
-    jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
-    pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
-    try:
-        broken = server.wait_ready()
-        context = registry.context
-        config = {  # how each probe of this run goes
-            "workdir": os.getcwd(),
-            "process_environ": dict(os.environ),
-            "cwd": context.cwd,
-            "environ": dict(context.environ),
-            "files": None if context.files is None else list(context.files),
-            "sources": list(registry.sources),
-            "model_path": model_path,
-            **options._asdict(),
-        }
-        futures = {
-            name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
-            for name in (todo if broken is None else ())
-        }
-        for name in todo:
-            if broken is not None:  # no probe ran: nothing to remember
-                reason = f"the probe could not start: {broken}"
-                results[name] = Verdict(name, "crashed", 0, reason, 0.0)
-                continue
-            verdict, code, missing = futures[name].result()
-            results[name] = verdict
-            found.append((subjects[name], facts, results[name], code, missing))
-    except BaseException:  # a bad model, an interruption: nothing more is started or left
-        pool.shutdown(wait=False, cancel_futures=True)
-        server.kill(owner=pool)  # this run's probes; another run's go on
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        memory.remember(found)
-    return _sorted(results, first, names)
 
 
 def _sorted(results: dict[str, Verdict], first: dict[str, str], names: list[str]) -> list[Verdict]:
@@ -202,14 +184,11 @@ def import_path() -> list[str]:
     a probe imports what the registry would here, and nothing a folder it runs in offers."""
     path = list(sys.path)
     main = sys.modules.get("__main__")
-    by_module = getattr(main, "__spec__", None) is not None  # python -m: path[0] is the cwd
-    try:
-        here = os.path.realpath(os.getcwd())
-    except OSError:
-        here = None
-    if path and (path[0] == "" or (by_module and os.path.realpath(path[0]) == here)):
-        path = path[1:]
-    return [entry for entry in path if entry]
+    if path and getattr(main, "__spec__", None) is not None:  # python -m: path[0] is the cwd
+        with contextlib.suppress(OSError):  # no working folder: none to leave out
+            if os.path.realpath(path[0]) == os.path.realpath(os.getcwd()):
+                path = path[1:]
+    return [entry for entry in path if entry]  # "": the working folder, as -c puts it
 
 
 def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object]:
@@ -224,13 +203,11 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     module, _, factory = spec.partition(":")
     if not module or not factory:
         raise ModelError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. my_models:make")
-    folders = list(
-        dict.fromkeys(
-            folder
-            for d in registry.definitions((), with_torch=False)
-            if d.source.path is not None
-            for folder in d.search_path
-        )
+    folders = (
+        folder
+        for d in registry.definitions((), with_torch=False)
+        if d.source.path is not None
+        for folder in d.search_path
     )
     # As the probe finds it: on its import path (this one's, less the working folder),
     # else in a folder a manifest's backends search (a model beside the manifest included).
@@ -239,7 +216,7 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
         on_path = (sys.modules.get(top) or PathFinder.find_spec(top, import_path())) is not None
     except (ImportError, ValueError):
         on_path = False
-    path = [] if on_path else [f for f in folders if find(top, [f]) is not None][:1]
+    path = [] if on_path else [f for f in dict.fromkeys(folders) if find(top, [f]) is not None][:1]
     found = find(module, path) if on_path or path else None
     origin = getattr(found, "origin", None)
     if found is None or not isinstance(origin, str):

@@ -1,15 +1,11 @@
 """The child side of ``doctor``: a server that forks a fresh process per backend, and the probe.
 
-:data:`BOOT` starts the server under ``python -I`` (no working folder on the
-import path, no ``PYTHON*`` variables), its configuration as one JSON line on
-stdin, never on the command line (which every user can read). The server
-imports PyTorch once and then, for each backend asked for on its socket, forks
-a process of its own session that probes that one backend: no backend's code
-is ever imported into the server, so each probe starts where a fresh
-interpreter that imported PyTorch would. A probe reports on a pipe of its own,
-whatever the backend prints: each level as it is reached, then the verdict.
-Whatever kills it (a crash, a hang, ``os.abort()``) leaves the last level
-reported for the parent to tell; the server tells the parent how it ended.
+:data:`BOOT` starts the server under ``python -I`` (no working folder on the import
+path, no ``PYTHON*`` variables), its configuration on stdin, never on the command line
+(which every user can read). No backend's code is ever imported into the server, so
+each probe starts where a fresh interpreter that imported PyTorch would. A probe
+reports each level as it reaches it, then its verdict, on a pipe of its own: whatever
+kills it leaves the last level reported for the parent to tell.
 """
 
 from __future__ import annotations
@@ -140,25 +136,8 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     from .verdicts import known_failure
 
     name = config["name"]
-    started = time.perf_counter()
-
-    def verdict(status: str, level: int, reason: str = "", **extra: Any) -> dict[str, Any]:
-        return {
-            "name": name,
-            "status": status,
-            "level": level,
-            "reason": reason,
-            "seconds": round(time.perf_counter() - started, 3),
-            **extra,
-        }
-
-    registry = Registry(
-        known_failure=known_failure,
-        cwd=config.get("cwd"),
-        environ=config.get("environ"),
-        sources=config.get("sources"),
-        files=config.get("files"),
-    )
+    verdict = functools.partial(_verdict, name, time.perf_counter())
+    registry = Registry(known_failure=known_failure, **config["registry"])
     try:
         info = registry.backend_info(name)
         # A chain that names itself cannot be loaded as written: not "unavailable here".
@@ -248,6 +227,20 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     )
 
 
+def _verdict(
+    name: str | None, started: float, status: str, level: int, reason: str = "", **extra: Any
+) -> dict[str, Any]:
+    """A verdict as the probe reports it, its seconds counted from ``started``."""
+    return {
+        "name": name,
+        "status": status,
+        "level": level,
+        "reason": reason,
+        "seconds": round(time.perf_counter() - started, 3),
+        **extra,
+    }
+
+
 def _device(spec: str) -> Any:
     """The device to probe on (``None``: there is none of that kind here); :class:`ModelError`
     for what names no device."""
@@ -297,20 +290,14 @@ def _timed(eager: Eager, fn: Any) -> list[float]:
     """Seconds a call of ``fn`` on the model's inputs, for each of :data:`ROUNDS`, after
     a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
     that the clock and a stray interruption weigh little in it."""
+    import timeit
+
     import torch
 
-    times = []
+    timer = timeit.Timer(lambda: eager(fn))
     with torch.no_grad():
-        start = time.perf_counter()
-        eager(fn)
-        once = max(time.perf_counter() - start, 1e-7)
-        calls = min(10_000, max(5, int(0.01 / once)))
-        for _round in range(ROUNDS):
-            start = time.perf_counter()
-            for _ in range(calls):
-                eager(fn)
-            times.append((time.perf_counter() - start) / calls)
-    return times
+        calls = min(10_000, max(5, int(0.01 / max(timer.timeit(1), 1e-7))))
+        return [seconds / calls for seconds in timer.repeat(ROUNDS, calls)]
 
 
 def _spread(times: list[float]) -> float:
@@ -335,9 +322,7 @@ def main(config: dict[str, Any]) -> None:
     except ModelError as exc:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
-        seconds = round(time.perf_counter() - started, 3)
-        verdict = {"name": config.get("name"), "status": "crashed", "level": 0}
-        result = {"verdict": {**verdict, "reason": one_line(exc), "seconds": seconds}}
+        result = {"verdict": _verdict(config.get("name"), started, "crashed", 0, one_line(exc))}
     try:
         result["code"] = imported_code()
     except Exception:

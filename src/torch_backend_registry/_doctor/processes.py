@@ -38,21 +38,9 @@ GRACE = 2.0
 STARTUP = 60.0
 
 
-class _Probe:
-    """One probe process: the run it belongs to (what :meth:`Server.kill` ends with it), its
-    exit code once ended."""
-
-    def __init__(self, owner: object) -> None:
-        self.owner = owner
-        self.code: int | None = None
-        self.ended = threading.Event()
-
-
 class Server:
-    """The probe server: importing PyTorch from the moment it is made, with the import path
-    ``path``; probing a backend per :meth:`probe` call (from as many threads as probes
-    should run at once), each told how in its own configuration; stopped by :meth:`close`,
-    or when this process ends."""
+    """The probe server, importing PyTorch with the import path ``path`` from the moment it is
+    made; :meth:`probe` is called from as many threads as probes should run at once."""
 
     def __init__(self, path: list[str]) -> None:
         import subprocess
@@ -66,8 +54,7 @@ class Server:
         self.broken: str | None = None
         #: How many runs use it (see :func:`.parent.start`).
         self.users = 0
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._socket = ours
+        self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # Only the server's own words go there (importing PyTorch): each probe has its own.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         self._process = subprocess.Popen(
@@ -92,21 +79,15 @@ class Server:
         return self._process.poll() is None and self.broken is None
 
     def _read(self) -> None:
-        while True:
-            try:
-                message = self._socket.recv(65536)
-            except OSError:
-                message = b""
-            if not message:
-                break
-            said = json.loads(message)
-            if "ready" in said or "broken" in said:
-                self.broken = said.get("broken")
-                self._ready.set()
-                continue
-            with self._lock:
-                probe = self._probes.get(said["ended"])
-            if probe is not None:
+        with contextlib.suppress(OSError):
+            while message := self._socket.recv(65536):
+                said = json.loads(message)
+                if "ready" in said or "broken" in said:
+                    self.broken = said.get("broken")
+                    self._ready.set()
+                    continue
+                with self._lock:
+                    probe = self._probes[said["ended"]]  # each number is known before it is sent
                 probe.code = said["code"]
                 probe.ended.set()
         # The server is gone: every probe with it (its session killed them).
@@ -118,7 +99,7 @@ class Server:
         with self._lock:
             for probe in self._probes.values():
                 if not probe.ended.is_set():
-                    probe.code = probe.code if probe.code is not None else -9
+                    probe.code = -9
                     probe.ended.set()
 
     def wait_ready(self) -> str | None:
@@ -147,7 +128,7 @@ class Server:
         # reads nothing.
         config_end, config_in = os.pipe()
         threading.Thread(target=_write, args=(config_in, json.dumps(config)), daemon=True).start()
-        probe = _Probe(owner)
+        probe = _Probe(owner, [r for r, _w in ends])
         with self._lock:
             number = len(self._probes)
             self._probes[number] = probe
@@ -166,35 +147,33 @@ class Server:
             for _r, w in ends:
                 os.close(w)
             os.close(config_end)
-        watch = _Watch(ends[0][0], ends[1][0], ends[2][0], progress)
         try:
-            timed_out = not _wait(probe, watch, timeout, progress)
+            timed_out = not probe.wait(timeout, progress)
         finally:
             self._kill(number)  # at the time limit, on an interruption, or what it left behind
             probe.ended.wait(GRACE)
-            watch.finish()
+            until = time.monotonic() + GRACE  # a moment for the verdict
+            while not probe.done and (left := until - time.monotonic()) > 0:
+                probe.read(left)
             for r, _w in ends:
                 os.close(r)
-        progress(watch.level, True)
+        progress(probe.level, True)
         seconds = round(time.perf_counter() - started, 3)
-        if watch.model_error is not None:
-            raise ModelError(watch.model_error)
+        if "model_error" in probe.report:
+            raise ModelError(probe.report["model_error"])
         if timed_out:
-            reason = f"no verdict after {timeout:g} s at level {watch.level}"
-            reason = f"{reason} ({level_name(watch.level)}); killed"
-            return Verdict(name, "timeout", watch.level, reason, seconds), None, []
-        report = watch.report
-        if report:
-            data = {**report["verdict"], "name": name}
-            missing = data.pop("missing", None)
+            reason = f"no verdict after {timeout:g} s at level {probe.level}"
+            reason = f"{reason} ({level_name(probe.level)}); killed"
+            return Verdict(name, "timeout", probe.level, reason, seconds), None, []
+        if probe.report:
+            data = {**probe.report["verdict"], "name": name}
             if data.get("status") == "crashed" and not data.get("level"):
-                data["level"] = watch.level
+                data["level"] = probe.level
             with contextlib.suppress(TypeError):  # not a verdict: the probe crashed
-                verdict = _diagnosed(Verdict.from_json(data), watch.errors)
-                found = [m for m in missing or [] if isinstance(m, str)]
-                return verdict, report.get("code"), found
-        reason = _crash_reason(probe.code, watch.tail)
-        return Verdict(name, "crashed", watch.level, reason, seconds), None, []
+                verdict = _diagnosed(Verdict.from_json(data), probe.errors)
+                return verdict, probe.report.get("code"), data.get("missing", [])
+        reason = _crash_reason(probe.code, probe.tail)
+        return Verdict(name, "crashed", probe.level, reason, seconds), None, []
 
     def kill(self, owner: object) -> None:
         """Kill every probe of the run ``owner`` still running, and its session."""
@@ -224,83 +203,75 @@ class Server:
         self._stderr.close()
 
 
-def _wait(
-    probe: _Probe, watch: _Watch, timeout: float, progress: Callable[[int, bool], None]
-) -> bool:
-    """Wait for the probe to end, telling ``progress`` about it as time passes; ``False``
-    at the time limit. The limit counts from the probe's first report, past reading the
-    registry and running the model eagerly (within a minute or the limit, whichever is
-    longer): it is the backend's time, not the probe's."""
-    deadline = time.monotonic() + max(STARTUP, timeout)
-    while True:
-        if watch.level and deadline - time.monotonic() > timeout:
-            deadline = time.monotonic() + timeout  # the backend's time starts now
-        progress(watch.level, False)
-        if probe.ended.wait(min(0.25, max(0.0, deadline - time.monotonic()))):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-
-
 def _write(fd: int, text: str) -> None:
-    data = text.encode()
-    try:
-        while data:
-            data = data[os.write(fd, data) :]
-    except OSError:
-        pass  # the probe is gone: nobody reads it
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError), open(fd, "wb") as stream:  # gone: nobody reads it
+        stream.write(text.encode())
 
 
-class _Watch:
-    """Reads a probe's report pipe and its output, in a thread, until told to stop: a pipe
-    that a process the backend started keeps open must not keep doctor waiting."""
+class _Probe:
+    """One probe process: the run it belongs to (what :meth:`Server.kill` ends with it), its
+    exit code once ended, and what it says on its report pipe and prints, read by the
+    thread that waits for it (a pipe that a process the backend started keeps open must
+    not keep doctor waiting)."""
 
-    def __init__(
-        self, channel: int, output: int, errors: int, progress: Callable[[int, bool], None]
-    ) -> None:
-        self.channel, self.output, self.error_fd = channel, output, errors
-        self.progress = progress
+    def __init__(self, owner: object, fds: list[int]) -> None:
+        self.owner = owner
+        self.code: int | None = None
+        self.ended = threading.Event()
+        self.channel, _output, self.error_fd = fds
+        self.open = list(fds)
         self.level = 0
-        #: The probe's last report: its verdict, the code it ran.
+        #: The probe's last report: its verdict (or why the model cannot be built), the code
+        #: it ran.
         self.report: dict[str, Any] = {}
-        self.model_error: str | None = None
         #: The last of what it printed, and of what it printed to stderr alone.
         self.tail = bytearray()
         self.errors = bytearray()
         self._pending = bytearray()
-        self._stop = threading.Event()
-        #: Set once the last report came, or every pipe closed.
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
-    def finish(self) -> None:
-        """Wait a moment (:data:`GRACE`) for the verdict, then stop reading."""
-        self._done.wait(GRACE)
-        self._stop.set()
-        self._thread.join()
+    @property
+    def done(self) -> bool:
+        """Whether the last report came, or every pipe closed."""
+        return bool(self.report) or not self.open
 
-    def _run(self) -> None:
+    def wait(self, timeout: float, progress: Callable[[int, bool], None]) -> bool:
+        """Read the pipes until the process ends, telling ``progress`` of each level reached
+        and as time passes; ``False`` at the time limit. The limit counts from the first
+        report, past reading the registry and running the model eagerly (within a minute or
+        the limit, whichever is longer): it is the backend's time, not the probe's."""
+        deadline = time.monotonic() + max(STARTUP, timeout)
+        told, next_tell = -1, 0.0
+        while not self.ended.is_set():
+            now = time.monotonic()
+            if self.level and deadline - now > timeout:
+                deadline = now + timeout  # the backend's time starts now
+            if now >= deadline:
+                return False
+            if self.level != told or now >= next_tell:
+                progress(self.level, False)
+                told, next_tell = self.level, now + 0.25
+            self.read(min(0.25, deadline - now))
+        return True
+
+    def read(self, seconds: float) -> None:
+        """Read what comes within ``seconds``; with every pipe closed, wait for the end."""
         import select
 
-        open_fds = [self.channel, self.output, self.error_fd]
-        while open_fds and not self._stop.is_set():
-            ready, _, _ = select.select(open_fds, [], [], 0.05)
-            for fd in ready:
-                data = os.read(fd, 65536)
-                if not data:
-                    open_fds.remove(fd)
-                elif fd in (self.output, self.error_fd):
-                    self.tail += data
-                    del self.tail[:-TAIL]  # a backend may print without end: keep its last words
-                    if fd == self.error_fd:
-                        self.errors += data
-                        del self.errors[:-TAIL]
-                else:
-                    self._report(data)
-        self._done.set()
+        if not self.open:
+            self.ended.wait(seconds)
+            return
+        for fd in select.select(self.open, [], [], seconds)[0]:
+            data = os.read(fd, 65536)
+            if not data:
+                self.open.remove(fd)
+            elif fd == self.channel:
+                self._report(data)
+            else:
+                self.tail += data
+                del self.tail[:-TAIL]  # a backend may print without end: keep its last words
+                if fd == self.error_fd:
+                    self.errors += data
+                    del self.errors[:-TAIL]
 
     def _report(self, data: bytes) -> None:
         self._pending += data
@@ -315,13 +286,8 @@ class _Watch:
                 continue
             if isinstance(message.get("level"), int):
                 self.level = message["level"]
-                self.progress(self.level, False)
-            if isinstance(message.get("verdict"), dict):
+            if isinstance(message.get("verdict"), dict) or "model_error" in message:
                 self.report = message
-                self._done.set()
-            if isinstance(message.get("model_error"), str):
-                self.model_error = message["model_error"]
-                self._done.set()
 
 
 #: A reason that sends its reader elsewhere for the cause ("JIT compilation failed. See

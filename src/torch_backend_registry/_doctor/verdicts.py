@@ -1,16 +1,15 @@
 """Doctor's verdicts: what probing a backend found, remembered by everything it depends on.
 
-A verdict is about a *subject*: the identity of what a name runs (its chain's
-members' included), the file and modification time of every target module it
-may import, and the machine (Python, platform, PyTorch). It was found by a
-*probe*: the model, the device, the level asked for and the time limit. A run
-of ``doctor`` reuses a verdict of the same subject and probe; a listing shows
-the newest verdict of the subject on the built-in model and the CPU; a chain
-with ``skip-known-failures`` skips a member with such a verdict of failure.
+A verdict is about a *subject* (:func:`subject`) and was found by a *probe*: the
+model, the device, the level asked for and the time limit. A run of ``doctor``
+reuses a verdict of the same subject and probe; a listing shows the newest verdict
+of the subject on the built-in model and the CPU; a chain with
+``skip-known-failures`` skips a member with such a verdict of failure.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -108,8 +107,8 @@ class Verdict(NamedTuple):
         else (a remembered verdict of another shape is not one)."""
         facts = {k: v for k, v in data.items() if k in _KINDS}
         for fact, value in facts.items():  # what is left out takes its default
-            kinds = _KINDS[fact]
-            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            # True is an int to Python, and no fact is a bool.
+            if isinstance(value, bool) or not isinstance(value, _KINDS[fact]):
                 raise TypeError(f"a verdict's {fact} cannot be {value!r}")
         if facts.get("status") not in STATUSES:
             raise TypeError(f"no such status: {facts.get('status')!r}")
@@ -229,19 +228,17 @@ class Verdicts:
 
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
-        self._table: dict[str, Any] | None = None
 
-    def _load(self) -> dict[str, Any]:
-        if self._table is None:
-            table = self.cache.get(self.KIND, self.KEY)
-            self._table = table if isinstance(table, dict) else {}
-        return self._table
+    @functools.cached_property
+    def _table(self) -> dict[str, Any]:
+        table = self.cache.get(self.KIND, self.KEY)
+        return table if isinstance(table, dict) else {}
 
     def __len__(self) -> int:
-        return len(self._load())
+        return len(self._table)
 
     def _probes(self, subject: str) -> dict[str, Any]:
-        probes = self._load().get(_digest(subject))
+        probes = self._table.get(_digest(subject))
         return probes if isinstance(probes, dict) else {}
 
     def get(self, subject: str, probe: Mapping[str, Any]) -> Verdict | None:
@@ -259,18 +256,16 @@ class Verdicts:
         return next(filter(None, map(_read, sorted(found, key=_when, reverse=True))), None)
 
     def put(self, subject: str, probe: Mapping[str, Any], verdict: Verdict) -> None:
-        """Remember ``verdict`` of ``subject`` found by ``probe``."""
         self.remember([(subject, probe, verdict, None, [])])
 
     def remember(
         self, found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]]
     ) -> None:
-        """Remember verdicts, each with its subject, its probe, the code it ran and the
-        modules it missed, in one write. The table is read again and written under the
-        cache's lock: two runs ending together both keep what they found."""
+        """Remember verdicts in one write, the table read again under the cache's lock: two
+        runs ending together both keep what they found."""
         with self.cache.locked(self.KIND):
-            self._table = None
-            table = self._load()
+            vars(self).pop("_table", None)  # read again, under the lock
+            table = self._table
             for subject, probe, verdict, code, missing in found:
                 probes = self._probes(subject)
                 table[_digest(subject)] = probes
@@ -307,8 +302,7 @@ def _newest(probes: Any) -> float:
 
 
 def _read(entry: Any) -> Verdict | None:
-    """The verdict ``entry`` holds where what it was found on is as it was (the code it ran,
-    the modules it missed still missing); ``None`` for an entry of another shape."""
+    """The verdict ``entry`` holds, where still current; ``None`` for one of another shape."""
     try:
         if any(stamp(str(stamped[0])) != stamped for stamped in entry.get("code") or ()):
             return None
