@@ -45,9 +45,9 @@ class Registry:
     "torch")`` (precedence stays the documented one whatever the order given),
     and ``files`` names manifests to read as the env source instead of
     ``TORCH_BACKENDS_PATH`` (what ``torch-backends check FILE...`` does).
-    ``known_failure(registry, name)`` says why a backend is known to fail here (doctor's
-    remembered verdicts, by default in the public ``Registry``), for a chain that skips
-    known failures.
+    ``known_failure(registry, name)`` says why a backend is known to fail here, for a
+    chain that skips known failures (by default in the public ``Registry``: doctor's
+    remembered verdicts).
     """
 
     def __init__(
@@ -67,7 +67,7 @@ class Registry:
             )
         #: The source kinds this registry reads, highest precedence first.
         self.sources: tuple[SourceKind, ...] = tuple(k for k in SOURCE_KINDS if k in kinds)
-        #: Why a backend is known to fail here, for chains that skip known failures.
+        #: See the class's docstring; read at each skip, so it may be replaced at any time.
         self.known_failure = known_failure
         self._cwd = None if cwd is None else os.fspath(cwd)
         if self._cwd is not None and not os.path.isdir(self._cwd):
@@ -255,16 +255,12 @@ class Registry:
             if problem is not None:
                 raise ManifestError.of(problem)
             check_requirements(definition)
-            skip = self._known_failure if definition.skip_known_failures else None
-            fn = (
-                ChainBackend(
-                    definition,
-                    lookup=self.lookup_backend,
-                    info=self.backend_info,
-                    known_failure=skip,
-                )
-                if definition.by_device is None
-                else DeviceBackend(definition, lookup=self.lookup_backend, info=self.backend_info)
+            composite = ChainBackend if definition.by_device is None else DeviceBackend
+            fn = composite(
+                definition,
+                lookup=self.lookup_backend,
+                info=self.backend_info,
+                known_failure=self._known_failure if definition.skip_known_failures else None,
             )
         else:
             from ._loader import load_target
@@ -276,7 +272,6 @@ class Registry:
         return fn
 
     def _known_failure(self, name: str) -> str | None:
-        """Why ``name`` is known to fail here, where this registry was told how to know."""
         return None if self.known_failure is None else self.known_failure(self, name)
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
@@ -300,7 +295,7 @@ class Registry:
         its ``problem``.
         """
         exclude = set(exclude_tags or ())
-        winners = self._live(with_torch).index(with_torch).winners(broken=broken)
+        winners = self.index(with_torch=with_torch).winners(broken=broken)
         return sorted((d for d in winners if exclude.isdisjoint(d.tags)), key=lambda d: d.name)
 
     def backend_info(self, name: str) -> BackendInfo:
