@@ -1,11 +1,9 @@
 """One reading of a registry's sources: taken on first need, then answered from until refresh().
 
-A snapshot fixes the working directory and the environment when it is made,
-reads each source at most once (PyTorch's only when asked, as it imports
-torch), merges once, and holds what was derived from that reading: the
-indexes, availability answers, the loaded callables. PyTorch's registry is an
-in-memory dict that plugins may add to at any time; :meth:`Snapshot.torch_changed`
-compares its names (a dict read, no metadata, no file) with what was read.
+A snapshot fixes the working directory and the environment when it is made, reads each
+source at most once (PyTorch's only when asked, as it imports torch), and holds what was
+derived from that reading. PyTorch's registry is a dict that plugins may add to at any
+time: :meth:`Snapshot.torch_changed` compares its names with what was read.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ if TYPE_CHECKING:
     from ._definition import BackendDefinition, Discovery, Problem, SourceKind
     from ._merge import Index
     from ._sources import Context
-    from ._sources.cache import Cache
 
 
 class Snapshot:
@@ -52,13 +49,12 @@ class Snapshot:
             here: str | None = os.path.abspath(cwd or os.getcwd())
         except OSError:  # the working directory was removed under the process
             here = None
-        self.environ: Mapping[str, str] = dict(os.environ if environ is None else environ)
-        self.cache: Cache = Cache(cache_folder(self.environ))
+        environ = dict(os.environ if environ is None else environ)
         self.context: Context = Context(
             cwd=here,
-            environ=self.environ,
+            environ=environ,
             runtime=runtime,
-            cache=self.cache,
+            cache=Cache(cache_folder(environ)),
             files=files,
             fresh=fresh,
             entry_point_names=self.entry_point_names,
@@ -67,8 +63,8 @@ class Snapshot:
         self._found: dict[SourceKind, Discovery] = dict(found or {})
         self._indexes: dict[bool, Index] = {}
         self._entry_point_names: frozenset[str] | None = None
-        #: Why each definition cannot be used here (``None``: it can); filled on demand.
-        self.available: dict[BackendDefinition, str | None] = {}
+        # Why each definition cannot be used here (None: it can); filled on demand.
+        self._available: dict[BackendDefinition, str | None] = {}
         #: The callables looked up, by name (the hot path) and by definition (a name
         #: and its aliases give one object).
         self.loaded: dict[str, Callable[..., Any]] = {}
@@ -87,7 +83,7 @@ class Snapshot:
         return Snapshot(
             self.kinds,
             cwd=ctx.cwd,
-            environ=self.environ,
+            environ=ctx.environ,
             files=ctx.files,
             runtime=ctx.runtime if runtime is None else runtime,
             fresh=ctx.fresh,
@@ -136,7 +132,7 @@ class Snapshot:
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         if with_torch:
             found = self.found("torch").definitions
-            own = pytorch.pytorch_names(self.cache) | {
+            own = pytorch.pytorch_names(self.context.cache) | {
                 d.name for d in found if pytorch.own(d.compiler_fn)
             }
         else:
@@ -160,11 +156,10 @@ class Snapshot:
     def pytorch_names(self) -> frozenset[str]:
         """The names of PyTorch's own backends: those known without importing torch, and
         those in its registry now, where that is loaded."""
-        names = pytorch.pytorch_names(self.cache)
-        found = self._registered()
-        if found is None:
-            return names
-        return names | {name for name, fn in found.items() if pytorch.own(fn)}
+        live = self._registered() or {}
+        return pytorch.pytorch_names(self.context.cache) | {
+            n for n, fn in live.items() if pytorch.own(fn)
+        }
 
     def _registered(self) -> dict[str, Any] | None:
         if not pytorch.dynamo_imported():
@@ -191,8 +186,8 @@ class Snapshot:
         self, definition: BackendDefinition, visiting: frozenset[str] = frozenset()
     ) -> str | None:
         """Why ``definition`` cannot be used here (``None``: it can); see the registry's."""
-        if definition in self.available:
-            return self.available[definition]
+        if definition in self._available:
+            return self._available[definition]
         reason: str | None = None
         missing = missing_requirements(definition)
         if missing:
@@ -201,7 +196,7 @@ class Snapshot:
             reason = pytorch.missing_device(definition.name)
         elif definition.members:
             reason = self._why_chain(definition, visiting | {definition.name})
-        self.available[definition] = reason  # the same answer whichever thread found it
+        self._available[definition] = reason  # the same answer whichever thread found it
         return reason
 
     def _why_chain(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
