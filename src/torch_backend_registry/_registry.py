@@ -149,11 +149,10 @@ class Registry:
         nothing of PyTorch's registry (the lowest source), unless what it ``shadows`` is
         asked for; PyTorch's backends are read (importing torch) on a miss, and a name its
         registry gained since is found at once."""
+        from ._sources.pytorch import dynamo_imported
+
         snapshot = self._current()
         index = snapshot.index(with_torch=False)
-        if "torch" not in self.sources:
-            return snapshot, index
-        from ._sources.pytorch import dynamo_imported
 
         if name in index.by_key and not (shadows and dynamo_imported()):
             return snapshot, index
