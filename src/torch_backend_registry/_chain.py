@@ -253,9 +253,7 @@ def passed_through() -> tuple[type[BaseException], ...]:
     caller's arguments a member refuses. Any other exception is a member failing."""
     import torch._dynamo.exc as exc
 
-    names = ("RestartAnalysis", "SkipFrame")
-    signals = tuple(getattr(exc, name) for name in names if hasattr(exc, name))
-    return (*signals, RefusedArguments)
+    return exc.RestartAnalysis, exc.SkipFrame, RefusedArguments
 
 
 def device_type(gm: Any, example_inputs: Any) -> str:
