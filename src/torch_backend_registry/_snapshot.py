@@ -37,9 +37,6 @@ class Snapshot:
         files: Sequence[str] | None,
         runtime: Sequence[BackendDefinition],
         fresh: bool,
-        found: Mapping[SourceKind, Discovery] | None = None,
-        warned: set[str] | None = None,
-        by_definition: dict[BackendDefinition, Callable[..., Any]] | None = None,
     ) -> None:
         from ._sources import Context
         from ._sources.cache import Cache, cache_folder
@@ -60,7 +57,7 @@ class Snapshot:
             entry_point_names=self.entry_point_names,
         )
         self.lock = ForkSafeLock()
-        self._found: dict[SourceKind, Discovery] = dict(found or {})
+        self._found: dict[SourceKind, Discovery] = {}
         self._indexes: dict[bool, Index] = {}
         self._entry_point_names: frozenset[str] | None = None
         # Why each definition cannot be used here (None: it can); filled on demand.
@@ -68,31 +65,31 @@ class Snapshot:
         #: The callables looked up, by name (the hot path) and by definition (a name
         #: and its aliases give one object).
         self.loaded: dict[str, Callable[..., Any]] = {}
-        self.by_definition: dict[BackendDefinition, Callable[..., Any]] = by_definition or {}
+        self.by_definition: dict[BackendDefinition, Callable[..., Any]] = {}
         #: What was said as a warning, so that each problem is said once a reading.
-        self._warned = set() if warned is None else warned
+        self._warned: set[str] = set()
 
     def derive(
         self, *, runtime: Sequence[BackendDefinition] | None = None, torch: bool = True
     ) -> Snapshot:
         """The same reading with other runtime registrations (``torch=False``: PyTorch's
         registry read again too). Nothing else is read again."""
-        read_again = ("runtime",) if torch else ("runtime", "torch")
-        found = {k: v for k, v in self._found.items() if k not in read_again}
         ctx = self.context
-        return Snapshot(
+        derived = Snapshot(
             self.kinds,
             cwd=ctx.cwd,
             environ=ctx.environ,
             files=ctx.files,
             runtime=ctx.runtime if runtime is None else runtime,
             fresh=ctx.fresh,
-            found=found,
-            warned=self._warned,
-            # A definition read alike gives the callable it gave: a registration of another
-            # name must not make torch.compile's cached backends look new.
-            by_definition=self.by_definition,
         )
+        read_again = ("runtime",) if torch else ("runtime", "torch")
+        derived._found = {k: v for k, v in self._found.items() if k not in read_again}
+        derived._warned = self._warned
+        # A definition read alike gives the callable it gave: a registration of another name
+        # must not make torch.compile's cached backends look new.
+        derived.by_definition = self.by_definition
+        return derived
 
     # ------------------------------------------------------------------ reading
 
