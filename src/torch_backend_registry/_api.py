@@ -33,8 +33,7 @@ if TYPE_CHECKING:
 
 
 def _known_failure(registry: _registry.Registry, name: str) -> str | None:
-    """doctor's remembered verdicts, asked only when a chain skips known failures."""
-    from ._doctor.verdicts import known_failure
+    from ._doctor.verdicts import known_failure  # imported only when a chain skips one
 
     return known_failure(registry, name)
 
@@ -111,8 +110,7 @@ def install(
 
 
 def verify_asked(registry: Registry) -> bool:
-    """Whether ``TORCH_BACKENDS_VERIFY`` in the registry's environment asks install() to
-    compare the ranks."""
+    """Whether the registry's environment asks install() to compare the ranks."""
     from ._cluster import VERIFY_VAR
 
     return registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0")

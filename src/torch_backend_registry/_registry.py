@@ -122,8 +122,7 @@ class Registry:
         return snapshot
 
     def _live(self, with_torch: bool = True) -> Snapshot:
-        """The snapshot; ``with_torch``, with PyTorch's registry read again where that
-        changed since."""
+        """The snapshot, ``with_torch`` PyTorch's registry read again where it changed."""
         snapshot = self._current()
         if with_torch and snapshot.torch_changed():
             with self._lock:

@@ -94,7 +94,6 @@ class Snapshot:
     # ------------------------------------------------------------------ reading
 
     def found(self, kind: SourceKind) -> Discovery:
-        """What the source of ``kind`` holds, read on first need."""
         found = self._found.get(kind)
         if found is None:
             from ._sources import READERS
@@ -182,7 +181,7 @@ class Snapshot:
     def why_unavailable(
         self, definition: BackendDefinition, visiting: frozenset[str] = frozenset()
     ) -> str | None:
-        """Why ``definition`` cannot be used here (``None``: it can); see the registry's."""
+        """See the registry's; ``visiting``: the chains it is asked for inside."""
         if definition in self._available:
             return self._available[definition]
         reason: str | None = None
