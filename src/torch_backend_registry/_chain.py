@@ -199,8 +199,8 @@ def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:
 
     if isinstance(exc, UnknownBackendError) and not exc.suggestions:
         # Disabled, or left out by the plugin policy: it says so; else it is not here.
-        said = exc.note if exc.note.startswith(("disabled by", "distribution ")) else ""
-        return said or "not installed here", "note"
+        disabled = exc.note.startswith(("disabled by", "distribution "))
+        return exc.note if disabled else "not installed here", "note"
     if isinstance(exc, UnknownBackendError):
         return exc.brief, "warning"
     return str(exc), "error" if isinstance(exc, ManifestError) else "warning"
