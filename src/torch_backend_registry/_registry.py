@@ -15,12 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, TypeVar, overload
 
-    from ._definition import (
-        BackendDefinition,
-        DefaultDeclaration,
-        Problem,
-        SourceKind,
-    )
+    from ._definition import BackendDefinition, DefaultDeclaration, Problem, SourceKind
     from ._merge import Index
     from ._snapshot import Snapshot
     from ._sources import Context
