@@ -42,23 +42,23 @@ class _LazyBackend:
 
     def __init__(self, registry: Registry, name: str) -> None:
         self.registry = registry
-        self.name = name
         self.__name__ = self.__qualname__ = name
         setattr(self, STAND_IN, True)
 
     def __repr__(self) -> str:
-        return f"<torch-backend-registry backend {self.name!r}>"
+        return f"<torch-backend-registry backend {self.__name__!r}>"
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         from ._chain import member_compiler
         from ._loader import cannot_compile
 
-        fn = self.registry.lookup_backend(self.name)
+        name = self.__name__
+        fn = self.registry.lookup_backend(name)
         why = cannot_compile(fn, kwargs)
         if why is not None:  # said plainly, not as the TypeError calling it would raise
-            raise TypeError(f"backend {self.name!r} {why}")
-        definition = self.registry.backend_info(self.name).definition
-        return member_compiler(self.name, definition, fn, kwargs)(gm, example_inputs)
+            raise TypeError(f"backend {name!r} {why}")
+        definition = self.registry.backend_info(name).definition
+        return member_compiler(name, definition, fn, kwargs)(gm, example_inputs)
 
 
 def _dynamo() -> Any:
