@@ -6,11 +6,15 @@ it is loaded for the rest of the process (see ``_finding``).
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import sys
 
-from ._errors import BackendLoadError, closest, warn
+from ._definition import target_of
+from ._errors import BackendLoadError, ManifestError, closest, warn
 from ._sources.finding import missing_requirements, python_path_finder, searching
+from ._sources.pytorch import torch_version
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -92,11 +96,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
             key, message = wrong
             if definition.source.path is None:
                 raise _error(definition, message)
-            from ._errors import ManifestError
-
             raise ManifestError.of(definition.located(message, "options", key))
-        import functools
-
         bound = functools.partial(obj, **definition.options)
         functools.update_wrapper(bound, obj)
         return bound
@@ -216,8 +216,6 @@ def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]
     """The keyword arguments for ``fn`` from what torch.compile passed to backend ``name``:
     its ``options`` table unpacked (unless ``fn`` takes ``options`` itself) and ``mode``; a
     :class:`TypeError`, worded as for a manifest's option, for one ``fn`` does not take."""
-    from ._definition import target_of
-
     passed = dict(given)
     options = passed.pop("options", None)
     accepted = accepted_options(fn)
@@ -233,8 +231,6 @@ def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]
 
 def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
     """Drop the modules a failed load added: the target's own, and those of its folders."""
-    import os
-
     importlib.invalidate_caches()
     roots = tuple(os.path.join(folder, "") for folder in folders)
     for name in set(sys.modules) - before:
@@ -284,8 +280,6 @@ def _why(exc: BaseException) -> str:
     said = f"{type(exc).__name__}: {exc}"
     if "undefined symbol" not in str(exc):
         return said
-    from ._sources.pytorch import torch_version
-
     version = torch_version()
     here = f" ({version})" if version else ""
     return (

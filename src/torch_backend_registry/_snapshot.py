@@ -12,7 +12,9 @@ import os
 
 from ._errors import BackendRegistryError, warn_problem
 from ._forksafe import ForkSafeLock
-from ._sources import pytorch
+from ._sources import READERS, Context, pytorch
+from ._sources.cache import Cache, cache_folder
+from ._sources.entry_points import read_entry_points
 from ._sources.finding import missing_requirements
 
 TYPE_CHECKING = False
@@ -22,7 +24,6 @@ if TYPE_CHECKING:
 
     from ._definition import BackendDefinition, Discovery, Problem, SourceKind
     from ._merge import Index
-    from ._sources import Context
 
 
 class Snapshot:
@@ -38,9 +39,6 @@ class Snapshot:
         runtime: Sequence[BackendDefinition],
         fresh: bool,
     ) -> None:
-        from ._sources import Context
-        from ._sources.cache import Cache, cache_folder
-
         self.kinds = kinds
         try:
             here: str | None = os.path.abspath(cwd or os.getcwd())
@@ -96,8 +94,6 @@ class Snapshot:
     def found(self, kind: SourceKind) -> Discovery:
         found = self._found.get(kind)
         if found is None:
-            from ._sources import READERS
-
             # Read with no lock held (reading PyTorch's imports torch: seconds, which must
             # not stall another thread's lookup); two threads reading at once keep the first.
             read = READERS[kind](self.context)
@@ -108,12 +104,9 @@ class Snapshot:
     def entry_point_names(self) -> frozenset[str]:
         """The names installed distributions declare (read once; PyTorch holds them too)."""
         if self._entry_point_names is None:
-            if "entry-point" in self.kinds:
-                found = self.found("entry-point")
-            else:
-                from ._sources.entry_points import read_entry_points
-
-                found = read_entry_points()
+            found = (
+                self.found("entry-point") if "entry-point" in self.kinds else read_entry_points()
+            )
             self._entry_point_names = frozenset(d.name for d in found.definitions)
         return self._entry_point_names
 
