@@ -1,7 +1,7 @@
 """Turning a definition into a callable: the one place that imports backend code.
 
 A target's ``python-path`` folders are searched while it is imported, and once
-it is loaded for the rest of the process (see ``_finding``).
+it is loaded for the rest of the process (see ``_sources.finding``).
 """
 
 from __future__ import annotations
