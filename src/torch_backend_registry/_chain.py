@@ -126,7 +126,8 @@ def own_copy(gm: Any) -> Any:
     and inductor do): its graph and the graph modules inside it copied, the parameters and
     buffers shared. ``copy.deepcopy`` copies each node's ``meta`` only; what else dynamo set
     (``_dynamo_source`` on each placeholder, which AOTAutograd cannot compile without; the
-    module's own sources of its parameters) is carried over, node by node."""
+    module's own sources of its parameters) is carried over, every attribute of each node,
+    where PyTorch's own passes carry the ones they know by hand (``propagate_dynamo_source``)."""
     import copy
 
     import torch.fx
