@@ -64,12 +64,10 @@ class Reference:
         self.training = torch.is_grad_enabled()
         self.backward = level == "backward" and self.training
         self.close: tuple[float | None, float | None] = (rtol, atol)
-        self.eager: list[Any] = []
-        self.written: list[Any] = []
         self.gradients: tuple[Any, ...] | None = None
+        #: Why nothing is compared (then every member passes); what follows is set only where
+        #: it is ``None``.
         self.unverified: str | None = None
-        #: For each tensor output, whether eager's requires grad.
-        self.requires_grad: list[bool] = []
         try:
             if any(type(x).__name__ == "FakeTensor" for x in example_inputs):
                 raise ValueError("fake inputs have no values to run on")
@@ -97,6 +95,7 @@ class Reference:
             self.unverified = f"the graph run eagerly raised {type(exc).__name__}: {exc}"
             return
         self.eager = [o.detach() if _tensor(o) else o for o in leaves(out)]
+        #: For each tensor output, whether eager's requires grad.
         self.requires_grad = [o.requires_grad for o in leaves(out) if _tensor(o)]
         self.written = [x.detach() for x in passed]
 
