@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import functools
+import os
 
 from . import _registry
 from ._cluster import DEFAULT_TIMEOUT as CLUSTER_TIMEOUT
+from ._cluster import VERIFY_VAR, distributed_ready
 from ._doctor.options import DEFAULT_TIMEOUT
+from ._errors import warn
 from ._registry import DEFAULT_EXCLUDE_TAGS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import os
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from datetime import timedelta
     from typing import Any, Protocol, TypeVar, overload
@@ -33,8 +35,7 @@ if TYPE_CHECKING:
 
 
 def _known_failure(registry: _registry.Registry, name: str) -> str | None:
-    """doctor's remembered verdicts, asked only when a chain skips known failures."""
-    from ._doctor.verdicts import known_failure
+    from ._doctor.verdicts import known_failure  # imported only when a chain skips one
 
     return known_failure(registry, name)
 
@@ -89,8 +90,6 @@ def install(
     With ``TORCH_BACKENDS_VERIFY`` set and torch.distributed initialised, every
     rank's backends are compared first (:func:`verify_consistent`).
     """
-    import os
-
     from ._lock import lock_from_environment, lock_path
     from ._torch import install as install_into_torch
 
@@ -111,10 +110,7 @@ def install(
 
 
 def verify_asked(registry: Registry) -> bool:
-    """Whether ``TORCH_BACKENDS_VERIFY`` in the registry's environment asks install() to
-    compare the ranks."""
-    from ._cluster import VERIFY_VAR
-
+    """Whether the registry's environment asks install() to compare the ranks."""
     return registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0")
 
 
@@ -122,8 +118,6 @@ def check_before_install(registry: Registry, lock: str | None, verify: bool, unr
     """What install() checks first: the ``lock`` the backends must match, then, with
     ``verify``, that every rank resolves names alike (a warning ``unready`` says what
     torch.distributed was, where it was not initialised)."""
-    from ._cluster import VERIFY_VAR, distributed_ready
-    from ._errors import warn
     from ._lock import check_locked
 
     if lock is not None:

@@ -1,19 +1,15 @@
 """Zero-code install(): with ``TORCH_BACKENDS_AUTOLOAD=1``, every process that imports torch
 behaves as if it had called ``install()``.
 
-PyTorch calls :func:`autoload` at ``import torch``: it is this package's entry point in
-PyTorch's ``torch.backends`` group, the way PyTorch loads out-of-tree extensions. Unset
-or ``0``, it returns after one look at the environment. Set, it imports nothing: a finder
-placed first on ``sys.meta_path`` waits for ``torch._dynamo`` to be imported (by the first
-``torch.compile``, or by whoever imports it), and once that module has run, installs the
-default registry: its backends become ``torch.compile`` names, the manifest's ``default``
-applies, ``TORCH_BACKENDS_LOCKED`` and ``TORCH_BACKENDS_VERIFY`` are honoured.
+PyTorch calls :func:`autoload` at ``import torch`` (this package's entry point in its
+``torch.backends`` group). Set, it imports nothing: a finder first on ``sys.meta_path``
+waits for ``torch._dynamo`` to be imported, and once that module has run, installs the
+default registry, ``TORCH_BACKENDS_LOCKED`` and ``TORCH_BACKENDS_VERIFY`` honoured.
 
 Nothing here makes ``import torch`` or ``import torch._dynamo`` raise: a problem is a
 warning, and what ``install()`` would raise (a lock the backends drifted from, ranks that
 resolve names differently) is raised by the first ``torch.compile`` instead, through
-dynamo's compile-start callbacks. The ranks are compared there too when
-``torch.distributed`` was not initialised yet when ``torch._dynamo`` was imported.
+dynamo's compile-start callbacks, where the ranks are compared too.
 """
 
 from __future__ import annotations

@@ -25,7 +25,8 @@ logger = logging.getLogger("torch_backend_registry")
 
 class _Composite:
     """A backend that compiles with other backends, which the registry hands over how to look
-    up (``lookup``) and what it knows of (``info``)."""
+    up (``lookup``), what it knows of (``info``) and, for a chain that skips them, why one is
+    known to fail here (``known_failure``)."""
 
     def __init__(
         self,
@@ -33,10 +34,12 @@ class _Composite:
         *,
         lookup: Callable[[str], Callable[..., Any]],
         info: Callable[[str], BackendInfo],
+        known_failure: Callable[[str], str | None] | None = None,
     ) -> None:
         self.definition = definition
         self._lookup = lookup
         self._info = info
+        self._known_failure = known_failure
         self.__name__ = self.__qualname__ = definition.name
         #: The member the last compile used.
         self.used: str | None = None
@@ -51,17 +54,6 @@ class ChainBackend(_Composite):
     skip is logged with its reason. If every member is skipped,
     :class:`BackendChainError` names them all.
     """
-
-    def __init__(
-        self,
-        definition: BackendDefinition,
-        *,
-        lookup: Callable[[str], Callable[..., Any]],
-        info: Callable[[str], BackendInfo],
-        known_failure: Callable[[str], str | None] | None = None,
-    ) -> None:
-        super().__init__(definition, lookup=lookup, info=info)
-        self._known_failure = known_failure
 
     def __repr__(self) -> str:
         return f"<fallback chain {self.__name__!r}: {' -> '.join(self.members)}>"
@@ -91,13 +83,12 @@ class ChainBackend(_Composite):
         reference: Reference | None = None
         for member in self.members:
             skipped = self._skip(member)
-            compiler = None
             if skipped is None:
                 try:
                     compiler = self._lookup(member)
                 except BackendRegistryError as exc:
                     skipped = unusable(exc)
-            if compiler is not None:
+            if skipped is None:
                 # What torch.compile(backend=member, ...) would hand it; a member that takes no
                 # such argument is the caller's mistake, said at once, not a member to skip.
                 compile_fn = member_compiler(name, self._info(member).definition, compiler, kwargs)
@@ -136,17 +127,12 @@ class ChainBackend(_Composite):
 
 
 def own_copy(gm: Any) -> Any:
-    """A graph module of its own for one member to compile, which it may change as it likes
-    (FX passes rewrite graphs in place; inductor rewrites the graphs of higher-order ops'
-    branches and sets them back): its graph and the graph modules inside it copied, with
-    what dynamo set on their nodes and on the module (its ``meta``, the sources of its
-    parameters); the parameters and buffers themselves shared, not copied.
-
-    ``copy.deepcopy`` copies each node's ``meta`` only; dynamo also sets attributes of its
-    own (``_dynamo_source`` on each placeholder), which AOTAutograd, and so inductor and
-    aot_eager, refuse to compile without. PyTorch's own passes carry them over by hand
-    (``propagate_dynamo_source``); this carries every one, node by node.
-    """
+    """A graph module of its own for one member to compile and rewrite in place (as FX passes
+    and inductor do): its graph and the graph modules inside it copied, the parameters and
+    buffers shared. ``copy.deepcopy`` copies each node's ``meta`` only; what else dynamo set
+    (``_dynamo_source`` on each placeholder, which AOTAutograd cannot compile without; the
+    module's own sources of its parameters) is carried over, every attribute of each node,
+    where PyTorch's own passes carry the ones they know by hand (``propagate_dynamo_source``)."""
     import copy
 
     import torch.fx
@@ -167,7 +153,6 @@ def own_copy(gm: Any) -> Any:
 
 
 def _carry_over(old: object, new: object) -> None:
-    """Set on ``new`` each attribute of ``old`` that it lacks."""
     mine = vars(new)
     for key, value in vars(old).items():
         if key not in mine:
@@ -225,8 +210,8 @@ def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:
 
     if isinstance(exc, UnknownBackendError) and not exc.suggestions:
         # Disabled, or left out by the plugin policy: it says so; else it is not here.
-        said = exc.note if exc.note.startswith(("disabled by", "distribution ")) else ""
-        return said or "not installed here", "note"
+        disabled = exc.note.startswith(("disabled by", "distribution "))
+        return exc.note if disabled else "not installed here", "note"
     if isinstance(exc, UnknownBackendError):
         return exc.brief, "warning"
     return str(exc), "error" if isinstance(exc, ManifestError) else "warning"
@@ -238,12 +223,10 @@ def member_compiler(
     compiler: Callable[..., Any],
     kwargs: Mapping[str, Any],
 ) -> Callable[[Any, Any], Any]:
-    """How ``torch.compile(backend=member, **kwargs)`` would compile with a member, named
-    alone: PyTorch's own inductor (by its name, or declared as a target) through the
-    wrapper torch.compile puts around it, which applies ``mode`` and ``options`` to
-    inductor's configuration; any other backend with them as keyword arguments. Raises
-    :class:`RefusedArguments` before anything compiles where the member cannot take them
-    (naming the argument; inductor's own words for an option it does not know)."""
+    """How ``torch.compile(backend=member, **kwargs)`` would compile with a member: inductor
+    through the wrapper that applies ``mode`` and ``options`` to its configuration, any other
+    backend with them as keyword arguments. Raises :class:`RefusedArguments`, before anything
+    compiles, where the member cannot take them."""
     if _is_inductor(definition, compiler):
         import torch
 
@@ -267,7 +250,7 @@ def member_compiler(
 
 
 def _is_inductor(definition: BackendDefinition, compiler: Callable[..., Any]) -> bool:
-    """Whether a member is PyTorch's own inductor: its name, or its function as a target."""
+    # PyTorch's own inductor: by its name, or its function declared as a target.
     if definition.source.kind == "torch" and definition.name == "inductor":
         return True
     module = sys.modules.get("torch._dynamo.backends.inductor")
@@ -281,9 +264,7 @@ def passed_through() -> tuple[type[BaseException], ...]:
     caller's arguments a member refuses. Any other exception is a member failing."""
     import torch._dynamo.exc as exc
 
-    names = ("RestartAnalysis", "SkipFrame")
-    signals = tuple(getattr(exc, name) for name in names if hasattr(exc, name))
-    return (*signals, RefusedArguments)
+    return exc.RestartAnalysis, exc.SkipFrame, RefusedArguments
 
 
 def device_type(gm: Any, example_inputs: Any) -> str:

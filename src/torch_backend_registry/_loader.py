@@ -1,16 +1,20 @@
 """Turning a definition into a callable: the one place that imports backend code.
 
 A target's ``python-path`` folders are searched while it is imported, and once
-it is loaded for the rest of the process (see ``_finding``).
+it is loaded for the rest of the process (see ``_sources.finding``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import os
 import sys
 
-from ._errors import BackendLoadError, closest, warn
+from ._definition import target_of
+from ._errors import BackendLoadError, ManifestError, closest, warn
 from ._sources.finding import missing_requirements, python_path_finder, searching
+from ._sources.pytorch import torch_version
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,12 +51,9 @@ def trusted_folders(definition: BackendDefinition) -> tuple[list[str], list[str]
 
 
 def load_target(definition: BackendDefinition) -> Callable[..., Any]:
-    """Import ``module:attr.path``, check it is callable, bind ``options``.
-
-    Raises :class:`BackendLoadError` chained to the original exception; what the
-    failed attempt left in ``sys.modules`` of the target's own modules is
-    removed, so that the next lookup imports the fixed code afresh.
-    """
+    """Import ``module:attr.path``, check it is callable, bind ``options``. Raises
+    :class:`BackendLoadError` chained to the original exception, having removed from
+    ``sys.modules`` the target's own modules, so that the next lookup imports the fixed code."""
     target = definition.target
     assert target is not None
     check_requirements(definition)
@@ -82,9 +83,11 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
             raise _error(definition, said) from exc
     if not callable(obj):
         _forget(before, module_name, folders)
-        raise _error(
-            definition, f"{target!r} is {_a(type(obj).__name__)}, which is not callable"
-        ) from TypeError(f"{type(obj).__name__} object is not callable")
+        kind = type(obj).__name__
+        article = "an" if kind[:1] in "aeiouAEIOU" else "a"
+        raise _error(definition, f"{target!r} is {article} {kind}, which is not callable") from (
+            TypeError(f"{kind} object is not callable")
+        )
     if folders:
         python_path_finder().keep(folders)
     if definition.options:
@@ -93,11 +96,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
             key, message = wrong
             if definition.source.path is None:
                 raise _error(definition, message)
-            from ._errors import ManifestError
-
             raise ManifestError.of(definition.located(message, "options", key))
-        import functools
-
         bound = functools.partial(obj, **definition.options)
         functools.update_wrapper(bound, obj)
         return bound
@@ -105,10 +104,8 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
 
 
 def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
-    """Why ``fn`` cannot be called as torch.compile calls a backend, ``fn(graph_module,
-    example_inputs, **given)``, or ``None``: it takes fewer arguments (with a hint where it
-    looks like a factory that returns the compiler), or needs one nothing gives it. Read
-    from its signature (a wrapper's own); one that cannot be read is taken at its word."""
+    """Why ``fn`` cannot be called as ``fn(graph_module, example_inputs, **given)``, as
+    torch.compile calls a backend (``None``: it can, or its signature cannot be read)."""
     import inspect
 
     try:
@@ -150,9 +147,9 @@ def refusal(
     accepted: Sequence[str] | None, keys: Iterable[str], target: str, *, manifest: bool
 ) -> tuple[str, str] | None:
     """The first of ``keys`` not ``accepted`` (``None``: any is), and the sentence that
-    refuses each such key: with the parameter it was likely meant for, else what ``target``
-    takes. A ``manifest`` option written for a compiler that takes its options as one table
-    is shown how to write it so. ``None`` where every key is accepted."""
+    refuses them: with the parameter each was likely meant for, else what ``target`` takes
+    (for a ``manifest`` option of a compiler taking one ``options`` table, how to write it
+    there); ``None`` where every key is accepted."""
     if accepted is None:
         return None
     keys = [key for key in keys if key not in accepted]
@@ -217,11 +214,8 @@ def accepted_options(fn: Any) -> list[str] | None:
 
 def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """The keyword arguments for ``fn`` from what torch.compile passed to backend ``name``:
-    its ``options`` table unpacked (unless ``fn`` takes ``options`` itself, as a backend
-    written for torch.compile does) and ``mode``; a :class:`TypeError`, worded as a
-    manifest's option would be, for one ``fn`` does not take."""
-    from ._definition import target_of
-
+    its ``options`` table unpacked (unless ``fn`` takes ``options`` itself) and ``mode``; a
+    :class:`TypeError`, worded as for a manifest's option, for one ``fn`` does not take."""
     passed = dict(given)
     options = passed.pop("options", None)
     accepted = accepted_options(fn)
@@ -235,14 +229,8 @@ def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]
     return passed
 
 
-def _a(noun: str) -> str:
-    return f"an {noun}" if noun[:1] in "aeiouAEIOU" else f"a {noun}"
-
-
 def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
     """Drop the modules a failed load added: the target's own, and those of its folders."""
-    import os
-
     importlib.invalidate_caches()
     roots = tuple(os.path.join(folder, "") for folder in folders)
     for name in set(sys.modules) - before:
@@ -265,7 +253,7 @@ def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
 
 def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) -> str:
     """Where the target's own module (not one it imports) is missing: the closest module
-    that exists, at the same level (``mycompilers`` beside the manifest for ``mycompiler``)."""
+    at the same level (``mycompilers`` beside the manifest for ``mycompiler``)."""
     missing = getattr(exc, "name", None)
     if not isinstance(exc, ModuleNotFoundError) or not isinstance(missing, str):
         return ""
@@ -292,8 +280,6 @@ def _why(exc: BaseException) -> str:
     said = f"{type(exc).__name__}: {exc}"
     if "undefined symbol" not in str(exc):
         return said
-    from ._sources.pytorch import torch_version
-
     version = torch_version()
     here = f" ({version})" if version else ""
     return (

@@ -15,12 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, TypeVar, overload
 
-    from ._definition import (
-        BackendDefinition,
-        DefaultDeclaration,
-        Problem,
-        SourceKind,
-    )
+    from ._definition import BackendDefinition, DefaultDeclaration, Problem, SourceKind
     from ._merge import Index
     from ._snapshot import Snapshot
     from ._sources import Context
@@ -45,9 +40,9 @@ class Registry:
     "torch")`` (precedence stays the documented one whatever the order given),
     and ``files`` names manifests to read as the env source instead of
     ``TORCH_BACKENDS_PATH`` (what ``torch-backends check FILE...`` does).
-    ``known_failure(registry, name)`` says why a backend is known to fail here (doctor's
-    remembered verdicts, by default in the public ``Registry``), for a chain that skips
-    known failures.
+    ``known_failure(registry, name)`` says why a backend is known to fail here, for a
+    chain that skips known failures (by default in the public ``Registry``: doctor's
+    remembered verdicts).
     """
 
     def __init__(
@@ -67,7 +62,7 @@ class Registry:
             )
         #: The source kinds this registry reads, highest precedence first.
         self.sources: tuple[SourceKind, ...] = tuple(k for k in SOURCE_KINDS if k in kinds)
-        #: Why a backend is known to fail here, for chains that skip known failures.
+        #: See the class's docstring; read at each skip, so it may be replaced at any time.
         self.known_failure = known_failure
         self._cwd = None if cwd is None else os.fspath(cwd)
         if self._cwd is not None and not os.path.isdir(self._cwd):
@@ -122,8 +117,7 @@ class Registry:
         return snapshot
 
     def _live(self, with_torch: bool = True) -> Snapshot:
-        """The snapshot; ``with_torch``, with PyTorch's registry read again where that
-        changed since."""
+        """The snapshot, ``with_torch`` PyTorch's registry read again where it changed."""
         snapshot = self._current()
         if with_torch and snapshot.torch_changed():
             with self._lock:
@@ -149,11 +143,10 @@ class Registry:
         nothing of PyTorch's registry (the lowest source), unless what it ``shadows`` is
         asked for; PyTorch's backends are read (importing torch) on a miss, and a name its
         registry gained since is found at once."""
+        from ._sources.pytorch import dynamo_imported
+
         snapshot = self._current()
         index = snapshot.index(with_torch=False)
-        if "torch" not in self.sources:
-            return snapshot, index
-        from ._sources.pytorch import dynamo_imported
 
         if name in index.by_key and not (shadows and dynamo_imported()):
             return snapshot, index
@@ -255,16 +248,12 @@ class Registry:
             if problem is not None:
                 raise ManifestError.of(problem)
             check_requirements(definition)
-            skip = self._known_failure if definition.skip_known_failures else None
-            fn = (
-                ChainBackend(
-                    definition,
-                    lookup=self.lookup_backend,
-                    info=self.backend_info,
-                    known_failure=skip,
-                )
-                if definition.by_device is None
-                else DeviceBackend(definition, lookup=self.lookup_backend, info=self.backend_info)
+            composite = ChainBackend if definition.by_device is None else DeviceBackend
+            fn = composite(
+                definition,
+                lookup=self.lookup_backend,
+                info=self.backend_info,
+                known_failure=self._known_failure if definition.skip_known_failures else None,
             )
         else:
             from ._loader import load_target
@@ -276,7 +265,6 @@ class Registry:
         return fn
 
     def _known_failure(self, name: str) -> str | None:
-        """Why ``name`` is known to fail here, where this registry was told how to know."""
         return None if self.known_failure is None else self.known_failure(self, name)
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
@@ -300,7 +288,7 @@ class Registry:
         its ``problem``.
         """
         exclude = set(exclude_tags or ())
-        winners = self._live(with_torch).index(with_torch).winners(broken=broken)
+        winners = self.index(with_torch=with_torch).winners(broken=broken)
         return sorted((d for d in winners if exclude.isdisjoint(d.tags)), key=lambda d: d.name)
 
     def backend_info(self, name: str) -> BackendInfo:

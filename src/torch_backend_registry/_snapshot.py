@@ -1,11 +1,9 @@
 """One reading of a registry's sources: taken on first need, then answered from until refresh().
 
-A snapshot fixes the working directory and the environment when it is made,
-reads each source at most once (PyTorch's only when asked, as it imports
-torch), merges once, and holds what was derived from that reading: the
-indexes, availability answers, the loaded callables. PyTorch's registry is an
-in-memory dict that plugins may add to at any time; :meth:`Snapshot.torch_changed`
-compares its names (a dict read, no metadata, no file) with what was read.
+A snapshot fixes the working directory and the environment when it is made, reads each
+source at most once (PyTorch's only when asked, as it imports torch), and holds what was
+derived from that reading. PyTorch's registry is a dict that plugins may add to at any
+time: :meth:`Snapshot.torch_changed` compares its names with what was read.
 """
 
 from __future__ import annotations
@@ -14,7 +12,9 @@ import os
 
 from ._errors import BackendRegistryError, warn_problem
 from ._forksafe import ForkSafeLock
-from ._sources import pytorch
+from ._sources import READERS, Context, pytorch
+from ._sources.cache import Cache, cache_folder
+from ._sources.entry_points import read_entry_points
 from ._sources.finding import missing_requirements
 
 TYPE_CHECKING = False
@@ -24,8 +24,6 @@ if TYPE_CHECKING:
 
     from ._definition import BackendDefinition, Discovery, Problem, SourceKind
     from ._merge import Index
-    from ._sources import Context
-    from ._sources.cache import Cache
 
 
 class Snapshot:
@@ -40,72 +38,62 @@ class Snapshot:
         files: Sequence[str] | None,
         runtime: Sequence[BackendDefinition],
         fresh: bool,
-        found: Mapping[SourceKind, Discovery] | None = None,
-        warned: set[str] | None = None,
-        by_definition: dict[BackendDefinition, Callable[..., Any]] | None = None,
     ) -> None:
-        from ._sources import Context
-        from ._sources.cache import Cache, cache_folder
-
         self.kinds = kinds
         try:
             here: str | None = os.path.abspath(cwd or os.getcwd())
         except OSError:  # the working directory was removed under the process
             here = None
-        self.environ: Mapping[str, str] = dict(os.environ if environ is None else environ)
-        self.cache: Cache = Cache(cache_folder(self.environ))
+        environ = dict(os.environ if environ is None else environ)
         self.context: Context = Context(
             cwd=here,
-            environ=self.environ,
+            environ=environ,
             runtime=runtime,
-            cache=self.cache,
+            cache=Cache(cache_folder(environ)),
             files=files,
             fresh=fresh,
             entry_point_names=self.entry_point_names,
         )
         self.lock = ForkSafeLock()
-        self._found: dict[SourceKind, Discovery] = dict(found or {})
+        self._found: dict[SourceKind, Discovery] = {}
         self._indexes: dict[bool, Index] = {}
         self._entry_point_names: frozenset[str] | None = None
-        #: Why each definition cannot be used here (``None``: it can); filled on demand.
-        self.available: dict[BackendDefinition, str | None] = {}
+        # Why each definition cannot be used here (None: it can); filled on demand.
+        self._available: dict[BackendDefinition, str | None] = {}
         #: The callables looked up, by name (the hot path) and by definition (a name
         #: and its aliases give one object).
         self.loaded: dict[str, Callable[..., Any]] = {}
-        self.by_definition: dict[BackendDefinition, Callable[..., Any]] = by_definition or {}
+        self.by_definition: dict[BackendDefinition, Callable[..., Any]] = {}
         #: What was said as a warning, so that each problem is said once a reading.
-        self._warned = set() if warned is None else warned
+        self._warned: set[str] = set()
 
     def derive(
         self, *, runtime: Sequence[BackendDefinition] | None = None, torch: bool = True
     ) -> Snapshot:
         """The same reading with other runtime registrations (``torch=False``: PyTorch's
         registry read again too). Nothing else is read again."""
-        read_again = ("runtime",) if torch else ("runtime", "torch")
-        found = {k: v for k, v in self._found.items() if k not in read_again}
         ctx = self.context
-        return Snapshot(
+        derived = Snapshot(
             self.kinds,
             cwd=ctx.cwd,
-            environ=self.environ,
+            environ=ctx.environ,
             files=ctx.files,
             runtime=ctx.runtime if runtime is None else runtime,
             fresh=ctx.fresh,
-            found=found,
-            warned=self._warned,
-            # A definition read alike gives the callable it gave: a registration of another
-            # name must not make torch.compile's cached backends look new.
-            by_definition=self.by_definition,
         )
+        read_again = ("runtime",) if torch else ("runtime", "torch")
+        derived._found = {k: v for k, v in self._found.items() if k not in read_again}
+        derived._warned = self._warned
+        # A definition read alike gives the callable it gave: a registration of another name
+        # must not make torch.compile's cached backends look new.
+        derived.by_definition = self.by_definition
+        return derived
 
     # ------------------------------------------------------------------ reading
 
     def found(self, kind: SourceKind) -> Discovery:
-        """What the source of ``kind`` holds, read on first need."""
         found = self._found.get(kind)
         if found is None:
-            from ._sources import READERS
-
             # Read with no lock held (reading PyTorch's imports torch: seconds, which must
             # not stall another thread's lookup); two threads reading at once keep the first.
             read = READERS[kind](self.context)
@@ -116,12 +104,9 @@ class Snapshot:
     def entry_point_names(self) -> frozenset[str]:
         """The names installed distributions declare (read once; PyTorch holds them too)."""
         if self._entry_point_names is None:
-            if "entry-point" in self.kinds:
-                found = self.found("entry-point")
-            else:
-                from ._sources.entry_points import read_entry_points
-
-                found = read_entry_points()
+            found = (
+                self.found("entry-point") if "entry-point" in self.kinds else read_entry_points()
+            )
             self._entry_point_names = frozenset(d.name for d in found.definitions)
         return self._entry_point_names
 
@@ -136,7 +121,7 @@ class Snapshot:
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         if with_torch:
             found = self.found("torch").definitions
-            own = pytorch.pytorch_names(self.cache) | {
+            own = pytorch.pytorch_names(self.context.cache) | {
                 d.name for d in found if pytorch.own(d.compiler_fn)
             }
         else:
@@ -160,11 +145,10 @@ class Snapshot:
     def pytorch_names(self) -> frozenset[str]:
         """The names of PyTorch's own backends: those known without importing torch, and
         those in its registry now, where that is loaded."""
-        names = pytorch.pytorch_names(self.cache)
-        found = self._registered()
-        if found is None:
-            return names
-        return names | {name for name, fn in found.items() if pytorch.own(fn)}
+        live = self._registered() or {}
+        return pytorch.pytorch_names(self.context.cache) | {
+            n for n, fn in live.items() if pytorch.own(fn)
+        }
 
     def _registered(self) -> dict[str, Any] | None:
         if not pytorch.dynamo_imported():
@@ -190,9 +174,9 @@ class Snapshot:
     def why_unavailable(
         self, definition: BackendDefinition, visiting: frozenset[str] = frozenset()
     ) -> str | None:
-        """Why ``definition`` cannot be used here (``None``: it can); see the registry's."""
-        if definition in self.available:
-            return self.available[definition]
+        """See the registry's; ``visiting``: the chains it is asked for inside."""
+        if definition in self._available:
+            return self._available[definition]
         reason: str | None = None
         missing = missing_requirements(definition)
         if missing:
@@ -201,7 +185,7 @@ class Snapshot:
             reason = pytorch.missing_device(definition.name)
         elif definition.members:
             reason = self._why_chain(definition, visiting | {definition.name})
-        self.available[definition] = reason  # the same answer whichever thread found it
+        self._available[definition] = reason  # the same answer whichever thread found it
         return reason
 
     def _why_chain(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:

@@ -1,15 +1,12 @@
 """The bridge to torch.compile: install() puts a registry's backends into PyTorch's registry.
 
-What it uses of PyTorch: ``torch._dynamo.list_backends``, ``register_backend``,
-``torch.compiler.set_default_backend``, and the registry module's own dict of
-loaded backends, ``_COMPILER_FNS`` (stable since torch 2.0), for the one thing no
-public function does: a plugin that registers its own name when it is imported
-(``@torch._dynamo.register_backend(name="tensorrt")`` in torch-tensorrt, ipex,
-torch_npu) where a stand-in of this library holds that name. PyTorch's
-``register_backend`` would raise ``duplicate name``; instead, while stand-ins are
-installed, it keeps such a registration aside as PyTorch's registry's definition
-of that name (``_pytorch.DISPLACED``), below the registry's by precedence, so
-that ``torch.compile`` and ``lookup_backend`` still run the same backend.
+Besides ``torch._dynamo``'s public functions, it uses the registry module's dict of loaded
+backends, ``_COMPILER_FNS`` (stable since torch 2.0), for what no public function does: a
+plugin that registers its own name when it is imported (torch-tensorrt, ipex, torch_npu)
+where a stand-in of this library holds that name. PyTorch's ``register_backend`` would raise
+``duplicate name``; while stand-ins are installed, it keeps such a registration aside
+instead, as PyTorch's registry's definition of that name (``DISPLACED``), below the
+registry's by precedence: ``torch.compile`` and ``lookup_backend`` still run one backend.
 """
 
 from __future__ import annotations
@@ -45,23 +42,23 @@ class _LazyBackend:
 
     def __init__(self, registry: Registry, name: str) -> None:
         self.registry = registry
-        self.name = name
         self.__name__ = self.__qualname__ = name
         setattr(self, STAND_IN, True)
 
     def __repr__(self) -> str:
-        return f"<torch-backend-registry backend {self.name!r}>"
+        return f"<torch-backend-registry backend {self.__name__!r}>"
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         from ._chain import member_compiler
         from ._loader import cannot_compile
 
-        fn = self.registry.lookup_backend(self.name)
+        name = self.__name__
+        fn = self.registry.lookup_backend(name)
         why = cannot_compile(fn, kwargs)
         if why is not None:  # said plainly, not as the TypeError calling it would raise
-            raise TypeError(f"backend {self.name!r} {why}")
-        definition = self.registry.backend_info(self.name).definition
-        return member_compiler(self.name, definition, fn, kwargs)(gm, example_inputs)
+            raise TypeError(f"backend {name!r} {why}")
+        definition = self.registry.backend_info(name).definition
+        return member_compiler(name, definition, fn, kwargs)(gm, example_inputs)
 
 
 def _dynamo() -> Any:
@@ -69,14 +66,8 @@ def _dynamo() -> Any:
         raise BackendRegistryError(
             "install() needs PyTorch: pip install torch (torch.compile is what it extends)"
         )
-    import torch._dynamo
+    import torch._dynamo  # every release that has it (2.0 on) has what install() uses
 
-    for needed in ("register_backend", "list_backends", "lookup_backend"):
-        if not hasattr(torch._dynamo, needed):
-            raise BackendRegistryError(
-                f"this PyTorch ({torch.__version__}) has no torch._dynamo.{needed};"
-                " install() needs torch >= 2.0"
-            )
     return torch._dynamo
 
 
@@ -84,18 +75,16 @@ def install(registry: Registry, *, early: bool = False) -> None:
     """Make every backend of ``registry`` a ``torch.compile`` name, importing no target;
     apply its manifest ``default``. Idempotent; later refreshes and registrations follow.
 
-    ``early``: while ``torch._dynamo`` is still being imported (autoload), when the modules
-    that import it are not whole yet: PyTorch's own backends are left for PyTorch to import
-    when it first needs them. Its registration of them cannot collide with a stand-in,
-    which never takes one of PyTorch's names (and ``register_backend`` keeps aside what
-    would: see the module's docstring).
+    ``early`` (autoload, while ``torch._dynamo`` is still being imported and the modules that
+    import it are not whole): PyTorch's own backends are left for PyTorch to import when it
+    needs them. They cannot collide with a stand-in, which never takes one of their names.
     """
     if not early:
         # PyTorch registers its own backends and reads its entry points now, so that a
         # later import of its backends cannot collide with ours.
         _dynamo().list_backends(exclude_tags=())
     _let_plugins_register()
-    registry.on_change(_install_names)  # later refreshes and registrations reach it at once
+    registry.on_change(_install_names)
     _install_names(registry)
     _apply_default(registry)
 

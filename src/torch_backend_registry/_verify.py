@@ -1,19 +1,15 @@
 """Checking a compiled graph against the same graph run eagerly, on copies of its inputs.
 
-The eager run is the reference, taken once a compile, before any member of a
-chain sees the graph (a compiler may rewrite it in place). What is compared: the
-outputs, the inputs as the graph left them (it may write them in place), and
-with ``backward`` the gradients of the inputs that require them.
+The eager run is the reference, taken once a compile, before any member of a chain sees
+the graph (a compiler may rewrite it in place). Compared: the outputs, the inputs as the
+graph left them, and with ``backward`` the gradients of the inputs that require them.
 
-Nothing of the model changes. Every run gets copies of the tensor inputs,
-parameters included, taken in one go so that inputs sharing memory still do;
-the graph's own parameters and buffers are put back after each run; gradients
-are taken with ``torch.autograd.grad``, never accumulated into ``.grad``; and
-every random number generator in use is as it was: each run starts from the
-same state, which is then restored. A graph that gives other values on a second
-run from that same state draws random numbers its own way (dropout): compilers
-draw theirs differently, so it is held to the shapes and types of what it gives,
-and the log says so.
+Nothing of the model changes: every run gets copies of the tensor inputs, the graph's
+parameters and buffers are put back after it, gradients are taken with
+``torch.autograd.grad`` (never into ``.grad``), and every random number generator starts
+each run from one state, restored afterwards. A graph that gives other values on a second
+run from that state draws random numbers (dropout), as compilers do each their own way:
+it is held to the shapes and types of what it gives, and the log says so.
 """
 
 from __future__ import annotations
@@ -33,23 +29,19 @@ _SERIAL = ForkSafeLock()
 
 @contextlib.contextmanager
 def compiling(level: str | None) -> Iterator[None]:
-    """Where a member of a chain that verifies is compiled.
+    """Where a member of a chain that verifies is compiled. AOTAutograd compiles a backward
+    pass at its first run: run while torch.compile still compiles the forward, it would take
+    that compile for its own. For ``backward``, members compile it at once, as PyTorch's
+    ahead-of-time compiles do (``force_non_lazy_backward_lowering``)."""
+    if level == "backward":
+        import torch._functorch.config as config
 
-    A backward pass is compiled lazily, at its first run (AOTAutograd's): run while
-    torch.compile is still compiling the forward, that compile would take the one under
-    way for its own. For ``backward``, members compile it at once, as PyTorch does for
-    its ahead-of-time compiles (``force_non_lazy_backward_lowering``).
-    """
-    with contextlib.ExitStack() as stack:
-        if level == "backward":
-            import torch._functorch.config as config
-
-            if hasattr(config, "force_non_lazy_backward_lowering"):
-                # The setting is the process's: two threads patching it at once would leave
-                # it set.
-                stack.enter_context(_SERIAL)
-                stack.enter_context(config.patch(force_non_lazy_backward_lowering=True))
-        yield
+        if hasattr(config, "force_non_lazy_backward_lowering"):
+            # The setting is the process's: two threads patching it at once would leave it set.
+            with _SERIAL, config.patch(force_non_lazy_backward_lowering=True):
+                yield
+            return
+    yield
 
 
 class Reference:
@@ -72,19 +64,15 @@ class Reference:
         self.training = torch.is_grad_enabled()
         self.backward = level == "backward" and self.training
         self.close: tuple[float | None, float | None] = (rtol, atol)
-        self.eager: list[Any] = []
-        self.written: list[Any] = []
         self.gradients: tuple[Any, ...] | None = None
+        #: Why nothing is compared (then every member passes); what follows is set only where
+        #: it is ``None``.
         self.unverified: str | None = None
-        #: For each tensor output, whether eager's requires grad.
-        self.requires_grad: list[bool] = []
-        if any(type(x).__name__ == "FakeTensor" for x in example_inputs):
-            self.inputs: list[Any] = []
-            self.unverified = "fake inputs have no values to run on"
-            return
         try:
+            if any(type(x).__name__ == "FakeTensor" for x in example_inputs):
+                raise ValueError("fake inputs have no values to run on")
             # Under dynamic=True, sizes come as symbols: each is run at the value it stands for.
-            self.inputs = [_concrete(x) for x in example_inputs]
+            self.inputs: list[Any] = [_concrete(x) for x in example_inputs]
         except ValueError as exc:
             self.unverified = str(exc)
             return
@@ -107,6 +95,7 @@ class Reference:
             self.unverified = f"the graph run eagerly raised {type(exc).__name__}: {exc}"
             return
         self.eager = [o.detach() if _tensor(o) else o for o in leaves(out)]
+        #: For each tensor output, whether eager's requires grad.
         self.requires_grad = [o.requires_grad for o in leaves(out) if _tensor(o)]
         self.written = [x.detach() for x in passed]
 
@@ -217,15 +206,11 @@ def _tensor(x: object) -> bool:
 
 
 def _copies(inputs: Sequence[Any], grad: bool) -> tuple[list[Any], list[Any]]:
-    """Copies of the tensor inputs, parameters included, laid out as the inputs are: one
-    ``deepcopy``, so that inputs sharing memory still do, each with its own strides and
-    offset (compiled code holds the strides it was compiled for).
-
-    With ``grad``, what requires grad is reached through a leaf: for the memory (storage)
-    such inputs lie in, one leaf holding all of it; each input a view, with its own size,
-    strides and offset, of one clone of that leaf (a graph may write its inputs in place,
-    which a leaf may not be). The leaves are returned, to differentiate by.
-    """
+    """Copies of the tensor inputs, parameters included, in one ``deepcopy`` so that inputs
+    sharing memory still do, each with its own strides and offset (compiled code holds the
+    strides it was compiled for). With ``grad``, each storage of inputs that require grad
+    gets one leaf, returned to differentiate by; each such input is a view of one clone of
+    it (a graph may write its inputs in place, which a leaf may not be)."""
     import copy
 
     import torch
