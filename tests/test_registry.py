@@ -188,6 +188,21 @@ def test_unknown_name_suggests_close_names(write: WriteFn) -> None:
     assert isinstance(caught.value, LookupError)
 
 
+def test_pytorchs_name_outside_the_sources_is_said_so_never_suggested_as_itself(
+    tmp_path: Path,
+) -> None:
+    registry = Registry(cwd=tmp_path, environ={}, sources=("env",))  # PyTorch's not read
+    with pytest.raises(UnknownBackendError) as caught:
+        registry.lookup_backend("inductor")
+    assert caught.value.suggestions == ()  # not "did you mean 'inductor'?"
+    assert "one of PyTorch's own backends, and PyTorch's registry is not read here" in str(
+        caught.value
+    )
+    with pytest.raises(UnknownBackendError) as caught:
+        registry.lookup_backend("inductr")
+    assert caught.value.suggestions == ("inductor",)
+
+
 def test_callables_pass_through(registry: Registry) -> None:
     def fn(gm: Any, inputs: Any) -> Any:
         return gm

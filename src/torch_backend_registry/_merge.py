@@ -130,7 +130,10 @@ class Index:
         if not note and errors:
             # The name may live in a manifest that could not be read.
             note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
-        suggestions = closest(name, self.known, n=3)
+        if not note and not self.torch_read and name in self.pytorch:
+            # PyTorch is not installed, or the registry's sources leave it out.
+            note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
+        suggestions = closest(name, [k for k in self.known if k != name], n=3)
         return UnknownBackendError(name, suggestions, note=note)
 
     # ----------------------------------------------------------------- validating
