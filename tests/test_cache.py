@@ -7,6 +7,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -31,7 +32,8 @@ def cache_root() -> Path:
 
 def cache_files() -> list[Path]:
     root = cache_root()
-    return sorted(p for p in root.rglob("*.json")) if root.exists() else []
+    # An entry is a file in the folder of its kind; locks lie beside those folders.
+    return sorted(p for p in root.glob("*/*") if p.is_file()) if root.exists() else []
 
 
 def listing(folder: Path) -> list[str]:
@@ -214,19 +216,19 @@ def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
     write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
     assert listing(tmp_path) == ["good"]
     [entry] = [f for f in cache_files() if f.parent.name == "manifest"]
-    _seal, text = entry.read_text().split("\n", 1)
-    text = text.replace('"good"', '"planted"')
+    _seal, text = entry.read_bytes().split(b"\n", 1)
+    text = text.replace(b"good", b"fake")  # a name of the same length, so the value still reads
     # Sealed anew, as its owner would: the seal tells a torn or moved entry, not a forged one.
-    seal = hashlib.sha256(entry.stem.encode() + b"\n" + text.encode()).hexdigest()
-    planted = seal + "\n" + text
+    seal = hashlib.sha256(entry.stem.encode() + b"\n" + text).hexdigest()
+    planted = seal.encode() + b"\n" + text
 
     def plant(mode: int) -> None:
         entry.unlink()
-        entry.write_text(planted)
+        entry.write_bytes(planted)
         entry.chmod(mode)
 
     plant(0o600)
-    assert listing(tmp_path) == ["planted"]  # a trusted entry is believed as it is...
+    assert listing(tmp_path) == ["fake"]  # a trusted entry is believed as it is...
     plant(0o666)
     assert listing(tmp_path) == ["good"]  # ...one anybody could have written is not,
     plant(0o600)
@@ -236,6 +238,29 @@ def test_an_untrusted_cache_is_not_read(tmp_path: Path, write: WriteFn) -> None:
     plant(0o600)
     os.chown(entry, NOBODY, NOBODY)
     assert listing(tmp_path) == ["good"]  # ...nor one another user owns.
+
+
+class _Planted:
+    """An object whose pickle runs a command when it is read."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_an_entry_that_names_other_code_is_never_run(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    assert listing(tmp_path) == ["good"]
+    marker = tmp_path / "ran"
+    for entry in cache_files():
+        # Sealed as its owner would seal it, in the owner's own private folder.
+        text = pickle.dumps(_Planted(marker))
+        seal = hashlib.sha256(entry.stem.encode() + b"\n" + text).hexdigest()
+        entry.write_bytes(seal.encode() + b"\n" + text)
+    assert listing(tmp_path) == ["good"]
+    assert not marker.exists()
 
 
 def test_a_cache_that_cannot_be_written_or_is_off_leaves_no_trace(
@@ -296,7 +321,7 @@ def test_a_fifo_at_an_entrys_name_does_not_block(tmp_path: Path, write: WriteFn)
     cache = tmp_path / "cache"
     first = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(cache))
     assert first.returncode == 0, first.stderr
-    entries = list(cache.rglob("*.json"))
+    entries = [p for p in cache.glob("*/*/*") if p.is_file()]
     assert entries
     for entry in entries:
         entry.unlink()
@@ -365,10 +390,8 @@ def test_an_entry_moved_to_another_keys_name_is_no_entry(tmp_path: Path, write: 
     write("two/backends.toml", '[backends.two]\ntarget = "m:f"\n')
     assert listing(tmp_path / "one") == ["one"]
     assert listing(tmp_path / "two") == ["two"]
-    entries = {
-        e.read_text().count('"one"'): e for e in cache_files() if e.parent.name == "manifest"
-    }
-    one, two = entries[1], entries[0]
+    entries = {b"one" in e.read_bytes(): e for e in cache_files() if e.parent.name == "manifest"}
+    one, two = entries[True], entries[False]
     one.replace(two)  # the reading of "one" now under the name of "two"'s key
     assert listing(tmp_path / "two") == ["two"]
 

@@ -1,4 +1,4 @@
-"""The warm start: what was read before, as sealed JSON entries in the user's cache folder.
+"""The warm start: what was read before, as sealed entries in the user's cache folder.
 
 An entry is named by a digest of its key, which holds everything its value depends on (a
 manifest's full text, path and kind, the bytes of this package's code, what is on
@@ -30,12 +30,12 @@ from .._definition import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Iterator, Mapping
     from typing import Any
 
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
-LAYOUT = 4
+LAYOUT = 5
 _MAX_ENTRY = 64 * 2**20  # larger than any entry this library writes
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 # A FIFO at an entry's name opens at once, and fstat tells it is no entry.
@@ -76,29 +76,25 @@ class Cache:
                 data = handle.read(_MAX_ENTRY + 1)
         except OSError:
             return None
-        import json
-
         seal, _, text = data.partition(b"\n")
         if seal != _seal(name, text):
             return None  # torn, truncated, changed or moved since it was written
         try:
-            return json.loads(text, object_hook=_decode)
-        except (ValueError, TypeError, KeyError, RecursionError):
+            return _loads(text)
+        except Exception:  # unpickling can raise anything; a sealed entry rarely does
             return None
 
     def put(self, kind: str, key: object, value: object) -> None:
         """Store ``value`` under ``key``: atomically, readable by its owner only."""
         if self.folder is None:
             return
-        import json
-
         path, name = self._entry(kind, key)
         try:
-            text = json.dumps(_encode(value), separators=(",", ":")).encode()
+            text = _dumps(value)
             if self._private(kind, make=True):
                 write_atomically(path, _seal(name, text) + b"\n" + text, 0o600)
-        except (OSError, TypeError, ValueError, RecursionError):
-            pass  # a read-only home, a full disk: no cache, that is all
+        except Exception:  # a read-only home, a full disk, a value pickle refuses: no cache
+            pass
 
     @contextlib.contextmanager
     def locked(self, kind: str) -> Iterator[None]:
@@ -149,7 +145,7 @@ class Cache:
         assert self.folder is not None
         key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
         name = hashlib.sha256(key_text).hexdigest()
-        return os.path.join(self.folder, kind, name + ".json"), name.encode()
+        return os.path.join(self.folder, kind, name + ".pickle"), name.encode()
 
 
 def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
@@ -214,78 +210,46 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
-# Values as JSON: a value class as {"@": its name, "v": [its fields]}, a mapping as
-# {"{}": [[key, value], ...]} (so that no key of the user's meets a key of this format),
-# a date or time as {its kind: its ISO text}. Read back, each field is made again the type
-# its annotation names: arrays tuples (inside a mapping, TOML's lists), a mapping
-# read-only, a set a frozenset. The code's digest in every key keeps an entry from
-# outliving the classes.
+# Values as pickles, read back by an unpickler that knows this package's value classes and
+# the dates and times TOML writes, and nothing else: an entry cannot name any other code to
+# run. A read-only mapping is stored as the dict it shows. The code's digest in every key
+# keeps an entry from outliving the classes.
 
-_CLASSES: dict[str, type[Any]] = {
-    cls.__name__: cls
-    for cls in (BackendDefinition, DefaultDeclaration, Discovery, PluginRule, Problem, Source)
-}
-_NAMES = {cls: name for name, cls in _CLASSES.items()}
-_PLAIN = frozenset({str, int, float, bool, type(None)})
+_VALUES = (BackendDefinition, DefaultDeclaration, Discovery, PluginRule, Problem, Source)
 
 
-def _encode(value: Any) -> object:
-    kind = type(value)
-    if kind in _PLAIN:
-        return value
-    if kind is Discovery:
-        value = [getattr(value, slot) for slot in Discovery.__slots__]
-    elif kind is BackendDefinition and value.compiler_fn is not None:
-        raise TypeError("a callable is not kept")
-    if kind in _NAMES or isinstance(value, (list, tuple)):
-        # Most items are plain: tested here, not in a call each.
-        items = [i if type(i) in _PLAIN else _encode(i) for i in value]
-        return {"@": _NAMES[kind], "v": items} if kind in _NAMES else items
-    if isinstance(value, (dict, MappingProxyType)):
-        return {"{}": [[key, _encode(item)] for key, item in value.items()]}
-    if isinstance(value, frozenset):
-        return sorted(value)
-    import datetime
-
-    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
-        return {kind.__name__: value.isoformat()}
-    return value  # json.dumps refuses what it cannot write: then nothing is written
+def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(table) if table else EMPTY
 
 
-def _decode(data: dict[str, Any]) -> Any:
-    if len(data) == 1:
-        [(tag, value)] = data.items()
-        if tag == "{}":
-            return dict(value)
-        if tag in ("datetime", "date", "time"):
-            import datetime  # only a manifest with a TOML date needs it
+def _dumps(value: object) -> bytes:
+    import copyreg
+    import io
+    import pickle
 
-            return getattr(datetime, tag).fromisoformat(value)
-    cls = _CLASSES.get(data.get("@"))  # type: ignore[arg-type]
-    if cls is None or len(data) != 2:
-        return data
-    if cls is Discovery:
-        found = Discovery()
-        for slot, item in zip(Discovery.__slots__, data["v"], strict=True):
-            setattr(found, slot, item)
-        return found
-    return cls(*(read(v) for read, v in zip(_READERS[cls], data["v"], strict=True)))
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+    # This pickler's own table: copyreg's, which every pickle of the process reads, is unchanged.
+    pickler.dispatch_table = {
+        **copyreg.dispatch_table,
+        MappingProxyType: lambda table: (_readonly, (dict(table),)),
+    }
+    pickler.dump(value)
+    return buffer.getvalue()
 
 
-def _reader(annotation: object) -> Callable[[Any], object]:
-    """How a field is read back, by its annotation (text here, or a reference holding it)."""
-    written = str(getattr(annotation, "__forward_arg__", annotation))
-    if written.startswith("Mapping"):
-        return lambda value: MappingProxyType(value) if value else EMPTY
-    return frozenset if written.startswith("frozenset") else _tuples
+def _loads(data: bytes) -> object:
+    import io
+    import pickle
 
+    known = {(cls.__module__, cls.__qualname__) for cls in _VALUES}
+    known |= {(__name__, _readonly.__name__)}
+    known |= {("datetime", kind) for kind in ("date", "time", "datetime", "timedelta", "timezone")}
 
-def _tuples(value: object) -> object:
-    return tuple(map(_tuples, value)) if type(value) is list else value
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) not in known:
+                raise pickle.UnpicklingError(f"{module}.{name} is not a value of this cache")
+            return super().find_class(module, name)
 
-
-_READERS = {
-    cls: [_reader(cls.__annotations__[f]) for f in cls._fields]
-    for cls in _CLASSES.values()
-    if cls is not Discovery
-}
+    return Unpickler(io.BytesIO(data)).load()
