@@ -130,7 +130,7 @@ class Index:
         if not note and errors:
             # The name may live in a manifest that could not be read.
             note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
-        if not note and not self.torch_read and name in self.pytorch:
+        if not note and self.could_be_pytorch(name):
             # PyTorch is not installed, or the registry's sources leave it out.
             note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
         suggestions = closest(name, [k for k in self.known if k != name], n=3)
@@ -202,13 +202,9 @@ def merge(
     # this registry gives the same answer, a definition (or alias) of such a
     # name from any other source is refused where it is made.
     reserved = index.pytorch
-    # The names the pick-and-conflict pass must visit: picks and entry points.
-    picked: set[str] = set()
     for definition in found.definitions:
         kind = definition.source.kind
         name = definition.name
-        if kind == "entry-point" or definition.distribution is not None:
-            picked.add(name)
         if kind == "entry-point":
             why = excluded(definition, found.rules, index)
             if why is not None:
@@ -226,7 +222,7 @@ def merge(
             for alias in definition.aliases:
                 if alias not in reserved or kind == "torch":
                     by_key.setdefault(alias, []).append(definition)
-    resolve_picks(index, picked)
+    resolve_picks(index, found.definitions)
     if plugins_read:
         index.problems.extend(rules_naming_nothing(found))
     index.problems.extend(_hiding(index, plugins_read))
