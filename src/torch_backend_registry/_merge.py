@@ -81,15 +81,12 @@ class Index:
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
-        seen = set()
-        while key not in seen:  # aliases may name each other across sources
-            seen.add(key)
-            candidates = self.by_key.get(key)
-            if not candidates:
-                return None
+        # An alias: whatever its canonical name resolves to. Each step reaches a definition
+        # earlier in precedence order (it came first under that key), so the walk ends.
+        while candidates := self.by_key.get(key):
             if candidates[0].name == key:
                 return candidates[0]
-            key = candidates[0].name  # an alias: whatever its canonical name resolves to
+            key = candidates[0].name
         return None
 
     def get(self, key: str) -> BackendDefinition | None:
