@@ -55,8 +55,6 @@ class Index:
         # Derived once, on first need: the index never changes after merge().
         self._chain_problems: dict[str, Problem] | None = None
 
-    # ------------------------------------------------------------------ resolving
-
     def resolve(self, key: str) -> BackendDefinition:
         """The definition ``key`` resolves to; :class:`UnknownBackendError` for no such name
         (or a disabled one), the definition's own :class:`ManifestError` for a broken one."""
@@ -132,8 +130,6 @@ class Index:
             note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
         suggestions = closest(name, [k for k in self.known if k != name], n=3)
         return UnknownBackendError(name, suggestions, note=note)
-
-    # ----------------------------------------------------------------- validating
 
     def missing_members(self, definition: BackendDefinition) -> list[str]:
         """The members of a chain (or table) that exist nowhere here, each once. A name
