@@ -150,9 +150,7 @@ class Index:
         """Whether no member of a chain (or table) exists here: it can never be used."""
         return len(self.missing_members(definition)) == len(set(definition.members))
 
-    def unknown_members(self) -> dict[str, Problem]:
-        """Each chain (or table) that names a backend that does not exist here, by name."""
-        return unknown_members(self)
+    unknown_members = unknown_members
 
     def chain_problems(self) -> dict[str, Problem]:
         """Each chain that names itself or nests too deeply, by name: it cannot be used."""
