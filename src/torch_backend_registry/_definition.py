@@ -37,14 +37,9 @@ def _repr(value: tuple[Any, ...]) -> str:
 
 
 def canonical(value: object) -> str:
-    """One text for a plain value, equal exactly when the values are: what an identity,
-    a lock and a cache key compare.
-
-    Scalars as JSON has them (``nan`` equal to itself); every table, array, set and
-    date as a one-key object of its own kind, keys sorted, so that no value, whatever
-    its keys, writes the same text as a value of another kind (a date and a string,
-    a table and an array of pairs); tuples are arrays.
-    """
+    """One text for a plain value, equal exactly when the values are (``nan`` too): what an
+    identity, a lock and a cache key compare. Each table, array, set and date is an object
+    keyed by its kind, so no value writes the text of a value of another kind."""
     import json
 
     return json.dumps(_typed(value), separators=(",", ":"))
@@ -62,10 +57,12 @@ def _typed(value: object) -> object:
     return {type(value).__name__: str(value)}  # dates and times: their ISO form, by kind
 
 
-def shown_path(path: str, folder: str) -> str:
+def shown_path(path: str, folder: str | None) -> str:
     """``path`` relative to ``folder`` when it lies below it, else as it is."""
     import os
 
+    if folder is None:
+        return path
     try:
         relative = os.path.relpath(path, folder)
     except ValueError:  # pragma: no cover - another drive on Windows
@@ -106,7 +103,7 @@ class Source(NamedTuple):
     def describe(self, relative_to: str | None = None) -> str:
         """``PATH:LINE`` (relative to ``relative_to`` below it), a distribution, or a module."""
         if self.path is not None:
-            path = self.path if relative_to is None else shown_path(self.path, relative_to)
+            path = shown_path(self.path, relative_to)
             return path if self.line is None else f"{path}:{self.line}"
         if self.distribution is not None:
             version = f" {self.version}" if self.version else ""
@@ -149,9 +146,7 @@ class Problem(NamedTuple):
     def shown(self, relative_to: str | None) -> str:
         """The line ``check`` prints: ``PATH:LINE: SEVERITY: KEY: message``, as compilers
         print theirs, with the path relative to ``relative_to`` where it lies below it."""
-        path = self.path
-        if path is not None and relative_to is not None:
-            path = shown_path(path, relative_to)
+        path = None if self.path is None else shown_path(self.path, relative_to)
         where = location(path, self.line, None)
         return f"{where}{self.severity}: " + location(None, None, self.key) + self.message
 

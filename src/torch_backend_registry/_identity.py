@@ -33,13 +33,13 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         # As written: an absolute folder is the same folder from every checkout, and a
         # relative one the same place in each.
         "python-path": list(definition.written_path),
+        # A chain's only, so no distribution follows it: the lock writes facts in order.
+        "skip-known-failures": definition.skip_known_failures,
     }
     facts = {key: value for key, value in written.items() if value}
     if source.distribution is not None:
         facts["distribution"] = source.distribution
         facts["version"] = source.version or ""
-    if definition.skip_known_failures:
-        facts["skip-known-failures"] = True
     if source.kind == "torch":
         from ._sources.pytorch import public_version
 

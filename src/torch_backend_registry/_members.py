@@ -37,7 +37,7 @@ def unknown_members(index: Index) -> dict[str, Problem]:
         typos = {m: close for m in unknown if (close := _typo_of(m, index.known))}
         meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
         guess = f" (did you mean {meant}?)" if meant else ""
-        dead = index.all_members_missing(definition)
+        dead = len(unknown) == len(set(definition.members))
         if dead or typos:
             ever = "; no member can ever be used" if dead else ""
             problem = chain_error(
@@ -90,9 +90,11 @@ def chain_problems(index: Index) -> dict[str, Problem]:
                 depth[done] = 1 + max((depth.get(m, 0) for m in inner[done]), default=0)
             elif member in path:
                 names = list(path)
-                loop = [*names[names.index(member) :], member]
-                for name in set(loop):
-                    problems.setdefault(name, _loop_error(chains[name], loop, name))
+                loop = names[names.index(member) :]
+                for i, name in enumerate(loop):  # the loop told from each chain in it
+                    trail = " -> ".join([*loop[i:], *loop[:i], name])
+                    said = f"{_what(chains[name])} {name!r} names itself ({trail}); remove the loop"
+                    problems.setdefault(name, chain_error(chains[name], said))
             elif member not in depth:
                 path[member] = None
                 todo.append(iter(inner[member]))
@@ -139,13 +141,6 @@ def chain_error(
         devices = [device for device, name in definition.by_device if name == member]
         parts.extend(devices[:1])
     return definition.located(message, *parts, severity=severity)
-
-
-def _loop_error(definition: BackendDefinition, loop: list[str], name: str) -> Problem:
-    start = loop.index(name)
-    trail = " -> ".join([*loop[start:-1], *loop[:start], name])
-    what = _what(definition)
-    return chain_error(definition, f"{what} {name!r} names itself ({trail}); remove the loop")
 
 
 def _what(definition: BackendDefinition) -> str:

@@ -55,8 +55,6 @@ class Index:
         # Derived once, on first need: the index never changes after merge().
         self._chain_problems: dict[str, Problem] | None = None
 
-    # ------------------------------------------------------------------ resolving
-
     def resolve(self, key: str) -> BackendDefinition:
         """The definition ``key`` resolves to; :class:`UnknownBackendError` for no such name
         (or a disabled one), the definition's own :class:`ManifestError` for a broken one."""
@@ -81,15 +79,12 @@ class Index:
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
-        seen = set()
-        while key not in seen:  # aliases may name each other across sources
-            seen.add(key)
-            candidates = self.by_key.get(key)
-            if not candidates:
-                return None
+        # An alias: whatever its canonical name resolves to. Each step reaches a definition
+        # earlier in precedence order (it came first under that key), so the walk ends.
+        while candidates := self.by_key.get(key):
             if candidates[0].name == key:
                 return candidates[0]
-            key = candidates[0].name  # an alias: whatever its canonical name resolves to
+            key = candidates[0].name
         return None
 
     def get(self, key: str) -> BackendDefinition | None:
@@ -130,13 +125,11 @@ class Index:
         if not note and errors:
             # The name may live in a manifest that could not be read.
             note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
-        if not note and not self.torch_read and name in self.pytorch:
+        if not note and self.could_be_pytorch(name):
             # PyTorch is not installed, or the registry's sources leave it out.
             note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
         suggestions = closest(name, [k for k in self.known if k != name], n=3)
         return UnknownBackendError(name, suggestions, note=note)
-
-    # ----------------------------------------------------------------- validating
 
     def missing_members(self, definition: BackendDefinition) -> list[str]:
         """The members of a chain (or table) that exist nowhere here, each once. A name
@@ -157,9 +150,7 @@ class Index:
         """Whether no member of a chain (or table) exists here: it can never be used."""
         return len(self.missing_members(definition)) == len(set(definition.members))
 
-    def unknown_members(self) -> dict[str, Problem]:
-        """Each chain (or table) that names a backend that does not exist here, by name."""
-        return unknown_members(self)
+    unknown_members = unknown_members
 
     def chain_problems(self) -> dict[str, Problem]:
         """Each chain that names itself or nests too deeply, by name: it cannot be used."""
@@ -202,13 +193,9 @@ def merge(
     # this registry gives the same answer, a definition (or alias) of such a
     # name from any other source is refused where it is made.
     reserved = index.pytorch
-    # The names the pick-and-conflict pass must visit: picks and entry points.
-    picked: set[str] = set()
     for definition in found.definitions:
         kind = definition.source.kind
         name = definition.name
-        if kind == "entry-point" or definition.distribution is not None:
-            picked.add(name)
         if kind == "entry-point":
             why = excluded(definition, found.rules, index)
             if why is not None:
@@ -226,7 +213,7 @@ def merge(
             for alias in definition.aliases:
                 if alias not in reserved or kind == "torch":
                     by_key.setdefault(alias, []).append(definition)
-    resolve_picks(index, picked)
+    resolve_picks(index, found.definitions)
     if plugins_read:
         index.problems.extend(rules_naming_nothing(found))
     index.problems.extend(_hiding(index, plugins_read))

@@ -71,8 +71,9 @@ def excluded(
     return None
 
 
-def resolve_picks(index: Index, names: set[str]) -> None:
+def resolve_picks(index: Index, definitions: Sequence[BackendDefinition]) -> None:
     """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts."""
+    names = {d.name for d in definitions if d.distribution or d.source.kind == "entry-point"}
     for key in sorted(names):
         candidates = index.by_key.get(key)
         if not candidates or candidates[0].name != key:

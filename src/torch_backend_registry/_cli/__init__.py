@@ -62,26 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: Arguments) -> tuple[int, str | None]:
-    debug = getattr(args, "debug", False)
     try:
         return args.handler(args), None
-    except UnknownBackendError as exc:
-        if debug:
-            raise
-        from .._sources.pytorch import pytorch_names
-
-        if getattr(args, "no_torch", False) and exc.name in pytorch_names():
-            return EXIT_PROBLEMS, (
-                f"unknown backend {exc.name!r} with --no-torch: it is one of PyTorch's own"
-                " backends, which --no-torch leaves out; run it without --no-torch"
-            )
-        return EXIT_PROBLEMS, f"{exc.brief} '{PROG} list --all' shows every name."
     except UsageError as exc:
         return EXIT_USAGE, str(exc)
-    except (BackendRegistryError, CommandError) as exc:
-        if debug:
-            raise
-        return EXIT_PROBLEMS, str(exc)
     except BrokenPipeError:
         # `torch-backends list | head`: the reader left; that is not an error.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -89,6 +73,17 @@ def _run(args: Arguments) -> tuple[int, str | None]:
     except KeyboardInterrupt:
         return 130, None
     except Exception as exc:
-        if debug:
+        if getattr(args, "debug", False):
             raise
+        if isinstance(exc, UnknownBackendError):
+            from .._sources.pytorch import pytorch_names
+
+            if getattr(args, "no_torch", False) and exc.name in pytorch_names():
+                return EXIT_PROBLEMS, (
+                    f"unknown backend {exc.name!r} with --no-torch: it is one of PyTorch's own"
+                    " backends, which --no-torch leaves out; run it without --no-torch"
+                )
+            return EXIT_PROBLEMS, f"{exc.brief} '{PROG} list --all' shows every name."
+        if isinstance(exc, (BackendRegistryError, CommandError)):
+            return EXIT_PROBLEMS, str(exc)
         return EXIT_PROBLEMS, f"{type(exc).__name__}: {exc} (run with --debug for a traceback)"

@@ -81,13 +81,11 @@ class Waiting:
 
     def __enter__(self) -> None:
         if self.shown:
-            sys.stderr.write(f"{PROG}: {self.message}...")
-            sys.stderr.flush()
+            print(f"{PROG}: {self.message}...", end="", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self.shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
 def terminal_width(stream: Any = None) -> int | None:
@@ -149,8 +147,7 @@ def _fitted(
 def relative(path: str) -> str:
     from .._definition import shown_path
 
-    here = working_folder()
-    return path if here is None else shown_path(path, here)
+    return shown_path(path, working_folder())
 
 
 def no_manifest() -> bool:
