@@ -98,7 +98,7 @@ class Eager:
         import torch
 
         model, args, kwargs = build_model(spec)
-        self.what = "the built-in model" if spec is None else f"--model {spec!r}"
+        what = "the built-in model" if spec is None else f"--model {spec!r}"
         try:
             self.model = model.to(device)
             self.args = tuple(_on(x, device) for x in args)
@@ -108,7 +108,7 @@ class Eager:
                 self.expected = reference(*self.args, **self.kwargs)
                 again = copy.deepcopy(self.model)(*self.args, **self.kwargs)
         except Exception as exc:
-            raise ModelError(f"{self.what} cannot be run: {one_line(exc)}") from exc
+            raise ModelError(f"{what} cannot be run: {one_line(exc)}") from exc
         # A model that draws random numbers is compared in shapes and types only.
         random = differ(leaves(self.expected), leaves(again), "", 0, 0) is not None
         self.tolerance: tuple[float | None, float | None] = (None, None) if random else (RTOL, ATOL)
@@ -122,7 +122,7 @@ class Eager:
                 self.grads = torch.autograd.grad(total, params, allow_unused=True)
             except Exception as exc:
                 raise ModelError(
-                    f"{self.what} has no backward pass of its own: {one_line(exc)}"
+                    f"{what} has no backward pass of its own: {one_line(exc)}"
                 ) from exc
 
     def __call__(self, fn: Any) -> Any:

@@ -106,6 +106,7 @@ def run(
     from concurrent.futures import ThreadPoolExecutor
 
     options = options.checked()
+    on_progress = on_progress or (lambda *_: None)
     server = server or start(registry, options)
     try:
         names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
@@ -128,8 +129,7 @@ def run(
             cached = None if options.fresh else memory.get(judged, facts)
             if cached is not None and not (options.bench and cached.ok and cached.speedup is None):
                 results[name] = cached
-                if on_progress is not None:
-                    on_progress(name, cached.level, 0.0, True)
+                on_progress(name, cached.level, 0.0, True)
         todo = [name for name in subjects if name not in results]
         broken = server.wait_ready() if todo else None
         if not todo or broken is not None:
@@ -155,8 +155,7 @@ def run(
                 **options._asdict(),
             }
             futures = {
-                name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
-                for name in todo
+                name: pool.submit(server.probe, name, config, on_progress, pool) for name in todo
             }
             for name, future in futures.items():
                 results[name], code, missing = future.result()

@@ -151,15 +151,15 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("unavailable", 1, why)
     import torch
 
-    backward = config.get("level", "backward") == "backward"
-    device = _device(config.get("device") or "cpu")
+    backward = config["level"] == "backward"
+    device = _device(config["device"] or "cpu")
     if device is None:
-        return verdict("unavailable", 1, f"no {config.get('device')} device here")
-    sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
-    eager = Eager(config.get("model"), device, backward)
+        return verdict("unavailable", 1, f"no {config['device']} device here")
+    sys.path.extend(config["model_path"])  # last: as a python-path folder is
+    eager = Eager(config["model"], device, backward)
     # Eager is timed before any backend's code is loaded (a backend may start threads that
     # slow every later call): each row's speed-up is against the same eager.
-    eager_times = _timed(eager, eager.model) if config.get("bench") else []
+    eager_times = _timed(eager, eager.model) if config["bench"] else []
     # The first report: doctor counts the backend's time limit from here, past starting
     # Python, importing PyTorch and running the model eagerly.
     say(level=2)
@@ -169,9 +169,8 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("import-error", 2, one_line(exc), missing=_missing(exc))
     say(level=3)
     install(registry)  # torch.compile(backend=name) is what is probed
-    model = eager.model
     try:
-        compiled = torch.compile(model, backend=name)
+        compiled = torch.compile(eager.model, backend=name)
         start = time.perf_counter()
         out = eager(compiled)
         compile_seconds = time.perf_counter() - start
@@ -186,7 +185,7 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     reached = 3
     if backward and eager.grads is not None:
         say(level=4)
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in eager.model.parameters() if p.requires_grad]
         total = loss(out)
         if total is None:
             said = "no output of the compiled model requires grad: it gives no backward pass"
@@ -206,7 +205,7 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         if wrong is not None:
             return verdict("wrong-result", 4, wrong, **extra)
         reached = 4
-    if not config.get("bench"):
+    if not config["bench"]:
         return verdict("ok", reached, eager.said, **extra)
     say(level=5)
     try:
@@ -322,7 +321,7 @@ def main(config: dict[str, Any]) -> None:
     except ModelError as exc:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
-        result = {"verdict": _verdict(config.get("name"), started, "crashed", 0, one_line(exc))}
+        result = {"verdict": _verdict(config["name"], started, "crashed", 0, one_line(exc))}
     try:
         result["code"] = imported_code()
     except Exception:
