@@ -215,9 +215,8 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def check_locked(registry: Registry, path: str | None = None) -> None:
-    """Raise :class:`LockDriftError` where ``registry`` resolves names unlike its lock."""
-    path = path or lock_path(registry)
+def check_locked(registry: Registry, path: str) -> None:
+    """Raise :class:`LockDriftError` where ``registry`` resolves names unlike the lock ``path``."""
     changes = differences(read_lock(path), registry.facts())
     if changes:
         raise LockDriftError(path, changes)

@@ -13,6 +13,7 @@ from .common import (
     PROG,
     Waiting,
     error,
+    print_json,
     print_rows,
     printable,
     registry_for,
@@ -49,10 +50,7 @@ def run_doctor(args: Arguments) -> int:
         error(str(exc))
         return EXIT_USAGE
     if args.json:
-        import json
-
-        json.dump([v.as_json() for v in verdicts], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json([v.as_json() for v in verdicts])
     else:
         _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
     failed = any(not v.ok and _fails(registry, v, set(args.names)) for v in verdicts)

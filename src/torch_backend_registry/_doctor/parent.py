@@ -148,8 +148,8 @@ def run(
                 "registry": {  # what the probe builds the registry again from
                     "cwd": context.cwd,
                     "environ": dict(context.environ),
-                    "files": None if context.files is None else list(context.files),
-                    "sources": list(registry.sources),
+                    "files": context.files,
+                    "sources": registry.sources,
                 },
                 "model_path": model_path,
                 **options._asdict(),
@@ -218,7 +218,7 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     path = [] if on_path else [f for f in dict.fromkeys(folders) if find(top, [f]) is not None][:1]
     found = find(module, path) if on_path or path else None
     origin = getattr(found, "origin", None)
-    if found is None or not isinstance(origin, str):
+    if not isinstance(origin, str):  # not found, or no file of its own
         raise ModelError(
             f"--model {spec!r}: no module {module!r} on the import path or in a python-path folder"
         )
