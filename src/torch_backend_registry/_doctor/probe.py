@@ -178,10 +178,11 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("compile-error", 3, one_line(exc), missing=_missing(exc))
     # The member a chain used; a backend of no members may have a `used` of its own.
     member = getattr(registry.lookup_backend(name), "used", None)
-    extra: dict[str, Any] = {"member": member} if member and info.definition.members else {}
+    if member and info.definition.members:
+        verdict = functools.partial(verdict, member=member)
     wrong = differ(leaves(eager.expected), leaves(out), "forward output", *eager.tolerance)
     if wrong is not None:
-        return verdict("wrong-result", 3, wrong, **extra)
+        return verdict("wrong-result", 3, wrong)
     reached = 3
     if backward and eager.grads is not None:
         say(level=4)
@@ -189,35 +190,33 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         total = loss(out)
         if total is None:
             said = "no output of the compiled model requires grad: it gives no backward pass"
-            return verdict("backward-error", 4, said, **extra)
+            return verdict("backward-error", 4, said)
         try:
             got = torch.autograd.grad(total, params, allow_unused=True)
         except Exception as exc:
-            return verdict("backward-error", 4, one_line(exc), **extra)
+            return verdict("backward-error", 4, one_line(exc))
         pairs = [(e, g) for e, g in zip(eager.grads, got, strict=True) if e is not None]
         if not pairs:
             said = "no parameter gets a gradient run eagerly: there is no backward to compare"
-            return verdict("ok", 3, said, **extra)
+            return verdict("ok", 3, said)
         if any(g is None for _e, g in pairs):
-            return verdict("wrong-result", 4, "some gradients eager gives are missing", **extra)
-        expected, mine = [e for e, _g in pairs], [g for _e, g in pairs]
-        wrong = differ(expected, mine, "gradient", *eager.tolerance)
+            return verdict("wrong-result", 4, "some gradients eager gives are missing")
+        wrong = differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", *eager.tolerance)
         if wrong is not None:
-            return verdict("wrong-result", 4, wrong, **extra)
+            return verdict("wrong-result", 4, wrong)
         reached = 4
     if not config["bench"]:
-        return verdict("ok", reached, eager.said, **extra)
+        return verdict("ok", reached, eager.said)
     say(level=5)
     try:
         timed = _timed(eager, compiled)
     except Exception as exc:  # the backend works; only timing it failed
-        return verdict("ok", reached, f"timing failed: {one_line(exc)}", **extra)
+        return verdict("ok", reached, f"timing failed: {one_line(exc)}")
     eager_call, per_call = statistics.median(eager_times), statistics.median(timed)
     return verdict(
         "ok",
         5,
         eager.said,
-        **extra,
         compile_seconds=round(compile_seconds, 4),
         per_call_seconds=per_call,
         eager_seconds=eager_call,
