@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import importlib
+
 from .._definition import ATOL, RTOL
 from .._verify import differ, leaves
 from .options import ModelError
@@ -53,8 +56,6 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
         torch.manual_seed(0)
         layers = (torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
         return torch.nn.Sequential(*layers), (torch.randn(4, 16),), {}
-    import importlib
-
     try:
         module_name, _, attr = spec.partition(":")
         factory: Any = importlib.import_module(module_name)
@@ -93,8 +94,6 @@ class Eager:
     own way: it is judged by the shapes and types of what it gives."""
 
     def __init__(self, spec: str | None, device: Any, backward: bool) -> None:
-        import copy
-
         import torch
 
         model, args, kwargs = build_model(spec)

@@ -6,10 +6,16 @@ import atexit
 import contextlib
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from importlib.machinery import PathFinder
 
+from .._definition import canonical
 from .._errors import BackendRegistryError
 from .._forksafe import ForkSafeLock
+from .._sources.finding import find, installed_stamp, stamp
+from .._sources.pytorch import torch_available
 from .options import ModelError, Options
+from .processes import Server
 from .verdicts import STATUSES, Verdict, Verdicts, subject
 
 TYPE_CHECKING = False
@@ -18,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .._registry import Registry
-    from .processes import Progress, Server
+    from .processes import Progress
 
 
 def start(registry: Registry, options: Options) -> Server:
@@ -27,11 +33,6 @@ def start(registry: Registry, options: Options) -> Server:
     nowhere. One server serves every run of this process while its environment, import
     path and installed packages stay as they were. It is the caller's until :func:`run`
     ends with it; one another run still uses is stopped only once that run ends."""
-    from .._definition import canonical
-    from .._sources.finding import installed_stamp
-    from .._sources.pytorch import torch_available
-    from .processes import Server
-
     global _WARM
     if not torch_available():
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
@@ -103,8 +104,6 @@ def run(
     probed once. An interruption kills every probe of this run. ``server``: what
     :func:`start` gave for the same registry and options (this run ends the caller's use).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     options = options.checked()
     on_progress = on_progress or (lambda *_: None)
     server = server or start(registry, options)
@@ -195,10 +194,6 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     and its file's stamp; :class:`ModelError` where it is nowhere."""
     if spec is None:
         return [], None
-    from importlib.machinery import PathFinder
-
-    from .._sources.finding import find, stamp
-
     module, _, factory = spec.partition(":")
     if not module or not factory:
         raise ModelError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. my_models:make")

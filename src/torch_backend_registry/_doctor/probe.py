@@ -14,16 +14,24 @@ import contextlib
 import functools
 import json
 import os
+import select
 import signal
+import site
+import socket
 import statistics
 import sys
+import sysconfig
 import time
+import timeit
 
 from .._errors import closest
+from .._registry import Registry
 from .._sources.finding import stamp
+from .._torch import install
 from .._verify import differ, leaves
 from .model import Eager, causes, loss, one_line
 from .options import ModelError
+from .verdicts import known_failure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,9 +58,6 @@ def serve(config: dict[str, Any]) -> None:
     killing whatever it left in its session. ``{"kill": N}`` ends a probe
     and its session. When the parent goes, every probe goes with it.
     """
-    import select
-    import socket
-
     server = socket.socket(fileno=config["socket"])
 
     def say(**fields: Any) -> None:
@@ -65,7 +70,6 @@ def serve(config: dict[str, Any]) -> None:
 
         torch._dynamo.list_backends(exclude_tags=())
         from .._sources import schema  # noqa: F401
-        from .._torch import install  # noqa: F401
     except BaseException as exc:
         say(broken=one_line(exc))
         os._exit(0)
@@ -131,10 +135,6 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     The model is built and run eagerly before any code of the backend is imported, so
     that what the backend does to this process cannot be taken for the model's fault.
     """
-    from .._registry import Registry
-    from .._torch import install
-    from .verdicts import known_failure
-
     name = config["name"]
     verdict = functools.partial(_verdict, name, time.perf_counter())
     registry = Registry(known_failure=known_failure, **config["registry"])
@@ -265,9 +265,6 @@ def _missing(exc: BaseException) -> list[str]:
 def imported_code() -> list[list[object]]:
     """The files of the modules this process imported that are neither Python's nor
     installed (a project's own code, wherever it lies), each with its size and time."""
-    import site
-    import sysconfig
-
     paths = sysconfig.get_paths()
     installed = [paths["stdlib"], paths["platstdlib"], *site.getsitepackages()]
     installed.append(site.getusersitepackages())
@@ -288,8 +285,6 @@ def _timed(eager: Eager, fn: Any) -> list[float]:
     """Seconds a call of ``fn`` on the model's inputs, for each of :data:`ROUNDS`, after
     a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
     that the clock and a stray interruption weigh little in it."""
-    import timeit
-
     import torch
 
     timer = timeit.Timer(lambda: eager(fn))

@@ -13,13 +13,17 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from .options import ModelError
+from .probe import BOOT
 from .verdicts import FAILURES, Verdict, level_name
 
 TYPE_CHECKING = False
@@ -43,11 +47,6 @@ class Server:
     made; :meth:`probe` is called from as many threads as probes should run at once."""
 
     def __init__(self, path: list[str]) -> None:
-        import subprocess
-        import tempfile
-
-        from .probe import BOOT
-
         self._probes: dict[int, _Probe] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -248,8 +247,6 @@ class _Probe:
 
     def read(self, seconds: float) -> None:
         """Read what comes within ``seconds``; with every pipe closed, wait for the end."""
-        import select
-
         if not self.open:
             self.ended.wait(seconds)
             return
