@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 
 from .._registry import DEFAULT_EXCLUDE_TAGS
 from .common import (
@@ -89,8 +90,6 @@ class _Progress(contextlib.AbstractContextManager["_Progress"]):
     probe running (its level and time), cut to the terminal's width."""
 
     def __init__(self, shown: bool, total: int) -> None:
-        import threading
-
         self.shown = shown
         self.total = total
         self.lock = threading.Lock()
