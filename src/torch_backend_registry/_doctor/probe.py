@@ -81,7 +81,7 @@ def serve(config: dict[str, Any]) -> None:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            _kill_session(pid)  # what the probe left behind
+            kill_session(pid)  # what the probe left behind
             say(ended=probes.pop(pid), code=os.waitstatus_to_exitcode(status))
         if not select.select([server], [], [], 0.01)[0]:
             continue
@@ -92,7 +92,7 @@ def serve(config: dict[str, Any]) -> None:
         if "kill" in request:
             for pid, number in probes.items():
                 if number == request["kill"]:
-                    _kill_session(pid)
+                    kill_session(pid)
             continue
         sys.stdout.flush()
         sys.stderr.flush()
@@ -113,11 +113,11 @@ def serve(config: dict[str, Any]) -> None:
             os.close(fd)
         probes[pid] = request["id"]
     for pid in probes:
-        _kill_session(pid)
+        kill_session(pid)
     os._exit(0)
 
 
-def _kill_session(pid: int) -> None:
+def kill_session(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 

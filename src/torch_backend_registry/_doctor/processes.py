@@ -23,7 +23,7 @@ import threading
 import time
 
 from .options import ModelError
-from .probe import BOOT
+from .probe import BOOT, kill_session
 from .verdicts import FAILURES, Verdict, level_name
 
 TYPE_CHECKING = False
@@ -187,8 +187,7 @@ class Server:
             # Not ready: still importing PyTorch, with no probe to end.
             self._process.wait(GRACE if self._ready.is_set() else 0)
         except Exception:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._process.pid, signal.SIGKILL)
+            kill_session(self._process.pid)
             self._process.wait()
         self._reader.join(GRACE)
         self._socket.close()
