@@ -36,7 +36,7 @@ def run_doctor(args: Arguments) -> int:
     from .._sources.pytorch import dynamo_imported
 
     registry = registry_for()
-    options = Options(**{f: getattr(args, f) for f in Options._fields}).checked()
+    options = Options(**{f: getattr(args, f) for f in Options._fields})  # argparse checked them
     try:
         # The probes' server imports PyTorch meanwhile, as this process does to list every
         # backend or resolve a name no manifest declares.
