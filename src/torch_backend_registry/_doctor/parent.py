@@ -38,10 +38,8 @@ def start(registry: Registry, options: Options) -> Server:
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     _find_model(registry, options.model)
     path = import_path()
-    # Each probe runs in this process's environment of its run (see run); what PyTorch
-    # read of it at import is the server's: a server started in another environment is
-    # another, save for variables read only where they are used (the folders of the XDG
-    # standard; the test pytest runs, which it sets anew for each test).
+    # What PyTorch read of the environment at import is the server's (each probe runs in
+    # the environment of its run, see run): another environment needs another server.
     environ = sorted((k, v) for k, v in os.environ.items() if not k.startswith(_PER_RUN))
     key = canonical([os.getpid(), environ, path, installed_stamp()])
     with _LOCK:
@@ -57,7 +55,8 @@ def start(registry: Registry, options: Options) -> Server:
         return _WARM[1]
 
 
-#: Environment variables that do not decide which server a run may use.
+#: Variables read only where they are used, so no server of their own: the folders of the
+#: XDG standard, and the test pytest runs (which it sets anew for each test).
 _PER_RUN = ("XDG_", "PYTEST_CURRENT_TEST")
 
 #: The probe server this process keeps for its next run, under what it was started for.
