@@ -8,6 +8,10 @@ the same :class:`InconsistentRegistryError`.
 
 from __future__ import annotations
 
+import re
+import sys
+from collections import Counter
+
 from ._errors import BackendRegistryError, InconsistentRegistryError
 
 TYPE_CHECKING = False
@@ -83,8 +87,6 @@ def mismatch(
     members: list[int], hashes: list[str], everyone: list[Any]
 ) -> InconsistentRegistryError:
     """The same error on every rank: the ranks outside the majority, and where they differ."""
-    from collections import Counter
-
     from ._lock import changes
 
     majority, _count = Counter(hashes).most_common(1)[0]
@@ -111,8 +113,6 @@ def mismatch(
 def _missing(
     exc: RuntimeError, members: list[int], me: int, timeout: float
 ) -> InconsistentRegistryError:
-    import re
-
     found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
     if found:
         missing = tuple(int(r) for r in re.findall(r"\d+", found.group(1)))
@@ -131,7 +131,5 @@ def _missing(
 
 def distributed_ready() -> bool:
     """Whether torch.distributed is loaded and initialised in this process (no import)."""
-    import sys
-
     dist = sys.modules.get("torch.distributed")
     return dist is not None and dist.is_available() and dist.is_initialized()

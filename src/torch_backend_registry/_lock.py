@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 from ._definition import canonical
 from ._errors import LockDriftError, LockFileError, ManifestError
@@ -98,14 +99,12 @@ def write_lock(registry: Registry, path: str | None = None) -> str:
 
 def read_lock(path: str) -> Facts:
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used."""
-    from ._sources.files import parse_toml, read_text
+    from ._sources.files import NO_SUCH_FILE, parse_toml, read_text
 
     try:
         text = read_text(path, LOCK_MAX_BYTES)
         data, lines = parse_toml(path, text, LOCK_MAX_KEY_PARTS)
     except ManifestError as exc:
-        from ._sources.files import NO_SUCH_FILE
-
         message = exc.message
         if message == NO_SUCH_FILE:
             message += "; run 'torch-backends lock' to write it, and commit it"
@@ -186,8 +185,6 @@ def _without_torch(facts: Facts) -> Facts:
 
 def summary(facts: Facts) -> str:
     """What a lock holds, by source: ``1 project, 23 torch backends and 2 aliases``."""
-    from collections import Counter
-
     kinds = Counter(backend["kind"] for backend in facts["backends"].values())
     parts = [f"{count} {kind}" for kind, count in sorted(kinds.items())] or ["no"]
     said = (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
@@ -215,9 +212,8 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def check_locked(registry: Registry, path: str | None = None) -> None:
-    """Raise :class:`LockDriftError` where ``registry`` resolves names unlike its lock."""
-    path = path or lock_path(registry)
+def check_locked(registry: Registry, path: str) -> None:
+    """Raise :class:`LockDriftError` where ``registry`` resolves names unlike the lock ``path``."""
     changes = differences(read_lock(path), registry.facts())
     if changes:
         raise LockDriftError(path, changes)

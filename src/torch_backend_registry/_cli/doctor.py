@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 
 from .._registry import DEFAULT_EXCLUDE_TAGS
 from .common import (
@@ -13,6 +14,7 @@ from .common import (
     PROG,
     Waiting,
     error,
+    print_json,
     print_rows,
     printable,
     registry_for,
@@ -34,7 +36,7 @@ def run_doctor(args: Arguments) -> int:
     from .._sources.pytorch import dynamo_imported
 
     registry = registry_for()
-    options = Options(**{f: getattr(args, f) for f in Options._fields}).checked()
+    options = Options(**{f: getattr(args, f) for f in Options._fields})  # argparse checked them
     try:
         # The probes' server imports PyTorch meanwhile, as this process does to list every
         # backend or resolve a name no manifest declares.
@@ -49,10 +51,7 @@ def run_doctor(args: Arguments) -> int:
         error(str(exc))
         return EXIT_USAGE
     if args.json:
-        import json
-
-        json.dump([v.as_json() for v in verdicts], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json([v.as_json() for v in verdicts])
     else:
         _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
     failed = any(not v.ok and _fails(registry, v, set(args.names)) for v in verdicts)
@@ -91,8 +90,6 @@ class _Progress(contextlib.AbstractContextManager["_Progress"]):
     probe running (its level and time), cut to the terminal's width."""
 
     def __init__(self, shown: bool, total: int) -> None:
-        import threading
-
         self.shown = shown
         self.total = total
         self.lock = threading.Lock()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import importlib
+
 from .._definition import ATOL, RTOL
 from .._verify import differ, leaves
 from .options import ModelError
@@ -53,8 +56,6 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
         torch.manual_seed(0)
         layers = (torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
         return torch.nn.Sequential(*layers), (torch.randn(4, 16),), {}
-    import importlib
-
     try:
         module_name, _, attr = spec.partition(":")
         factory: Any = importlib.import_module(module_name)
@@ -93,12 +94,10 @@ class Eager:
     own way: it is judged by the shapes and types of what it gives."""
 
     def __init__(self, spec: str | None, device: Any, backward: bool) -> None:
-        import copy
-
         import torch
 
         model, args, kwargs = build_model(spec)
-        self.what = "the built-in model" if spec is None else f"--model {spec!r}"
+        what = "the built-in model" if spec is None else f"--model {spec!r}"
         try:
             self.model = model.to(device)
             self.args = tuple(_on(x, device) for x in args)
@@ -108,7 +107,7 @@ class Eager:
                 self.expected = reference(*self.args, **self.kwargs)
                 again = copy.deepcopy(self.model)(*self.args, **self.kwargs)
         except Exception as exc:
-            raise ModelError(f"{self.what} cannot be run: {one_line(exc)}") from exc
+            raise ModelError(f"{what} cannot be run: {one_line(exc)}") from exc
         # A model that draws random numbers is compared in shapes and types only.
         random = differ(leaves(self.expected), leaves(again), "", 0, 0) is not None
         self.tolerance: tuple[float | None, float | None] = (None, None) if random else (RTOL, ATOL)
@@ -122,7 +121,7 @@ class Eager:
                 self.grads = torch.autograd.grad(total, params, allow_unused=True)
             except Exception as exc:
                 raise ModelError(
-                    f"{self.what} has no backward pass of its own: {one_line(exc)}"
+                    f"{what} has no backward pass of its own: {one_line(exc)}"
                 ) from exc
 
     def __call__(self, fn: Any) -> Any:

@@ -6,10 +6,16 @@ import atexit
 import contextlib
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from importlib.machinery import PathFinder
 
+from .._definition import canonical
 from .._errors import BackendRegistryError
 from .._forksafe import ForkSafeLock
+from .._sources.finding import find, installed_stamp, stamp
+from .._sources.pytorch import torch_available
 from .options import ModelError, Options
+from .processes import Server
 from .verdicts import STATUSES, Verdict, Verdicts, subject
 
 TYPE_CHECKING = False
@@ -18,7 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .._registry import Registry
-    from .processes import Progress, Server
+    from .processes import Progress
 
 
 def start(registry: Registry, options: Options) -> Server:
@@ -27,20 +33,13 @@ def start(registry: Registry, options: Options) -> Server:
     nowhere. One server serves every run of this process while its environment, import
     path and installed packages stay as they were. It is the caller's until :func:`run`
     ends with it; one another run still uses is stopped only once that run ends."""
-    from .._definition import canonical
-    from .._sources.finding import installed_stamp
-    from .._sources.pytorch import torch_available
-    from .processes import Server
-
     global _WARM
     if not torch_available():
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
     _find_model(registry, options.model)
     path = import_path()
-    # Each probe runs in this process's environment of its run (see run); what PyTorch
-    # read of it at import is the server's: a server started in another environment is
-    # another, save for variables read only where they are used (the folders of the XDG
-    # standard; the test pytest runs, which it sets anew for each test).
+    # What PyTorch read of the environment at import is the server's (each probe runs in
+    # the environment of its run, see run): another environment needs another server.
     environ = sorted((k, v) for k, v in os.environ.items() if not k.startswith(_PER_RUN))
     key = canonical([os.getpid(), environ, path, installed_stamp()])
     with _LOCK:
@@ -56,7 +55,8 @@ def start(registry: Registry, options: Options) -> Server:
         return _WARM[1]
 
 
-#: Environment variables that do not decide which server a run may use.
+#: Variables read only where they are used, so no server of their own: the folders of the
+#: XDG standard, and the test pytest runs (which it sets anew for each test).
 _PER_RUN = ("XDG_", "PYTEST_CURRENT_TEST")
 
 #: The probe server this process keeps for its next run, under what it was started for.
@@ -103,9 +103,8 @@ def run(
     probed once. An interruption kills every probe of this run. ``server``: what
     :func:`start` gave for the same registry and options (this run ends the caller's use).
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     options = options.checked()
+    on_progress = on_progress or (lambda *_: None)
     server = server or start(registry, options)
     try:
         names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
@@ -128,8 +127,7 @@ def run(
             cached = None if options.fresh else memory.get(judged, facts)
             if cached is not None and not (options.bench and cached.ok and cached.speedup is None):
                 results[name] = cached
-                if on_progress is not None:
-                    on_progress(name, cached.level, 0.0, True)
+                on_progress(name, cached.level, 0.0, True)
         todo = [name for name in subjects if name not in results]
         broken = server.wait_ready() if todo else None
         if not todo or broken is not None:
@@ -148,15 +146,14 @@ def run(
                 "registry": {  # what the probe builds the registry again from
                     "cwd": context.cwd,
                     "environ": dict(context.environ),
-                    "files": None if context.files is None else list(context.files),
-                    "sources": list(registry.sources),
+                    "files": context.files,
+                    "sources": registry.sources,
                 },
                 "model_path": model_path,
                 **options._asdict(),
             }
             futures = {
-                name: pool.submit(server.probe, name, config, options.timeout, on_progress, pool)
-                for name in todo
+                name: pool.submit(server.probe, name, config, on_progress, pool) for name in todo
             }
             for name, future in futures.items():
                 results[name], code, missing = future.result()
@@ -196,10 +193,6 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     and its file's stamp; :class:`ModelError` where it is nowhere."""
     if spec is None:
         return [], None
-    from importlib.machinery import PathFinder
-
-    from .._sources.finding import find, stamp
-
     module, _, factory = spec.partition(":")
     if not module or not factory:
         raise ModelError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. my_models:make")
@@ -219,7 +212,7 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     path = [] if on_path else [f for f in dict.fromkeys(folders) if find(top, [f]) is not None][:1]
     found = find(module, path) if on_path or path else None
     origin = getattr(found, "origin", None)
-    if found is None or not isinstance(origin, str):
+    if not isinstance(origin, str):  # not found, or no file of its own
         raise ModelError(
             f"--model {spec!r}: no module {module!r} on the import path or in a python-path folder"
         )

@@ -14,16 +14,24 @@ import contextlib
 import functools
 import json
 import os
+import select
 import signal
+import site
+import socket
 import statistics
 import sys
+import sysconfig
 import time
+import timeit
 
 from .._errors import closest
+from .._registry import Registry
 from .._sources.finding import stamp
+from .._torch import install
 from .._verify import differ, leaves
 from .model import Eager, causes, loss, one_line
 from .options import ModelError
+from .verdicts import known_failure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,9 +58,6 @@ def serve(config: dict[str, Any]) -> None:
     killing whatever it left in its session. ``{"kill": N}`` ends a probe
     and its session. When the parent goes, every probe goes with it.
     """
-    import select
-    import socket
-
     server = socket.socket(fileno=config["socket"])
 
     def say(**fields: Any) -> None:
@@ -65,7 +70,6 @@ def serve(config: dict[str, Any]) -> None:
 
         torch._dynamo.list_backends(exclude_tags=())
         from .._sources import schema  # noqa: F401
-        from .._torch import install  # noqa: F401
     except BaseException as exc:
         say(broken=one_line(exc))
         os._exit(0)
@@ -77,7 +81,7 @@ def serve(config: dict[str, Any]) -> None:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            _kill_session(pid)  # what the probe left behind
+            kill_session(pid)  # what the probe left behind
             say(ended=probes.pop(pid), code=os.waitstatus_to_exitcode(status))
         if not select.select([server], [], [], 0.01)[0]:
             continue
@@ -88,7 +92,7 @@ def serve(config: dict[str, Any]) -> None:
         if "kill" in request:
             for pid, number in probes.items():
                 if number == request["kill"]:
-                    _kill_session(pid)
+                    kill_session(pid)
             continue
         sys.stdout.flush()
         sys.stderr.flush()
@@ -109,11 +113,11 @@ def serve(config: dict[str, Any]) -> None:
             os.close(fd)
         probes[pid] = request["id"]
     for pid in probes:
-        _kill_session(pid)
+        kill_session(pid)
     os._exit(0)
 
 
-def _kill_session(pid: int) -> None:
+def kill_session(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
@@ -131,10 +135,6 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     The model is built and run eagerly before any code of the backend is imported, so
     that what the backend does to this process cannot be taken for the model's fault.
     """
-    from .._registry import Registry
-    from .._torch import install
-    from .verdicts import known_failure
-
     name = config["name"]
     verdict = functools.partial(_verdict, name, time.perf_counter())
     registry = Registry(known_failure=known_failure, **config["registry"])
@@ -151,15 +151,15 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("unavailable", 1, why)
     import torch
 
-    backward = config.get("level", "backward") == "backward"
-    device = _device(config.get("device") or "cpu")
+    backward = config["level"] == "backward"
+    device = _device(config["device"] or "cpu")
     if device is None:
-        return verdict("unavailable", 1, f"no {config.get('device')} device here")
-    sys.path.extend(config.get("model_path", ()))  # last: as a python-path folder is
-    eager = Eager(config.get("model"), device, backward)
+        return verdict("unavailable", 1, f"no {config['device']} device here")
+    sys.path.extend(config["model_path"])  # last: as a python-path folder is
+    eager = Eager(config["model"], device, backward)
     # Eager is timed before any backend's code is loaded (a backend may start threads that
     # slow every later call): each row's speed-up is against the same eager.
-    eager_times = _timed(eager, eager.model) if config.get("bench") else []
+    eager_times = _timed(eager, eager.model) if config["bench"] else []
     # The first report: doctor counts the backend's time limit from here, past starting
     # Python, importing PyTorch and running the model eagerly.
     say(level=2)
@@ -169,9 +169,8 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("import-error", 2, one_line(exc), missing=_missing(exc))
     say(level=3)
     install(registry)  # torch.compile(backend=name) is what is probed
-    model = eager.model
     try:
-        compiled = torch.compile(model, backend=name)
+        compiled = torch.compile(eager.model, backend=name)
         start = time.perf_counter()
         out = eager(compiled)
         compile_seconds = time.perf_counter() - start
@@ -179,46 +178,45 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("compile-error", 3, one_line(exc), missing=_missing(exc))
     # The member a chain used; a backend of no members may have a `used` of its own.
     member = getattr(registry.lookup_backend(name), "used", None)
-    extra: dict[str, Any] = {"member": member} if member and info.definition.members else {}
+    if member and info.definition.members:
+        verdict = functools.partial(verdict, member=member)
     wrong = differ(leaves(eager.expected), leaves(out), "forward output", *eager.tolerance)
     if wrong is not None:
-        return verdict("wrong-result", 3, wrong, **extra)
+        return verdict("wrong-result", 3, wrong)
     reached = 3
     if backward and eager.grads is not None:
         say(level=4)
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in eager.model.parameters() if p.requires_grad]
         total = loss(out)
         if total is None:
             said = "no output of the compiled model requires grad: it gives no backward pass"
-            return verdict("backward-error", 4, said, **extra)
+            return verdict("backward-error", 4, said)
         try:
             got = torch.autograd.grad(total, params, allow_unused=True)
         except Exception as exc:
-            return verdict("backward-error", 4, one_line(exc), **extra)
+            return verdict("backward-error", 4, one_line(exc))
         pairs = [(e, g) for e, g in zip(eager.grads, got, strict=True) if e is not None]
         if not pairs:
             said = "no parameter gets a gradient run eagerly: there is no backward to compare"
-            return verdict("ok", 3, said, **extra)
+            return verdict("ok", 3, said)
         if any(g is None for _e, g in pairs):
-            return verdict("wrong-result", 4, "some gradients eager gives are missing", **extra)
-        expected, mine = [e for e, _g in pairs], [g for _e, g in pairs]
-        wrong = differ(expected, mine, "gradient", *eager.tolerance)
+            return verdict("wrong-result", 4, "some gradients eager gives are missing")
+        wrong = differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", *eager.tolerance)
         if wrong is not None:
-            return verdict("wrong-result", 4, wrong, **extra)
+            return verdict("wrong-result", 4, wrong)
         reached = 4
-    if not config.get("bench"):
-        return verdict("ok", reached, eager.said, **extra)
+    if not config["bench"]:
+        return verdict("ok", reached, eager.said)
     say(level=5)
     try:
         timed = _timed(eager, compiled)
     except Exception as exc:  # the backend works; only timing it failed
-        return verdict("ok", reached, f"timing failed: {one_line(exc)}", **extra)
+        return verdict("ok", reached, f"timing failed: {one_line(exc)}")
     eager_call, per_call = statistics.median(eager_times), statistics.median(timed)
     return verdict(
         "ok",
         5,
         eager.said,
-        **extra,
         compile_seconds=round(compile_seconds, 4),
         per_call_seconds=per_call,
         eager_seconds=eager_call,
@@ -267,9 +265,6 @@ def _missing(exc: BaseException) -> list[str]:
 def imported_code() -> list[list[object]]:
     """The files of the modules this process imported that are neither Python's nor
     installed (a project's own code, wherever it lies), each with its size and time."""
-    import site
-    import sysconfig
-
     paths = sysconfig.get_paths()
     installed = [paths["stdlib"], paths["platstdlib"], *site.getsitepackages()]
     installed.append(site.getusersitepackages())
@@ -290,8 +285,6 @@ def _timed(eager: Eager, fn: Any) -> list[float]:
     """Seconds a call of ``fn`` on the model's inputs, for each of :data:`ROUNDS`, after
     a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
     that the clock and a stray interruption weigh little in it."""
-    import timeit
-
     import torch
 
     timer = timeit.Timer(lambda: eager(fn))
@@ -322,7 +315,7 @@ def main(config: dict[str, Any]) -> None:
     except ModelError as exc:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
-        result = {"verdict": _verdict(config.get("name"), started, "crashed", 0, one_line(exc))}
+        result = {"verdict": _verdict(config["name"], started, "crashed", 0, one_line(exc))}
     try:
         result["code"] = imported_code()
     except Exception:

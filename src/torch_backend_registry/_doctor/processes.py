@@ -13,14 +13,18 @@ import contextlib
 import json
 import os
 import re
+import select
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from .options import ModelError
-from .verdicts import Verdict, level_name
+from .probe import BOOT, kill_session
+from .verdicts import FAILURES, Verdict, level_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,11 +47,6 @@ class Server:
     made; :meth:`probe` is called from as many threads as probes should run at once."""
 
     def __init__(self, path: list[str]) -> None:
-        import subprocess
-        import tempfile
-
-        from .probe import BOOT
-
         self._probes: dict[int, _Probe] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -109,18 +108,12 @@ class Server:
         return self.broken
 
     def probe(
-        self,
-        name: str,
-        config: dict[str, Any],
-        timeout: float,
-        on_progress: Progress | None,
-        owner: object = None,
+        self, name: str, config: dict[str, Any], on_progress: Progress, owner: object
     ) -> tuple[Verdict, Any, list[str]]:
-        """Probe ``name`` in a process of its own, as ``config`` says (the registry's inputs,
-        the options), killed at ``timeout`` seconds of the backend's own time: its verdict,
-        the code it ran, the modules it found missing. :class:`ModelError` where the model
-        cannot be built."""
-        started = time.perf_counter()
+        """Probe ``name`` as ``config`` says, in a process of its own killed at the time limit
+        of the backend's own time: its verdict, the code it ran, the modules it found missing.
+        :class:`ModelError` where the model cannot be built."""
+        started, timeout = time.perf_counter(), config["timeout"]
         ends = [os.pipe() for _ in range(3)]  # the report channel, stdout, stderr
         # The configuration on a pipe of its own, never a command line: it holds the
         # registry's environment, which may be large and private. A thread writes it: a
@@ -134,8 +127,7 @@ class Server:
             self._probes[number] = probe
 
         def progress(level: int, done: bool) -> None:
-            if on_progress is not None:
-                on_progress(name, level, time.perf_counter() - started, done)
+            on_progress(name, level, time.perf_counter() - started, done)
 
         try:
             request = json.dumps({"id": number, "name": name}).encode()
@@ -195,8 +187,7 @@ class Server:
             # Not ready: still importing PyTorch, with no probe to end.
             self._process.wait(GRACE if self._ready.is_set() else 0)
         except Exception:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._process.pid, signal.SIGKILL)
+            kill_session(self._process.pid)
             self._process.wait()
         self._reader.join(GRACE)
         self._socket.close()
@@ -255,8 +246,6 @@ class _Probe:
 
     def read(self, seconds: float) -> None:
         """Read what comes within ``seconds``; with every pipe closed, wait for the end."""
-        import select
-
         if not self.open:
             self.ended.wait(seconds)
             return
@@ -307,7 +296,7 @@ def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
     where that is the diagnosis: a reason that points elsewhere, or a failed import (a
     plugin that prints why, "needs PyTorch 2.8.*, but 2.13.0 is found", and then fails on
     something else)."""
-    if verdict.status in ("ok", "unavailable", "timeout"):
+    if verdict.status not in FAILURES:
         return verdict
     if verdict.status != "import-error" and not _ELSEWHERE.search(verdict.reason):
         return verdict

@@ -54,13 +54,10 @@ def level_name(level: int) -> str:
 
 
 class Verdict(NamedTuple):
-    """What probing one backend found.
-
-    ``status`` is one of :data:`STATUSES`; ``level`` the last level reached
-    (1 requirements, 2 import, 3 forward, 4 backward, 5 bench); ``member`` the
-    member a chain used; the ``*_seconds``, ``speedup`` and ``spread`` come with ``bench``;
-    ``cached`` tells a remembered verdict (and takes no part in comparing two).
-    """
+    """What probing one backend found: ``status`` one of :data:`STATUSES`, ``level`` the last
+    of :data:`LEVELS` reached (1-based), ``member`` the member a chain used; the
+    ``*_seconds``, ``speedup`` and ``spread`` come with ``bench``; ``cached`` tells a
+    remembered verdict (and takes no part in comparing two)."""
 
     name: str
     status: str
@@ -128,8 +125,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
 
 #: The most subjects remembered; the oldest are forgotten first.
 LIMIT = 10_000
-#: The probe a listing's verdict and a chain's skip were found with: the built-in
-#: model on the CPU (any level, any time limit).
+#: The probe of a listing's verdict and a chain's skip (any level, any time limit).
 BUILT_IN = {"model": None, "device": "cpu"}
 
 
