@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import copy
+import datetime
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import math
 import os
 import pickle
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -478,3 +482,65 @@ def test_a_warm_reading_gives_back_equal_values_of_the_same_types(
         assert hash(now) == hash(was)  # hashable, from the second run on too
         for field in type(was)._fields:
             assert _shape(getattr(now, field)) == _shape(getattr(was, field)), field
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as TOML values are: of one kind, nan equal to itself, tables by their keys."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):  # nan is nan; -0.0 is not 0.0 (TOML writes them apart)
+        return (math.isnan(a) and math.isnan(b)) or str(a) == str(b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return bool(a == b)
+
+
+_TOML_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.floats(allow_infinity=True, allow_nan=True, width=16)
+    | st.sampled_from(["", "a", "1", "true", "t", "s", "2000-01-01"])
+    | st.dates(datetime.date(2000, 1, 1), datetime.date(2000, 1, 3)),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["t", "a", "s", "1", "date"]), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(a=_TOML_VALUES, b=_TOML_VALUES)
+def test_a_key_is_the_same_exactly_when_the_values_are(a: object, b: object) -> None:
+    # What the cache, the lock and doctor's verdicts are keyed by.
+    from torch_backend_registry._definition import canonical
+
+    assert (canonical(a) == canonical(b)) == _same(a, b)
+    assert canonical(a) == canonical(copy.deepcopy(a))
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (datetime.date(2000, 1, 1), "2000-01-01"),
+        (datetime.time(12, 0), "12:00:00"),
+        ({"a": 1}, [["a", 1]]),
+        ({"t": [["a", 1]]}, {"a": 1}),
+        ({"a": [1]}, [1]),
+        (frozenset({"a"}), ["a"]),
+        (1, 1.0),
+        (1, True),
+        (0.0, -0.0),
+        ([], {}),
+        (None, "null"),
+        ("1", 1),
+    ],
+)
+def test_values_of_two_kinds_never_share_a_key(one: object, other: object) -> None:
+    from torch_backend_registry._definition import canonical
+
+    assert canonical(one) != canonical(other)
+    assert canonical(float("nan")) == canonical(float("nan"))
