@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import itertools
 import logging
 import sys
 
-from ._errors import BackendChainError, BackendRegistryError, RefusedArguments
+from ._errors import (
+    BackendChainError,
+    BackendRegistryError,
+    ManifestError,
+    RefusedArguments,
+    UnknownBackendError,
+)
 from ._loader import call_options
 from ._sources.finding import missing_requirements
 from ._verify import Reference, compiling, leaves
@@ -133,8 +140,6 @@ def own_copy(gm: Any) -> Any:
     (``_dynamo_source`` on each placeholder, which AOTAutograd cannot compile without; the
     module's own sources of its parameters) is carried over, every attribute of each node,
     where PyTorch's own passes carry the ones they know by hand (``propagate_dynamo_source``)."""
-    import copy
-
     import torch.fx
 
     if not isinstance(gm, torch.fx.GraphModule):
@@ -177,8 +182,6 @@ class DeviceBackend(_Composite):
         table = self.table
         member = table.get(device, table.get("other"))
         if member is None:
-            from ._errors import ManifestError
-
             raise ManifestError.of(
                 self.definition.located(
                     f"backend {self.__name__!r} names no backend for device {device!r}"
@@ -206,8 +209,6 @@ def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:
     """Why a member that cannot be looked up is skipped, and how loudly: a name that exists
     nowhere here (a plugin not installed) or is disabled is a note, as ``check`` says; one
     that looks like a typo is a warning; a broken definition is an error."""
-    from ._errors import ManifestError, UnknownBackendError
-
     if isinstance(exc, UnknownBackendError) and not exc.suggestions:
         # Disabled, or left out by the plugin policy: it says so; else it is not here.
         disabled = exc.note.startswith(("disabled by", "distribution "))

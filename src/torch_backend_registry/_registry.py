@@ -7,7 +7,7 @@ import functools
 import os
 
 from ._definition import SOURCE_KINDS, BackendInfo, Source, runtime_definition
-from ._errors import BackendRegistryError, DuplicateBackendError, UnknownBackendError
+from ._errors import BackendRegistryError, DuplicateBackendError, ManifestError, UnknownBackendError
 from ._forksafe import ForkSafeLock
 
 TYPE_CHECKING = False
@@ -241,7 +241,6 @@ class Registry:
             fn = definition.compiler_fn
         elif definition.members:
             from ._chain import ChainBackend, DeviceBackend
-            from ._errors import ManifestError
             from ._loader import check_requirements
 
             problem = index.chain_problems().get(definition.name)

@@ -15,6 +15,7 @@ it is held to the shapes and types of what it gives, and the log says so.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 from ._forksafe import ForkSafeLock
 
@@ -211,8 +212,6 @@ def _copies(inputs: Sequence[Any], grad: bool) -> tuple[list[Any], list[Any]]:
     strides it was compiled for). With ``grad``, each storage of inputs that require grad
     gets one leaf, returned to differentiate by; each such input is a view of one clone of
     it (a graph may write its inputs in place, which a leaf may not be)."""
-    import copy
-
     import torch
 
     tensors = {i: x.detach() for i, x in enumerate(inputs) if _tensor(x)}
