@@ -95,8 +95,6 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         wrong = refusal(accepted_options(obj), definition.options, target, manifest=True)
         if wrong is not None:  # said where it is written: at its key, in the manifest
             key, message = wrong
-            if definition.source.path is None:
-                raise _error(definition, message)
             raise ManifestError.of(definition.located(message, "options", key))
         bound = functools.partial(obj, **definition.options)
         functools.update_wrapper(bound, obj)

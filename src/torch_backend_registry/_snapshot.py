@@ -119,13 +119,7 @@ class Snapshot:
         from ._merge import merge
 
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
-        if with_torch:
-            found = self.found("torch").definitions
-            own = pytorch.pytorch_names(self.context.cache) | {
-                d.name for d in found if pytorch.own(d.compiler_fn)
-            }
-        else:
-            own = self.pytorch_names()
+        own = self.pytorch_names()  # after reading PyTorch's registry, where that is asked
         with self.lock:
             index = self._indexes.get(with_torch)
             if index is None:  # else another thread merged while this one waited
