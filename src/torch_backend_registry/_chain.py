@@ -72,10 +72,9 @@ class ChainBackend(_Composite):
 
     def _skip(self, member: str) -> tuple[str, Severity] | None:
         """Why ``member`` is skipped before compiling, and how loudly; ``None`` to try it."""
-        if self._known_failure is not None:
-            known = self._known_failure(member)
-            if known is not None:
-                return known, "note"
+        known = None if self._known_failure is None else self._known_failure(member)
+        if known is not None:
+            return known, "note"
         try:
             missing = missing_requirements(self._info(member).definition)
         except BackendRegistryError as exc:
@@ -228,7 +227,8 @@ def member_compiler(
     through the wrapper that applies ``mode`` and ``options`` to its configuration, any other
     backend with them as keyword arguments. Raises :class:`RefusedArguments`, before anything
     compiles, where the member cannot take them."""
-    if _is_inductor(definition, compiler):
+    # PyTorch's own inductor, by its name or declared as a target.
+    if compiler is getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None):
         import torch
 
         try:
@@ -248,14 +248,6 @@ def member_compiler(
             f"{definition.name!r}) could not: {exc}"
         ) from None
     return functools.partial(compiler, **options) if options else compiler
-
-
-def _is_inductor(definition: BackendDefinition, compiler: Callable[..., Any]) -> bool:
-    # PyTorch's own inductor: by its name, or its function declared as a target.
-    if definition.source.kind == "torch" and definition.name == "inductor":
-        return True
-    module = sys.modules.get("torch._dynamo.backends.inductor")
-    return module is not None and compiler is getattr(module, "inductor", None)
 
 
 def passed_through() -> tuple[type[BaseException], ...]:

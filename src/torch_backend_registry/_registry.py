@@ -335,7 +335,23 @@ class Registry:
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
-        return self._live(with_torch).problems(with_torch)
+        index = self.index(with_torch=with_torch)
+        problems = list(index.problems)
+        default = index.default_problem()
+        if default is not None:
+            problems.append(default)
+        unknown = index.unknown_members()
+        for definition in index.winners():  # both tables hold chains only, by name
+            found = index.chain_problems().get(definition.name) or unknown.get(definition.name)
+            if found is not None:
+                problems.append(found)
+        # What merging found a definition cannot be (a pick of no installed distribution):
+        # the lookup raises it; check says it.
+        listed = set(problems)
+        for definition in index.winners(broken=True):
+            if definition.problem is not None and definition.problem not in listed:
+                problems.append(definition.problem)
+        return problems
 
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
         """Every usable name's facts and every alias: what the fingerprint and a lock hold."""
