@@ -236,7 +236,6 @@ class Registry:
         # each other, so it runs once; the first callable stored is what all get.
         snapshot, index = self._resolving(name)
         definition = index.resolve(name)
-        fn: CompilerFn
         if definition.compiler_fn is not None:
             fn = definition.compiler_fn
         elif definition.members:

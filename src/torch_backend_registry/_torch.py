@@ -190,8 +190,8 @@ def stand_in_names(registry: Registry) -> list[str]:
 
 def _needs_stand_in(candidates: list[BackendDefinition]) -> bool:
     top = candidates[0]
-    if top.usable:
-        return top.source.kind not in ("entry-point", "torch")
+    if top.usable:  # the index holds no backend of PyTorch's, which needs none either
+        return top.source.kind != "entry-point"
     return any(lower.source.kind == "entry-point" for lower in candidates[1:])
 
 
