@@ -38,7 +38,6 @@ def compiling(level: str | None) -> Iterator[None]:
         import torch._functorch.config as config
 
         if hasattr(config, "force_non_lazy_backward_lowering"):
-            # The setting is the process's: two threads patching it at once would leave it set.
             with _SERIAL, config.patch(force_non_lazy_backward_lowering=True):
                 yield
             return
