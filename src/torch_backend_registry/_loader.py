@@ -74,7 +74,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         hint = _close_module(exc, module_name, folders)
         said = f"import of {module_name!r} failed: {_why(exc)}{hint}{note}"
         raise _error(definition, said) from exc
-    for part in attr_path.split(".") if attr_path else ():
+    for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError as exc:
