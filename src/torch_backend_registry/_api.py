@@ -94,7 +94,6 @@ def install(
     from ._torch import install as install_into_torch
 
     registry = registry or default_registry
-    lock: str | None
     if locked is None:
         lock = lock_from_environment(registry)
     elif locked is False:

@@ -14,8 +14,11 @@ dynamo's compile-start callbacks, where the ranks are compared too.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import sys
+import warnings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -78,14 +81,10 @@ class _AfterImport:
         # Once: and the finders asked below must not come back here.
         if self in sys.meta_path:
             sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec: ModuleSpec | None = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _Then(spec.loader)  # type: ignore[assignment]
-                return spec
-        return None
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Then(spec.loader)  # type: ignore[assignment]
+        return spec
 
 
 class _Then:
@@ -105,8 +104,6 @@ class _Then:
 
 def _install() -> None:
     """install() of the default registry, as a process would call it; never raises."""
-    import warnings
-
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
@@ -126,8 +123,6 @@ def _install() -> None:
 def _install_or_defer() -> None:
     """install(), its checks at the first compile: while torch._dynamo is still being
     imported, neither PyTorch's registry can be read whole nor may be imported further."""
-    import functools
-
     from ._api import check_before_install, default_registry, verify_asked
     from ._errors import BackendRegistryError
     from ._lock import lock_from_environment

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import itertools
 import logging
 import sys
 
-from ._errors import BackendChainError, BackendRegistryError, RefusedArguments
+from ._errors import (
+    BackendChainError,
+    BackendRegistryError,
+    ManifestError,
+    RefusedArguments,
+    UnknownBackendError,
+)
 from ._loader import call_options
 from ._sources.finding import missing_requirements
 from ._verify import Reference, compiling, leaves
@@ -63,66 +70,59 @@ class ChainBackend(_Composite):
         """The backends it tries, in order (callers read it, as ``used``)."""
         return self.definition.members
 
-    def _skip(self, member: str) -> tuple[str, Severity] | None:
-        """Why ``member`` is skipped before compiling, and how loudly; ``None`` to try it."""
-        if self._known_failure is not None:
-            known = self._known_failure(member)
-            if known is not None:
-                return known, "note"
-        try:
-            missing = missing_requirements(self._info(member).definition)
-        except BackendRegistryError as exc:
-            return unusable(exc)
-        if missing:
-            return f"requires {', '.join(map(repr, missing))}, which cannot be found", "note"
-        return None
-
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
         name, verify = self.__name__, self.definition.verify
         failures: list[tuple[str, str]] = []
         reference: Reference | None = None
-        for member in self.members:
-            skipped = self._skip(member)
-            if skipped is None:
-                try:
-                    compiler = self._lookup(member)
-                except BackendRegistryError as exc:
-                    skipped = unusable(exc)
-            if skipped is None:
-                # What torch.compile(backend=member, ...) would hand it; a member that takes no
-                # such argument is the caller's mistake, said at once, not a member to skip.
-                compile_fn = member_compiler(name, self._info(member).definition, compiler, kwargs)
-                if reference is None and verify is not None:
-                    reference = Reference(gm, example_inputs, *verify)  # before any member runs
-                try:
-                    # Each member its own copy: one that rewrites what it is given and then
-                    # fails leaves the next, and dynamo, the graph and inputs as they came.
-                    with compiling(None if verify is None else verify[0]):
-                        compiled = compile_fn(own_copy(gm), list(example_inputs))
-                except passed_through():
-                    raise
-                except Exception as exc:
-                    skipped = f"compiling raised {type(exc).__name__}: {exc}", "warning"
-                else:
-                    why = None if reference is None else reference.check(compiled)
-                    if why is None:
-                        said = "" if reference is None else f", {reference.said}"
-                        if reference is None or reference.complete:
-                            logger.info("backend %r: compiled with %r%s", name, member, said)
-                        else:  # less than asked is worth a warning
-                            logger.warning(
-                                "backend %r: warning: compiled with %r%s", name, member, said
-                            )
-                        self.used = member
-                        return compiled
-                    skipped = f"verifying it failed: {why}", "warning"
-            assert skipped is not None
-            reason, severity = skipped
+
+        def skip(member: str, reason: str, severity: Severity) -> None:
             failures.append((member, reason))
             # A compiler's own message may run to pages: the log line keeps its head and end.
             said = reason if len(reason) <= 600 else f"{reason[:400]} ... {reason[-150:]}"
             level = LOG_LEVELS[severity]
             logger.log(level, "backend %r: %s: skipping %r: %s", name, severity, member, said)
+
+        for member in self.members:
+            known = None if self._known_failure is None else self._known_failure(member)
+            if known is not None:
+                skip(member, known, "note")
+                continue
+            try:
+                missing = missing_requirements(self._info(member).definition)
+                compiler = None if missing else self._lookup(member)
+            except BackendRegistryError as exc:
+                skip(member, *unusable(exc))
+                continue
+            if compiler is None:
+                needs = ", ".join(map(repr, missing))
+                skip(member, f"requires {needs}, which cannot be found", "note")
+                continue
+            # What torch.compile(backend=member, ...) would hand it; a member that takes no
+            # such argument is the caller's mistake, said at once, not a member to skip.
+            compile_fn = member_compiler(name, self._info(member).definition, compiler, kwargs)
+            if reference is None and verify is not None:
+                reference = Reference(gm, example_inputs, *verify)  # before any member runs
+            try:
+                # Each member its own copy: one that rewrites what it is given and then
+                # fails leaves the next, and dynamo, the graph and inputs as they came.
+                with compiling(None if verify is None else verify[0]):
+                    compiled = compile_fn(own_copy(gm), list(example_inputs))
+            except passed_through():
+                raise
+            except Exception as exc:
+                skip(member, f"compiling raised {type(exc).__name__}: {exc}", "warning")
+                continue
+            why = None if reference is None else reference.check(compiled)
+            if why is not None:
+                skip(member, f"verifying it failed: {why}", "warning")
+                continue
+            said = "" if reference is None else f", {reference.said}"
+            if reference is None or reference.complete:
+                logger.info("backend %r: compiled with %r%s", name, member, said)
+            else:  # less than asked is worth a warning
+                logger.warning("backend %r: warning: compiled with %r%s", name, member, said)
+            self.used = member
+            return compiled
         raise BackendChainError(name, failures)
 
 
@@ -133,8 +133,6 @@ def own_copy(gm: Any) -> Any:
     (``_dynamo_source`` on each placeholder, which AOTAutograd cannot compile without; the
     module's own sources of its parameters) is carried over, every attribute of each node,
     where PyTorch's own passes carry the ones they know by hand (``propagate_dynamo_source``)."""
-    import copy
-
     import torch.fx
 
     if not isinstance(gm, torch.fx.GraphModule):
@@ -177,8 +175,6 @@ class DeviceBackend(_Composite):
         table = self.table
         member = table.get(device, table.get("other"))
         if member is None:
-            from ._errors import ManifestError
-
             raise ManifestError.of(
                 self.definition.located(
                     f"backend {self.__name__!r} names no backend for device {device!r}"
@@ -206,8 +202,6 @@ def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:
     """Why a member that cannot be looked up is skipped, and how loudly: a name that exists
     nowhere here (a plugin not installed) or is disabled is a note, as ``check`` says; one
     that looks like a typo is a warning; a broken definition is an error."""
-    from ._errors import ManifestError, UnknownBackendError
-
     if isinstance(exc, UnknownBackendError) and not exc.suggestions:
         # Disabled, or left out by the plugin policy: it says so; else it is not here.
         disabled = exc.note.startswith(("disabled by", "distribution "))
@@ -227,7 +221,8 @@ def member_compiler(
     through the wrapper that applies ``mode`` and ``options`` to its configuration, any other
     backend with them as keyword arguments. Raises :class:`RefusedArguments`, before anything
     compiles, where the member cannot take them."""
-    if _is_inductor(definition, compiler):
+    # PyTorch's own inductor, by its name or declared as a target.
+    if compiler is getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None):
         import torch
 
         try:
@@ -247,14 +242,6 @@ def member_compiler(
             f"{definition.name!r}) could not: {exc}"
         ) from None
     return functools.partial(compiler, **options) if options else compiler
-
-
-def _is_inductor(definition: BackendDefinition, compiler: Callable[..., Any]) -> bool:
-    # PyTorch's own inductor: by its name, or its function declared as a target.
-    if definition.source.kind == "torch" and definition.name == "inductor":
-        return True
-    module = sys.modules.get("torch._dynamo.backends.inductor")
-    return module is not None and compiler is getattr(module, "inductor", None)
 
 
 def passed_through() -> tuple[type[BaseException], ...]:

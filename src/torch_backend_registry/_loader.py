@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
+import pkgutil
 import sys
 
 from ._definition import target_of
 from ._errors import BackendLoadError, ManifestError, closest, warn
+from ._sources.files import untrusted_folder, untrusted_message
 from ._sources.finding import missing_requirements, python_path_finder, searching
 from ._sources.pytorch import torch_version
 
@@ -36,8 +39,6 @@ def check_requirements(definition: BackendDefinition) -> None:
 
 def trusted_folders(definition: BackendDefinition) -> tuple[list[str], list[str]]:
     """The python-path folders that may serve code, and why the others may not."""
-    from ._sources.files import untrusted_folder, untrusted_message
-
     trusted, refused = [], []
     for folder in definition.search_path:
         reason = untrusted_folder(folder)
@@ -73,7 +74,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         hint = _close_module(exc, module_name, folders)
         said = f"import of {module_name!r} failed: {_why(exc)}{hint}{note}"
         raise _error(definition, said) from exc
-    for part in attr_path.split(".") if attr_path else ():
+    for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError as exc:
@@ -94,8 +95,6 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         wrong = refusal(accepted_options(obj), definition.options, target, manifest=True)
         if wrong is not None:  # said where it is written: at its key, in the manifest
             key, message = wrong
-            if definition.source.path is None:
-                raise _error(definition, message)
             raise ManifestError.of(definition.located(message, "options", key))
         bound = functools.partial(obj, **definition.options)
         functools.update_wrapper(bound, obj)
@@ -106,8 +105,6 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
 def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
     """Why ``fn`` cannot be called as ``fn(graph_module, example_inputs, **given)``, as
     torch.compile calls a backend (``None``: it can, or its signature cannot be read)."""
-    import inspect
-
     try:
         signature = inspect.signature(fn, follow_wrapped=False)
     except (TypeError, ValueError):
@@ -181,8 +178,6 @@ def accepted_options(fn: Any) -> list[str] | None:
     """The keyword arguments ``fn`` takes besides the graph and its example inputs, in the
     order of its signature; ``None`` for any (``**kwargs`` that go nowhere known, or a
     signature that cannot be read)."""
-    import inspect
-
     accepted: list[str] = []
     seen: set[int] = set()
     while id(fn) not in seen:
@@ -259,8 +254,6 @@ def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) 
         return ""
     if missing != module_name and not module_name.startswith(missing + "."):
         return ""  # a module the target imports: installing it is the fix
-    import pkgutil
-
     parent, _, leaf = missing.rpartition(".")
     if parent:
         package = sys.modules.get(parent)

@@ -7,7 +7,7 @@ import functools
 import os
 
 from ._definition import SOURCE_KINDS, BackendInfo, Source, runtime_definition
-from ._errors import BackendRegistryError, DuplicateBackendError, UnknownBackendError
+from ._errors import BackendRegistryError, DuplicateBackendError, ManifestError, UnknownBackendError
 from ._forksafe import ForkSafeLock
 
 TYPE_CHECKING = False
@@ -236,12 +236,10 @@ class Registry:
         # each other, so it runs once; the first callable stored is what all get.
         snapshot, index = self._resolving(name)
         definition = index.resolve(name)
-        fn: CompilerFn
         if definition.compiler_fn is not None:
             fn = definition.compiler_fn
         elif definition.members:
             from ._chain import ChainBackend, DeviceBackend
-            from ._errors import ManifestError
             from ._loader import check_requirements
 
             problem = index.chain_problems().get(definition.name)
@@ -336,7 +334,23 @@ class Registry:
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
-        return self._live(with_torch).problems(with_torch)
+        index = self.index(with_torch=with_torch)
+        problems = list(index.problems)
+        default = index.default_problem()
+        if default is not None:
+            problems.append(default)
+        unknown = index.unknown_members()
+        for definition in index.winners():  # both tables hold chains only, by name
+            found = index.chain_problems().get(definition.name) or unknown.get(definition.name)
+            if found is not None:
+                problems.append(found)
+        # What merging found a definition cannot be (a pick of no installed distribution):
+        # the lookup raises it; check says it.
+        listed = set(problems)
+        for definition in index.winners(broken=True):
+            if definition.problem is not None and definition.problem not in listed:
+                problems.append(definition.problem)
+        return problems
 
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
         """Every usable name's facts and every alias: what the fingerprint and a lock hold."""

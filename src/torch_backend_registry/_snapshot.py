@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    from ._definition import BackendDefinition, Discovery, Problem, SourceKind
+    from ._definition import BackendDefinition, Discovery, SourceKind
     from ._merge import Index
 
 
@@ -119,13 +119,7 @@ class Snapshot:
         from ._merge import merge
 
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
-        if with_torch:
-            found = self.found("torch").definitions
-            own = pytorch.pytorch_names(self.context.cache) | {
-                d.name for d in found if pytorch.own(d.compiler_fn)
-            }
-        else:
-            own = self.pytorch_names()
+        own = self.pytorch_names()  # after reading PyTorch's registry, where that is asked
         with self.lock:
             index = self._indexes.get(with_torch)
             if index is None:  # else another thread merged while this one waited
@@ -224,24 +218,3 @@ class Snapshot:
             return f"{member}: it refers back to {definition.name!r}"
         why = self.why_unavailable(resolved, visiting)
         return None if why is None else f"{member}: {why}"
-
-    def problems(self, with_torch: bool) -> list[Problem]:
-        """Every problem found: the sources', the merge's, the default's, the chains'."""
-        index = self.index(with_torch)
-        problems = list(index.problems)
-        default = index.default_problem()
-        if default is not None:
-            problems.append(default)
-        unknown = index.unknown_members()
-        for definition in index.winners():
-            if definition.members:
-                found = index.chain_problems().get(definition.name) or unknown.get(definition.name)
-                if found is not None:
-                    problems.append(found)
-        # What merging found a definition cannot be (a pick of no installed distribution):
-        # the lookup raises it; check says it.
-        listed = set(problems)
-        for definition in index.winners(broken=True):
-            if definition.problem is not None and definition.problem not in listed:
-                problems.append(definition.problem)
-        return problems

@@ -141,8 +141,7 @@ def _let_plugins_register() -> None:
     """Make PyTorch's ``register_backend`` keep aside a registration of a name a stand-in
     holds, rather than raise (see the module's docstring). Once a process: every
     ``register_backend`` PyTorch exports is replaced by one that does so."""
-    import torch._dynamo
-
+    dynamo = _dynamo()
     module: Any = sys.modules[REGISTRY_MODULE]
     original = module.register_backend
     if getattr(original, STAND_IN, False):
@@ -162,7 +161,7 @@ def _let_plugins_register() -> None:
         return original(compiler_fn, name=name, tags=tags)
 
     setattr(register_backend, STAND_IN, True)
-    for holder in (module, torch._dynamo):
+    for holder in (module, dynamo):
         if getattr(holder, "register_backend", None) is original:
             holder.register_backend = register_backend
     module.register_debug_backend = functools.partial(register_backend, tags=("debug",))
@@ -190,8 +189,8 @@ def stand_in_names(registry: Registry) -> list[str]:
 
 def _needs_stand_in(candidates: list[BackendDefinition]) -> bool:
     top = candidates[0]
-    if top.usable:
-        return top.source.kind not in ("entry-point", "torch")
+    if top.usable:  # the index holds no backend of PyTorch's, which needs none either
+        return top.source.kind != "entry-point"
     return any(lower.source.kind == "entry-point" for lower in candidates[1:])
 
 

@@ -15,6 +15,7 @@ it is held to the shapes and types of what it gives, and the log says so.
 from __future__ import annotations
 
 import contextlib
+import copy
 
 from ._forksafe import ForkSafeLock
 
@@ -37,7 +38,6 @@ def compiling(level: str | None) -> Iterator[None]:
         import torch._functorch.config as config
 
         if hasattr(config, "force_non_lazy_backward_lowering"):
-            # The setting is the process's: two threads patching it at once would leave it set.
             with _SERIAL, config.patch(force_non_lazy_backward_lowering=True):
                 yield
             return
@@ -83,8 +83,7 @@ class Reference:
                 # values then (it draws random numbers)?
                 again, written, _ = self._run(gm, False)
             # Other values from the same start, in what it gives or what it writes in place.
-            randomly = differ(leaves(out), leaves(again), "", 0, 0) is not None
-            if randomly or differ(passed, written, "", 0, 0) is not None:
+            if differ(leaves(out), leaves(again), "", 0, 0) or differ(passed, written, "", 0, 0):
                 self.close = (None, None)  # it draws random numbers: shapes and types only
             loss = _loss(out) if self.backward else None
             if loss is not None and grads:
@@ -211,8 +210,6 @@ def _copies(inputs: Sequence[Any], grad: bool) -> tuple[list[Any], list[Any]]:
     strides it was compiled for). With ``grad``, each storage of inputs that require grad
     gets one leaf, returned to differentiate by; each such input is a view of one clone of
     it (a graph may write its inputs in place, which a leaf may not be)."""
-    import copy
-
     import torch
 
     tensors = {i: x.detach() for i, x in enumerate(inputs) if _tensor(x)}
