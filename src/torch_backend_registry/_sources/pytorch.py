@@ -14,7 +14,7 @@ import sys
 from .._definition import BackendDefinition, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock
-from .finding import stamp
+from .finding import find, stamp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,14 +93,7 @@ _PARSING = ForkSafeLock()
 
 def _torch_origin() -> str | None:
     """The ``__init__.py`` of the torch installed here, found without importing it."""
-    origin = getattr(sys.modules.get("torch"), "__file__", None)
-    if not isinstance(origin, str):
-        import importlib.util
-
-        try:
-            origin = getattr(importlib.util.find_spec("torch"), "origin", None)
-        except (ImportError, ValueError):
-            return None
+    origin = getattr(find("torch"), "origin", None)
     return origin if isinstance(origin, str) else None
 
 
@@ -172,14 +165,7 @@ STAND_IN = "__torch_backend_registry__"
 
 def torch_available() -> bool:
     """Whether torch can be found, without importing it."""
-    if sys.modules.get("torch") is not None:
-        return True
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):
-        return False
+    return find("torch") is not None
 
 
 @functools.cache  # one process runs one PyTorch
