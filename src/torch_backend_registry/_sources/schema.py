@@ -327,8 +327,5 @@ class _TomlRepr(reprlib.Repr):
 _SHORT = _TomlRepr()
 _SHORT.maxstring = _SHORT.maxother = 60
 _SHORT.maxlevel = 3
-
-
-def short(value: object) -> str:
-    """A bounded ``repr``: whatever the value's size or depth, a few dozen characters."""
-    return _SHORT.repr(value)
+#: A bounded ``repr``: whatever the value's size or depth, a few dozen characters.
+short = _SHORT.repr
