@@ -54,14 +54,11 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Di
     file's other backends stay usable. A reading of exactly this text is taken from
     ``cache`` where it holds one.
     """
-    found = Discovery()
     try:
         text = read_text(path)  # the trust rule and the limits: judged every time
     except (Untrusted, ManifestError) as exc:
-        problem = (
-            exc.problem if isinstance(exc, ManifestError) else Problem(exc.message, path=exc.path)
-        )
-        found.problems.append(problem)
+        found = Discovery()
+        found.problems.append(exc.problem)
         return found
     if cache is None:
         return _validated(path, kind, text)
@@ -318,11 +315,10 @@ class _Validation(NamedTuple):
         such alias named."""
         clashes = []
         for alias in entry.aliases:
-            if alias in seen or alias in raw_backends or alias == name:
+            if alias in seen or alias in raw_backends:  # its own name is one of raw_backends
                 owner = seen.get(alias, alias)
-                owner_said = "this backend, twice" if owner == name and alias != name else (
-                    f"backend {owner!r}"
-                )  # fmt: skip
+                twice = owner == name and alias != name
+                owner_said = "this backend, twice" if twice else f"backend {owner!r}"
                 clashes.append(f"alias {alias!r} is already used by {owner_said}")
             seen.setdefault(alias, name)
         if not clashes:
