@@ -56,9 +56,7 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
     for entry in ctx.environ.get(ENV_VAR, "").split(os.pathsep):
         if not entry.strip():
             continue
-        path = os.path.expanduser(entry)
-        if ctx.cwd is not None:
-            path = os.path.join(ctx.cwd, path)
+        path = os.path.join(ctx.cwd or "", os.path.expanduser(entry))
         if not os.path.isabs(path):
             said = (
                 f"relative entry of {ENV_VAR} and the working directory no longer exists;"
@@ -202,8 +200,7 @@ def project_source(ctx: Context) -> Discovery:
         )
         return found
     path = project_manifest(ctx.cwd)
-    result = None if path is None else read_manifest(path, "project", ctx.cache)
-    return found if result is None else result
+    return (read_manifest(path, "project", ctx.cache) if path else None) or found
 
 
 def replaced_table(manifest: str) -> Problem | None:
@@ -233,8 +230,7 @@ def near_table(pyproject: str) -> str | None:
     except (ManifestError, Untrusted):
         return None
     tables = data.get("tool")
-    names = [str(n) for n in tables] if isinstance(tables, dict) else []
-    close = closest("torch-backends", names, cutoff=0.8)
+    close = closest("torch-backends", list(tables) if isinstance(tables, dict) else [], cutoff=0.8)
     return f"[tool.{close[0]}]" if close and close[0] != "torch-backends" else None
 
 
