@@ -236,4 +236,3 @@ def _feed(line: str, i: int, depth: int, string: str) -> tuple[int, str]:
             string = text
         # else a one-line string, skipped whole (an unclosed one runs to the line's end)
     return depth, string
-

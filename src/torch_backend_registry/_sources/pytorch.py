@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 
 from .._definition import BackendDefinition, Source, target_of
@@ -100,8 +101,6 @@ def _torch_origin() -> str | None:
 def _registering_files() -> list[str]:
     """The files PyTorch's registry imports to register its own backends, as its
     ``_lazy_import`` does: ``torch/_dynamo/backends/*.py`` and the minifier's backends."""
-    import os
-
     origin = _torch_origin()
     if origin is None:
         return []
@@ -176,7 +175,6 @@ def torch_version() -> str | None:
     version = getattr(sys.modules.get("torch"), "__version__", None)
     if isinstance(version, str):
         return version
-    import os
     import re
 
     origin = _torch_origin()

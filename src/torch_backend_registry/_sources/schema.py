@@ -283,8 +283,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     if kind in ("too_short", "string_too_short"):
         return f"{at}must not be empty"
     if kind == "literal_error":
-        key = next(part for part in reversed(loc) if isinstance(part, str))
-        expected = [str(v) for v in getattr(_fields(loc).get(key), "__args__", ())]
+        # Only verify is a Literal: loc ends at its key.
+        expected = [str(v) for v in getattr(_fields(loc).get(str(loc[-1])), "__args__", ())]
         close = closest(str(given), expected)
         hint = (
             f"did you mean {close[0]!r}?"
