@@ -92,17 +92,11 @@ def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> fr
 _PARSING = ForkSafeLock()
 
 
-def _torch_origin() -> str | None:
-    """The ``__init__.py`` of the torch installed here, found without importing it."""
-    origin = getattr(find("torch"), "origin", None)
-    return origin if isinstance(origin, str) else None
-
-
 def _registering_files() -> list[str]:
     """The files PyTorch's registry imports to register its own backends, as its
     ``_lazy_import`` does: ``torch/_dynamo/backends/*.py`` and the minifier's backends."""
-    origin = _torch_origin()
-    if origin is None:
+    origin = getattr(find("torch"), "origin", None)  # its __init__.py
+    if not isinstance(origin, str):
         return []
     dynamo = os.path.join(os.path.dirname(origin), "_dynamo")
     try:
@@ -169,16 +163,14 @@ def torch_available() -> bool:
 
 @functools.cache  # one process runs one PyTorch
 def torch_version() -> str | None:
-    """The installed PyTorch's version, as ``torch.__version__`` gives it, without importing
-    torch: from the ``version.py`` beside its ``__init__``, else (a PyTorch laid out
-    otherwise) from its metadata."""
+    """The installed PyTorch's version, as ``torch.__version__`` gives it, not importing it."""
     version = getattr(sys.modules.get("torch"), "__version__", None)
     if isinstance(version, str):
         return version
     import re
 
-    origin = _torch_origin()
-    if origin is None:
+    origin = getattr(find("torch"), "origin", None)
+    if not isinstance(origin, str):
         return None
     try:
         with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
