@@ -60,7 +60,6 @@ _TYPE_WORDS = {
     "list_type": "an array",
     "dict_type": "a table",
     "model_type": "a table",
-    "model_attributes_type": "a table",
 }
 
 
@@ -261,8 +260,6 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         close = closest(key, known)
         hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
         return f"unknown key {key!r}; {hint}"
-    if kind == "missing":
-        return f"missing required key {str(loc[-1])!r}"
     if kind == "string_pattern_mismatch":
         pattern = item.get("ctx", {}).get("pattern", "")
         what = "key" if "[key]" in loc else "value"
@@ -272,7 +269,7 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         return f"{at}expected {_TYPE_WORDS[kind]}, got {toml_type} {short(given)}"
     if kind == "value_error":
         return str(item["msg"]).removeprefix("Value error, ")
-    if kind in ("less_than_equal", "greater_than_equal") and loc[-1] == "schema-version":
+    if kind == "greater_than_equal" and loc[-1] == "schema-version":
         return f"unsupported schema version {short(given)}; this release reads {SCHEMA_VERSION}"
     if kind == "greater_than_equal":
         least = item.get("ctx", {}).get("ge")
