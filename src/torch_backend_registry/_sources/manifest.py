@@ -149,7 +149,7 @@ class _Validation(NamedTuple):
             )
             return
         version = table.get("schema-version", SCHEMA_VERSION)
-        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        if type(version) is int and version > SCHEMA_VERSION:  # true is 1 to Python
             self.problem(
                 ("schema-version",),
                 f"schema version {version} is newer than this release supports"
@@ -159,8 +159,8 @@ class _Validation(NamedTuple):
             return
         data = dict(table)
         raw_backends = table.get("backends")
-        #: Each broken backend's problems, by its name.
-        broken: dict[str, list[Problem]] = {}
+        #: Each broken backend's first problem, by its name.
+        broken: dict[str, Problem] = {}
         if isinstance(raw_backends, dict):
             # Only options take any value: every other key's type stops a deep value at its
             # first level. A backend whose options nest too deeply is not validated.
@@ -171,7 +171,7 @@ class _Validation(NamedTuple):
                     said = (
                         f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
                     )
-                    broken[name] = [self.problem(("backends", name, "options", *deep), said)]
+                    broken[name] = self.problem(("backends", name, "options", *deep), said)
                     del backends[name]
         try:
             header = manifest = Manifest.model_validate(data)
@@ -187,7 +187,7 @@ class _Validation(NamedTuple):
                     said = f"and {more} more problems; fix those above first"
                     problem = self.problem(error_loc(item), said, also=more - 1)
                 if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
-                    broken.setdefault(loc[1], []).append(problem)
+                    broken.setdefault(loc[1], problem)
             # The document's own keys where they are valid, without its backends.
             wrong = {item["loc"][0] for item in items if item["loc"]}
             header = Manifest.model_validate(
@@ -216,7 +216,7 @@ class _Validation(NamedTuple):
         self,
         raw_backends: dict[str, Any],
         valid: dict[str, BackendEntry],
-        broken: dict[str, list[Problem]],
+        broken: dict[str, Problem],
         written_path: tuple[str, ...],
     ) -> None:
         from .._definition import ATOL, RTOL
@@ -234,13 +234,11 @@ class _Validation(NamedTuple):
         for name, raw in raw_backends.items():
             table = (*self.prefix, "backends", name)
             source = Source(self.kind, path=self.path, line=self.lines.line_of(table))
-            problems = broken.get(name)
-            if problems:
-                self.found.definitions.append(BackendDefinition(name, source, problem=problems[0]))
-                continue
-            # Where the document as a whole is not valid, each valid table is validated alone.
-            entry = valid.get(name) or BackendEntry.model_validate(raw)
-            problem = self._alias_problem(name, entry, raw_backends, seen)
+            problem = broken.get(name)
+            if problem is None:
+                # Where the document as a whole is not valid, each valid table is validated alone.
+                entry = valid.get(name) or BackendEntry.model_validate(raw)
+                problem = self._alias_problem(name, entry, raw_backends, seen)
             if problem is not None:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problem))
                 continue
