@@ -110,13 +110,10 @@ def env_source(ctx: Context) -> Discovery:
         if result is not None:
             found.add(result)
         else:
-            found.problems.append(
-                Problem(
-                    "has no [tool.torch-backends] table; nothing to read"
-                    + (f"; did you mean {near}?" if (near := near_table(path)) else ""),
-                    path=path,
-                )
-            )
+            said = "has no [tool.torch-backends] table; nothing to read"
+            if near := near_table(path):
+                said += f"; did you mean {near}?"
+            found.problems.append(Problem(said, path=path))
     if ctx.files is None:
         found.problems.extend(_twins(found.definitions))
     return found
@@ -192,12 +189,8 @@ def project_source(ctx: Context) -> Discovery:
 
     found = Discovery()
     if ctx.cwd is None:
-        found.problems.append(
-            Problem(
-                "the working directory no longer exists; no project manifest read",
-                severity="warning",
-            )
-        )
+        said = "the working directory no longer exists; no project manifest read"
+        found.problems.append(Problem(said, severity="warning"))
         return found
     path = project_manifest(ctx.cwd)
     return (read_manifest(path, "project", ctx.cache) if path else None) or found
