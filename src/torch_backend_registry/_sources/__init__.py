@@ -156,12 +156,8 @@ def project_manifest(cwd: str) -> str | None:
 
 
 def _declares_table(pyproject: str) -> bool:
-    """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``.
-
-    Read through the same safe path as manifests (size limit, no waiting on a
-    FIFO); one that cannot be read or is another tool's only is passed by. Its
-    trust is judged when it is read as the manifest, which warns.
-    """
+    """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``, read
+    as manifests are (size limit, no waiting on a FIFO); one that cannot be read is passed by."""
     from .._errors import ManifestError
     from .._keys import PYPROJECT_TABLE
     from .files import Untrusted, parse_toml, read_text

@@ -47,13 +47,9 @@ def manifest_table(data: dict[str, Any], prefix: tuple[str, ...]) -> object:
 
 
 def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Discovery | None:
-    """Read and validate one manifest file; ``None`` for a ``pyproject.toml`` without a
-    ``[tool.torch-backends]`` table.
-
-    The problems of one backend are recorded on that backend and in ``problems``; the
-    file's other backends stay usable. A reading of exactly this text is taken from
-    ``cache`` where it holds one.
-    """
+    """Read and validate one manifest file (through ``cache``); ``None`` for a
+    ``pyproject.toml`` without a ``[tool.torch-backends]`` table. The problems of one backend
+    are recorded on that backend and in ``problems``; the file's other backends stay usable."""
     try:
         text = read_text(path)  # the trust rule and the limits: judged every time
     except (Untrusted, ManifestError) as exc:
