@@ -66,10 +66,7 @@ def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
     source may redefine: read from the files that register them (what PyTorch's registry
     imports when it lists its backends) without importing torch, once per torch version and
     state of those files, and remembered in ``cache``."""
-    files = _registering_files()
-    if not files:
-        return TORCH_2_13_NAMES
-    return _names_in(tuple(tuple(stamp(path)) for path in files), cache)
+    return _names_in(tuple(tuple(stamp(path)) for path in _registering_files()), cache)
 
 
 @functools.cache  # one reading per process and state of the files
@@ -82,7 +79,7 @@ def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> fr
     with _PARSING:  # CPython's parser is not safe to run in two threads at once
         for path, *_stamp in stamps:
             names |= _registered_in(str(path))
-    if not names:  # a layout this reading does not know
+    if not names:  # no torch here, or a layout this reading does not know
         return TORCH_2_13_NAMES
     if cache is not None:
         cache.put("pytorch-names", key, sorted(names))
