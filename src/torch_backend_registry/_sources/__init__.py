@@ -196,10 +196,8 @@ def replaced_table(manifest: str) -> Problem | None:
     """Where a project's backends.toml stands beside a pyproject.toml that declares
     backends too: those are never read (backends.toml wins), said."""
     beside = os.path.join(os.path.dirname(manifest), PROJECT_FILES[1])
-    if not manifest.endswith(PROJECT_FILES[0]) or not os.path.isfile(beside):
-        return None
-    if not _declares_table(beside):
-        return None
+    if not manifest.endswith(PROJECT_FILES[0]) or not _declares_table(beside):
+        return None  # (one that is missing or not a file declares nothing)
     return Problem(
         f"{PROJECT_FILES[1]} beside it has a [tool.torch-backends] table too, which this"
         f" {PROJECT_FILES[0]} replaces: its backends are not read; keep one",
