@@ -101,8 +101,8 @@ def env_source(ctx: Context) -> Discovery:
         files, found = env_paths(ctx)
     # The environment's plugin policy outranks every manifest's.
     for kind, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
-        value = ctx.environ.get(var)
-        if value is not None and value.strip():  # empty: unset
+        value = ctx.environ.get(var, "")
+        if value.strip():  # empty: unset
             names = [n.strip() for n in value.split(",") if n.strip()]
             found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
