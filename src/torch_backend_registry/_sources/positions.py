@@ -123,20 +123,16 @@ def key_lines(text: str, budget: int | None = None) -> KeyLines:
     """
     lines = KeyLines()
     spent = 0
-    table: Path = ()
     table_node = KeyLines.ROOT
     for number, under, parts in scan(physical_lines(text)):
         if budget is not None:
             spent += len(parts)
             if spent > budget:
                 raise TooManyKeys(number)
-        if not under:  # a header, or a key before any header
-            node = lines.add(parts, number)
-            table, table_node = parts, node
-        elif under is table:  # the keys of the last header start at its node
+        if under:  # a key of the last header (scan's table): it starts at that header's node
             lines.add(parts, number, table_node)
-        else:
-            lines.add(under + parts, number)
+        else:  # a header, or a key before any header
+            table_node = lines.add(parts, number)
     return lines
 
 
