@@ -26,20 +26,20 @@ if TYPE_CHECKING:
     from .cache import Cache
 
 #: What PyTorch's own backends need and are, which their functions do not say:
-#: name -> (modules they import when called, device kind, description).
-_KNOWN: dict[str, tuple[tuple[str, ...], str | None, str]] = {
-    "inductor": ((), None, "PyTorch's default compiler, TorchInductor"),
-    "cudagraphs": ((), "cuda", "records the graph as a CUDA graph and replays it"),
-    "tvm": (("tvm",), None, "Apache TVM"),
-    "openxla": (("torch_xla",), None, "PyTorch/XLA through AOTAutograd"),
-    "openxla_eval": (("torch_xla",), None, "PyTorch/XLA, inference only"),
-    "onnxrt": (("onnxruntime",), None, "ONNX Runtime"),
-    "eager": ((), None, "runs the captured graph as it is (for debugging)"),
-    "aot_eager": ((), None, "AOTAutograd tracing, then eager (for debugging)"),
-    "aot_eager_default_partitioner": ((), None, "aot_eager with the default partitioner"),
-    "aot_eager_decomp_partition": ((), None, "aot_eager with decompositions and partitioning"),
-    "aot_ts": ((), None, "AOTAutograd with TorchScript (for debugging)"),
-    "ts": ((), None, "TorchScript (for debugging)"),
+#: name -> (modules they import when called, description).
+_KNOWN: dict[str, tuple[tuple[str, ...], str]] = {
+    "inductor": ((), "PyTorch's default compiler, TorchInductor"),
+    "cudagraphs": ((), "records the graph as a CUDA graph and replays it"),
+    "tvm": (("tvm",), "Apache TVM"),
+    "openxla": (("torch_xla",), "PyTorch/XLA through AOTAutograd"),
+    "openxla_eval": (("torch_xla",), "PyTorch/XLA, inference only"),
+    "onnxrt": (("onnxruntime",), "ONNX Runtime"),
+    "eager": ((), "runs the captured graph as it is (for debugging)"),
+    "aot_eager": ((), "AOTAutograd tracing, then eager (for debugging)"),
+    "aot_eager_default_partitioner": ((), "aot_eager with the default partitioner"),
+    "aot_eager_decomp_partition": ((), "aot_eager with decompositions and partitioning"),
+    "aot_ts": ((), "AOTAutograd with TorchScript (for debugging)"),
+    "ts": ((), "TorchScript (for debugging)"),
 }
 
 #: The names PyTorch's own backends take in torch 2.13: the answer only where torch is not
@@ -272,7 +272,7 @@ def torch_definitions(entry_points: Collection[str]) -> list[BackendDefinition]:
         return []
     definitions = []
     for name, fn in sorted(found.items()):
-        requires, _device, description = _KNOWN.get(name, ((), None, None))
+        requires, description = _KNOWN.get(name, ((), None))
         definitions.append(
             BackendDefinition(
                 name,
@@ -297,13 +297,10 @@ def _target(fn: object) -> str | None:
 
 
 def missing_device(name: str) -> str | None:
-    """The device kind one of PyTorch's own backends needs and this machine lacks."""
-    device = _KNOWN.get(name, ((), None, ""))[1]
-    if device is None:
+    """The device one of PyTorch's own backends needs and this machine lacks: cudagraphs
+    alone needs one, CUDA."""
+    if name != "cudagraphs":
         return None
     import torch
 
-    available = getattr(getattr(torch, device, None), "is_available", None)
-    if callable(available) and available():
-        return None
-    return f"needs a {device.upper()} device; none is available here"
+    return None if torch.cuda.is_available() else "needs a CUDA device; none is available here"
