@@ -243,9 +243,7 @@ def torch_source(ctx: Context) -> Discovery:
     """PyTorch's own backends, where torch is installed."""
     from .pytorch import torch_definitions
 
-    found = Discovery()
-    found.definitions.extend(torch_definitions(ctx.entry_point_names()))
-    return found
+    return torch_definitions(ctx.entry_point_names())
 
 
 #: The reader of each source kind; SOURCE_KINDS gives their precedence.

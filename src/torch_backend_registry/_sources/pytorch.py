@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 
-from .._definition import BackendDefinition, Source, target_of
+from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock
 from .finding import find, stamp
@@ -256,24 +256,24 @@ def own(fn: object) -> bool:
     return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
 
-def torch_definitions(entry_points: Collection[str]) -> list[BackendDefinition]:
+def torch_definitions(entry_points: Collection[str]) -> Discovery:
     """What PyTorch's registry holds: its own backends, and what plugins registered there
     with ``torch._dynamo.register_backend`` (not its entry points, not this library's
     stand-ins). Imports ``torch._dynamo``; a broken torch leaves them out with a warning."""
+    found = Discovery()
     if not torch_available():
-        return []
+        return found
     try:
         import torch._dynamo as dynamo
 
         dynamo.list_backends(exclude_tags=())  # PyTorch reads its own backends now
-        found = registered(entry_points) or {}
+        held = registered(entry_points) or {}
     except Exception as exc:  # a broken torch must not break manifest backends
         warn(f"PyTorch's backends are left out: torch._dynamo failed: {type(exc).__name__}: {exc}")
-        return []
-    definitions = []
-    for name, fn in sorted(found.items()):
+        return found
+    for name, fn in sorted(held.items()):
         requires, description = _KNOWN.get(name, ((), None))
-        definitions.append(
+        found.definitions.append(
             BackendDefinition(
                 name,
                 Source("torch", module=getattr(fn, "__module__", None)),
@@ -284,7 +284,7 @@ def torch_definitions(entry_points: Collection[str]) -> list[BackendDefinition]:
                 compiler_fn=fn,
             )
         )
-    return definitions
+    return found
 
 
 def _target(fn: object) -> str | None:
