@@ -272,9 +272,7 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     if kind == "greater_than_equal" and loc[-1] == "schema-version":
         return f"unsupported schema version {short(given)}; this release reads {SCHEMA_VERSION}"
     if kind == "greater_than_equal":
-        least = item.get("ctx", {}).get("ge")
-        least = f"{least:g}" if isinstance(least, (int, float)) else least
-        return f"{at}must be {least} or more, not {short(given)}"
+        return f"{at}must be {item['ctx']['ge']:g} or more, not {short(given)}"
     if kind == "finite_number":
         return f"{at}must be a finite number, not {short(given)}"
     if kind in ("too_short", "string_too_short"):
@@ -283,11 +281,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         # Only verify is a Literal: loc ends at its key.
         expected = [str(v) for v in getattr(_fields(loc).get(str(loc[-1])), "__args__", ())]
         close = closest(str(given), expected)
-        hint = (
-            f"did you mean {close[0]!r}?"
-            if close
-            else "expected " + " or ".join(map(repr, expected))
-        )
+        listed = " or ".join(map(repr, expected))
+        hint = f"did you mean {close[0]!r}?" if close else f"expected {listed}"
         return f"{at}invalid value {short(given)}; {hint}"
     return f"{at}{item['msg']}"
 
