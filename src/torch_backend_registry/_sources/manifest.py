@@ -161,12 +161,10 @@ class _Validation(NamedTuple):
             # Only options take any value: every other key's type stops a deep value at its
             # first level. A backend whose options nest too deeply is not validated.
             data["backends"] = backends = dict(raw_backends)
+            said = f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
             for name, entry in raw_backends.items():
                 deep = _too_deep(entry.get("options") if isinstance(entry, dict) else None)
                 if deep is not None:
-                    said = (
-                        f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
-                    )
                     broken[name] = self.problem(("backends", name, "options", *deep), said)
                     del backends[name]
         try:
