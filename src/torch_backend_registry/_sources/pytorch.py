@@ -293,7 +293,7 @@ def _target(fn: object) -> str | None:
     if target is not None:
         return target
     inner = getattr(fn, "func", None) or getattr(fn, "kwargs", {}).get("fw_compiler")
-    return target_of(inner)  # None for None
+    return target_of(inner)  # None where it wraps nothing
 
 
 def missing_device(name: str) -> str | None:
