@@ -67,12 +67,8 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
             reason = untrusted_folder(path)
             try:
                 if reason is None:
-                    names = sorted(os.listdir(path))
-                    files.extend(
-                        os.path.join(path, name)
-                        for name in names
-                        if name.endswith(".toml") and os.path.isfile(os.path.join(path, name))
-                    )
+                    names = sorted(n for n in os.listdir(path) if n.endswith(".toml"))
+                    files.extend(filter(os.path.isfile, [os.path.join(path, n) for n in names]))
                     continue
                 said = untrusted_message(f"folder named by {ENV_VAR}", reason)
             except OSError as exc:
