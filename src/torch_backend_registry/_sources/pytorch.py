@@ -140,10 +140,9 @@ def _registered_in(path: str) -> set[str]:
                 names.add(fn.id)  # register_backend(fn): the function's own name
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             for decorator in node.decorator_list:  # giving no name: the function's own
-                call = decorator if isinstance(decorator, ast.Call) else None
-                if called(call.func if call else decorator) in registering and (
-                    call is None or given(call) is None
-                ):
+                if isinstance(decorator, ast.Call) and given(decorator) is None:
+                    decorator = decorator.func  # @register_backend(tags=...)
+                if called(decorator) in registering:
                     names.add(node.name)
     return names
 
