@@ -118,21 +118,18 @@ def env_source(ctx: Context) -> Discovery:
 def _twins(definitions: Iterable[BackendDefinition]) -> list[Problem]:
     """A name two ``TORCH_BACKENDS_PATH`` manifests define: the earlier is used, as said."""
     first: dict[str, BackendDefinition] = {}
-    said = []
+    twins = []
     for definition in definitions:
         used = first.setdefault(definition.name, definition)
         if used is not definition and used.source.path != definition.source.path:
-            said.append(
-                Problem(
-                    f"backend {definition.name!r} is also defined by"
-                    f" {definition.source.describe()}; this definition, from the earlier entry"
-                    f" of {ENV_VAR}, is used",
-                    path=used.source.path,
-                    line=used.source.line,
-                    severity="warning",
-                )
+            said = (
+                f"backend {definition.name!r} is also defined by {definition.source.describe()};"
+                f" this definition, from the earlier entry of {ENV_VAR}, is used"
             )
-    return said
+            twins.append(
+                Problem(said, path=used.source.path, line=used.source.line, severity="warning")
+            )
+    return twins
 
 
 def project_manifest(cwd: str) -> str | None:
