@@ -56,9 +56,7 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
     for entry in ctx.environ.get(ENV_VAR, "").split(os.pathsep):
         if not entry.strip():
             continue
-        path = os.path.expanduser(entry)
-        if ctx.cwd is not None:
-            path = os.path.join(ctx.cwd, path)
+        path = os.path.join(ctx.cwd or "", os.path.expanduser(entry))
         if not os.path.isabs(path):
             said = (
                 f"relative entry of {ENV_VAR} and the working directory no longer exists;"
@@ -69,12 +67,8 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
             reason = untrusted_folder(path)
             try:
                 if reason is None:
-                    names = sorted(os.listdir(path))
-                    files.extend(
-                        os.path.join(path, name)
-                        for name in names
-                        if name.endswith(".toml") and os.path.isfile(os.path.join(path, name))
-                    )
+                    names = sorted(n for n in os.listdir(path) if n.endswith(".toml"))
+                    files.extend(filter(os.path.isfile, [os.path.join(path, n) for n in names]))
                     continue
                 said = untrusted_message(f"folder named by {ENV_VAR}", reason)
             except OSError as exc:
@@ -103,8 +97,8 @@ def env_source(ctx: Context) -> Discovery:
         files, found = env_paths(ctx)
     # The environment's plugin policy outranks every manifest's.
     for kind, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
-        value = ctx.environ.get(var)
-        if value is not None and value.strip():  # empty: unset
+        value = ctx.environ.get(var, "")
+        if value.strip():  # empty: unset
             names = [n.strip() for n in value.split(",") if n.strip()]
             found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
@@ -112,13 +106,10 @@ def env_source(ctx: Context) -> Discovery:
         if result is not None:
             found.add(result)
         else:
-            found.problems.append(
-                Problem(
-                    "has no [tool.torch-backends] table; nothing to read"
-                    + (f"; did you mean {near}?" if (near := near_table(path)) else ""),
-                    path=path,
-                )
-            )
+            said = "has no [tool.torch-backends] table; nothing to read"
+            if near := near_table(path):
+                said += f"; did you mean {near}?"
+            found.problems.append(Problem(said, path=path))
     if ctx.files is None:
         found.problems.extend(_twins(found.definitions))
     return found
@@ -127,21 +118,18 @@ def env_source(ctx: Context) -> Discovery:
 def _twins(definitions: Iterable[BackendDefinition]) -> list[Problem]:
     """A name two ``TORCH_BACKENDS_PATH`` manifests define: the earlier is used, as said."""
     first: dict[str, BackendDefinition] = {}
-    said = []
+    twins = []
     for definition in definitions:
         used = first.setdefault(definition.name, definition)
         if used is not definition and used.source.path != definition.source.path:
-            said.append(
-                Problem(
-                    f"backend {definition.name!r} is also defined by"
-                    f" {definition.source.describe()}; this definition, from the earlier entry"
-                    f" of {ENV_VAR}, is used",
-                    path=used.source.path,
-                    line=used.source.line,
-                    severity="warning",
-                )
+            said = (
+                f"backend {definition.name!r} is also defined by {definition.source.describe()};"
+                f" this definition, from the earlier entry of {ENV_VAR}, is used"
             )
-    return said
+            twins.append(
+                Problem(said, path=used.source.path, line=used.source.line, severity="warning")
+            )
+    return twins
 
 
 def project_manifest(cwd: str) -> str | None:
@@ -161,12 +149,8 @@ def project_manifest(cwd: str) -> str | None:
 
 
 def _declares_table(pyproject: str) -> bool:
-    """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``.
-
-    Read through the same safe path as manifests (size limit, no waiting on a
-    FIFO); one that cannot be read or is another tool's only is passed by. Its
-    trust is judged when it is read as the manifest, which warns.
-    """
+    """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``, read
+    as manifests are (size limit, no waiting on a FIFO); one that cannot be read is passed by."""
     from .._errors import ManifestError
     from .._keys import PYPROJECT_TABLE
     from .files import Untrusted, parse_toml, read_text
@@ -194,26 +178,19 @@ def project_source(ctx: Context) -> Discovery:
 
     found = Discovery()
     if ctx.cwd is None:
-        found.problems.append(
-            Problem(
-                "the working directory no longer exists; no project manifest read",
-                severity="warning",
-            )
-        )
+        said = "the working directory no longer exists; no project manifest read"
+        found.problems.append(Problem(said, severity="warning"))
         return found
     path = project_manifest(ctx.cwd)
-    result = None if path is None else read_manifest(path, "project", ctx.cache)
-    return found if result is None else result
+    return (read_manifest(path, "project", ctx.cache) if path else None) or found
 
 
 def replaced_table(manifest: str) -> Problem | None:
     """Where a project's backends.toml stands beside a pyproject.toml that declares
     backends too: those are never read (backends.toml wins), said."""
     beside = os.path.join(os.path.dirname(manifest), PROJECT_FILES[1])
-    if not manifest.endswith(PROJECT_FILES[0]) or not os.path.isfile(beside):
-        return None
-    if not _declares_table(beside):
-        return None
+    if not manifest.endswith(PROJECT_FILES[0]) or not _declares_table(beside):
+        return None  # (one that is missing or not a file declares nothing)
     return Problem(
         f"{PROJECT_FILES[1]} beside it has a [tool.torch-backends] table too, which this"
         f" {PROJECT_FILES[0]} replaces: its backends are not read; keep one",
@@ -233,8 +210,7 @@ def near_table(pyproject: str) -> str | None:
     except (ManifestError, Untrusted):
         return None
     tables = data.get("tool")
-    names = [str(n) for n in tables] if isinstance(tables, dict) else []
-    close = closest("torch-backends", names, cutoff=0.8)
+    close = closest("torch-backends", list(tables) if isinstance(tables, dict) else [], cutoff=0.8)
     return f"[tool.{close[0]}]" if close and close[0] != "torch-backends" else None
 
 
@@ -260,9 +236,7 @@ def torch_source(ctx: Context) -> Discovery:
     """PyTorch's own backends, where torch is installed."""
     from .pytorch import torch_definitions
 
-    found = Discovery()
-    found.definitions.extend(torch_definitions(ctx.entry_point_names()))
-    return found
+    return torch_definitions(ctx.entry_point_names())
 
 
 #: The reader of each source kind; SOURCE_KINDS gives their precedence.

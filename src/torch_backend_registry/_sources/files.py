@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
+from .._definition import Problem
 from .._errors import ManifestError
 
 TYPE_CHECKING = False
@@ -37,12 +38,11 @@ NO_SUCH_FILE = "no such file"
 
 
 class Untrusted(Exception):
-    """Configuration left out by the trust rule (``path``, ``message``): a warning, not an error."""
+    """Configuration left out by the trust rule (its ``problem``): a warning, not an error."""
 
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(f"{path}: {message}")
-        self.path = path
-        self.message = message
+        self.problem = Problem(message, path=path)
 
 
 def _untrusted(info: os.stat_result, *, folder: bool = False) -> str | None:

@@ -144,9 +144,8 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
         return None
     stamps: list[object] = [stamp(origin)]
     top = find(module.split(".")[0], folders)
-    locations = list(getattr(top, "submodule_search_locations", None) or ())
     installed = tuple(os.path.join(p, "") for p in _site_packages())
-    for folder in locations:
+    for folder in getattr(top, "submodule_search_locations", None) or ():
         if os.path.join(folder, "").startswith(installed):
             continue
         files: list[str] = []

@@ -47,21 +47,14 @@ def manifest_table(data: dict[str, Any], prefix: tuple[str, ...]) -> object:
 
 
 def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Discovery | None:
-    """Read and validate one manifest file; ``None`` for a ``pyproject.toml`` without a
-    ``[tool.torch-backends]`` table.
-
-    The problems of one backend are recorded on that backend and in ``problems``; the
-    file's other backends stay usable. A reading of exactly this text is taken from
-    ``cache`` where it holds one.
-    """
-    found = Discovery()
+    """Read and validate one manifest file (through ``cache``); ``None`` for a
+    ``pyproject.toml`` without a ``[tool.torch-backends]`` table. The problems of one backend
+    are recorded on that backend and in ``problems``; the file's other backends stay usable."""
     try:
         text = read_text(path)  # the trust rule and the limits: judged every time
     except (Untrusted, ManifestError) as exc:
-        problem = (
-            exc.problem if isinstance(exc, ManifestError) else Problem(exc.message, path=exc.path)
-        )
-        found.problems.append(problem)
+        found = Discovery()
+        found.problems.append(exc.problem)
         return found
     if cache is None:
         return _validated(path, kind, text)
@@ -152,7 +145,7 @@ class _Validation(NamedTuple):
             )
             return
         version = table.get("schema-version", SCHEMA_VERSION)
-        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        if type(version) is int and version > SCHEMA_VERSION:  # true is 1 to Python
             self.problem(
                 ("schema-version",),
                 f"schema version {version} is newer than this release supports"
@@ -162,19 +155,17 @@ class _Validation(NamedTuple):
             return
         data = dict(table)
         raw_backends = table.get("backends")
-        #: Each broken backend's problems, by its name.
-        broken: dict[str, list[Problem]] = {}
+        #: Each broken backend's first problem, by its name.
+        broken: dict[str, Problem] = {}
         if isinstance(raw_backends, dict):
             # Only options take any value: every other key's type stops a deep value at its
             # first level. A backend whose options nest too deeply is not validated.
             data["backends"] = backends = dict(raw_backends)
+            said = f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
             for name, entry in raw_backends.items():
                 deep = _too_deep(entry.get("options") if isinstance(entry, dict) else None)
                 if deep is not None:
-                    said = (
-                        f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
-                    )
-                    broken[name] = [self.problem(("backends", name, "options", *deep), said)]
+                    broken[name] = self.problem(("backends", name, "options", *deep), said)
                     del backends[name]
         try:
             header = manifest = Manifest.model_validate(data)
@@ -190,7 +181,7 @@ class _Validation(NamedTuple):
                     said = f"and {more} more problems; fix those above first"
                     problem = self.problem(error_loc(item), said, also=more - 1)
                 if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
-                    broken.setdefault(loc[1], []).append(problem)
+                    broken.setdefault(loc[1], problem)
             # The document's own keys where they are valid, without its backends.
             wrong = {item["loc"][0] for item in items if item["loc"]}
             header = Manifest.model_validate(
@@ -219,7 +210,7 @@ class _Validation(NamedTuple):
         self,
         raw_backends: dict[str, Any],
         valid: dict[str, BackendEntry],
-        broken: dict[str, list[Problem]],
+        broken: dict[str, Problem],
         written_path: tuple[str, ...],
     ) -> None:
         from .._definition import ATOL, RTOL
@@ -237,13 +228,11 @@ class _Validation(NamedTuple):
         for name, raw in raw_backends.items():
             table = (*self.prefix, "backends", name)
             source = Source(self.kind, path=self.path, line=self.lines.line_of(table))
-            problems = broken.get(name)
-            if problems:
-                self.found.definitions.append(BackendDefinition(name, source, problem=problems[0]))
-                continue
-            # Where the document as a whole is not valid, each valid table is validated alone.
-            entry = valid.get(name) or BackendEntry.model_validate(raw)
-            problem = self._alias_problem(name, entry, raw_backends, seen)
+            problem = broken.get(name)
+            if problem is None:
+                # Where the document as a whole is not valid, each valid table is validated alone.
+                entry = valid.get(name) or BackendEntry.model_validate(raw)
+                problem = self._alias_problem(name, entry, raw_backends, seen)
             if problem is not None:
                 self.found.definitions.append(BackendDefinition(name, source, problem=problem))
                 continue
@@ -318,11 +307,10 @@ class _Validation(NamedTuple):
         such alias named."""
         clashes = []
         for alias in entry.aliases:
-            if alias in seen or alias in raw_backends or alias == name:
+            if alias in seen or alias in raw_backends:  # its own name is one of raw_backends
                 owner = seen.get(alias, alias)
-                owner_said = "this backend, twice" if owner == name and alias != name else (
-                    f"backend {owner!r}"
-                )  # fmt: skip
+                twice = owner == name and alias != name
+                owner_said = "this backend, twice" if twice else f"backend {owner!r}"
                 clashes.append(f"alias {alias!r} is already used by {owner_said}")
             seen.setdefault(alias, name)
         if not clashes:

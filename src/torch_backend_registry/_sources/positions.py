@@ -123,20 +123,16 @@ def key_lines(text: str, budget: int | None = None) -> KeyLines:
     """
     lines = KeyLines()
     spent = 0
-    table: Path = ()
     table_node = KeyLines.ROOT
     for number, under, parts in scan(physical_lines(text)):
         if budget is not None:
             spent += len(parts)
             if spent > budget:
                 raise TooManyKeys(number)
-        if not under:  # a header, or a key before any header
-            node = lines.add(parts, number)
-            table, table_node = parts, node
-        elif under is table:  # the keys of the last header start at its node
+        if under:  # a key of the last header (scan's table): it starts at that header's node
             lines.add(parts, number, table_node)
-        else:
-            lines.add(under + parts, number)
+        else:  # a header, or a key before any header
+            table_node = lines.add(parts, number)
     return lines
 
 
@@ -205,6 +201,9 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
 # What matters inside a value: brackets, comments, and strings (skipped whole),
 # the quotes of a multi-line string first.
 _TOKEN = re.compile(r"""\"\"\"|'''|"(?:[^"\\\n]|\\.)*"?|'[^'\n]*'?|[\[\]{}#]""")
+#: The end of an open multi-line string, with the up to two more quotes that may end its
+#: content ('''a'''' holds a'); in a basic string, quotes that no backslash escapes.
+_STRING_END = {"'''": re.compile(r".*?'{3,5}"), '"""': re.compile(r'(?:\\.|[^\\])*?"{3,5}')}
 
 
 def _feed(line: str, i: int, depth: int, string: str) -> tuple[int, str]:
@@ -213,14 +212,10 @@ def _feed(line: str, i: int, depth: int, string: str) -> tuple[int, str]:
     left open after it."""
     while i < len(line):
         if string:
-            close = line.find(string, i) if string == "'''" else _find_unescaped(line, i, string)
-            if close == -1:
+            end = _STRING_END[string].match(line, i)
+            if end is None:
                 break
-            # Up to two more quotes may end the string's content ('''a'''' holds a').
-            i = close + 3
-            while i < close + 5 and line.startswith(string[0], i):
-                i += 1
-            string = ""
+            i, string = end.end(), ""
             continue
         token = _TOKEN.search(line, i)
         if token is None:
@@ -237,19 +232,3 @@ def _feed(line: str, i: int, depth: int, string: str) -> tuple[int, str]:
             string = text
         # else a one-line string, skipped whole (an unclosed one runs to the line's end)
     return depth, string
-
-
-def _find_unescaped(line: str, i: int, quotes: str) -> int:
-    """The index of the first ``quotes`` at or after ``i`` that no backslash escapes."""
-    while True:
-        close = line.find(quotes, i)
-        if close == -1:
-            return -1
-        backslashes = 0
-        j = close - 1
-        while j >= i and line[j] == "\\":
-            backslashes += 1
-            j -= 1
-        if backslashes % 2 == 0:
-            return close
-        i = close + 1

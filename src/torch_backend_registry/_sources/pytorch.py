@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import sys
 
-from .._definition import BackendDefinition, Source, target_of
+from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock
-from .finding import stamp
+from .finding import find, stamp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,20 +26,20 @@ if TYPE_CHECKING:
     from .cache import Cache
 
 #: What PyTorch's own backends need and are, which their functions do not say:
-#: name -> (modules they import when called, device kind, description).
-_KNOWN: dict[str, tuple[tuple[str, ...], str | None, str]] = {
-    "inductor": ((), None, "PyTorch's default compiler, TorchInductor"),
-    "cudagraphs": ((), "cuda", "records the graph as a CUDA graph and replays it"),
-    "tvm": (("tvm",), None, "Apache TVM"),
-    "openxla": (("torch_xla",), None, "PyTorch/XLA through AOTAutograd"),
-    "openxla_eval": (("torch_xla",), None, "PyTorch/XLA, inference only"),
-    "onnxrt": (("onnxruntime",), None, "ONNX Runtime"),
-    "eager": ((), None, "runs the captured graph as it is (for debugging)"),
-    "aot_eager": ((), None, "AOTAutograd tracing, then eager (for debugging)"),
-    "aot_eager_default_partitioner": ((), None, "aot_eager with the default partitioner"),
-    "aot_eager_decomp_partition": ((), None, "aot_eager with decompositions and partitioning"),
-    "aot_ts": ((), None, "AOTAutograd with TorchScript (for debugging)"),
-    "ts": ((), None, "TorchScript (for debugging)"),
+#: name -> (modules they import when called, description).
+_KNOWN: dict[str, tuple[tuple[str, ...], str]] = {
+    "inductor": ((), "PyTorch's default compiler, TorchInductor"),
+    "cudagraphs": ((), "records the graph as a CUDA graph and replays it"),
+    "tvm": (("tvm",), "Apache TVM"),
+    "openxla": (("torch_xla",), "PyTorch/XLA through AOTAutograd"),
+    "openxla_eval": (("torch_xla",), "PyTorch/XLA, inference only"),
+    "onnxrt": (("onnxruntime",), "ONNX Runtime"),
+    "eager": ((), "runs the captured graph as it is (for debugging)"),
+    "aot_eager": ((), "AOTAutograd tracing, then eager (for debugging)"),
+    "aot_eager_default_partitioner": ((), "aot_eager with the default partitioner"),
+    "aot_eager_decomp_partition": ((), "aot_eager with decompositions and partitioning"),
+    "aot_ts": ((), "AOTAutograd with TorchScript (for debugging)"),
+    "ts": ((), "TorchScript (for debugging)"),
 }
 
 #: The names PyTorch's own backends take in torch 2.13: the answer only where torch is not
@@ -65,10 +66,7 @@ def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
     source may redefine: read from the files that register them (what PyTorch's registry
     imports when it lists its backends) without importing torch, once per torch version and
     state of those files, and remembered in ``cache``."""
-    files = _registering_files()
-    if not files:
-        return TORCH_2_13_NAMES
-    return _names_in(tuple(tuple(stamp(path)) for path in files), cache)
+    return _names_in(tuple(tuple(stamp(path)) for path in _registering_files()), cache)
 
 
 @functools.cache  # one reading per process and state of the files
@@ -81,7 +79,7 @@ def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> fr
     with _PARSING:  # CPython's parser is not safe to run in two threads at once
         for path, *_stamp in stamps:
             names |= _registered_in(str(path))
-    if not names:  # a layout this reading does not know
+    if not names:  # no torch here, or a layout this reading does not know
         return TORCH_2_13_NAMES
     if cache is not None:
         cache.put("pytorch-names", key, sorted(names))
@@ -91,26 +89,11 @@ def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> fr
 _PARSING = ForkSafeLock()
 
 
-def _torch_origin() -> str | None:
-    """The ``__init__.py`` of the torch installed here, found without importing it."""
-    origin = getattr(sys.modules.get("torch"), "__file__", None)
-    if not isinstance(origin, str):
-        import importlib.util
-
-        try:
-            origin = getattr(importlib.util.find_spec("torch"), "origin", None)
-        except (ImportError, ValueError):
-            return None
-    return origin if isinstance(origin, str) else None
-
-
 def _registering_files() -> list[str]:
     """The files PyTorch's registry imports to register its own backends, as its
     ``_lazy_import`` does: ``torch/_dynamo/backends/*.py`` and the minifier's backends."""
-    import os
-
-    origin = _torch_origin()
-    if origin is None:
+    origin = getattr(find("torch"), "origin", None)  # its __init__.py
+    if not isinstance(origin, str):
         return []
     dynamo = os.path.join(os.path.dirname(origin), "_dynamo")
     try:
@@ -157,10 +140,9 @@ def _registered_in(path: str) -> set[str]:
                 names.add(fn.id)  # register_backend(fn): the function's own name
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             for decorator in node.decorator_list:  # giving no name: the function's own
-                call = decorator if isinstance(decorator, ast.Call) else None
-                if called(call.func if call else decorator) in registering and (
-                    call is None or given(call) is None
-                ):
+                if isinstance(decorator, ast.Call) and given(decorator) is None:
+                    decorator = decorator.func  # @register_backend(tags=...)
+                if called(decorator) in registering:
                     names.add(node.name)
     return names
 
@@ -172,29 +154,19 @@ STAND_IN = "__torch_backend_registry__"
 
 def torch_available() -> bool:
     """Whether torch can be found, without importing it."""
-    if sys.modules.get("torch") is not None:
-        return True
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):
-        return False
+    return find("torch") is not None
 
 
 @functools.cache  # one process runs one PyTorch
 def torch_version() -> str | None:
-    """The installed PyTorch's version, as ``torch.__version__`` gives it, without importing
-    torch: from the ``version.py`` beside its ``__init__``, else (a PyTorch laid out
-    otherwise) from its metadata."""
+    """The installed PyTorch's version, as ``torch.__version__`` gives it, not importing it."""
     version = getattr(sys.modules.get("torch"), "__version__", None)
     if isinstance(version, str):
         return version
-    import os
     import re
 
-    origin = _torch_origin()
-    if origin is None:
+    origin = getattr(find("torch"), "origin", None)
+    if not isinstance(origin, str):
         return None
     try:
         with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
@@ -283,24 +255,24 @@ def own(fn: object) -> bool:
     return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
 
-def torch_definitions(entry_points: Collection[str]) -> list[BackendDefinition]:
+def torch_definitions(entry_points: Collection[str]) -> Discovery:
     """What PyTorch's registry holds: its own backends, and what plugins registered there
     with ``torch._dynamo.register_backend`` (not its entry points, not this library's
     stand-ins). Imports ``torch._dynamo``; a broken torch leaves them out with a warning."""
+    found = Discovery()
     if not torch_available():
-        return []
+        return found
     try:
         import torch._dynamo as dynamo
 
         dynamo.list_backends(exclude_tags=())  # PyTorch reads its own backends now
-        found = registered(entry_points) or {}
+        held = registered(entry_points) or {}
     except Exception as exc:  # a broken torch must not break manifest backends
         warn(f"PyTorch's backends are left out: torch._dynamo failed: {type(exc).__name__}: {exc}")
-        return []
-    definitions = []
-    for name, fn in sorted(found.items()):
-        requires, _device, description = _KNOWN.get(name, ((), None, None))
-        definitions.append(
+        return found
+    for name, fn in sorted(held.items()):
+        requires, description = _KNOWN.get(name, ((), None))
+        found.definitions.append(
             BackendDefinition(
                 name,
                 Source("torch", module=getattr(fn, "__module__", None)),
@@ -311,7 +283,7 @@ def torch_definitions(entry_points: Collection[str]) -> list[BackendDefinition]:
                 compiler_fn=fn,
             )
         )
-    return definitions
+    return found
 
 
 def _target(fn: object) -> str | None:
@@ -320,17 +292,14 @@ def _target(fn: object) -> str | None:
     if target is not None:
         return target
     inner = getattr(fn, "func", None) or getattr(fn, "kwargs", {}).get("fw_compiler")
-    return target_of(inner) if inner is not None else None
+    return target_of(inner)  # None where it wraps nothing
 
 
 def missing_device(name: str) -> str | None:
-    """The device kind one of PyTorch's own backends needs and this machine lacks."""
-    device = _KNOWN.get(name, ((), None, ""))[1]
-    if device is None:
+    """The device one of PyTorch's own backends needs and this machine lacks: cudagraphs
+    alone needs one, CUDA."""
+    if name != "cudagraphs":
         return None
     import torch
 
-    available = getattr(getattr(torch, device, None), "is_available", None)
-    if callable(available) and available():
-        return None
-    return f"needs a {device.upper()} device; none is available here"
+    return None if torch.cuda.is_available() else "needs a CUDA device; none is available here"

@@ -60,7 +60,6 @@ _TYPE_WORDS = {
     "list_type": "an array",
     "dict_type": "a table",
     "model_type": "a table",
-    "model_attributes_type": "a table",
 }
 
 
@@ -261,8 +260,6 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         close = closest(key, known)
         hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
         return f"unknown key {key!r}; {hint}"
-    if kind == "missing":
-        return f"missing required key {str(loc[-1])!r}"
     if kind == "string_pattern_mismatch":
         pattern = item.get("ctx", {}).get("pattern", "")
         what = "key" if "[key]" in loc else "value"
@@ -272,25 +269,20 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         return f"{at}expected {_TYPE_WORDS[kind]}, got {toml_type} {short(given)}"
     if kind == "value_error":
         return str(item["msg"]).removeprefix("Value error, ")
-    if kind in ("less_than_equal", "greater_than_equal") and loc[-1] == "schema-version":
+    if kind == "greater_than_equal" and loc[-1] == "schema-version":
         return f"unsupported schema version {short(given)}; this release reads {SCHEMA_VERSION}"
     if kind == "greater_than_equal":
-        least = item.get("ctx", {}).get("ge")
-        least = f"{least:g}" if isinstance(least, (int, float)) else least
-        return f"{at}must be {least} or more, not {short(given)}"
+        return f"{at}must be {item['ctx']['ge']:g} or more, not {short(given)}"
     if kind == "finite_number":
         return f"{at}must be a finite number, not {short(given)}"
     if kind in ("too_short", "string_too_short"):
         return f"{at}must not be empty"
     if kind == "literal_error":
-        key = next(part for part in reversed(loc) if isinstance(part, str))
-        expected = [str(v) for v in getattr(_fields(loc).get(key), "__args__", ())]
+        # Only verify is a Literal: loc ends at its key.
+        expected = [str(v) for v in getattr(_fields(loc).get(str(loc[-1])), "__args__", ())]
         close = closest(str(given), expected)
-        hint = (
-            f"did you mean {close[0]!r}?"
-            if close
-            else "expected " + " or ".join(map(repr, expected))
-        )
+        listed = " or ".join(map(repr, expected))
+        hint = f"did you mean {close[0]!r}?" if close else f"expected {listed}"
         return f"{at}invalid value {short(given)}; {hint}"
     return f"{at}{item['msg']}"
 
@@ -327,8 +319,5 @@ class _TomlRepr(reprlib.Repr):
 _SHORT = _TomlRepr()
 _SHORT.maxstring = _SHORT.maxother = 60
 _SHORT.maxlevel = 3
-
-
-def short(value: object) -> str:
-    """A bounded ``repr``: whatever the value's size or depth, a few dozen characters."""
-    return _SHORT.repr(value)
+#: A bounded ``repr``: whatever the value's size or depth, a few dozen characters.
+short = _SHORT.repr
