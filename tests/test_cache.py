@@ -320,6 +320,21 @@ def test_a_cache_folder_someone_else_made_is_not_used(tmp_path: Path, write: Wri
     assert list((theirs / "manifest").iterdir()) == []  # nothing of ours written there
 
 
+def test_nothing_is_made_in_another_users_cache_home(tmp_path: Path, write: WriteFn) -> None:
+    # `sudo torch-backends list` with the user's HOME: what root made in their cache folder
+    # would be root's, and would keep the user's own cache off until root removed it.
+    home = tmp_path / "user-cache"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    done = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(home / "deeper"))
+    assert done.returncode == 0, done.stderr
+    done = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(home))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[4:5] == ["good"]
+    assert list(home.iterdir()) == []
+
+
 def test_a_fifo_at_an_entrys_name_does_not_block(tmp_path: Path, write: WriteFn) -> None:
     write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
     cache = tmp_path / "cache"

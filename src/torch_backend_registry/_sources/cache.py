@@ -126,13 +126,21 @@ class Cache:
 
         assert self.folder is not None
         folders = (self.folder, os.path.join(self.folder, kind))
+        parent = os.path.dirname(self.folder)
         try:
             if make:
-                os.makedirs(os.path.dirname(self.folder), exist_ok=True)  # ~/.cache, as it is
+                # Nothing is made in a folder the trust rule refuses (another user's, as under
+                # sudo with that user's HOME): it would be ours there, and keep theirs off.
+                existing = parent
+                while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+                    existing = os.path.dirname(existing)
+                if untrusted_folder(existing) is not None:
+                    return False
+                os.makedirs(parent, exist_ok=True)  # ~/.cache, as it is
                 for folder in folders:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(folder, 0o700)
-            return untrusted_folder(os.path.dirname(self.folder)) is None and all(
+            return untrusted_folder(parent) is None and all(
                 _ours(os.lstat(folder)) for folder in folders
             )
         except OSError:
