@@ -267,6 +267,38 @@ def test_an_entry_that_names_other_code_is_never_run(tmp_path: Path, write: Writ
     assert not marker.exists()
 
 
+def _sealed(entry: Path, text: bytes) -> None:
+    seal = hashlib.sha256(entry.stem.encode() + b"\n" + text).hexdigest()
+    entry.write_bytes(seal.encode() + b"\n" + text)
+
+
+def _op(text: str) -> bytes:  # a pickle's SHORT_BINUNICODE
+    return b"\x8c" + bytes([len(text)]) + text.encode()
+
+
+def test_an_entry_cannot_change_this_packages_classes(tmp_path: Path, write: WriteFn) -> None:
+    # One entry renames a class the unpickler admits to os.system, the next one calls it.
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    cache = tmp_path / "cache"
+    first = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(cache))
+    assert first.returncode == 0, first.stderr
+    marker = tmp_path / "ran"
+    # Source, then BUILD with the slot state {__module__: os, __qualname__: system}.
+    renaming = b"\x80\x05%s%s\x93N}%s%ss%s%ss\x86b." % (
+        _op("torch_backend_registry._definition"),
+        _op("Source"),
+        *(_op("__module__"), _op("os"), _op("__qualname__"), _op("system")),
+    )
+    calling = b"\x80\x05" + _op("os") + _op("system") + b"\x93" + _op(f"touch {marker}")
+    for kind, text in [("manifest", renaming), ("entry-points", calling + b"\x85R.")]:
+        for entry in (cache / "torch-backend-registry" / kind).iterdir():
+            _sealed(entry, text)
+    again = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(cache))
+    assert not marker.exists()
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+
+
 def test_a_cache_that_cannot_be_written_or_is_off_leaves_no_trace(
     tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
