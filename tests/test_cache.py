@@ -591,3 +591,24 @@ def test_values_of_two_kinds_never_share_a_key(one: object, other: object) -> No
 
     assert canonical(one) != canonical(other)
     assert canonical(float("nan")) == canonical(float("nan"))
+
+
+def test_another_version_of_this_package_reads_pytorchs_names_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The names PyTorch's own backends take, which no manifest may redefine, are read by
+    # this package's code: a version that reads them otherwise must not get the old reading.
+    from torch_backend_registry._sources import cache as cache_module
+    from torch_backend_registry._sources import pytorch
+
+    if not pytorch._registering_files():
+        pytest.skip("no PyTorch installed here")
+    pytorch._names_in.cache_clear()
+    try:
+        assert "inductor" in pytorch.pytorch_names(the_cache())
+        monkeypatch.setattr(cache_module, "code_key", lambda: "the next version")
+        monkeypatch.setattr(pytorch, "_registered_in", lambda path: {"read_otherwise"})
+        pytorch._names_in.cache_clear()
+        assert pytorch.pytorch_names(the_cache()) == {"read_otherwise"}
+    finally:
+        pytorch._names_in.cache_clear()
