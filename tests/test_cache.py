@@ -267,6 +267,38 @@ def test_an_entry_that_names_other_code_is_never_run(tmp_path: Path, write: Writ
     assert not marker.exists()
 
 
+def _sealed(entry: Path, text: bytes) -> None:
+    seal = hashlib.sha256(entry.stem.encode() + b"\n" + text).hexdigest()
+    entry.write_bytes(seal.encode() + b"\n" + text)
+
+
+def _op(text: str) -> bytes:  # a pickle's SHORT_BINUNICODE
+    return b"\x8c" + bytes([len(text)]) + text.encode()
+
+
+def test_an_entry_cannot_change_this_packages_classes(tmp_path: Path, write: WriteFn) -> None:
+    # One entry renames a class the unpickler admits to os.system, the next one calls it.
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    cache = tmp_path / "cache"
+    first = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(cache))
+    assert first.returncode == 0, first.stderr
+    marker = tmp_path / "ran"
+    # Source, then BUILD with the slot state {__module__: os, __qualname__: system}.
+    renaming = b"\x80\x05%s%s\x93N}%s%ss%s%ss\x86b." % (
+        _op("torch_backend_registry._definition"),
+        _op("Source"),
+        *(_op("__module__"), _op("os"), _op("__qualname__"), _op("system")),
+    )
+    calling = b"\x80\x05" + _op("os") + _op("system") + b"\x93" + _op(f"touch {marker}")
+    for kind, text in [("manifest", renaming), ("entry-points", calling + b"\x85R.")]:
+        for entry in (cache / "torch-backend-registry" / kind).iterdir():
+            _sealed(entry, text)
+    again = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(cache))
+    assert not marker.exists()
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == first.stdout
+
+
 def test_a_cache_that_cannot_be_written_or_is_off_leaves_no_trace(
     tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -318,6 +350,21 @@ def test_a_cache_folder_someone_else_made_is_not_used(tmp_path: Path, write: Wri
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[4:5] == ["good"]
     assert list((theirs / "manifest").iterdir()) == []  # nothing of ours written there
+
+
+def test_nothing_is_made_in_another_users_cache_home(tmp_path: Path, write: WriteFn) -> None:
+    # `sudo torch-backends list` with the user's HOME: what root made in their cache folder
+    # would be root's, and would keep the user's own cache off until root removed it.
+    home = tmp_path / "user-cache"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    done = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(home / "deeper"))
+    assert done.returncode == 0, done.stderr
+    done = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(home))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[4:5] == ["good"]
+    assert list(home.iterdir()) == []
 
 
 def test_a_fifo_at_an_entrys_name_does_not_block(tmp_path: Path, write: WriteFn) -> None:
@@ -544,3 +591,24 @@ def test_values_of_two_kinds_never_share_a_key(one: object, other: object) -> No
 
     assert canonical(one) != canonical(other)
     assert canonical(float("nan")) == canonical(float("nan"))
+
+
+def test_another_version_of_this_package_reads_pytorchs_names_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The names PyTorch's own backends take, which no manifest may redefine, are read by
+    # this package's code: a version that reads them otherwise must not get the old reading.
+    from torch_backend_registry._sources import cache as cache_module
+    from torch_backend_registry._sources import pytorch
+
+    if not pytorch._registering_files():
+        pytest.skip("no PyTorch installed here")
+    pytorch._names_in.cache_clear()
+    try:
+        assert "inductor" in pytorch.pytorch_names(the_cache())
+        monkeypatch.setattr(cache_module, "code_key", lambda: "the next version")
+        monkeypatch.setattr(pytorch, "_registered_in", lambda path: {"read_otherwise"})
+        pytorch._names_in.cache_clear()
+        assert pytorch.pytorch_names(the_cache()) == {"read_otherwise"}
+    finally:
+        pytorch._names_in.cache_clear()

@@ -97,6 +97,24 @@ def test_a_number_too_long_to_read_is_a_problem_at_its_line_for_its_file_only(
     assert registry.lookup_backend("eager_like") is len  # the other sources keep working
 
 
+@pytest.mark.parametrize(
+    "number",
+    ["0x" + "f" * 4000, "0o" + "7" * 5000, "0b1" + "0" * 63, str(2**63), str(-(2**63) - 1)],
+)
+def test_an_integer_beyond_64_bits_is_a_problem_at_its_line(
+    tmp_path: Path, write: WriteFn, number: str
+) -> None:
+    # TOML's integers are 64-bit; tomli reads a long hexadecimal one, which explain, lock
+    # and list --json then failed to print ("Exceeds the limit (4300 digits)").
+    path = write("huge.toml", f'[backends.a]\ntarget = "m:f"\noptions = {{ n = [{number}] }}\n')
+    registry = env_registry(path)
+    with pytest.warns(ManifestWarning):
+        [problem] = registry.problems()
+    assert (problem.line, problem.key) == (3, "backends.a.options")
+    assert "an integer beyond TOML's 64-bit range; write it as a string" in problem.message
+    assert registry.list_backends(exclude_tags=()) == []
+
+
 def _deep_table(key: str, depth: int) -> str:
     return f"[backends.a.{key}" + ".x" * depth + "]\ny = 1\n"
 

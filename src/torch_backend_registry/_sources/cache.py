@@ -126,13 +126,21 @@ class Cache:
 
         assert self.folder is not None
         folders = (self.folder, os.path.join(self.folder, kind))
+        parent = os.path.dirname(self.folder)
         try:
             if make:
-                os.makedirs(os.path.dirname(self.folder), exist_ok=True)  # ~/.cache, as it is
+                # Nothing is made in a folder the trust rule refuses (another user's, as under
+                # sudo with that user's HOME): it would be ours there, and keep theirs off.
+                existing = parent
+                while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+                    existing = os.path.dirname(existing)
+                if untrusted_folder(existing) is not None:
+                    return False
+                os.makedirs(parent, exist_ok=True)  # ~/.cache, as it is
                 for folder in folders:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(folder, 0o700)
-            return untrusted_folder(os.path.dirname(self.folder)) is None and all(
+            return untrusted_folder(parent) is None and all(
                 _ours(os.lstat(folder)) for folder in folders
             )
         except OSError:
@@ -210,16 +218,50 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
-# Values as pickles, read back by an unpickler that knows this package's value classes and
-# the dates and times TOML writes, and nothing else: an entry cannot name any other code to
-# run. A read-only mapping is stored as the dict it shows. The code's digest in every key
-# keeps an entry from outliving the classes.
+# Values as pickles, read back by an unpickler that knows the few functions below and the
+# dates and times TOML writes, and nothing else: an entry cannot name any other code to run.
+# A value of this package is written as a call of a function given its class's name, never
+# as the class: an unpickler that hands out a class lets an entry set attributes on it
+# (BUILD), and so rename it for the next entry. A read-only mapping is stored as the dict it
+# shows. The code's digest in every key keeps an entry from outliving the classes.
 
-_VALUES = (BackendDefinition, DefaultDeclaration, Discovery, PluginRule, Problem, Source)
+_VALUES: Mapping[str, Any] = MappingProxyType(
+    {
+        cls.__name__: cls
+        for cls in (BackendDefinition, DefaultDeclaration, PluginRule, Problem, Source)
+    }
+)
+
+
+def _value(kind: str, *fields: object) -> object:
+    return _VALUES[kind](*fields)
+
+
+def _discovery(
+    definitions: list[BackendDefinition],
+    problems: list[Problem],
+    default: DefaultDeclaration | None,
+    rules: list[PluginRule],
+) -> Discovery:
+    found = Discovery()
+    found.definitions, found.problems, found.default, found.rules = (
+        definitions,
+        problems,
+        default,
+        rules,
+    )
+    return found
 
 
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(table) if table else EMPTY
+
+
+#: What an entry may name: written out here, not read from objects an entry could change.
+_KNOWN = frozenset(
+    [(__name__, f.__name__) for f in (_value, _discovery, _readonly)]
+    + [("datetime", kind) for kind in ("date", "time", "datetime", "timedelta", "timezone")]
+)
 
 
 def _dumps(value: object) -> bytes:
@@ -232,6 +274,8 @@ def _dumps(value: object) -> bytes:
     # This pickler's own table: copyreg's, which every pickle of the process reads, is unchanged.
     pickler.dispatch_table = {
         **copyreg.dispatch_table,
+        **dict.fromkeys(_VALUES.values(), lambda item: (_value, (type(item).__name__, *item))),
+        Discovery: lambda d: (_discovery, (d.definitions, d.problems, d.default, d.rules)),
         MappingProxyType: lambda table: (_readonly, (dict(table),)),
     }
     pickler.dump(value)
@@ -242,13 +286,9 @@ def _loads(data: bytes) -> object:
     import io
     import pickle
 
-    known = {(cls.__module__, cls.__qualname__) for cls in _VALUES}
-    known |= {(__name__, _readonly.__name__)}
-    known |= {("datetime", kind) for kind in ("date", "time", "datetime", "timedelta", "timezone")}
-
     class Unpickler(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
-            if (module, name) not in known:
+            if (module, name) not in _KNOWN:
                 raise pickle.UnpicklingError(f"{module}.{name} is not a value of this cache")
             return super().find_class(module, name)
 

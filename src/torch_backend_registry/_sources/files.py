@@ -169,7 +169,14 @@ def parse_toml(
     written = physical_lines(text) or [""]
     deep = False
     try:
-        return tomli.loads(text), lines
+        data = tomli.loads(text)
+        beyond = _beyond_64_bits(data)
+        if beyond is None:
+            return data, lines
+        # TOML's integers are 64-bit, and must be refused past that: tomli lets a long
+        # hexadecimal one through, which no printing, JSON or key of it could then write.
+        line = lines.line_of(beyond) or 1
+        said = "invalid TOML: an integer beyond TOML's 64-bit range; write it as a string"
     except tomli.TOMLDecodeError as exc:
         # Past the last line is the end of the document: point at the last line.
         line = max(1, min(exc.lineno, len(written)))
@@ -194,6 +201,21 @@ def parse_toml(
     if deep and key is not None and len(key) > 200:
         key = None  # the key is the problem: a thousand parts help no one read the line
     raise ManifestError(said, path=path, line=line, key=key)
+
+
+def _beyond_64_bits(value: object, where: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The key holding an integer outside TOML's 64-bit range, or ``None``."""
+    # A stack, not recursion: tomli nests as deep as the interpreter's recursion limit.
+    stack: list[tuple[object, tuple[str, ...]]] = [(value, where)]
+    while stack:
+        item, key = stack.pop()
+        if type(item) is int and not -(2**63) <= item < 2**63:
+            return key
+        if isinstance(item, dict):
+            stack.extend((v, (*key, k)) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, key) for v in item)
+    return None
 
 
 #: What the TOML parser says, and what it means for a user writing a manifest.

@@ -64,14 +64,16 @@ _REGISTERING = frozenset(
 def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
     """The names PyTorch's own backends take in the PyTorch installed here, which no other
     source may redefine: read from the files that register them (what PyTorch's registry
-    imports when it lists its backends) without importing torch, once per torch version and
-    state of those files, and remembered in ``cache``."""
+    imports when it lists its backends) without importing torch, once per torch version,
+    state of those files and code of this package, and remembered in ``cache``."""
     return _names_in(tuple(tuple(stamp(path)) for path in _registering_files()), cache)
 
 
 @functools.cache  # one reading per process and state of the files
 def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> frozenset[str]:
-    key = [torch_version(), [list(s) for s in stamps]]
+    from .cache import code_key  # the reading is this package's code: another reads anew
+
+    key = [code_key(), torch_version(), [list(s) for s in stamps]]
     cached = cache.get("pytorch-names", key) if cache is not None else None
     if isinstance(cached, list) and cached and all(isinstance(n, str) for n in cached):
         return frozenset(cached)
