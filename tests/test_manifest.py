@@ -340,6 +340,8 @@ NAMES = st.text(string.ascii_letters + "_", min_size=1, max_size=1).flatmap(
     )
 )
 IDENT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
+#: The integers TOML holds: 64-bit ones (a larger one is a problem of its own).
+TOML_INTEGERS = st.integers(-(2**63), 2**63 - 1)
 TARGETS = st.builds(
     lambda mod, attr: f"{'.'.join(mod)}:{'.'.join(attr)}",
     st.lists(IDENT, min_size=1, max_size=3),
@@ -351,7 +353,7 @@ ENTRIES = st.fixed_dictionaries(
         "tags": st.lists(NAMES, max_size=3),
         "description": st.text(max_size=30),
         "requires": st.lists(st.lists(IDENT, min_size=1, max_size=2).map(".".join), max_size=2),
-        "options": st.dictionaries(IDENT, st.integers() | st.booleans() | st.text(max_size=5)),
+        "options": st.dictionaries(IDENT, TOML_INTEGERS | st.booleans() | st.text(max_size=5)),
         "enabled": st.booleans(),
     },
 )
@@ -389,7 +391,7 @@ def test_any_valid_manifest_round_trips(
 @given(
     name=NAMES,
     key=st.sampled_from(["target", "tags", "aliases", "requires", "enabled", "chain"]),
-    value=st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    value=TOML_INTEGERS | st.floats(allow_nan=False) | st.text(max_size=5),
 )
 def test_any_invalid_value_is_located(tmp_path: Path, name: str, key: str, value: object) -> None:
     path = tmp_path / "bad.toml"
