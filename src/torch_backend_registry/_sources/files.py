@@ -150,6 +150,8 @@ def parse_toml(
     (checked first, so the parser never sees a document too costly to parse),
     syntax, nesting beyond the parser's limits, numbers too long to read.
     """
+    import re
+
     import tomli
 
     from .positions import TooManyKeys, key_at, key_lines, physical_lines
@@ -170,7 +172,8 @@ def parse_toml(
     deep = False
     try:
         data = tomli.loads(text)
-        beyond = _beyond_64_bits(data)
+        # Only a text with a long run of digits can hold such an integer.
+        beyond = _beyond_64_bits(data) if re.search(_LONG_NUMBER, text) else None
         if beyond is None:
             return data, lines
         # TOML's integers are 64-bit, and must be refused past that: tomli lets a long
@@ -190,8 +193,6 @@ def parse_toml(
         said, deep = f"invalid TOML: {exc}; nest less deeply", True
     except ValueError as exc:
         # int() refuses more than sys.get_int_max_str_digits() digits; tomli lets it through.
-        import re
-
         match = re.search(r"[0-9][0-9_]{1000,}", text)
         if match is None:
             raise ManifestError(f"invalid TOML: {exc}", path=path) from None
@@ -201,6 +202,10 @@ def parse_toml(
     if deep and key is not None and len(key) > 200:
         key = None  # the key is the problem: a thousand parts help no one read the line
     raise ManifestError(said, path=path, line=line, key=key)
+
+
+#: What any integer beyond 64 bits is written with: 16 or more digits, hexadecimal ones too.
+_LONG_NUMBER = r"[0-9][0-9A-Fa-f_xob]{15,}"
 
 
 def _beyond_64_bits(value: object, where: tuple[str, ...] = ()) -> tuple[str, ...] | None:
