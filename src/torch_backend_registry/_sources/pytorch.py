@@ -114,7 +114,12 @@ def _registered_in(path: str) -> set[str]:
 
     try:
         with open(path, "rb") as f:
-            tree = ast.parse(f.read(), path)
+            source = f.read()
+        # A file that names no registering function registers nothing (an alias is
+        # imported by its name too): most of dynamo's backend modules are not parsed.
+        if not any(name.encode() in source for name in _REGISTERING):
+            return set()
+        tree = ast.parse(source, path)
     except (OSError, SyntaxError, ValueError):
         return set()
 
@@ -127,12 +132,13 @@ def _registered_in(path: str) -> set[str]:
     def given(node: ast.Call) -> ast.expr | None:
         return node.args[1] if len(node.args) > 1 else keyword(node, "name")
 
+    nodes = list(ast.walk(tree))
     registering = set(_REGISTERING)
-    for node in ast.walk(tree):  # from .registry import register_backend as ...
+    for node in nodes:  # from .registry import register_backend as ...
         if isinstance(node, ast.ImportFrom):
             registering.update(a.asname for a in node.names if a.name in _REGISTERING and a.asname)
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call) and called(node.func) in registering:
             name = given(node)  # a decorator's too: @register_backend(name="x")
             fn = node.args[0] if node.args else keyword(node, "compiler_fn")
