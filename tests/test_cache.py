@@ -593,22 +593,36 @@ def test_values_of_two_kinds_never_share_a_key(one: object, other: object) -> No
     assert canonical(float("nan")) == canonical(float("nan"))
 
 
-def test_another_version_of_this_package_reads_pytorchs_names_again(
-    monkeypatch: pytest.MonkeyPatch,
+def test_another_version_of_this_package_reads_everything_again(
+    tmp_path: Path, write: WriteFn
 ) -> None:
-    # The names PyTorch's own backends take, which no manifest may redefine, are read by
-    # this package's code: a version that reads them otherwise must not get the old reading.
-    from torch_backend_registry._sources import cache as cache_module
-    from torch_backend_registry._sources import pytorch
+    # What is remembered was read by this package's code, PyTorch's own names included
+    # (which no manifest may redefine): another version must read each of them anew.
+    write("proj/backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    cache = tmp_path / "cache"
+    upgrade = (
+        "import sys, torch_backend_registry._sources.cache as cache, torch_backend_registry._cli"
+        " as cli; cache.code_key = lambda: 'the next version';"
+        " sys.exit(cli.main(['list', '--no-torch']))"
+    )
 
-    if not pytorch._registering_files():
-        pytest.skip("no PyTorch installed here")
-    pytorch._names_in.cache_clear()
-    try:
-        assert "inductor" in pytorch.pytorch_names(the_cache())
-        monkeypatch.setattr(cache_module, "code_key", lambda: "the next version")
-        monkeypatch.setattr(pytorch, "_registered_in", lambda path: {"read_otherwise"})
-        pytorch._names_in.cache_clear()
-        assert pytorch.pytorch_names(the_cache()) == {"read_otherwise"}
-    finally:
-        pytorch._names_in.cache_clear()
+    def kinds() -> list[str]:
+        return sorted(p.parent.name for p in cache.glob("*/*/*") if p.is_file())
+
+    first = _list_in_a_subprocess(tmp_path / "proj", XDG_CACHE_HOME=str(cache))
+    assert first.returncode == 0, first.stderr
+    once = kinds()
+    assert {"manifest", "entry-points"} <= set(once)
+    if importlib.util.find_spec("torch") is not None:
+        assert "pytorch-names" in once
+    again = subprocess.run(
+        [sys.executable, "-c", upgrade],
+        cwd=tmp_path / "proj",
+        env={**os.environ, "XDG_CACHE_HOME": str(cache)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "good" in again.stdout
+    assert kinds() == sorted(once * 2)  # a second entry of every kind, none taken from the first
