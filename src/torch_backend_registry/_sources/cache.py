@@ -244,12 +244,8 @@ def _discovery(
     rules: list[PluginRule],
 ) -> Discovery:
     found = Discovery()
-    found.definitions, found.problems, found.default, found.rules = (
-        definitions,
-        problems,
-        default,
-        rules,
-    )
+    found.definitions, found.problems = definitions, problems
+    found.default, found.rules = default, rules
     return found
 
 
