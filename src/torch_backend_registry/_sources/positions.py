@@ -31,6 +31,13 @@ _SIMPLE_ARRAY = re.compile(
     r"""[ \t]*\[(?:[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)[ \t]*,)*"""
     r"""[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)?[ \t]*\][ \t\r]*(?:#.*)?$"""
 )
+# Most lines of a manifest: a bare key and a value closed on its line (a basic string with no
+# escape, a number, a boolean, a date, an array of such strings), a comment after it.
+_PLAIN_KEY_LINE = re.compile(
+    r"""[ \t]*([A-Za-z0-9_-]+)[ \t]*=[ \t]*"""
+    r"""(?:"[^"\\\n]*"|[A-Za-z0-9_.:+-]+|\[(?:[ \t]*"[^"\\\n]*"[ \t]*,?)*[ \t]*\])"""
+    r"""[ \t\r]*(?:#.*)?$"""
+)
 Path = tuple[str, ...]
 
 
@@ -191,6 +198,10 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
     for number, line in enumerate(lines, start=1):
         if depth or string:  # inside a value that spans lines
             depth, string = _feed(line, 0, depth, string)
+            continue
+        plain = _PLAIN_KEY_LINE.match(line)
+        if plain:
+            yield number, table, (plain.group(1),)
             continue
         if line.lstrip(" \t")[:1] == "[":
             header = _HEADER_RE.match(line)
