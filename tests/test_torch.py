@@ -486,3 +486,37 @@ print(status)
 """
     for _ in range(2):  # the fork lands at another point of the import each time
         assert run_python(code, cwd=tmp_path).stdout == "0\n"
+
+
+def test_the_registry_reads_pytorchs_own_layout_of_torch_2_0_and_2_1(tmp_path: Path) -> None:
+    # torch 2.0 and 2.1 (within the declared torch>=2.0) keep the registered functions in
+    # _BACKENDS itself, without _COMPILER_FNS; only 2.13 is installed here, so its registry
+    # module is put into that layout in a fresh process, with that layout's listing.
+    code = """
+import torch._dynamo
+from torch._dynamo.backends import registry
+import torch_backend_registry as tbr
+
+torch._dynamo.list_backends()  # PyTorch's own, loaded
+registry._BACKENDS = dict(registry._COMPILER_FNS)
+del registry._COMPILER_FNS
+
+def list_backends(exclude_tags=("debug", "experimental")):
+    excluded = set(exclude_tags or ())
+    return sorted(n for n, fn in registry._BACKENDS.items() if not excluded & set(fn._tags))
+
+registry.list_backends = torch._dynamo.list_backends = list_backends
+
+def late(gm, example_inputs):
+    return gm.forward
+
+late._tags = ()
+registry._BACKENDS["late_plugin"] = late  # what its register_backend did
+reg = tbr.Registry(cwd=".", environ={})
+eager = registry._BACKENDS["eager"]
+print(reg.backend_info("eager").source.kind, reg.lookup_backend("eager") is eager)
+print(reg.backend_info("late_plugin").source.kind, reg.lookup_backend("late_plugin") is late)
+print("inductor" in reg.list_backends(), "aot_eager" in reg.list_backends(exclude_tags=()))
+"""
+    said = run_python(code, cwd=tmp_path).stdout.split()
+    assert said == ["torch", "True", "torch", "True", "True", "True"]

@@ -1,12 +1,13 @@
 """The bridge to torch.compile: install() puts a registry's backends into PyTorch's registry.
 
 Besides ``torch._dynamo``'s public functions, it uses the registry module's dict of loaded
-backends, ``_COMPILER_FNS`` (stable since torch 2.0), for what no public function does: a
-plugin that registers its own name when it is imported (torch-tensorrt, ipex, torch_npu)
-where a stand-in of this library holds that name. PyTorch's ``register_backend`` would raise
-``duplicate name``; while stand-ins are installed, it keeps such a registration aside
-instead, as PyTorch's registry's definition of that name (``DISPLACED``), below the
-registry's by precedence: ``torch.compile`` and ``lookup_backend`` still run one backend.
+backends (``_COMPILER_FNS``, or ``_BACKENDS`` in torch 2.0 and 2.1), for what no public
+function does: a plugin that registers its own name when it is imported (torch-tensorrt,
+ipex, torch_npu) where a stand-in of this library holds that name. PyTorch's
+``register_backend`` would raise ``duplicate name``; while stand-ins are installed, it keeps
+such a registration aside instead, as PyTorch's registry's definition of that name
+(``DISPLACED``), below the registry's by precedence: ``torch.compile`` and
+``lookup_backend`` still run one backend.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import sys
 
 from ._errors import BackendRegistryError, warn
 from ._forksafe import ForkSafeLock
-from ._sources.pytorch import DISPLACED, REGISTRY_MODULE, STAND_IN, own, tags_of, torch_available
+from ._sources.pytorch import (
+    DISPLACED,
+    REGISTRY_MODULE,
+    STAND_IN,
+    loaded_backends,
+    own,
+    tags_of,
+    torch_available,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -122,8 +131,8 @@ def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
     kept aside (still PyTorch's registry's definition of the name, shadowed by the
     registry's); ``False`` where PyTorch's own backend holds the name."""
     module: Any = sys.modules[REGISTRY_MODULE]
-    loaded = getattr(module, "_COMPILER_FNS", None)
-    held = loaded.get(name) if isinstance(loaded, dict) else None
+    loaded = loaded_backends(module)
+    held = loaded.get(name) if loaded is not None else None
     if held is None or own(held):
         return False
     DISPLACED[name] = held
@@ -152,7 +161,7 @@ def _let_plugins_register() -> None:
         if compiler_fn is None:
             return functools.partial(register_backend, name=name, tags=tags)
         key = name or getattr(compiler_fn, "__name__", None)
-        loaded = getattr(module, "_COMPILER_FNS", {})
+        loaded = loaded_backends(module) or {}
         held = loaded.get(key) if isinstance(key, str) else None
         if getattr(held, STAND_IN, False) is True and not getattr(compiler_fn, STAND_IN, False):
             compiler_fn._tags = tuple(tags)

@@ -7,7 +7,6 @@ importing it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
@@ -208,8 +207,20 @@ def dynamo_imported() -> bool:
     return module is not None and not getattr(spec, "_initializing", False)
 
 
-#: Where PyTorch keeps its registry: ``_COMPILER_FNS``, the backends it has loaded, by name.
+#: Where PyTorch keeps its registry (see :func:`loaded_backends`).
 REGISTRY_MODULE = "torch._dynamo.backends.registry"
+
+
+def loaded_backends(module: Any) -> dict[str, Any] | None:
+    """PyTorch's dict of the backends it has loaded, by name, in the registry ``module``:
+    ``_COMPILER_FNS`` (``_BACKENDS`` beside it holds entry points), or where there is none
+    (torch 2.0 and 2.1, which read no entry points) ``_BACKENDS``, which holds the functions."""
+    for table in ("_COMPILER_FNS", "_BACKENDS"):
+        found = getattr(module, table, None)
+        if isinstance(found, dict):
+            return found
+    return None
+
 
 #: Plugins' own registrations (``torch._dynamo.register_backend`` at import) of a name this
 #: library's stand-in holds in PyTorch's registry, kept here instead (see ``_torch``): they
@@ -225,16 +236,7 @@ def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
     module: Any = sys.modules.get(REGISTRY_MODULE)
     if module is None or not dynamo_imported():
         return None
-    found = getattr(module, "_COMPILER_FNS", None)
-    if not isinstance(found, dict):
-        # Another layout: ask by name, each alone, for the names that are not entry points.
-        dynamo: Any = sys.modules.get("torch._dynamo")
-        found = {}
-        with contextlib.suppress(Exception):
-            for name in dynamo.list_backends(exclude_tags=()):
-                if getattr(module, "_BACKENDS", {}).get(name) is None:  # registered by code
-                    with contextlib.suppress(Exception):
-                        found[name] = dynamo.lookup_backend(name)
+    found = loaded_backends(module) or {}
     held = {
         name: fn
         for name, fn in found.items()
