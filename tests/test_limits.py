@@ -24,7 +24,7 @@ from torch_backend_registry._members import MAX_CHAIN_DEPTH
 from torch_backend_registry._sources.files import MAX_BYTES, MAX_KEY_PARTS
 from torch_backend_registry._sources.manifest import MAX_PROBLEMS, MAX_VALUE_DEPTH, read_manifest
 
-from .conftest import WriteFn, run_as_nobody
+from .conftest import WriteFn, run_as_nobody, torch_backends
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,6 +113,32 @@ def test_an_integer_beyond_64_bits_is_a_problem_at_its_line(
     assert (problem.line, problem.key) == (3, "backends.a.options")
     assert "an integer beyond TOML's 64-bit range; write it as a string" in problem.message
     assert registry.list_backends(exclude_tags=()) == []
+
+
+def test_another_tools_integer_beyond_64_bits_in_pyproject_toml_is_theirs(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # Only the [tool.torch-backends] table is this library's to refuse: another tool's table
+    # may hold any integer that tool reads, and the backends beside it stay usable.
+    other = "[project]\nname = 'demo'\n\n[tool.othertool]\nmask = 0xFFFFFFFFFFFFFFFF\n"
+    write("pyproject.toml", other + '\n[tool.torch-backends.backends.fast]\ntarget = "m:f"\n')
+    done = torch_backends("check", "--no-torch", cwd=tmp_path)
+    assert "no problems; 1 of 1 backend(s) usable" in done.stdout + done.stderr
+    assert Registry(cwd=tmp_path, environ={}, sources=("project",)).list_backends() == ["fast"]
+    # init --pyproject adds its table beside theirs.
+    write("pyproject.toml", other)
+    torch_backends("init", "--pyproject", cwd=tmp_path)
+    assert "[tool.torch-backends" in (tmp_path / "pyproject.toml").read_text()
+
+
+def test_an_integer_beyond_64_bits_in_the_pyproject_table_is_a_problem_at_its_line(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    huge = "0x1" + "0" * 16  # 2**64
+    text = f'[tool.torch-backends.backends.a]\ntarget = "m:f"\noptions = {{ n = {huge} }}\n'
+    [problem] = problems_of(write("pyproject.toml", text))
+    assert (problem.line, problem.key) == (3, "tool.torch-backends.backends.a.options")
+    assert "an integer beyond TOML's 64-bit range" in problem.message
 
 
 def _deep_table(key: str, depth: int) -> str:

@@ -105,6 +105,7 @@ def run_init(args: Arguments) -> int:
 
 def _init_pyproject(pyproject: str) -> int:
     """Append the starter table to pyproject.toml, if the result is still valid TOML."""
+    from .._keys import PYPROJECT_TABLE
     from .._sources.files import NO_SUCH_FILE, parse_toml, read_text
 
     if not os.path.isfile(pyproject):
@@ -114,7 +115,8 @@ def _init_pyproject(pyproject: str) -> int:
     text = read_text(pyproject)
     separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
     addition = separator + pyproject_starter()
-    parse_toml(pyproject, text + addition)  # refuses before writing if it would not parse
+    # Refuses before writing if the table it adds would not parse (the others are theirs).
+    parse_toml(pyproject, text + addition, within=PYPROJECT_TABLE)
     with open(pyproject, "a", encoding="utf-8") as handle:
         handle.write(addition)
     print(

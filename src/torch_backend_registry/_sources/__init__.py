@@ -166,7 +166,7 @@ def _declares_table(pyproject: str) -> bool:
     if PYPROJECT_TABLE[1] not in text:
         return False
     try:
-        data, _lines = parse_toml(pyproject, text)
+        data, _lines = parse_toml(pyproject, text, within=PYPROJECT_TABLE)
     except ManifestError:
         return True  # reading it as the manifest reports the error with its line
     return manifest_table(data, PYPROJECT_TABLE) is not None
@@ -203,10 +203,11 @@ def near_table(pyproject: str) -> str | None:
     """The ``[tool.X]`` table of a ``pyproject.toml`` that looks like a misspelt
     ``[tool.torch-backends]`` (``torch_backends``, ``torch-backend``), or ``None``."""
     from .._errors import ManifestError, closest
+    from .._keys import PYPROJECT_TABLE
     from .files import Untrusted, parse_toml, read_text
 
     try:
-        data, _lines = parse_toml(pyproject, read_text(pyproject))
+        data, _lines = parse_toml(pyproject, read_text(pyproject), within=PYPROJECT_TABLE)
     except (ManifestError, Untrusted):
         return None
     tables = data.get("tool")

@@ -142,13 +142,15 @@ def _too_large(path: str, limit: int) -> ManifestError:
 
 
 def parse_toml(
-    path: str, text: str, budget: int = MAX_KEY_PARTS
+    path: str, text: str, budget: int = MAX_KEY_PARTS, *, within: tuple[str, ...] = ()
 ) -> tuple[dict[str, Any], KeyLines]:
     """Parse ``text``, and find the line of each key (which the parser does not tell).
 
     Every way of failing is a :class:`ManifestError` with a line: the key budget
     (checked first, so the parser never sees a document too costly to parse),
-    syntax, nesting beyond the parser's limits, numbers too long to read.
+    syntax, nesting beyond the parser's limits, numbers too long to read, an integer
+    beyond 64 bits in the table ``within`` (what the caller reads: the other tables of a
+    ``pyproject.toml`` are other tools', which may hold any integer they read).
     """
     import re
 
@@ -172,8 +174,9 @@ def parse_toml(
     deep = False
     try:
         data = tomli.loads(text)
-        # Only a text with a long run of digits can hold such an integer.
-        beyond = _beyond_64_bits(data) if re.search(_LONG_NUMBER, text) else None
+        beyond = None
+        if re.search(_LONG_NUMBER, text):  # only a long run of digits can write such an integer
+            beyond = _beyond_64_bits(_table_at(data, within), within)
         if beyond is None:
             return data, lines
         # TOML's integers are 64-bit, and must be refused past that: tomli lets a long
@@ -206,6 +209,14 @@ def parse_toml(
 
 #: What any integer beyond 64 bits is written with: 16 or more digits, hexadecimal ones too.
 _LONG_NUMBER = r"[0-9][0-9A-Fa-f_xob]{15,}"
+
+
+def _table_at(data: dict[str, Any], path: tuple[str, ...]) -> object:
+    """The value at the key ``path`` of ``data``; ``None`` where there is none."""
+    value: object = data
+    for part in path:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _beyond_64_bits(value: object, where: tuple[str, ...] = ()) -> tuple[str, ...] | None:

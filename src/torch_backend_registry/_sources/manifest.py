@@ -72,12 +72,12 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Di
 def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     """What a manifest's text declares: parsed, validated, every problem located."""
     found = Discovery()
+    prefix = table_prefix(path)
     try:
-        data, lines = parse_toml(path, text)
+        data, lines = parse_toml(path, text, within=prefix)
     except ManifestError as exc:
         found.problems.append(exc.problem)
         return found
-    prefix = table_prefix(path)
     table = manifest_table(data, prefix)
     if table is None and prefix:
         return None
