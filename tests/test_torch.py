@@ -520,3 +520,28 @@ print("inductor" in reg.list_backends(), "aot_eager" in reg.list_backends(exclud
 """
     said = run_python(code, cwd=tmp_path).stdout.split()
     assert said == ["torch", "True", "torch", "True", "True", "True"]
+
+
+def test_a_registry_layout_not_known_here_is_asked_through_its_functions(
+    tmp_path: Path,
+) -> None:
+    # A later PyTorch might keep its functions elsewhere: then the registry asks PyTorch's
+    # public list_backends and lookup_backend, and reads no entry point as a function.
+    code = """
+import torch._dynamo
+from torch._dynamo.backends import registry
+import torch_backend_registry as tbr
+
+torch._dynamo.list_backends()  # PyTorch's own, loaded
+kept = registry.__dict__.pop("_COMPILER_FNS")  # _BACKENDS still holds None for each
+
+def list_backends(exclude_tags=("debug", "experimental")):
+    excluded = set(exclude_tags or ())
+    return sorted(n for n, fn in kept.items() if not excluded & set(fn._tags))
+
+registry.list_backends = torch._dynamo.list_backends = list_backends
+registry.lookup_backend = torch._dynamo.lookup_backend = kept.__getitem__
+reg = tbr.Registry(cwd=".", environ={})
+print(reg.backend_info("eager").source.kind, reg.lookup_backend("eager") is kept["eager"])
+"""
+    assert run_python(code, cwd=tmp_path).stdout.split() == ["torch", "True"]

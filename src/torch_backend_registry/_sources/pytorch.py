@@ -7,6 +7,7 @@ importing it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -214,11 +215,14 @@ REGISTRY_MODULE = "torch._dynamo.backends.registry"
 def loaded_backends(module: Any) -> dict[str, Any] | None:
     """PyTorch's dict of the backends it has loaded, by name, in the registry ``module``:
     ``_COMPILER_FNS`` (``_BACKENDS`` beside it holds entry points), or where there is none
-    (torch 2.0 and 2.1, which read no entry points) ``_BACKENDS``, which holds the functions."""
-    for table in ("_COMPILER_FNS", "_BACKENDS"):
-        found = getattr(module, table, None)
-        if isinstance(found, dict):
-            return found
+    (torch 2.0 and 2.1, which read no entry points) ``_BACKENDS``, which holds the functions;
+    ``None`` in a layout where neither is such a dict."""
+    found = getattr(module, "_COMPILER_FNS", None)
+    if isinstance(found, dict):
+        return found
+    found = getattr(module, "_BACKENDS", None)
+    if isinstance(found, dict) and all(callable(fn) for fn in found.values()):
+        return found
     return None
 
 
@@ -236,7 +240,15 @@ def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
     module: Any = sys.modules.get(REGISTRY_MODULE)
     if module is None or not dynamo_imported():
         return None
-    found = loaded_backends(module) or {}
+    found = loaded_backends(module)
+    if found is None:  # a layout not known here: ask by name, each alone
+        dynamo: Any = sys.modules.get("torch._dynamo")
+        found = {}
+        with contextlib.suppress(Exception):
+            for name in dynamo.list_backends(exclude_tags=()):
+                if name not in entry_points:  # looking one up would import its plugin
+                    with contextlib.suppress(Exception):
+                        found[name] = dynamo.lookup_backend(name)
     held = {
         name: fn
         for name, fn in found.items()
