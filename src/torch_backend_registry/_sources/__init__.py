@@ -153,8 +153,7 @@ def _declares_table(pyproject: str) -> bool:
     as manifests are (size limit, no waiting on a FIFO); one that cannot be read is passed by."""
     from .._errors import ManifestError
     from .._keys import PYPROJECT_TABLE
-    from .files import Untrusted, parse_toml, read_text
-    from .manifest import manifest_table
+    from .files import Untrusted, parse_toml, read_text, table_at
 
     try:
         text = read_text(pyproject)
@@ -169,7 +168,7 @@ def _declares_table(pyproject: str) -> bool:
         data, _lines = parse_toml(pyproject, text, within=PYPROJECT_TABLE)
     except ManifestError:
         return True  # reading it as the manifest reports the error with its line
-    return manifest_table(data, PYPROJECT_TABLE) is not None
+    return table_at(data, PYPROJECT_TABLE) is not None
 
 
 def project_source(ctx: Context) -> Discovery:

@@ -176,7 +176,7 @@ def parse_toml(
         data = tomli.loads(text)
         beyond = None
         if re.search(_LONG_NUMBER, text):  # only a long run of digits can write such an integer
-            beyond = _beyond_64_bits(_table_at(data, within), within)
+            beyond = _beyond_64_bits(table_at(data, within), within)
         if beyond is None:
             return data, lines
         # TOML's integers are 64-bit, and must be refused past that: tomli lets a long
@@ -211,8 +211,9 @@ def parse_toml(
 _LONG_NUMBER = r"[0-9][0-9A-Fa-f_xob]{15,}"
 
 
-def _table_at(data: dict[str, Any], path: tuple[str, ...]) -> object:
-    """The value at the key ``path`` of ``data``; ``None`` where there is none."""
+def table_at(data: dict[str, Any], path: tuple[str, ...]) -> object:
+    """The value at the key ``path`` of a parsed document (a manifest's table inside it, say);
+    ``None`` where there is none."""
     value: object = data
     for part in path:
         value = value.get(part) if isinstance(value, dict) else None

@@ -17,7 +17,7 @@ from .._definition import (
 )
 from .._errors import ManifestError, closest
 from .._keys import table_prefix, toml_key
-from .files import Untrusted, parse_toml, read_text
+from .files import Untrusted, parse_toml, read_text, table_at
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,14 +36,6 @@ MAX_PROBLEMS = 100
 #: any real option, and far enough below Python's recursion limit that comparing,
 #: hashing, copying or printing the value is always safe.
 MAX_VALUE_DEPTH = 100
-
-
-def manifest_table(data: dict[str, Any], prefix: tuple[str, ...]) -> object:
-    """The manifest's table inside a parsed document (``None`` where it has none)."""
-    table: object = data
-    for part in prefix:
-        table = table.get(part) if isinstance(table, dict) else None
-    return table
 
 
 def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Discovery | None:
@@ -78,7 +70,7 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     except ManifestError as exc:
         found.problems.append(exc.problem)
         return found
-    table = manifest_table(data, prefix)
+    table = table_at(data, prefix)
     if table is None and prefix:
         return None
     load_schema()
