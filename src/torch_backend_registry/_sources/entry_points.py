@@ -72,8 +72,18 @@ def read_entry_points() -> Discovery:
     names = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
     targets = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
     found = Discovery()
-    for ep in sorted(_entry_points(found.problems), key=_search_order()):
-        name, version = _name_and_version(ep.dist)
+    read: dict[int, tuple[str | None, str | None]] = {}
+
+    def named(dist: Distribution | None) -> tuple[str | None, str | None]:
+        # Each distribution's metadata read once: several entry points share one, and the
+        # order needs its name too. By identity: a distribution need not be hashable, and
+        # every one stays alive with its entry points while this runs.
+        if id(dist) not in read:
+            read[id(dist)] = _name_and_version(dist)
+        return read[id(dist)]
+
+    for ep in sorted(_entry_points(found.problems), key=_search_order(named)):
+        name, version = named(ep.dist)
         source = Source("entry-point", distribution=name, version=version)
         target = ep.value.split("[", 1)[0].strip()
         wrong = (
@@ -94,7 +104,9 @@ def read_entry_points() -> Discovery:
     return found
 
 
-def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
+def _search_order(
+    named: Callable[[Distribution | None], tuple[str | None, str | None]],
+) -> Callable[[EntryPoint], tuple[int, str]]:
     """A deterministic order of entry points: their folder's place on sys.path, then the
     distribution's name (within one folder, importlib.metadata follows os.listdir)."""
 
@@ -109,7 +121,7 @@ def _search_order() -> Callable[[EntryPoint], tuple[int, str]]:
         places.setdefault(real(entry), index)
 
     def key(ep: EntryPoint) -> tuple[int, str]:
-        name, _version = _name_and_version(ep.dist)
+        name, _version = named(ep.dist)
         try:
             folder = real(str(ep.dist.locate_file(""))) if ep.dist else ""
         except Exception:  # a distribution that cannot say where it is: last
@@ -154,6 +166,7 @@ def _name_and_version(dist: Distribution | None) -> tuple[str | None, str | None
     if dist is None:
         return None, None
     try:
-        return dist.name, dist.version
+        metadata = dist.metadata  # read and parsed at each access: once here
+        return metadata["Name"], metadata["Version"]
     except Exception:  # unreadable METADATA: the entry point itself may still be fine
         return None, None
