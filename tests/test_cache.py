@@ -626,3 +626,20 @@ def test_another_version_of_this_package_reads_everything_again(
     assert again.returncode == 0, again.stderr
     assert "good" in again.stdout
     assert kinds() == sorted(once * 2)  # a second entry of every kind, none taken from the first
+
+
+def test_the_cache_keeps_a_bounded_number_of_entries(tmp_path: Path, write: WriteFn) -> None:
+    # Each edit of a manifest writes a new entry: a cache that only grows would fill a disk.
+    from torch_backend_registry._sources.cache import MOST_ENTRIES
+
+    filler = the_cache()
+    for i in range(MOST_ENTRIES + 20):
+        filler.put("manifest", ["an edit long gone", i], {"found": None})
+    folder = cache_root() / "manifest"
+    (folder / "f00d.json").write_bytes(b"an entry of an earlier layout")
+    assert len(list(folder.iterdir())) > MOST_ENTRIES + 20
+    write("backends.toml", '[backends.good]\ntarget = "m:f"\n')
+    assert listing(tmp_path) == ["good"]
+    assert len([f for f in cache_files() if f.parent.name == "manifest"]) <= MOST_ENTRIES
+    assert not (folder / "f00d.json").exists()
+    assert listing(tmp_path) == ["good"]

@@ -56,11 +56,18 @@ def cache_folder(environ: Mapping[str, str]) -> str | None:
     return os.path.realpath(path) if os.path.isabs(path) else None
 
 
+#: The most entries of one kind kept. Each edit of a manifest, change on ``sys.path`` or
+#: version of this package writes new ones; past this many, the oldest written go.
+MOST_ENTRIES = 1_000
+
+
 class Cache:
     """Entries in one folder; every failure quietly means "no entry" or "not written"."""
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
+        #: The kinds whose folder this object has trimmed: once each is enough.
+        self.trimmed: set[str] = set()
 
     def get(self, kind: str, key: object) -> Any:
         """The value stored under ``key``, or ``None``."""
@@ -93,6 +100,9 @@ class Cache:
             text = _dumps(value)
             if self._private(kind, make=True):
                 write_atomically(path, _seal(name, text) + b"\n" + text, 0o600)
+                if kind not in self.trimmed:
+                    self.trimmed.add(kind)
+                    _trim(os.path.dirname(path))
         except Exception:  # a read-only home, a full disk, a value pickle refuses: no cache
             pass
 
@@ -167,6 +177,22 @@ def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
         else (stat.S_ISDIR, stat.S_IRWXG | stat.S_IRWXO)
     )
     return kind(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & others
+
+
+def _trim(folder: str) -> None:
+    """Remove the oldest written entries of ``folder`` past :data:`MOST_ENTRIES`, and those of
+    an earlier layout, which nothing reads."""
+    entries = []
+    for entry in os.scandir(folder):
+        if entry.name.endswith(".json"):  # layout 4 and before
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+        elif entry.name.endswith(".pickle"):
+            with contextlib.suppress(OSError):
+                entries.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
+    for _written, path in sorted(entries)[: max(len(entries) - MOST_ENTRIES, 0)]:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
