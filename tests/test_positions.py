@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import tracemalloc
 
 import pytest
@@ -178,3 +181,24 @@ def test_the_scan_agrees_with_the_parser_on_valid_documents(pieces: list[str]) -
     for key in data:
         assert (key,) in lines, (key, text)
     assert all(1 <= line <= len(pieces) for line in lines.values())
+
+
+def test_a_line_that_almost_reads_as_a_plain_key_is_scanned_at_once() -> None:
+    # Near misses of the pattern for plain key lines (an array never closed, items without
+    # commas, blanks between them) once made it try every way of matching: exponential in
+    # the number of items. Each is a key line all the same; the time limit guards a hang.
+    code = textwrap.dedent(
+        """
+        from torch_backend_registry._sources.positions import scan
+        for line in [
+            'a = [' + '"x"  ' * 60,
+            'a = [' + '"x" ,  ' * 60 + '"y" "z"',
+            'a = [' + '"x"' + '  "y"' * 60 + ']',
+            'a = [' + ' \\t' * 60 + '"x" ]  x',
+        ]:
+            print(list(scan([line])))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[(1, (), ('a',))]"] * 4

@@ -32,10 +32,13 @@ _SIMPLE_ARRAY = re.compile(
     r"""[ \t]*(?:"[^"\\\n]*"|'[^'\n]*'|[\w.+-]+)?[ \t]*\][ \t\r]*(?:#.*)?$"""
 )
 # Most lines of a manifest: a bare key and a value closed on its line (a basic string with no
-# escape, a number, a boolean, a date, an array of such strings), a comment after it.
+# escape, a number, a boolean, a date, an array of such strings), a comment after it. Each
+# item of the array but the last ends at its comma, so that no two ways of matching a line
+# are tried (an optional comma let the blanks between items go either way: exponential).
 _PLAIN_KEY_LINE = re.compile(
     r"""[ \t]*([A-Za-z0-9_-]+)[ \t]*=[ \t]*"""
-    r"""(?:"[^"\\\n]*"|[A-Za-z0-9_.:+-]+|\[(?:[ \t]*"[^"\\\n]*"[ \t]*,?)*[ \t]*\])"""
+    r"""(?:"[^"\\\n]*"|[A-Za-z0-9_.:+-]+"""
+    r"""|\[(?:[ \t]*"[^"\\\n]*"[ \t]*,)*[ \t]*(?:"[^"\\\n]*"[ \t]*)?\])"""
     r"""[ \t\r]*(?:#.*)?$"""
 )
 Path = tuple[str, ...]
