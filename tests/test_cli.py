@@ -367,14 +367,15 @@ def test_errors_are_one_line_unless_debug(tmp_path: Path, write: WriteFn) -> Non
 
 
 def on_terminal(
-    *args: str, cwd: Path, columns: int, stderr_too: bool = False
+    *args: str, cwd: Path, columns: int, stderr_too: bool = False, env: dict[str, str] | None = None
 ) -> tuple[str, subprocess.CompletedProcess[str]]:
-    """Run the command with stdout (and stderr) on a pseudo-terminal ``columns`` wide."""
+    """Run the command with stdout (and stderr) on a pseudo-terminal ``columns`` wide, with
+    ``env`` added to the environment."""
     import pty
 
     leader, follower = pty.openpty()
     environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    environ["COLUMNS"] = str(columns)
+    environ.update(env or {}, COLUMNS=str(columns))
     done = subprocess.run(
         [sys.executable, "-m", "torch_backend_registry", *args],
         stdout=follower,
@@ -662,22 +663,31 @@ def test_doctor_without_torch_says_so_once(tmp_path: Path, write: WriteFn) -> No
     ]
 
 
-def test_doctors_progress_fits_the_line_and_counts_what_is_done(
-    capsys: pytest.CaptureFixture[str],
+@terminal_only
+def test_doctors_progress_fits_the_terminal_and_is_gone_before_the_table(
+    tmp_path: Path, write: WriteFn
 ) -> None:
-    from torch_backend_registry._cli.doctor import _Progress
-
-    with _Progress(True, 3) as progress:
-        progress.update("a_backend_with_a_very_long_name_" * 3, 3, 12.0, False)
-        progress.update("other", 2, 1.0, False)
-        progress.update("other", 4, 5.0, True)
-    lines = [line.removeprefix("\033[K") for line in capsys.readouterr().err.split("\r")]
-    shown = [line for line in lines if line]
-    assert all(len(line) < 80 for line in shown)
-    assert shown[-1].startswith(
-        "torch-backends: 1/3 done; probing a_backend_with_a_very_long_name_"
+    long_name = "a_backend_with_a_very_long_name_" * 3
+    write("tbr_progress_fakes.py", "def fine(gm, example_inputs):\n    return gm.forward\n")
+    write(
+        "backends.toml",
+        f'python-path = ["."]\n[backends.{long_name}]\ntarget = "tbr_progress_fakes:fine"\n',
     )
-    assert "forward 12s" not in shown[-1] or len(shown[-1]) < 80
+    shown, _ = on_terminal(
+        *("doctor", long_name, "--level", "forward"),
+        cwd=tmp_path,
+        columns=60,
+        stderr_too=True,
+        env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+    )
+    *progress, table = shown.split("\r\033[K")
+    assert all(len(line) < 60 for line in progress)
+    probing = [line for line in progress if "probing" in line]
+    assert probing, shown  # a line while probing...
+    assert probing[0].startswith("torch-backends: 0/1 done; probing a_backend_with")
+    header, row = table.splitlines()  # ...gone before the table
+    assert header.startswith("NAME ")
+    assert row.startswith("a_backend_with_a_very_long_name_")
 
 
 @pytest.mark.parametrize(

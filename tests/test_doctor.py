@@ -679,16 +679,37 @@ def test_the_command_judges_at_the_level_asked_and_names_a_bad_model(
 
 
 def test_only_a_named_or_declared_backend_that_is_unavailable_fails_the_run(
-    project: Registry,
+    tmp_path: Path, write: WriteFn
 ) -> None:
-    from torch_backend_registry._cli.doctor import _fails
+    # PyTorch's GPU and third-party backends are unavailable on this CPU: a run over every
+    # listed backend reports them and passes; one that names them, or whose manifest
+    # declares one it cannot run, fails. (The plugins are left out to keep the run short.)
+    fine = 'python-path = ["fakes"]\n[backends.fine]\ntarget = "tbr_doctor_fakes:fine"\n'
+    write("proj/fakes/tbr_doctor_fakes.py", FAKES)
+    write("proj/backends.toml", fine)
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "TORCH_BACKENDS_DENY": "openvino,iree-turbine",
+    }
 
-    tvm = Verdict("tvm", "unavailable", 1, "missing tvm")
-    needs_trt = Verdict("needs_trt", "unavailable", 1, "missing tbr_no_such_tensorrt")
-    assert not _fails(project, tvm, named=set())  # PyTorch's, not asked for: reported only
-    assert _fails(project, tvm, named={"tvm"})
-    assert _fails(project, needs_trt, named=set())  # the project declares it
-    assert _fails(project, Verdict("tvm", "crashed", 3), named=set())
+    def doctor(*args: str) -> Done:
+        return torch_backends(
+            "doctor", "--level", "forward", *args, cwd=tmp_path / "proj", env=env, check=None
+        )
+
+    everything = doctor("--json")
+    status = {row["name"]: row["status"] for row in json.loads(everything.stdout)}
+    assert status["fine"] == status["inductor"] == "ok"
+    assert status["tvm"] == "unavailable"
+    assert everything.returncode == 0, everything.stderr
+    assert doctor("tvm").returncode == 1
+    needs_trt = 'target = "tbr_doctor_fakes:fine"\nrequires = ["tbr_no_such_tensorrt"]\n'
+    write("proj/backends.toml", f"{fine}[backends.needs_trt]\n{needs_trt}")
+    declared = doctor("--json")
+    assert {row["name"]: row["status"] for row in json.loads(declared.stdout)}["needs_trt"] == (
+        "unavailable"
+    )
+    assert declared.returncode == 1
 
 
 # ------------------------------------------------------------------ real models, real reasons
