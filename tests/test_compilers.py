@@ -630,6 +630,12 @@ def rewrite_branches(gm, example_inputs):
             sub.recompile()
     raise RuntimeError("failed after its passes")
 
+def traces_then_fails(gm, example_inputs):
+    # As tracing compilers do (torch.jit.trace: tvm's, ipex's): the graph runs once on the
+    # inputs dynamo gives, the real tensors, with whatever it writes into them.
+    torch.jit.trace(gm, example_inputs, check_trace=False)
+    raise RuntimeError("failed after tracing")
+
 def _ones_for_tangents(gm, example_inputs):
     for node in list(gm.graph.nodes):  # a lowering bug: every incoming gradient is 1
         if node.op == "placeholder" and node.name.startswith("tangents"):
@@ -779,3 +785,39 @@ def test_a_nested_members_refusal_of_what_torch_compile_gives_is_never_skipped(
     )(x)
     assert close(out, with_buffers()(x))
     assert not any("compiled with 'eager'" in r for r in logged)
+
+
+def test_a_member_that_ran_the_graph_and_failed_leaves_the_inputs_as_they_came(
+    write: WriteFn, meddlers: str
+) -> None:
+    registry, uid = installed(
+        write,
+        f'[backends.tracer_UID]\ntarget = "{meddlers}:traces_then_fails"\n'
+        '[backends.plain_UID]\nchain = ["tracer_UID", "eager"]\n'
+        '[backends.checked_UID]\nchain = ["tracer_UID", "aot_eager", "eager"]\n'
+        'verify = "forward"\n',
+    )
+    x = torch.randn(6, 4)
+    for backend, member in ((f"plain{uid}", "eager"), (f"checked{uid}", "aot_eager")):
+        # BatchNorm's running statistics, written by each training step: once, as eager's.
+        torch._dynamo.reset()
+        model, twin = with_buffers(), with_buffers()
+        out = torch.compile(model, backend=backend)(x)
+        assert close(out, twin(x))
+        assert used(registry, backend) == member  # not every member refused as "differing"
+        assert model[1].num_batches_tracked.item() == twin[1].num_batches_tracked.item() == 1
+        assert close(model[1].running_mean, twin[1].running_mean)
+        assert close(model[1].running_var, twin[1].running_var)
+        torch._dynamo.reset()
+        with torch.inference_mode():  # inputs that cannot be written here, nor need keeping
+            assert close(torch.compile(model.eval(), backend=backend)(x), twin.eval()(x))
+        assert used(registry, backend) == member
+
+    def step(p: Any, g: Any) -> None:  # an optimizer's update: a parameter written
+        with torch.no_grad():
+            p.sub_(g)
+
+    torch._dynamo.reset()
+    weight = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(Exception, match="a parameter, which cannot be put back"):
+        torch.compile(step, backend=f"plain{uid}")(weight, torch.ones(3))
