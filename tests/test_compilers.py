@@ -333,6 +333,41 @@ def test_inductor_as_a_member_gets_mode_and_options_as_torch_compile_gives_them(
     assert not any("compiled with 'eager'" in r for r in logged)
 
 
+def test_inductor_declared_with_manifest_options_gets_mode_and_options_too(
+    write: WriteFn, logged: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _recording_inductor(monkeypatch)
+    registry, uid = installed(
+        write,
+        """
+        [backends.tuned_UID]
+        target = "torch._dynamo.backends.inductor:inductor"
+        options = { config_patches = { epilogue_fusion = false } }
+        [backends.chain_UID]
+        chain = ["tuned_UID", "eager"]
+        """,
+    )
+    x = torch.randn(6, 4)
+    given: list[dict[str, Any]] = [
+        {"mode": "max-autotune-no-cudagraphs"},
+        {"options": {"max_autotune": True}},
+    ]
+    for backend in (f"tuned{uid}", f"chain{uid}"):
+        for kwargs in given:
+            torch._dynamo.reset()
+            seen.clear()
+            out = torch.compile(with_buffers(), backend=backend, **kwargs)(x)
+            assert close(out, with_buffers()(x))
+            # torch.compile's settings and the manifest's, both.
+            assert seen[0].get("max_autotune") is True, (backend, kwargs, seen[0])
+            assert seen[0].get("epilogue_fusion") is False
+    assert used(registry, f"chain{uid}") == f"tuned{uid}"  # not a silent eager
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Unexpected optimization option epilogue_fusin"):
+        torch.compile(with_buffers(), backend=f"chain{uid}", options={"epilogue_fusin": 1})(x)
+    assert not any("compiled with 'eager'" in r for r in logged), logged
+
+
 def test_a_member_that_cannot_take_what_torch_compile_gives_is_an_error_at_once(
     write: WriteFn, logged: list[str]
 ) -> None:

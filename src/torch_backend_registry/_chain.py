@@ -276,17 +276,26 @@ def member_compiler(
     through the wrapper that applies ``mode`` and ``options`` to its configuration, any other
     backend with them as keyword arguments. Raises :class:`RefusedArguments`, before anything
     compiles, where the member cannot take them."""
-    # PyTorch's own inductor, by its name or declared as a target.
-    if compiler is getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None):
+    # PyTorch's own inductor, by its name or declared as a target, with the manifest's
+    # options (compile_fx's keyword arguments: config_patches, ...) bound or not.
+    inductor = getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None)
+    bound: functools.partial[Any] | None = None
+    if isinstance(compiler, functools.partial) and compiler.func is inductor and not compiler.args:
+        bound = compiler
+    if inductor is not None and (compiler is inductor or bound is not None):
         import torch
 
         try:
-            wrapper: Callable[[Any, Any], Any] = torch._TorchCompileInductorWrapper(
+            wrapper: Any = torch._TorchCompileInductorWrapper(
                 kwargs.get("mode"), kwargs.get("options"), None
             )
         except RuntimeError as exc:  # "Unexpected optimization option ..."
             raise RefusedArguments(f"backend {owner!r}: {exc}") from exc
-        return wrapper
+        if bound is None:
+            return wrapper  # type: ignore[no-any-return]
+        # What torch.compile gave (its mode's and options' settings) over the manifest's.
+        patches = {**(bound.keywords.get("config_patches") or {}), **wrapper.config}
+        return functools.partial(bound, config_patches=patches)
     try:
         options = call_options(compiler, definition.name, kwargs)
     except TypeError as exc:
