@@ -62,6 +62,9 @@ def off_by_one(gm, example_inputs):
         return out + 1
     return run
 
+def forgets_to_return(gm, example_inputs):
+    gm.recompile()  # and no return: None for the function to run
+
 def inference_only(gm, example_inputs):
     def run(*args):
         with torch.no_grad():
@@ -273,6 +276,26 @@ def test_without_verify_a_member_that_fails_later_is_not_caught(
     torch._dynamo.reset()
     out = torch.compile(with_buffers(), backend=f"wrong_chain{uid}")(x)
     assert not close(out, with_buffers()(x))
+
+
+def test_a_member_that_gives_nothing_to_run_is_skipped_by_name(
+    write: WriteFn, failing: str, logged: list[str]
+) -> None:
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.chain_UID]
+        chain = ["forgets_UID", "aot_eager"]
+        [backends.forgets_UID]
+        target = "{failing}:forgets_to_return"
+        """,
+    )
+    model, x = with_buffers(), torch.randn(6, 4)
+    assert close(torch.compile(model, backend=f"chain{uid}")(x), with_buffers()(x))
+    assert used(registry, f"chain{uid}") == "aot_eager"
+    assert any(
+        f"skipping 'forgets{uid}': compiling gave NoneType, not a function" in r for r in logged
+    ), logged
 
 
 # ------------------------------------------------------------------ what torch.compile passes

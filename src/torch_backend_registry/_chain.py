@@ -114,6 +114,11 @@ class ChainBackend(_Composite):
                 skip(member, f"compiling raised {type(exc).__name__}: {exc}", "warning")
                 inputs.put_back(name, member, failures)
                 continue
+            if not callable(compiled):  # dynamo could not run it: "did not return callable"
+                kind = type(compiled).__name__
+                skip(member, f"compiling gave {kind}, not a function to run the graph", "warning")
+                inputs.put_back(name, member, failures)
+                continue
             why = None if reference is None else reference.check(compiled)
             if why is not None:
                 skip(member, f"verifying it failed: {why}", "warning")
