@@ -879,3 +879,34 @@ def test_a_member_that_ran_the_graph_and_failed_leaves_the_inputs_as_they_came(
     weight = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(Exception, match="a parameter, which cannot be put back"):
         torch.compile(step, backend=f"plain{uid}")(weight, torch.ones(3))
+
+
+def test_compiled_autograds_graph_is_verified_on_copies_of_what_its_list_holds(
+    write: WriteFn, logged: list[str]
+) -> None:
+    # Compiled autograd hands its backward graph one list of tensors, which the compiled
+    # code empties as it runs (a boxed call): verifying on that list itself emptied the
+    # frame's, and dynamo failed with an IndexError building its guards.
+    registry, uid = installed(
+        write,
+        '[backends.fwd_UID]\nchain = ["inductor", "eager"]\nverify = "forward"\n'
+        '[backends.bwd_UID]\nchain = ["aot_eager", "eager"]\nverify = "backward"\n',
+    )
+    for backend, member in ((f"fwd{uid}", "inductor"), (f"bwd{uid}", "aot_eager")):
+        torch._dynamo.reset()
+        logged.clear()
+        model, twin, x = with_buffers(), with_buffers(), torch.randn(6, 4)
+
+        def step(x: Any, model: Any = model) -> Any:
+            loss = model(x).sum()
+            loss.backward()
+            return loss
+
+        with torch._dynamo.config.patch(compiled_autograd=True):  # read by torch.compile
+            torch.compile(step, backend=backend)(x)
+        assert sum("compiled with" in r for r in logged) == 2, logged  # forward, backward
+        twin(x).sum().backward()
+        for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+            assert close(mine.grad, theirs.grad)  # accumulated once, as eager's
+        assert used(registry, backend) == member
+        assert not any("compiled with 'eager'" in r for r in logged), logged

@@ -69,10 +69,11 @@ class Reference:
         #: it is ``None``.
         self.unverified: str | None = None
         try:
-            if any(type(x).__name__ == "FakeTensor" for x in example_inputs):
+            flat, spec = _flatten(list(example_inputs))
+            if any(type(x).__name__ == "FakeTensor" for x in flat):
                 raise ValueError("fake inputs have no values to run on")
             # Under dynamic=True, sizes come as symbols: each is run at the value it stands for.
-            self.inputs: list[Any] = [_concrete(x) for x in example_inputs]
+            self.inputs: list[Any] = _unflatten([_concrete(x) for x in flat], spec)
         except ValueError as exc:
             self.unverified = str(exc)
             return
@@ -159,6 +160,9 @@ class Reference:
 
         passed, grads = _copies(self.inputs, self.training)
         grads = grads if grad else []
+        # Taken before the run: a graph given its inputs in a list (compiled autograd's) may
+        # empty it, as a boxed call does.
+        tensors = [x for x in _flatten(passed)[0] if _tensor(x)]
         state = {name: t.detach().clone() for name, t in self.gm.state_dict(keep_vars=True).items()}
         try:
             out = fn(*passed)
@@ -167,7 +171,7 @@ class Reference:
                 for name, t in self.gm.state_dict(keep_vars=True).items():
                     if name in state:
                         t.copy_(state[name])
-        return out, [x for x in passed if _tensor(x)], grads
+        return out, tensors, grads
 
     def _same_gradients(self, out: Any, grads: list[Any]) -> str | None:
         import torch
@@ -204,20 +208,37 @@ def _tensor(x: object) -> bool:
     return isinstance(x, torch.Tensor)
 
 
-def _copies(inputs: Sequence[Any], grad: bool) -> tuple[list[Any], list[Any]]:
+def _flatten(inputs: list[Any]) -> tuple[list[Any], Any]:
+    """The values inside ``inputs``, lists, tuples and dicts opened (compiled autograd
+    hands its graph one list of tensors), and how to put them back together."""
+    from torch.utils import _pytree
+
+    flat, spec = _pytree.tree_flatten(inputs)
+    return flat, spec
+
+
+def _unflatten(values: list[Any], spec: Any) -> list[Any]:
+    from torch.utils import _pytree
+
+    return _pytree.tree_unflatten(values, spec)  # type: ignore[no-any-return]
+
+
+def _copies(inputs: list[Any], grad: bool) -> tuple[list[Any], list[Any]]:
     """Copies of the tensor inputs, parameters included, in one ``deepcopy`` so that inputs
     sharing memory still do, each with its own strides and offset (compiled code holds the
-    strides it was compiled for). With ``grad``, each storage of inputs that require grad
-    gets one leaf, returned to differentiate by; each such input is a view of one clone of
-    it (a graph may write its inputs in place, which a leaf may not be)."""
+    strides it was compiled for); those inside a list or tuple too, in new ones. With
+    ``grad``, each storage of inputs that require grad gets one leaf, returned to
+    differentiate by; each such input is a view of one clone of it (a graph may write its
+    inputs in place, which a leaf may not be)."""
     import torch
 
-    tensors = {i: x.detach() for i, x in enumerate(inputs) if _tensor(x)}
+    flat, spec = _flatten(inputs)
+    tensors = {i: x.detach() for i, x in enumerate(flat) if _tensor(x)}
     copied = copy.deepcopy(tensors)
-    passed, leaves_ = list(inputs), []
+    passed, leaves_ = list(flat), []
     roots: dict[tuple[int, Any], Any] = {}
     for i, y in copied.items():
-        if grad and inputs[i].requires_grad and (y.is_floating_point() or y.is_complex()):
+        if grad and flat[i].requires_grad and (y.is_floating_point() or y.is_complex()):
             storage = y.untyped_storage()
             key = (storage.data_ptr(), y.dtype)
             through = roots.get(key)
@@ -229,7 +250,7 @@ def _copies(inputs: Sequence[Any], grad: bool) -> tuple[list[Any], list[Any]]:
                 through = roots[key] = leaf.clone()
             y = torch.as_strided(through, y.size(), y.stride(), y.storage_offset())
         passed[i] = y
-    return passed, leaves_
+    return _unflatten(passed, spec), leaves_
 
 
 def _loss(out: Any) -> Any:
@@ -287,6 +308,10 @@ def differ(
     if len(eager) != len(mine):
         return f"{len(mine)} {what}s where eager gives {len(eager)}"
     for number, (expected, got) in enumerate(zip(eager, mine, strict=True)):
+        if expected is None:
+            # No value to hold it to: compiled autograd's graph gives None for each gradient
+            # it accumulates, where AOTAutograd's compile of it gives the tensor.
+            continue
         if _tensor(expected) != _tensor(got):
             return f"{what} {number} is {type(got).__name__}, eager gives {type(expected).__name__}"
         if not _tensor(expected):
