@@ -112,17 +112,17 @@ class ChainBackend(_Composite):
                 raise
             except Exception as exc:
                 skip(member, f"compiling raised {type(exc).__name__}: {exc}", "warning")
-                inputs.put_back(name, member, failures)
+                inputs.unchanged(name, member, failures)
                 continue
             if not callable(compiled):  # dynamo could not run it: "did not return callable"
                 kind = type(compiled).__name__
                 skip(member, f"compiling gave {kind}, not a function to run the graph", "warning")
-                inputs.put_back(name, member, failures)
+                inputs.unchanged(name, member, failures)
                 continue
             why = None if reference is None else reference.check(compiled)
             if why is not None:
                 skip(member, f"verifying it failed: {why}", "warning")
-                inputs.put_back(name, member, failures)
+                inputs.unchanged(name, member, failures)
                 continue
             said = "" if reference is None else f", {reference.said}"
             if reference is None or reference.complete:
@@ -135,55 +135,36 @@ class ChainBackend(_Composite):
 
 
 class Inputs:
-    """The values of a graph's tensor inputs as they came to a chain, to put back what a
-    member wrote into them before it failed: one that runs the graph on them while it
-    compiles (``torch.jit.trace``, as tracing compilers do) applies the graph's own writes
-    (BatchNorm's running statistics, an optimizer's step), which the next member, its
-    verification and dynamo would otherwise run on top of.
-
-    The copies are kept in host memory, never on an accelerator, whose memory the model
-    needs. Parameters are not copied (the bulk of a model's memory): their version counters
-    tell whether one was written (only in-place operations autograd sees can), and one that
-    was cannot be put back, which stops the chain rather than run on. Fake and inference
-    tensors are left out (they cannot be written here), and so is a tensor that cannot be
-    copied."""
+    """The version counters of a graph's tensor inputs as they came to a chain. A member
+    that runs the graph on them while it compiles (``torch.jit.trace``, as tracing
+    compilers do) applies the graph's own writes (BatchNorm's running statistics, an
+    optimizer's step); if it then fails, the next member, its verification and dynamo would
+    run on top of them. Nothing is copied to put them back (an input may be a cache as large
+    as the model): the chain stops there, saying so. Fake and inference tensors are left out
+    (they cannot be written here)."""
 
     def __init__(self, example_inputs: Any) -> None:
         import torch
 
-        self.tensors = [
-            (number, x)
+        self.versions = [
+            (number, x, x._version)
             for number, x in enumerate(example_inputs)
             if isinstance(x, torch.Tensor)
             and type(x).__name__ != "FakeTensor"
             and not x.is_inference()  # no version counter; dynamo compiles outside that mode
         ]
-        self.versions = [x._version for _, x in self.tensors]
-        self.saved: dict[int, Any] = {}
-        for number, x in self.tensors:
-            if not isinstance(x, torch.nn.Parameter):
-                with contextlib.suppress(Exception):  # meta tensors have no values to keep
-                    self.saved[number] = x.detach().to("cpu", copy=True)
 
-    def put_back(self, chain: str, member: str, failures: list[tuple[str, str]]) -> None:
-        """After ``member`` failed: each tensor input as it came, through ``.data``, which
-        leaves its version counter (and so what autograd saved of it) as it is; a
-        :class:`BackendChainError` where a parameter was written, which nothing kept."""
-        import torch
-
-        for (number, x), version in zip(self.tensors, self.versions, strict=True):
-            saved = self.saved.get(number)
-            if saved is not None:
-                with contextlib.suppress(Exception), torch.no_grad():
-                    x.data.copy_(saved)
-            elif x._version != version and isinstance(x, torch.nn.Parameter):
-                said = failures[-1][1]
-                failures[-1] = (
-                    member,
-                    f"{said}; it had written into input {number}, a parameter, which cannot be"
-                    " put back: no later member is tried on the changed value",
-                )
-                raise BackendChainError(chain, failures)
+    def unchanged(self, chain: str, member: str, failures: list[tuple[str, str]]) -> None:
+        """After ``member`` failed: a :class:`BackendChainError` where it wrote into an input."""
+        written = [str(number) for number, x, version in self.versions if x._version != version]
+        if written:
+            member, said = failures[-1]
+            failures[-1] = (
+                member,
+                f"{said}; it had written into input {', '.join(written)} of the graph, so no"
+                " later member is tried on the changed values",
+            )
+            raise BackendChainError(chain, failures)
 
 
 def own_copy(gm: Any) -> Any:
