@@ -577,6 +577,33 @@ def test_an_edit_of_any_module_the_backend_imported_probes_again(
     assert (fixed.status, fixed.cached) == ("ok", False)
 
 
+@pytest.mark.parametrize(
+    ("broken", "status"),
+    [("import os\n    os.abort()", "crashed"), ("import time\n    time.sleep(60)", "timeout")],
+    ids=["crash", "hang"],
+)
+def test_a_fix_to_a_module_that_a_crash_or_a_hang_came_from_probes_again(
+    project: Registry, tmp_path: Path, write: WriteFn, broken: str, status: str
+) -> None:
+    # The probe dies without a verdict of its own: what it ran is still what it depends on.
+    helper = write("proj/fakes/tbr_doctor_dies.py", f"def make(gm):\n    {broken}\n")
+    write(
+        "proj/fakes/tbr_doctor_dying.py",
+        "from tbr_doctor_dies import make\ndef fn(gm, inputs):\n    return make(gm)\n",
+    )
+    (tmp_path / "proj" / "backends.toml").write_text(
+        MANIFEST + '[backends.dying]\ntarget = "tbr_doctor_dying:fn"\n'
+    )
+    project.refresh()
+    [first] = tbr.doctor(["dying"], registry=project, level="forward", timeout=3)
+    assert (first.status, first.cached) == (status, False)
+    [again] = tbr.doctor(["dying"], registry=project, level="forward", timeout=3)
+    assert (again.status, again.cached) == (status, True)  # nothing changed: remembered
+    helper.write_text("def make(gm):\n    return gm.forward  # fixed\n")
+    [fixed] = tbr.doctor(["dying"], registry=project, level="forward", timeout=3)
+    assert (fixed.status, fixed.cached) == ("ok", False)
+
+
 def test_a_backend_asked_for_by_two_names_is_probed_once(project: Registry) -> None:
     done: list[str] = []
 

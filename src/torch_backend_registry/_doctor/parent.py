@@ -157,7 +157,8 @@ def run(
             }
             for name, future in futures.items():
                 results[name], code, missing = future.result()
-                found.append((subjects[name], facts, results[name], code, missing))
+                if code is not None:  # what it depends on is known: it can be remembered
+                    found.append((subjects[name], facts, results[name], code, missing))
         except BaseException:  # a bad model, an interruption: nothing more is started or left
             pool.shutdown(wait=False, cancel_futures=True)
             server.kill(owner=pool)  # this run's probes; another run's go on

@@ -281,6 +281,15 @@ def imported_code() -> list[list[object]]:
     return sorted(f for f in found if len(f) == 3)[:10_000]
 
 
+def _code() -> list[list[object]] | None:
+    """:func:`imported_code`, or ``None`` where it cannot be told: a verdict found with
+    it unknown holds for this probe only, and is not remembered."""
+    try:
+        return imported_code()
+    except Exception:
+        return None
+
+
 def _timed(eager: Eager, fn: Any) -> list[float]:
     """Seconds a call of ``fn`` on the model's inputs, for each of :data:`ROUNDS`, after
     a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
@@ -305,7 +314,12 @@ def main(config: dict[str, Any]) -> None:
     """Probe, report the verdict and the code it ran on the channel, and end at once."""
     channel = config["channel"]
     os.set_inheritable(channel, False)  # a backend's own children must not hold it open
-    say = functools.partial(_tell, channel)
+
+    def say(**fields: Any) -> None:
+        if "level" in fields:  # the code run so far: what a crash or a hang depends on
+            fields["code"] = _code()
+        _tell(channel, **fields)
+
     started = time.perf_counter()
     try:
         os.chdir(config["workdir"])  # the folder and the environment doctor was run in
@@ -316,10 +330,7 @@ def main(config: dict[str, Any]) -> None:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
         result = {"verdict": _verdict(config["name"], started, "crashed", 0, one_line(exc))}
-    try:
-        result["code"] = imported_code()
-    except Exception:
-        result["code"] = None  # not known: the verdict holds for this probe only
+    result["code"] = _code()
     say(**result)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -156,7 +156,8 @@ class Server:
         if timed_out:
             reason = f"no verdict after {timeout:g} s at level {probe.level}"
             reason = f"{reason} ({level_name(probe.level)}); killed"
-            return Verdict(name, "timeout", probe.level, reason, seconds), None, []
+            # It depends on the code run until then: fixed, it is probed again.
+            return Verdict(name, "timeout", probe.level, reason, seconds), probe.ran, []
         if probe.report:
             data = {**probe.report["verdict"], "name": name}
             if data.get("status") == "crashed" and not data.get("level"):
@@ -165,7 +166,7 @@ class Server:
                 verdict = _diagnosed(Verdict.from_json(data), probe.errors)
                 return verdict, probe.report.get("code"), data.get("missing", [])
         reason = _crash_reason(probe.code, probe.tail)
-        return Verdict(name, "crashed", probe.level, reason, seconds), None, []
+        return Verdict(name, "crashed", probe.level, reason, seconds), probe.ran, []
 
     def kill(self, owner: object) -> None:
         """Kill every probe of the run ``owner`` still running, and its session."""
@@ -212,6 +213,9 @@ class _Probe:
         self.channel, _output, self.error_fd = fds
         self.open = list(fds)
         self.level = 0
+        #: The code the probe had run at the last level it reported (``None`` before the
+        #: first): what a verdict it gave no report of depends on.
+        self.ran: list[Any] | None = None
         #: The probe's last report: its verdict (or why the model cannot be built), the code
         #: it ran.
         self.report: dict[str, Any] = {}
@@ -275,6 +279,7 @@ class _Probe:
                 continue
             if isinstance(message.get("level"), int):
                 self.level = message["level"]
+                self.ran = message.get("code") if isinstance(message.get("code"), list) else None
             if isinstance(message.get("verdict"), dict) or "model_error" in message:
                 self.report = message
 
