@@ -355,6 +355,27 @@ def test_a_model_that_cannot_run_is_the_users_error_not_the_backends(
     assert (plain.status, plain.level_name) == ("ok", "forward")
 
 
+def test_a_model_that_hangs_or_kills_its_probe_is_the_users_error_not_the_backends(
+    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        "proj/fakes/tbr_doctor_dying_models.py",
+        "import os, time\ndef hangs():\n    time.sleep(600)\ndef exits():\n    os._exit(3)\n",
+    )
+    command = _command(tmp_path)
+    done = command("doctor", "fine", "--model", "tbr_doctor_dying_models:exits")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "torch-backends: error: --model 'tbr_doctor_dying_models:exits' ended its probe before"
+        " any backend ran: exited with status 3 without a verdict\n"
+    )
+    # A model gets the start-up minute (or the time limit, if longer) to build and run.
+    tbr.doctor(["fine"], registry=project, level="forward")  # PyTorch imported meanwhile
+    monkeypatch.setattr("torch_backend_registry._doctor.processes.STARTUP", 2.0)
+    with pytest.raises(ModelError, match="was not built and run within 2 s, before any backend"):
+        tbr.doctor(["fine"], registry=project, model="tbr_doctor_dying_models:hangs", timeout=1)
+
+
 def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
     verdict = Verdict("fast", "ok", 5, seconds=1.5, speedup=2.0)
     remembered = Verdict.from_json(verdict.as_json(), cached=True)

@@ -153,8 +153,19 @@ class Server:
         seconds = round(time.perf_counter() - started, 3)
         if "model_error" in probe.report:
             raise ModelError(probe.report["model_error"])
+        # Before its first report no code of the backend ran, only the model's.
+        waited = timeout if probe.level else max(STARTUP, timeout)
+        if not probe.level and not probe.report and config["model"] is not None:
+            model = f"--model {config['model']!r}"
+            if timed_out:
+                raise ModelError(
+                    f"{model} was not built and run within {waited:g} s, before any backend"
+                    " ran; a longer --timeout gives it longer"
+                )
+            said = _crash_reason(probe.code, probe.tail)
+            raise ModelError(f"{model} ended its probe before any backend ran: {said}")
         if timed_out:
-            reason = f"no verdict after {timeout:g} s at level {probe.level}"
+            reason = f"no verdict after {waited:g} s at level {probe.level}"
             reason = f"{reason} ({level_name(probe.level)}); killed"
             # It depends on the code run until then: fixed, it is probed again.
             return Verdict(name, "timeout", probe.level, reason, seconds), probe.ran, []
