@@ -74,6 +74,17 @@ def escape(gm, example_inputs):
     (pathlib.Path(__file__).parent / "helper.pid").write_text(str(helper.pid))
     time.sleep(3600)
 
+def daemon(gm, example_inputs):
+    # A helper that leaves its parent and its session (as a daemon does); then it works.
+    import pathlib, subprocess, sys
+    code = "import os, sys, time; os.fork() and os._exit(0); os.setsid(); "
+    code += "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(90)"
+    pid = pathlib.Path(__file__).parent / "daemon.pid"
+    subprocess.run([sys.executable, "-c", code, str(pid)], start_new_session=True)
+    while not pid.exists() or not pid.read_text():
+        time.sleep(0.01)
+    return gm.forward
+
 def chatty(gm, example_inputs):
     import sys
     chunk = "x" * 1_000_000
@@ -109,6 +120,8 @@ target = "tbr_doctor_fakes:fine"
 aliases = ["fine_alias"]
 [backends.escapes]
 target = "tbr_doctor_fakes:escape"
+[backends.daemon]
+target = "tbr_doctor_fakes:daemon"
 [backends.chatty]
 target = "tbr_doctor_fakes:chatty"
 [backends.noisy_import]
@@ -522,6 +535,18 @@ def test_whatever_a_backend_does_doctor_returns_at_the_time_limit(
                 os.kill(int(helper.read_text()), signal.SIGKILL)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["timeout", "3"]
+
+
+def test_no_process_a_backend_started_outlives_its_probe(project: Registry, tmp_path: Path) -> None:
+    pid = tmp_path / "proj" / "fakes" / "daemon.pid"
+    try:
+        [verdict] = tbr.doctor(["daemon"], registry=project, level="forward", timeout=20)
+        assert verdict.status == "ok", verdict.reason
+        with pytest.raises(ProcessLookupError):  # gone, not left to init
+            os.kill(int(pid.read_text()), 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.kill(int(pid.read_text()), signal.SIGKILL)
 
 
 def test_what_a_backend_prints_is_kept_to_its_tail(project: Registry, tmp_path: Path) -> None:

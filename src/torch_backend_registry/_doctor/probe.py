@@ -75,13 +75,18 @@ def serve(config: dict[str, Any]) -> None:
         os._exit(0)
 
     say(ready=True)
+    # What a probe leaves in a session of its own comes here once its parent is gone.
+    _adopt_orphans()
     probes: dict[int, int] = {}  # pid -> request number, until it is reaped
     while True:
         while probes:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
+            if pid not in probes:  # a process a probe left, ended
+                continue
             kill_session(pid)  # what the probe left behind
+            _kill_orphans(probes)  # and what it left elsewhere
             say(ended=probes.pop(pid), code=os.waitstatus_to_exitcode(status))
         if not select.select([server], [], [], 0.01)[0]:
             continue
@@ -99,6 +104,7 @@ def serve(config: dict[str, Any]) -> None:
         pid = os.fork()
         if pid == 0:
             os.setsid()  # its own session: a hang is killed with whatever it started
+            _adopt_orphans()  # and what leaves it, it keeps until it ends
             server.close()
             channel, output, errors, asked = fds
             with os.fdopen(asked, "rb") as stream:
@@ -114,12 +120,61 @@ def serve(config: dict[str, Any]) -> None:
         probes[pid] = request["id"]
     for pid in probes:
         kill_session(pid)
+    for pid in probes:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    _kill_orphans({})
     os._exit(0)
 
 
 def kill_session(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
+
+
+def _adopt_orphans() -> None:
+    """Become the parent of every process below this one whose own parent ends (Linux's
+    child subreaper), rather than leave it to init: a backend's helper that starts a
+    session of its own (a daemon, ``start_new_session=True``) is then still found."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _kill_orphans(probes: dict[int, int]) -> None:
+    """Kill every child of this server that is no probe (what an ended probe left,
+    adopted), and what each leaves in turn, until none is left."""
+    for _ in range(1000):
+        left = [pid for pid in _children() if pid not in probes]
+        if not left:
+            return
+        for pid in left:
+            kill_session(pid)  # the group it leads, if it leads one
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in left:  # once it is gone, its own children are this server's
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def _children() -> list[int]:
+    """The processes whose parent is this one, still running (Linux; none elsewhere)."""
+    me, found = os.getpid(), []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stream:
+                    fields = stream.read().rpartition(b")")[2].split()
+            except OSError:  # ended meanwhile
+                continue
+            if len(fields) > 1 and int(fields[1]) == me and fields[0] != b"Z":
+                found.append(int(entry.name))
+    return found
 
 
 def _tell(fd: int, **fields: Any) -> None:
