@@ -156,9 +156,9 @@ def run(
                 name: pool.submit(server.probe, name, config, on_progress, pool) for name in todo
             }
             for name, future in futures.items():
-                results[name], code, missing = future.result()
+                results[name], code, missing, read = future.result()
                 if code is not None:  # what it depends on is known: it can be remembered
-                    found.append((subjects[name], facts, results[name], code, missing))
+                    found.append((subjects[name], facts, results[name], code, missing, read))
         except BaseException:  # a bad model, an interruption: nothing more is started or left
             pool.shutdown(wait=False, cancel_futures=True)
             server.kill(owner=pool)  # this run's probes; another run's go on
