@@ -295,6 +295,9 @@ RANK = textwrap.dedent(
             while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
                 time.sleep(0.05)
             result = {"absent": True}
+        elif mode.startswith("late"):  # calls once the others' time has run out
+            time.sleep(float(mode[4:]) + 2)
+            result = {"fingerprint": t.verify_consistent(timeout=float(mode[4:]))}
         elif mode == "install":  # TORCH_BACKENDS_VERIFY: the check at install()
             t.install()
             result = {"installed": True}
@@ -416,6 +419,20 @@ def test_a_rank_that_never_calls_gives_a_time_limit_error_not_a_hang(tmp_path: P
     assert results[0]["ranks"] == [2]
     assert "timed out after 5 s" in results[1]["error"]
     assert results[2] == {"absent": True}
+
+
+def test_a_rank_that_calls_too_late_is_told_so_not_that_it_waited(tmp_path: Path) -> None:
+    folders = [tmp_path / f"rank{i}" for i in range(3)]
+    for folder in folders:
+        project(folder)
+    results = run_ranks(tmp_path, folders, modes=["3", "3", "late3"])
+    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 3 s"
+    assert "timed out after 3 s waiting" in results[1]["error"]  # it did wait
+    late = results[2]["error"]
+    assert late.startswith(
+        "rank 2: verify_consistent() found rank 0 no longer waiting: this rank called it after"
+        " the others' 3 s had run out, or rank 0 ended ("
+    ), late
 
 
 def test_the_check_can_run_itself_at_install(tmp_path: Path) -> None:

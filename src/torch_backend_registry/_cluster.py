@@ -121,9 +121,19 @@ def _missing(
             missing,
             (),
         )
+    if "successfully reached monitoredBarrier" in str(exc) or me == members[0]:
+        return InconsistentRegistryError(
+            f"rank {me}: verify_consistent() timed out after {timeout:g} s waiting for the"
+            f" other ranks of {members} (rank {members[0]} names the missing ones)",
+            (),
+            (),
+        )
+    # It never waited: the first rank had stopped waiting (this one came late) or ended.
+    cause = (str(exc).strip().splitlines() or [""])[0]
     return InconsistentRegistryError(
-        f"rank {me}: verify_consistent() timed out after {timeout:g} s waiting for the other"
-        f" ranks of {members} (rank {members[0]} names the missing ones)",
+        f"rank {me}: verify_consistent() found rank {members[0]} no longer waiting: this rank"
+        f" called it after the others' {timeout:g} s had run out, or rank {members[0]} ended"
+        f" ({cause})",
         (),
         (),
     )
