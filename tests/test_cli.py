@@ -690,6 +690,22 @@ def test_doctors_progress_fits_the_terminal_and_is_gone_before_the_table(
     assert row.startswith("a_backend_with_a_very_long_name_")
 
 
+def test_doctor_says_why_a_speed_is_unranked_only_where_it_shows_ranks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from torch_backend_registry._cli.doctor import _print_verdicts
+
+    # A remembered --bench verdict answers a run without --bench too.
+    busy = Verdict("inductor", "ok", 5, seconds=2.6, speedup=0.75, spread=0.94, cached=True)
+    _print_verdicts([busy], False, False)
+    assert capsys.readouterr().out.splitlines() == [
+        "NAME      STATUS       LEVEL  SECONDS  REASON",
+        "inductor  ok (cached)  bench  2.6",
+    ]
+    _print_verdicts([busy], True, False)
+    assert "spread too wide to rank" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "planted",
     [

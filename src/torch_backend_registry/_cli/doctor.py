@@ -146,7 +146,9 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
         row.append(v.reason)
         table.append(tuple(row))
     print_rows(table)
-    wide = [v.name for v in verdicts if v.spread is not None and v.spread > WIDE]
+    # Where no rank is shown (a run without --bench, which a bench verdict answered), none
+    # is missing.
+    wide = [v.name for v in verdicts if bench and v.spread is not None and v.spread > WIDE]
     if wide:
         print(
             f"(the timed rounds of {', '.join(wide)} spread too wide to rank: the machine"
