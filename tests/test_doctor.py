@@ -368,12 +368,13 @@ def test_a_model_that_cannot_run_is_the_users_error_not_the_backends(
     assert (plain.status, plain.level_name) == ("ok", "forward")
 
 
-def test_a_model_that_hangs_or_kills_its_probe_is_the_users_error_not_the_backends(
+def test_a_model_that_hangs_exits_or_kills_its_probe_is_the_users_error_not_the_backends(
     project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write(
         "proj/fakes/tbr_doctor_dying_models.py",
-        "import os, time\ndef hangs():\n    time.sleep(600)\ndef exits():\n    os._exit(3)\n",
+        "import os, sys, time\ndef hangs():\n    time.sleep(600)\ndef exits():\n    os._exit(3)\n"
+        "def gives_up():\n    sys.exit('no weights downloaded')\n",
     )
     command = _command(tmp_path)
     done = command("doctor", "fine", "--model", "tbr_doctor_dying_models:exits")
@@ -381,6 +382,12 @@ def test_a_model_that_hangs_or_kills_its_probe_is_the_users_error_not_the_backen
     assert done.stderr == (
         "torch-backends: error: --model 'tbr_doctor_dying_models:exits' ended its probe before"
         " any backend ran: exited with status 3 without a verdict\n"
+    )
+    done = command("doctor", "fine", "--model", "tbr_doctor_dying_models:gives_up")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "torch-backends: error: --model 'tbr_doctor_dying_models:gives_up' cannot be built:"
+        " SystemExit: no weights downloaded\n"
     )
     # A model gets the start-up minute (or the time limit, if longer) to build and run.
     tbr.doctor(["fine"], registry=project, level="forward")  # PyTorch imported meanwhile

@@ -62,7 +62,7 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
         for part in attr.split("."):
             factory = getattr(factory, part)
         made = factory()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit("no weights") is the model's too
         raise ModelError(f"--model {spec!r} cannot be built: {one_line(exc)}") from exc
     if not isinstance(made, (tuple, list)) or len(made) not in (2, 3) or not callable(made[0]):
         got = type(made).__name__
@@ -106,7 +106,7 @@ class Eager:
             with torch.random.fork_rng(devices=[]):
                 self.expected = reference(*self.args, **self.kwargs)
                 again = copy.deepcopy(self.model)(*self.args, **self.kwargs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise ModelError(f"{what} cannot be run: {one_line(exc)}") from exc
         # A model that draws random numbers is compared in shapes and types only.
         random = differ(leaves(self.expected), leaves(again), "", 0, 0) is not None

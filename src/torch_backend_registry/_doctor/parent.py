@@ -157,7 +157,9 @@ def run(
             }
             for name, future in futures.items():
                 results[name], code, missing, read = future.result()
-                if code is not None:  # what it depends on is known: it can be remembered
+                # Remembered where what it depends on is known, and where it is about the
+                # backend: before the first level, none of its code had run.
+                if code is not None and results[name].level > 0:
                     found.append((subjects[name], facts, results[name], code, missing, read))
         except BaseException:  # a bad model, an interruption: nothing more is started or left
             pool.shutdown(wait=False, cancel_futures=True)
