@@ -740,6 +740,19 @@ def test_unknown_names_and_bad_arguments_fail_before_any_probe(project: Registry
     assert not (cache / "verdicts").exists()  # nothing was probed
 
 
+def test_one_name_and_a_timedelta_are_taken_as_verify_consistent_takes_them(
+    project: Registry,
+) -> None:
+    from datetime import timedelta
+
+    [one] = tbr.doctor("fine", registry=project, level="forward", timeout=timedelta(minutes=1))
+    assert (one.name, one.status, one.cached) == ("fine", "ok", False)
+    [same] = tbr.doctor(["fine"], registry=project, level="forward", timeout=60)
+    assert (same.status, same.cached) == ("ok", True)  # the same time limit
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        tbr.doctor(["fine"], registry=project, timeout="soon")  # type: ignore[arg-type]
+
+
 def test_an_inference_backend_is_ok_at_the_forward_level(project: Registry) -> None:
     [backward] = tbr.doctor(["forward_only"], registry=project)
     [forward] = tbr.doctor(["forward_only"], registry=project, level="forward")

@@ -132,7 +132,7 @@ def doctor(
     *,
     registry: Registry | None = None,
     bench: bool = False,
-    timeout: float = DEFAULT_TIMEOUT,
+    timeout: float | timedelta = DEFAULT_TIMEOUT,
     model: str | None = None,
     device: str = "cpu",
     level: str = "backward",
@@ -148,12 +148,16 @@ def doctor(
     (``"forward"`` or ``"backward"``) is how far a backend must get to be ``ok``:
     ``"forward"`` judges inference backends. One :class:`Verdict` a backend, best
     first. Verdicts are remembered by what they depend on; ``fresh`` probes again
-    anyway. ``on_progress(name, level, seconds, done)`` hears of each step.
+    anyway. ``on_progress(name, level, seconds, done)`` hears of each step. ``timeout``:
+    seconds or a :class:`datetime.timedelta`, as :func:`verify_consistent` takes it.
     """
+    from datetime import timedelta
+
     from ._doctor.options import Options
     from ._doctor.parent import run
 
-    options = Options(timeout, bench, model, device, level, jobs, fresh)
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    options = Options(seconds, bench, model, device, level, jobs, fresh)
     return run(registry or default_registry, names, options, on_progress)
 
 

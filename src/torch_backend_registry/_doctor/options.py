@@ -38,7 +38,8 @@ class Options(NamedTuple):
 
     def checked(self) -> Options:
         """These options, or :class:`ValueError` naming the one that cannot be used."""
-        if not 0 < self.timeout < float("inf"):
+        number = isinstance(self.timeout, (int, float)) and not isinstance(self.timeout, bool)
+        if not (number and 0 < self.timeout < float("inf")):
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout!r}")
         if self.jobs is not None and self.jobs < 1:
             raise ValueError(f"jobs must be 1 or more, got {self.jobs!r}")

@@ -104,6 +104,8 @@ def run(
     :func:`start` gave for the same registry and options (this run ends the caller's use).
     """
     options = options.checked()
+    if isinstance(names, str):  # doctor("inductor"): one name, not eight of one letter
+        names = [names]
     on_progress = on_progress or (lambda *_: None)
     server = server or start(registry, options)
     try:
