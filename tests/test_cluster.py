@@ -298,6 +298,16 @@ RANK = textwrap.dedent(
         elif mode.startswith("late"):  # calls once the others' time has run out
             time.sleep(float(mode[4:]) + 2)
             result = {"fingerprint": t.verify_consistent(timeout=float(mode[4:]))}
+        elif mode == "outside":  # every rank but the first in a group of their own
+            group = dist.new_group(ranks=list(range(1, world)), backend="gloo")
+            try:
+                result = {"fingerprint": t.verify_consistent(group, timeout=20)}
+            except ValueError as exc:
+                result = {"refused": str(exc)}
+                others = [os.path.join(here, f"rank{r}.done") for r in range(1, world)]
+                deadline = time.monotonic() + 120  # it holds the store: it waits for them
+                while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
+                    time.sleep(0.05)
         elif mode == "install":  # TORCH_BACKENDS_VERIFY: the check at install()
             t.install()
             result = {"installed": True}
@@ -433,6 +443,19 @@ def test_a_rank_that_calls_too_late_is_told_so_not_that_it_waited(tmp_path: Path
         "rank 2: verify_consistent() found rank 0 no longer waiting: this rank called it after"
         " the others' 3 s had run out, or rank 0 ended ("
     ), late
+
+
+def test_a_rank_outside_the_group_it_names_is_refused_not_agreed_with(tmp_path: Path) -> None:
+    folders = [tmp_path / f"rank{i}" for i in range(3)]
+    project(folders[0], MANIFEST.replace("level = 2", "level = 9"))  # it would differ
+    for folder in folders[1:]:
+        project(folder)
+    results = run_ranks(tmp_path, folders, modes=["outside"] * 3)
+    assert results[0] == {
+        "refused": "rank 0 is not in the group of ranks [1, 2]: it has no rank to compare with"
+    }
+    assert results[1] == results[2]
+    assert "fingerprint" in results[1]
 
 
 def test_the_check_can_run_itself_at_install(tmp_path: Path) -> None:

@@ -50,6 +50,10 @@ def verify_consistent(
     ranks = None if group is None else dist.get_process_group_ranks(group)
     members = ranks if ranks is not None else list(range(dist.get_world_size()))
     me = dist.get_rank()
+    if me not in members:  # its collectives would do nothing: it would agree with no one
+        raise ValueError(
+            f"rank {me} is not in the group of ranks {members}: it has no rank to compare with"
+        )
     if group is None and dist.get_backend() == "gloo":
         gloo = None  # the default group is gloo already: no group to create
     else:
