@@ -298,6 +298,8 @@ RANK = textwrap.dedent(
         elif mode.startswith("late"):  # calls once the others' time has run out
             time.sleep(float(mode[4:]) + 2)
             result = {"fingerprint": t.verify_consistent(timeout=float(mode[4:]))}
+        elif mode.startswith("world"):  # a group given: the check makes a gloo group of it
+            result = {"fingerprint": t.verify_consistent(dist.group.WORLD, float(mode[5:]))}
         elif mode == "outside":  # every rank but the first in a group of their own
             group = dist.new_group(ranks=list(range(1, world)), backend="gloo")
             try:
@@ -428,6 +430,20 @@ def test_a_rank_that_never_calls_gives_a_time_limit_error_not_a_hang(tmp_path: P
     assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 5 s"
     assert results[0]["ranks"] == [2]
     assert "timed out after 5 s" in results[1]["error"]
+    assert results[2] == {"absent": True}
+
+
+def test_a_rank_that_never_calls_is_named_also_where_the_check_makes_a_group(
+    tmp_path: Path,
+) -> None:
+    # As beside an NCCL default group: the check's gloo group is made first, by every rank.
+    folders = [tmp_path / f"rank{i}" for i in range(3)]
+    for folder in folders:
+        project(folder)
+    results = run_ranks(tmp_path, folders, modes=["world4", "world4", "absent"])
+    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 4 s"
+    assert results[0]["ranks"] == [2]
+    assert "timed out after 4 s" in results[1]["error"]
     assert results[2] == {"absent": True}
 
 

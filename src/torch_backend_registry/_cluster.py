@@ -58,7 +58,10 @@ def verify_consistent(
         gloo = None  # the default group is gloo already: no group to create
     else:
         # A gloo group of its own: the default group may be NCCL, and a CPU-only rank
-        # must take part too. Creating it is itself collective over the ranks.
+        # must take part too. Creating it is itself collective over the ranks, and says
+        # only that it timed out: first every rank says it is here, so that the missing
+        # are named.
+        _arrive(members, me, limit)
         try:
             gloo = dist.new_group(ranks=ranks, backend="gloo", timeout=limit)
         except RuntimeError as exc:
@@ -85,6 +88,71 @@ def verify_consistent(
     everyone: list[Any] = [None] * len(members)
     dist.all_gather_object(everyone, (socket.gethostname(), facts), group=gloo)
     raise mismatch(members, hashes, everyone)
+
+
+#: How many checks of each group of ranks this process made: the same on every rank.
+_CALLS: dict[tuple[int, ...], int] = {}
+
+
+def _arrive(members: list[int], me: int, limit: timedelta) -> None:
+    """Say on the default group's store that this rank called, and wait within ``limit``
+    for every rank of ``members`` to say so; the first of them names the missing ones."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        store = _get_default_store()
+    except Exception:  # no store to ask (another PyTorch): the group's creation times out
+        return
+    count = _CALLS[tuple(members)] = _CALLS.get(tuple(members), 0) + 1
+    prefix = f"torch_backend_registry/verify/{','.join(map(str, members))}/{count}"
+    here = [f"{prefix}/{rank}" for rank in members]
+    seconds = limit.total_seconds()
+    try:
+        store.set(here[members.index(me)], "1")
+        try:
+            store.wait(here, limit)
+        except RuntimeError as exc:  # the limit ran out
+            missing = tuple(
+                rank for rank, key in zip(members, here, strict=True) if not store.check([key])
+            )
+            if missing:
+                store.set(f"{prefix}/given-up", "1")
+                raise _Missing(missing) from exc
+        given_up = store.check([f"{prefix}/given-up"])
+    except _Missing as gone:
+        if me == members[0]:
+            raise InconsistentRegistryError(
+                f"ranks {list(gone.ranks)} did not call verify_consistent() within {seconds:g} s",
+                gone.ranks,
+                (),
+            ) from gone.__cause__
+        raise InconsistentRegistryError(
+            f"rank {me}: verify_consistent() timed out after {seconds:g} s waiting for the"
+            f" other ranks of {members} (rank {members[0]} names the missing ones)",
+            (),
+            (),
+        ) from gone.__cause__
+    except RuntimeError as exc:  # the store's host (the default group's first rank) ended
+        raise InconsistentRegistryError(
+            f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
+            f" they may have stopped waiting after {seconds:g} s, and rank {members[0]} ended"
+            f" ({type(exc).__name__}: {exc})",
+            (),
+            (),
+        ) from exc
+    if given_up:  # the others had stopped waiting for this one
+        raise InconsistentRegistryError(
+            f"rank {me}: verify_consistent() found the other ranks of {members} no longer"
+            f" waiting: this rank called it after their {seconds:g} s had run out",
+            (),
+            (),
+        )
+
+
+class _Missing(Exception):
+    def __init__(self, ranks: tuple[int, ...]) -> None:
+        super().__init__(ranks)
+        self.ranks = ranks
 
 
 def mismatch(
