@@ -856,7 +856,10 @@ def _doubled(gm, example_inputs):
 doubles_gradients = aot_autograd(fw_compiler=_forward, bw_compiler=_doubled)
 
 def points_elsewhere(gm, example_inputs):
-    print("error: unhandled torch type: '!torch.none'", file=sys.stderr)
+    # As IREE prints it: the error, the (long) source line it is about, a caret under it.
+    print("source.mlir:2:3: error: unhandled torch type: '!torch.none'", file=sys.stderr)
+    print("  func.func @main(" + "%arg0: !torch.vtensor<[4,16],f32>, " * 12 + ")", file=sys.stderr)
+    print("  ^", file=sys.stderr)
     raise RuntimeError("JIT compilation failed. See diagnostics.")
 
 def stalls_once(gm, example_inputs):
@@ -967,8 +970,10 @@ def test_a_reason_that_points_elsewhere_carries_what_the_probe_printed(
 ) -> None:
     elsewhere = real_verdicts["points_elsewhere"]
     assert elsewhere.status == "compile-error"
-    assert "JIT compilation failed. See diagnostics.; it printed: error: unhandled torch type" in (
-        elsewhere.reason
+    assert elsewhere.reason == (
+        "BackendCompilerFailed: backend='points_elsewhere' raised: RuntimeError: JIT compilation"
+        " failed. See diagnostics.; it printed: source.mlir:2:3: error: unhandled torch type:"
+        " '!torch.none'"
     )
     printed = real_verdicts["prints_why"]
     assert printed.status == "import-error"

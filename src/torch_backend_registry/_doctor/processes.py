@@ -336,11 +336,18 @@ def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
             after_warning = False
             if line.strip() and line.strip() not in verdict.reason:
                 kept.append(line.strip())
-    said = " | ".join(kept[-3:])
+    # A compiler's diagnostic ("source.mlir:2:3: error: unhandled torch type") comes
+    # before the source line it is about and a caret under it: its own line says why.
+    kept = [line for line in kept if not set(line) <= set("^~ ")]
+    chosen = ([line for line in kept if _ERROR.search(line)] or kept)[-3:]
+    said = " | ".join(line if len(line) <= 98 else line[:97] + "…" for line in chosen)
     if not said:
         return verdict
-    said = said if len(said) <= 300 else "…" + said[-299:]
     return verdict._replace(reason=f"{verdict.reason}; it printed: {said}")
+
+
+#: A line that says it is an error (``error: ...``; ``RuntimeError`` is no such word).
+_ERROR = re.compile(r"\berror\b", re.IGNORECASE)
 
 
 def _crash_reason(code: int | None, tail: bytes | bytearray) -> str:
