@@ -287,16 +287,9 @@ REMEMBER = textwrap.dedent(
     from torch_backend_registry._doctor.verdicts import Verdicts, subject
     registry = tbr.Registry(sources=("env",), environ={"TORCH_BACKENDS_PATH": sys.argv[1]})
     probe = Options().facts(None, [])  # as doctor's defaults find them
-    # What a probe of a backend of its own notes it looked up (PyTorch's, mostly unset).
-    names = ["CI", "FX_GRAPH_SHOW_DEVICE", "FX_GRAPH_SHOW_META", "FX_GRAPH_SHOW_STRIDE"]
-    names += ["MAST_HPC_JOB_NAME", "TORCHDYNAMO_DEBUG_FUNCTION", "TORCHDYNAMO_DISABLE"]
-    names += ["TORCHINDUCTOR_CACHE_DIR", "TORCH_BISECT_BACKEND", "TORCH_BISECT_SUBSYSTEM"]
-    names += ["TORCH_COMPILE_DEBUG", "TBR_BENCH_OWN_VARIABLE"]
-    verdict = tbr.Verdict
-    found = [  # each its own names, as each probe's report gives them
-        (subject(registry, name), probe, verdict(name, "ok", 4, seconds=1.0), [], [], env)
+    found = [
+        (subject(registry, name), probe, tbr.Verdict(name, "ok", 4, seconds=1.0), None, [])
         for name in registry.list_backends(exclude_tags=())
-        if (env := {"".join(list(n)): None for n in names})
     ]
     Verdicts(registry.context.cache).remember(found)
     """

@@ -657,36 +657,6 @@ def test_a_fix_to_a_module_that_a_crash_or_a_hang_came_from_probes_again(
     assert (fixed.status, fixed.cached) == ("ok", False)
 
 
-def test_a_verdict_follows_the_environment_variables_the_backend_looked_up(
-    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    write(
-        "proj/fakes/tbr_doctor_envy.py",
-        "import os\n"
-        "def fn(gm, inputs):\n"
-        "    if os.environ.get('TBR_ENVY_OK') != '1':\n"
-        "        raise RuntimeError('set TBR_ENVY_OK=1')\n"
-        "    return gm.forward\n",
-    )
-    (tmp_path / "proj" / "backends.toml").write_text(
-        MANIFEST + '[backends.envy]\ntarget = "tbr_doctor_envy:fn"\n'
-    )
-    project.refresh()
-    monkeypatch.delenv("TBR_ENVY_OK", raising=False)
-    [broken] = tbr.doctor(["envy", "fine"], registry=project, level="forward")[1:]
-    assert (broken.status, broken.cached) == ("compile-error", False)
-    monkeypatch.setenv("TBR_ENVY_OK", "1")  # as its error says
-    monkeypatch.setenv("TBR_UNRELATED", "1")
-    verdicts = tbr.doctor(["envy", "fine"], registry=project, level="forward")
-    assert [(v.name, v.status, v.cached) for v in verdicts] == [
-        ("envy", "ok", False),
-        ("fine", "ok", True),  # a variable no backend looked up changes no verdict
-    ]
-    monkeypatch.setenv("TBR_UNRELATED", "2")
-    [again] = tbr.doctor(["envy"], registry=project, level="forward")
-    assert (again.status, again.cached) == ("ok", True)
-
-
 def test_a_backend_asked_for_by_two_names_is_probed_once(project: Registry) -> None:
     done: list[str] = []
 

@@ -158,11 +158,11 @@ def run(
                 name: pool.submit(server.probe, name, config, on_progress, pool) for name in todo
             }
             for name, future in futures.items():
-                results[name], code, missing, read = future.result()
+                results[name], code, missing = future.result()
                 # Remembered where what it depends on is known, and where it is about the
                 # backend: before the first level, none of its code had run.
                 if code is not None and results[name].level > 0:
-                    found.append((subjects[name], facts, results[name], code, missing, read))
+                    found.append((subjects[name], facts, results[name], code, missing))
         except BaseException:  # a bad model, an interruption: nothing more is started or left
             pool.shutdown(wait=False, cancel_futures=True)
             server.kill(owner=pool)  # this run's probes; another run's go on

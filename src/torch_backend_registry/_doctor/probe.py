@@ -10,7 +10,6 @@ kills it leaves the last level reported for the parent to tell.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import json
@@ -37,7 +36,7 @@ from .verdicts import known_failure
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any, ClassVar
+    from typing import Any
 
 #: What ``python -I -c`` runs: the import path the parent chose, then :func:`serve`.
 BOOT = (
@@ -64,7 +63,6 @@ def serve(config: dict[str, Any]) -> None:
     def say(**fields: Any) -> None:
         server.send(json.dumps(fields).encode())
 
-    _watch_environ()  # noting from the backend's first line on (see probe)
     try:
         # What every probe needs, and no backend's code: PyTorch, its registry with its
         # own backends and the names of the entry points (none loaded), the validator.
@@ -220,9 +218,6 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     # The first report: doctor counts the backend's time limit from here, past starting
     # Python, importing PyTorch and running the model eagerly.
     say(level=2)
-    # What the backend (and what of PyTorch it brings in) looks up in the environment from
-    # here is what its verdict depends on (PyTorch's own, read at its import, is not noted).
-    _Read.noting = True
     try:
         registry.lookup_backend(name)
     except Exception as exc:
@@ -341,51 +336,6 @@ def imported_code() -> list[list[object]]:
     return sorted(f for f in found if len(f) == 3)[:10_000]
 
 
-class _Read:
-    """Whether a variable looked up in ``os.environ`` is noted now, those noted, and the
-    names an iteration over it gave that are still to be read in turn."""
-
-    noting: ClassVar[bool] = False
-    names: ClassVar[set[str]] = set()
-    written: ClassVar[set[str]] = set()
-    scan: ClassVar[collections.deque[str]] = collections.deque()
-
-
-def _watch_environ() -> None:
-    """Note the name of each variable this process looks up in ``os.environ`` (``get``,
-    ``[]``, ``in``, ``os.getenv``) while :attr:`_Read.noting`: a verdict depends on their values. A
-    copy of the whole of it (``{**os.environ}``, ``.copy()``, ``.items()``: each name
-    read in the order iterating gave it), to start a process with, is no lookup; nor is a
-    variable the process sets itself."""
-    environ = os.environ
-
-    class Watched(type(environ)):  # type: ignore[misc]
-        def __iter__(self) -> Any:
-            names = list(super().__iter__())
-            _Read.scan = collections.deque(names)
-            return iter(names)
-
-        def __getitem__(self, key: Any) -> Any:
-            scan = _Read.scan
-            if scan and scan[0] == key:  # the next name of an iteration: a copy
-                scan.popleft()
-            elif _Read.noting and isinstance(key, str) and key not in _Read.written:
-                scan.clear()
-                _Read.names.add(key)
-            return super().__getitem__(key)
-
-        def __setitem__(self, key: Any, value: Any) -> None:
-            # Set by the process itself (PyTorch's default cache folder, say): its own, and
-            # set alike by any process that runs the same code, not the user's to change.
-            if _Read.noting and isinstance(key, str):
-                _Read.written.add(key)
-                _Read.names.discard(key)
-            super().__setitem__(key, value)
-
-    with contextlib.suppress(TypeError):  # another kind of mapping: nothing is noted
-        environ.__class__ = Watched
-
-
 def _code() -> list[list[object]] | None:
     """:func:`imported_code`, or ``None`` where it cannot be told: a verdict found with
     it unknown holds for this probe only, and is not remembered."""
@@ -421,11 +371,8 @@ def main(config: dict[str, Any]) -> None:
     os.set_inheritable(channel, False)  # a backend's own children must not hold it open
 
     def say(**fields: Any) -> None:
-        if "level" in fields or "verdict" in fields:
-            # The code run so far and the variables read: what a crash or a hang depends on.
-            fields.setdefault("code", _code())
-            environ = config["process_environ"]
-            fields["environ"] = {name: environ.get(name) for name in sorted(_Read.names)}
+        if "level" in fields:  # the code run so far: what a crash or a hang depends on
+            fields["code"] = _code()
         _tell(channel, **fields)
 
     started = time.perf_counter()

@@ -109,10 +109,9 @@ class Server:
 
     def probe(
         self, name: str, config: dict[str, Any], on_progress: Progress, owner: object
-    ) -> tuple[Verdict, Any, list[str], dict[str, Any]]:
+    ) -> tuple[Verdict, Any, list[str]]:
         """Probe ``name`` as ``config`` says, in a process of its own killed at the time limit
-        of the backend's own time: its verdict, the code it ran, the modules it found missing,
-        the variables of its environment it looked up (with their values).
+        of the backend's own time: its verdict, the code it ran, the modules it found missing.
         :class:`ModelError` where the model cannot be built."""
         started, timeout = time.perf_counter(), config["timeout"]
         ends = [os.pipe() for _ in range(3)]  # the report channel, stdout, stderr
@@ -169,22 +168,16 @@ class Server:
             reason = f"no verdict after {waited:g} s at level {probe.level}"
             reason = f"{reason} ({level_name(probe.level)}); killed"
             # It depends on the code run until then: fixed, it is probed again.
-            verdict = Verdict(name, "timeout", probe.level, reason, seconds)
-            return verdict, probe.ran, [], probe.looked_up
+            return Verdict(name, "timeout", probe.level, reason, seconds), probe.ran, []
         if probe.report:
             data = {**probe.report["verdict"], "name": name}
             if data.get("status") == "crashed" and not data.get("level"):
                 data["level"] = probe.level
             with contextlib.suppress(TypeError):  # not a verdict: the probe crashed
                 verdict = _diagnosed(Verdict.from_json(data), probe.errors)
-                return verdict, probe.report.get("code"), data.get("missing", []), probe.looked_up
+                return verdict, probe.report.get("code"), data.get("missing", [])
         reason = _crash_reason(probe.code, probe.tail)
-        return (
-            Verdict(name, "crashed", probe.level, reason, seconds),
-            probe.ran,
-            [],
-            probe.looked_up,
-        )
+        return Verdict(name, "crashed", probe.level, reason, seconds), probe.ran, []
 
     def kill(self, owner: object) -> None:
         """Kill every probe of the run ``owner`` still running, and its session."""
@@ -234,8 +227,6 @@ class _Probe:
         #: The code the probe had run at the last level it reported (``None`` before the
         #: first): what a verdict it gave no report of depends on.
         self.ran: list[Any] | None = None
-        #: The variables of its environment it had looked up by then, with their values.
-        self.looked_up: dict[str, Any] = {}
         #: The probe's last report: its verdict (or why the model cannot be built), the code
         #: it ran.
         self.report: dict[str, Any] = {}
@@ -297,8 +288,6 @@ class _Probe:
                 continue
             if not isinstance(message, dict):
                 continue
-            if isinstance(message.get("environ"), dict):
-                self.looked_up = message["environ"]
             if isinstance(message.get("level"), int):
                 self.level = message["level"]
                 self.ran = message.get("code") if isinstance(message.get("code"), list) else None

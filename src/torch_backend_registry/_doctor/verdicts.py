@@ -23,7 +23,7 @@ from .._sources.finding import code_stamp, find, installed_stamp, missing_requir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Iterable, Mapping
 
     from .._definition import BackendDefinition
     from .._merge import Index
@@ -215,9 +215,8 @@ class Verdicts:
 
     Each is kept under a digest of its subject, with its probe and, as the probe found
     them, the files of the code it ran (a project's own: an edit of any of them, the
-    target's imports included, makes it stale), the modules it found missing
-    (installing one does too) and the variables of its environment it looked up, with
-    their values (setting or changing one does too). An entry of another shape is no entry.
+    target's imports included, makes it stale) and the modules it found missing
+    (installing one does too). An entry of another shape is no entry.
     """
 
     KIND = "verdicts"
@@ -231,27 +230,6 @@ class Verdicts:
         table = self.cache.get(self.KIND, self.KEY)
         return table if isinstance(table, dict) else {}
 
-    @functools.cached_property
-    def _holding(self) -> dict[str, bool]:
-        """Whether each text of looked-up variables holds in this process's environment, as
-        it was at the first verdict read: most verdicts share one (PyTorch's own variables),
-        asked once a listing, not once a row."""
-        return {}
-
-    def _holds(self, looked_up: object) -> bool:
-        if not looked_up:
-            return True
-        if not isinstance(looked_up, str):
-            raise TypeError("not the variables a probe looked up")
-        holds = self._holding.get(looked_up)
-        if holds is None:
-            import json
-
-            variables = json.loads(looked_up)
-            holds = all(os.environ.get(k) == v for k, v in dict(variables).items())
-            self._holding[looked_up] = holds
-        return holds
-
     def __len__(self) -> int:
         return len(self._table)
 
@@ -261,7 +239,7 @@ class Verdicts:
 
     def get(self, subject: str, probe: Mapping[str, Any]) -> Verdict | None:
         """The verdict of ``subject`` found by exactly ``probe``, where still current."""
-        return _read(self._probes(subject).get(canonical(probe)), self._holds)
+        return _read(self._probes(subject).get(canonical(probe)))
 
     def latest(self, subject: str) -> Verdict | None:
         """The newest current verdict of ``subject`` on the built-in model and the CPU."""
@@ -271,22 +249,20 @@ class Verdicts:
             if isinstance(probe, dict) and all(probe.get(k) == v for k, v in BUILT_IN.items()):
                 found.append(entry)
         # Only the newest that reads back as a verdict is built.
-        found.sort(key=_when, reverse=True)
-        return next(filter(None, (_read(entry, self._holds) for entry in found)), None)
+        return next(filter(None, map(_read, sorted(found, key=_when, reverse=True))), None)
 
     def put(self, subject: str, probe: Mapping[str, Any], verdict: Verdict) -> None:
-        self.remember([(subject, probe, verdict, None, [], {})])
+        self.remember([(subject, probe, verdict, None, [])])
 
     def remember(
-        self,
-        found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str], dict[str, Any]]],
+        self, found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]]
     ) -> None:
         """Remember verdicts in one write, the table read again under the cache's lock: two
         runs ending together both keep what they found."""
         with self.cache.locked(self.KIND):
             vars(self).pop("_table", None)  # read again, under the lock
             table = self._table
-            for subject, probe, verdict, code, missing, environ in found:
+            for subject, probe, verdict, code, missing in found:
                 probes = self._probes(subject)
                 table[_digest(subject)] = probes
                 # What is None takes its default when read back: a listing reads every entry.
@@ -299,8 +275,6 @@ class Verdicts:
                     "probe": dict(probe),
                     "code": code,
                     "missing": missing,
-                    # One text: most verdicts share it, and a listing reads each once.
-                    "environ": _looked_up_text(environ),
                 }
             if len(table) > LIMIT:
                 for old in sorted(table, key=lambda s: _newest(table[s]))[: len(table) - LIMIT]:
@@ -323,23 +297,13 @@ def _newest(probes: Any) -> float:
     return max(map(_when, probes.values()), default=0.0) if isinstance(probes, dict) else 0.0
 
 
-def _looked_up_text(environ: Mapping[str, Any]) -> str:
-    import json
-
-    return json.dumps(dict(environ), sort_keys=True, separators=(",", ":")) if environ else ""
-
-
-def _read(entry: Any, holds: Callable[[object], bool]) -> Verdict | None:
-    """The verdict ``entry`` holds, where still current (``holds``: whether the variables
-    its probe looked up still have their values); ``None`` for one of another shape."""
+def _read(entry: Any) -> Verdict | None:
+    """The verdict ``entry`` holds, where still current; ``None`` for one of another shape."""
     try:
         if any(stamp(str(stamped[0])) != stamped for stamped in entry.get("code") or ()):
             return None
         if any(find(module) is not None for module in entry.get("missing") or ()):
             return None
-        # The variables the probe looked up: one set, unset or changed since probes again.
-        if not holds(entry.get("environ")):
-            return None
         return Verdict.from_json(entry["verdict"], cached=True)
-    except (TypeError, KeyError, IndexError, AttributeError, ValueError):
+    except (TypeError, KeyError, IndexError, AttributeError):
         return None
