@@ -392,14 +392,14 @@ def test_a_chain_skips_a_member_missing_here_whether_or_not_it_skips_known_failu
     write: WriteFn, make_module: MakeModule, module_name: str, skip: str
 ) -> None:
     pytest.importorskip("torch")  # a chain runs where torch.compile calls it
-    make_module(module_name, "def f(gm, inputs):\n    return 'compiled by f'\n")
+    make_module(module_name, "def f(gm, inputs):\n    return lambda: 'compiled by f'\n")
     registry = manifest(
         write,
         f'[backends.fast]\ntarget = "{module_name}:f"\n'
         '[backends.portable]\nchain = ["only_on_a_gpu_box", "fast"]\n'
         f"skip-known-failures = {skip}\n",
     )
-    assert registry.lookup_backend("portable")(None, []) == "compiled by f"
+    assert registry.lookup_backend("portable")(None, [])() == "compiled by f"
 
 
 def test_a_registration_of_another_name_keeps_what_was_loaded(
