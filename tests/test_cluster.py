@@ -422,17 +422,6 @@ def test_a_different_rank_makes_every_rank_raise_the_same_error(tmp_path: Path) 
     assert f"rank 3 on {socket.gethostname()}: " in error
 
 
-def test_a_rank_that_never_calls_gives_a_time_limit_error_not_a_hang(tmp_path: Path) -> None:
-    folders = [tmp_path / f"rank{i}" for i in range(3)]
-    for folder in folders:
-        project(folder)
-    results = run_ranks(tmp_path, folders, modes=["5", "5", "absent"])
-    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 5 s"
-    assert results[0]["ranks"] == [2]
-    assert "timed out after 5 s" in results[1]["error"]
-    assert results[2] == {"absent": True}
-
-
 def test_a_rank_that_never_calls_is_named_also_where_the_check_makes_a_group(
     tmp_path: Path,
 ) -> None:
@@ -447,7 +436,10 @@ def test_a_rank_that_never_calls_is_named_also_where_the_check_makes_a_group(
     assert results[2] == {"absent": True}
 
 
-def test_a_rank_that_calls_too_late_is_told_so_not_that_it_waited(tmp_path: Path) -> None:
+def test_a_rank_that_calls_too_late_is_named_and_told_so_and_no_rank_hangs(
+    tmp_path: Path,
+) -> None:
+    # The others' time runs out while rank 2 has not called (as if it never would).
     folders = [tmp_path / f"rank{i}" for i in range(3)]
     for folder in folders:
         project(folder)
