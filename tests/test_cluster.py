@@ -200,6 +200,28 @@ def test_the_command_line_locks_and_finds_drift(tmp_path: Path) -> None:
     assert "matched" not in drifted.stderr
 
 
+def test_check_locked_compares_with_the_lock_install_holds_to(tmp_path: Path) -> None:
+    # A lock written elsewhere (an image's), named by TORCH_BACKENDS_LOCKED for install():
+    # check --locked compares with that one too.
+    project(tmp_path / "p")
+    elsewhere = tmp_path / "image" / "app.lock"
+    elsewhere.parent.mkdir()
+
+    def cli(*args: str, **env: str) -> Done:
+        return torch_backends(*args, "--no-torch", cwd=tmp_path / "p", env=env, check=None)
+
+    assert torch_backends("lock", "--output", str(elsewhere), cwd=tmp_path / "p").returncode == 0
+    named = {"TORCH_BACKENDS_LOCKED": str(elsewhere)}
+    matched = cli("check", "--locked", **named)
+    assert matched.returncode == 0, matched.stdout
+    assert "app.lock matched (fingerprint " in matched.stderr
+    assert cli("check", "--locked").returncode == 1  # no backends.lock beside the manifest
+    (tmp_path / "p" / "backends.toml").write_text(MANIFEST.replace("level = 2", "level = 5"))
+    drifted = cli("check", "--locked", **named)
+    assert drifted.returncode == 1
+    assert "app.lock: error: changed backend 'fast': options: " in drifted.stdout
+
+
 def test_the_lock_commands_refuse_what_they_cannot_mean(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()

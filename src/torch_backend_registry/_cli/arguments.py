@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     switch(
         checker,
         "--locked",
-        "also compare what every name resolves to with backends.lock; print each drift",
+        "also compare what every name resolves to with backends.lock (or the lock"
+        " TORCH_BACKENDS_LOCKED names, as install() does); print each drift",
     )
     switch(
         checker,

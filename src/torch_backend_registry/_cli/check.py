@@ -67,12 +67,13 @@ def run_check(args: Arguments) -> int:
 
 
 def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
-    """Add each difference from backends.lock to ``problems``, as a problem of the lock
-    file; where there is none, say which lock matched."""
+    """Add each difference from the lock (backends.lock, or the one TORCH_BACKENDS_LOCKED
+    names, which install() holds to) to ``problems``, as a problem of the lock file;
+    where there is none, say which lock matched."""
     from .._errors import LockFileError
-    from .._lock import changes, digest, lock_path, read_lock
+    from .._lock import changes, digest, lock_from_environment, lock_path, read_lock
 
-    path = lock_path(registry)
+    path = lock_from_environment(registry) or lock_path(registry)
     try:
         locked = read_lock(path)
     except LockFileError as exc:
