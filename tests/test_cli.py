@@ -667,6 +667,7 @@ def test_doctor_without_torch_says_so_once(tmp_path: Path, write: WriteFn) -> No
 def test_doctors_progress_fits_the_terminal_and_is_gone_before_the_table(
     tmp_path: Path, write: WriteFn
 ) -> None:
+    pytest.importorskip("torch")  # doctor compiles
     long_name = "a_backend_with_a_very_long_name_" * 3
     write("tbr_progress_fakes.py", "def fine(gm, example_inputs):\n    return gm.forward\n")
     write(
