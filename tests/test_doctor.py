@@ -396,6 +396,27 @@ def test_a_model_that_hangs_exits_or_kills_its_probe_is_the_users_error_not_the_
         tbr.doctor(["fine"], registry=project, model="tbr_doctor_dying_models:hangs", timeout=1)
 
 
+def test_a_model_of_a_project_of_thousands_of_modules_is_probed(
+    project: Registry, write: WriteFn
+) -> None:
+    # Each report carries the code imported so far (a stamp of each project module): with
+    # thousands of them (PyTorch built from source, a large checkout) it is larger than a
+    # pipe's read, and must still arrive whole.
+    names = [f"module_{i:04d}_of_a_large_checkout" for i in range(3000)]
+    for name in names:
+        write(f"proj/fakes/tbr_doctor_large/{name}.py", "X = 1\n")
+    write("proj/fakes/tbr_doctor_large/__init__.py", "".join(f"from . import {n}\n" for n in names))
+    write(
+        "proj/fakes/tbr_doctor_large_model.py",
+        "import torch, tbr_doctor_large\n"
+        "def make():\n"
+        "    torch.manual_seed(1)\n"
+        "    return torch.nn.Linear(4, 3), (torch.randn(2, 4),)\n",
+    )
+    [verdict] = tbr.doctor(["fine"], registry=project, model="tbr_doctor_large_model:make")
+    assert (verdict.status, verdict.level) == ("ok", 4), verdict
+
+
 def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
     verdict = Verdict("fast", "ok", 5, seconds=1.5, speedup=2.0)
     remembered = Verdict.from_json(verdict.as_json(), cached=True)

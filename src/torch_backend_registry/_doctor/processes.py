@@ -280,7 +280,7 @@ class _Probe:
     def _report(self, data: bytes) -> None:
         self._pending += data
         *lines, rest = bytes(self._pending).split(b"\n")
-        self._pending = bytearray(rest[-TAIL:])
+        self._pending = bytearray(rest)  # a report runs as long as the code it lists
         for line in lines:
             try:
                 message = json.loads(line)
