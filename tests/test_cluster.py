@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -220,6 +222,11 @@ def test_check_locked_compares_with_the_lock_install_holds_to(tmp_path: Path) ->
     drifted = cli("check", "--locked", **named)
     assert drifted.returncode == 1
     assert "app.lock: error: changed backend 'fast': options: " in drifted.stdout
+    # Its advice, followed as written, accepts the change in that lock.
+    [advice] = re.findall(r"run '(torch-backends [^']*)' to accept it", drifted.stdout)
+    accepted = torch_backends(*shlex.split(advice)[1:], cwd=tmp_path / "p", check=None)
+    assert accepted.returncode == 0, accepted.stderr
+    assert cli("check", "--locked", **named).returncode == 0
 
 
 def test_the_lock_commands_refuse_what_they_cannot_mean(tmp_path: Path) -> None:

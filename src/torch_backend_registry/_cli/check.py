@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 
 from .._api import Registry
@@ -79,8 +80,12 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
     except LockFileError as exc:
         problems.append(Problem(exc.message, path=exc.path, line=exc.line))
         return None
+    # The command that writes this lock: backends.lock, or the one named.
+    accept = "torch-backends lock"
+    if path != lock_path(registry):
+        accept += f" --output {shlex.quote(relative(path))}"
     drift = [
-        Problem(f"{change}; run 'torch-backends lock' to accept it", path=path)
+        Problem(f"{change}; run '{accept}' to accept it", path=path)
         for _key, change in changes(locked, registry.facts(), with_torch=with_torch)
     ]
     problems.extend(drift)
