@@ -309,6 +309,7 @@ RANK = textwrap.dedent(
     """
     import json, os, sys, time
     from datetime import timedelta
+    import torch
     import torch.distributed as dist
     rank, world, port, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     here = os.path.dirname(os.path.abspath(__file__))
@@ -339,6 +340,15 @@ RANK = textwrap.dedent(
                 deadline = time.monotonic() + 120  # it holds the store: it waits for them
                 while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
                     time.sleep(0.05)
+        elif mode == "stages":  # a check of each rank's stage (0 | 1, 2), then of all
+            stage = dist.new_group(ranks=list(range(1, world)), backend="gloo")
+            if rank:
+                t.verify_consistent(stage, timeout=10)
+            result = {"fingerprint": t.verify_consistent(dist.group.WORLD, timeout=10)}
+            mine = torch.ones(1)  # and the job's own groups are still made alike
+            everyone = dist.new_group(backend="gloo", timeout=timedelta(seconds=10))
+            dist.all_reduce(mine, group=everyone)
+            result["sum"] = mine.item()
         elif mode == "install":  # TORCH_BACKENDS_VERIFY: the check at install()
             t.install()
             result = {"installed": True}
@@ -493,6 +503,17 @@ def test_a_rank_outside_the_group_it_names_is_refused_not_agreed_with(tmp_path: 
     }
     assert results[1] == results[2]
     assert "fingerprint" in results[1]
+
+
+def test_a_check_of_some_ranks_leaves_a_later_check_of_all_working(tmp_path: Path) -> None:
+    # Rank 0 is no member of the others' stage group, so it does not check it.
+    folders = [tmp_path / f"rank{i}" for i in range(3)]
+    for folder in folders:
+        project(folder)
+    results = run_ranks(tmp_path, folders, modes=["stages"] * 3)
+    assert all("error" not in r for r in results), results
+    assert len({r["fingerprint"] for r in results}) == 1
+    assert [r["sum"] for r in results] == [3.0, 3.0, 3.0]
 
 
 def test_the_check_can_run_itself_at_install(tmp_path: Path) -> None:

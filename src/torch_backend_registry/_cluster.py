@@ -50,12 +50,18 @@ def verify_consistent(
     ranks = None if group is None else dist.get_process_group_ranks(group)
     members = ranks if ranks is not None else list(range(dist.get_world_size()))
     me = dist.get_rank()
+    default_gloo = dist.get_backend() == "gloo"
     if me not in members:  # its collectives would do nothing: it would agree with no one
+        if not default_gloo:  # the members make a gloo group, which every rank enters
+            dist.new_group(ranks=members, backend="gloo", timeout=limit)
         raise ValueError(
             f"rank {me} is not in the group of ranks {members}: it has no rank to compare with"
         )
-    if group is None and dist.get_backend() == "gloo":
-        gloo = None  # the default group is gloo already: no group to create
+    if default_gloo and (group is None or dist.get_backend(group) == "gloo"):
+        # Gloo already: no group to make. A group made here would have to be made by every
+        # rank of the job (PyTorch names groups by a count each process keeps), where only
+        # the ranks of ``group`` call.
+        gloo = group
     else:
         # A gloo group of its own: the default group may be NCCL, and a CPU-only rank
         # must take part too. Creating it is itself collective over the ranks, and says
