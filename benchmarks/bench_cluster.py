@@ -30,17 +30,17 @@ RANK = textwrap.dedent(
     )
     import torch_backend_registry as t
     registry = t.Registry(sources=("env", "project", "entry-point", "torch"))
-    start = time.perf_counter(); registry.fingerprint(); first = time.perf_counter() - start
-    start = time.perf_counter(); registry.fingerprint(); again = time.perf_counter() - start
+    start = time.perf_counter(); t.fingerprint(registry); first = time.perf_counter() - start
+    start = time.perf_counter(); t.fingerprint(registry); again = time.perf_counter() - start
     times = []
     for _ in range(calls):
         dist.barrier()
         start = time.perf_counter()
-        registry.verify_consistent(timeout=60)
+        t.verify_consistent(timeout=60, registry=registry)
         times.append(time.perf_counter() - start)
     if rank == 0:
         print(json.dumps({"check": statistics.median(times), "fingerprint": again,
-                          "discovery": first, "names": len(registry.resolved())}))
+                          "discovery": first, "names": len(registry.list_backends())}))
     dist.destroy_process_group()
     """
 )
