@@ -461,10 +461,10 @@ def test_a_different_rank_makes_every_rank_raise_the_same_error(tmp_path: Path) 
     assert f"rank 3 on {socket.gethostname()}: " in error
 
 
-def test_a_rank_that_never_calls_is_named_also_where_the_check_makes_a_group(
+def test_a_rank_that_never_calls_is_named_also_when_the_group_is_given(
     tmp_path: Path,
 ) -> None:
-    # As beside an NCCL default group: the check's gloo group is made first, by every rank.
+    # The world group given by name: compared on as it is, as with no group given.
     folders = [tmp_path / f"rank{i}" for i in range(3)]
     for folder in folders:
         project(folder)
