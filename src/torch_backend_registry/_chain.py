@@ -84,6 +84,7 @@ class ChainBackend(_Composite):
 
         inputs = Inputs(example_inputs)
         for member in self.members:
+            inputs.unchanged(name, failures)  # by the member tried last, if it failed
             known = None if self._known_failure is None else self._known_failure(member)
             if known is not None:
                 skip(member, known, "note")
@@ -112,17 +113,14 @@ class ChainBackend(_Composite):
                 raise
             except Exception as exc:
                 skip(member, f"compiling raised {type(exc).__name__}: {exc}", "warning")
-                inputs.unchanged(name, member, failures)
                 continue
             if not callable(compiled):  # dynamo could not run it: "did not return callable"
                 kind = type(compiled).__name__
                 skip(member, f"compiling gave {kind}, not a function to run the graph", "warning")
-                inputs.unchanged(name, member, failures)
                 continue
             why = None if reference is None else reference.check(compiled)
             if why is not None:
                 skip(member, f"verifying it failed: {why}", "warning")
-                inputs.unchanged(name, member, failures)
                 continue
             said = "" if reference is None else f", {reference.said}"
             if reference is None or reference.complete:
@@ -131,6 +129,7 @@ class ChainBackend(_Composite):
                 logger.warning("backend %r: warning: compiled with %r%s", name, member, said)
             self.used = member
             return compiled
+        inputs.unchanged(name, failures)
         raise BackendChainError(name, failures)
 
 
@@ -154,8 +153,8 @@ class Inputs:
             and not x.is_inference()  # no version counter; dynamo compiles outside that mode
         ]
 
-    def unchanged(self, chain: str, member: str, failures: list[tuple[str, str]]) -> None:
-        """After ``member`` failed: a :class:`BackendChainError` where it wrote into an input."""
+    def unchanged(self, chain: str, failures: list[tuple[str, str]]) -> None:
+        """A :class:`BackendChainError` where the member that failed last wrote into an input."""
         written = [str(number) for number, x, version in self.versions if x._version != version]
         if written:
             member, said = failures[-1]

@@ -117,27 +117,18 @@ def _arrive(members: list[int], me: int, limit: timedelta) -> None:
         store.set(here[members.index(me)], "1")
         try:
             store.wait(here, limit)
-        except RuntimeError as exc:  # the limit ran out
+        except RuntimeError as waited:  # the limit ran out
             missing = tuple(
                 rank for rank, key in zip(members, here, strict=True) if not store.check([key])
             )
             if missing:
                 store.set(f"{prefix}/given-up", "1")
-                raise _Missing(missing) from exc
+                raise (
+                    _not_called(missing, seconds)
+                    if me == members[0]
+                    else _timed_out(me, members, seconds)
+                ) from waited
         given_up = store.check([f"{prefix}/given-up"])
-    except _Missing as gone:
-        if me == members[0]:
-            raise InconsistentRegistryError(
-                f"ranks {list(gone.ranks)} did not call verify_consistent() within {seconds:g} s",
-                gone.ranks,
-                (),
-            ) from gone.__cause__
-        raise InconsistentRegistryError(
-            f"rank {me}: verify_consistent() timed out after {seconds:g} s waiting for the"
-            f" other ranks of {members} (rank {members[0]} names the missing ones)",
-            (),
-            (),
-        ) from gone.__cause__
     except RuntimeError as exc:  # the store's host (the default group's first rank) ended
         raise InconsistentRegistryError(
             f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
@@ -155,10 +146,21 @@ def _arrive(members: list[int], me: int, limit: timedelta) -> None:
         )
 
 
-class _Missing(Exception):
-    def __init__(self, ranks: tuple[int, ...]) -> None:
-        super().__init__(ranks)
-        self.ranks = ranks
+def _not_called(missing: tuple[int, ...], timeout: float) -> InconsistentRegistryError:
+    return InconsistentRegistryError(
+        f"ranks {list(missing)} did not call verify_consistent() within {timeout:g} s",
+        missing,
+        (),
+    )
+
+
+def _timed_out(me: int, members: list[int], timeout: float) -> InconsistentRegistryError:
+    return InconsistentRegistryError(
+        f"rank {me}: verify_consistent() timed out after {timeout:g} s waiting for the"
+        f" other ranks of {members} (rank {members[0]} names the missing ones)",
+        (),
+        (),
+    )
 
 
 def mismatch(
@@ -193,19 +195,9 @@ def _missing(
 ) -> InconsistentRegistryError:
     found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
     if found:
-        missing = tuple(int(r) for r in re.findall(r"\d+", found.group(1)))
-        return InconsistentRegistryError(
-            f"ranks {list(missing)} did not call verify_consistent() within {timeout:g} s",
-            missing,
-            (),
-        )
+        return _not_called(tuple(int(r) for r in re.findall(r"\d+", found.group(1))), timeout)
     if "successfully reached monitoredBarrier" in str(exc) or me == members[0]:
-        return InconsistentRegistryError(
-            f"rank {me}: verify_consistent() timed out after {timeout:g} s waiting for the"
-            f" other ranks of {members} (rank {members[0]} names the missing ones)",
-            (),
-            (),
-        )
+        return _timed_out(me, members, timeout)
     # It never waited: the first rank had stopped waiting (this one came late) or ended.
     cause = (str(exc).strip().splitlines() or [""])[0]
     return InconsistentRegistryError(

@@ -74,7 +74,8 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
     from .._errors import LockFileError
     from .._lock import changes, digest, lock_from_environment, lock_path, read_lock
 
-    path = lock_from_environment(registry) or lock_path(registry)
+    beside = lock_path(registry)
+    path = lock_from_environment(registry) or beside
     try:
         locked = read_lock(path)
     except LockFileError as exc:
@@ -82,7 +83,7 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
         return None
     # The command that writes this lock: backends.lock, or the one named.
     accept = "torch-backends lock"
-    if path != lock_path(registry):
+    if path != beside:
         accept += f" --output {shlex.quote(relative(path))}"
     drift = [
         Problem(f"{change}; run '{accept}' to accept it", path=path)

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 #: The most of a backend's own output kept, for the reason of a crash.
 TAIL = 64 * 1024
+#: The longest line on a probe's report channel that is read.
+REPORT = 16 * 2**20
 #: Seconds to wait, once a probe process ended, for its last report.
 GRACE = 2.0
 #: Seconds the server may take to start (Python, PyTorch), and a probe to reach its first
@@ -280,7 +282,9 @@ class _Probe:
     def _report(self, data: bytes) -> None:
         self._pending += data
         *lines, rest = bytes(self._pending).split(b"\n")
-        self._pending = bytearray(rest)  # a report runs as long as the code it lists
+        # A report runs as long as the code it lists (at most 10,000 files); past REPORT,
+        # what runs on without an end is no report.
+        self._pending = bytearray(rest[-REPORT:])
         for line in lines:
             try:
                 message = json.loads(line)
