@@ -8,7 +8,7 @@ from ._definition import Problem, location
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Collection, Iterable, Sequence
 
     from ._definition import Source
 
@@ -155,15 +155,18 @@ def warn(message: str) -> None:
 _PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
-def warn_problem(problem: Problem) -> None:
+def warn_problem(problem: Problem, kept: Collection[str] = ()) -> None:
+    """Warn of ``problem``; the names in ``kept`` (PyTorch's own) resolve whatever a
+    manifest says of them."""
     said = str(problem)
     # An error of a backend's table leaves that backend out (the others stay): said, since
     # the message itself says what is wrong and what would be right.
     parts = (problem.key or "").split(".")
     if parts[:2] == ["tool", "torch-backends"]:
         parts = parts[2:]
-    if problem.severity == "error" and len(parts) >= 2 and parts[0] == "backends":
-        said += f" (so backend {parts[1]!r} is left out)"
+    backend = parts[1] if len(parts) >= 2 and parts[0] == "backends" else None
+    if problem.severity == "error" and backend is not None and backend not in kept:
+        said += f" (so backend {backend!r} is left out)"
     warn(said)
 
 

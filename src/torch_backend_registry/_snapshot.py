@@ -133,7 +133,7 @@ class Snapshot:
                 for problem in index.problems:
                     if str(problem) not in self._warned:  # both merges find them: once
                         self._warned.add(str(problem))
-                        warn_problem(problem)
+                        warn_problem(problem, index.pytorch)
         return index
 
     def pytorch_names(self) -> frozenset[str]:
