@@ -104,9 +104,13 @@ def _in_process(args: list[str], cwd: Path, environ: dict[str, str]) -> Done:
         os.environ.clear()
         os.environ.update(environ)
         os.chdir(cwd)
-        # As `python -m` does: the working folder first, then PYTHONPATH's folders.
+        # As `python -m` does: the working folder first, then PYTHONPATH's folders; not the
+        # folder pytest runs in, which no such process has (and which, kept, would make the
+        # doctor start a probe server of its own for each run of the command).
         extra = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:0] = [str(cwd), *extra]
+        here = os.path.realpath(saved[3])
+        kept = [p for p in sys.path if not p or os.path.realpath(p) != here]
+        sys.path[:] = [str(cwd), *extra, *kept]
         importlib.invalidate_caches()  # files a test just wrote are found
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
