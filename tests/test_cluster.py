@@ -325,6 +325,10 @@ RANK = textwrap.dedent(
             while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
                 time.sleep(0.05)
             result = {"absent": True}
+        elif mode == "dies":  # ends while the others wait for it
+            print(json.dumps({"died": True}), flush=True)
+            time.sleep(1)
+            os._exit(3)
         elif mode.startswith("late"):  # calls once the others' time has run out
             time.sleep(float(mode[4:]) + 2)
             result = {"fingerprint": t.verify_consistent(timeout=float(mode[4:]))}
@@ -473,6 +477,25 @@ def test_a_rank_that_never_calls_is_named_also_when_the_group_is_given(
     assert results[0]["ranks"] == [2]
     assert "timed out after 4 s" in results[1]["error"]
     assert results[2] == {"absent": True}
+
+
+def test_a_rank_that_ends_is_named_at_once_as_ended_not_as_late(tmp_path: Path) -> None:
+    folders = [tmp_path / f"rank{i}" for i in range(3)]
+    for folder in folders:
+        project(folder)
+    results = run_ranks(tmp_path, folders, modes=["30", "30", "dies"])
+    first, second = results[0]["error"], results[1]["error"]
+    assert re.fullmatch(
+        r"ranks \[2\] ended, or lost their connection, before calling verify_consistent\(\)"
+        r" \(\d+\.\d s into its 30 s\)",
+        first,
+    ), first
+    assert results[0]["ranks"] == [2]
+    assert re.fullmatch(
+        r"rank 1: verify_consistent\(\) failed \d+\.\d s into its 30 s: a rank of \[0, 1, 2\]"
+        r" ended \(rank 0 names it\)",
+        second,
+    ), second
 
 
 def test_a_rank_that_calls_too_late_is_named_and_told_so_and_no_rank_hangs(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections import Counter
 
 from ._errors import BackendRegistryError, InconsistentRegistryError
@@ -77,11 +78,12 @@ def verify_consistent(
                 (),
                 (),
             ) from exc
+    started = time.monotonic()
     try:
         # Every rank reports to the first within the limit, which names those that did not.
         dist.monitored_barrier(group=gloo, timeout=limit, wait_all_ranks=True)
     except RuntimeError as exc:
-        raise _missing(exc, members, me, seconds) from exc
+        raise _missing(exc, members, me, seconds, time.monotonic() - started) from exc
     facts = registry.facts()
     full = digest(facts)
     mine = torch.tensor(list(bytes.fromhex(full)), dtype=torch.uint8)
@@ -191,13 +193,31 @@ def mismatch(
 
 
 def _missing(
-    exc: RuntimeError, members: list[int], me: int, timeout: float
+    exc: RuntimeError, members: list[int], me: int, timeout: float, waited: float
 ) -> InconsistentRegistryError:
+    # Well before the limit, the barrier failed because a rank's connection closed: it
+    # ended (or its host went away), which waiting longer would not have changed.
+    ended = waited < 0.9 * timeout
     found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
     if found:
-        return _not_called(tuple(int(r) for r in re.findall(r"\d+", found.group(1))), timeout)
+        missing = tuple(int(r) for r in re.findall(r"\d+", found.group(1)))
+        if not ended:
+            return _not_called(missing, timeout)
+        return InconsistentRegistryError(
+            f"ranks {list(missing)} ended, or lost their connection, before calling"
+            f" verify_consistent() ({waited:.1f} s into its {timeout:g} s)",
+            missing,
+            (),
+        )
     if "successfully reached monitoredBarrier" in str(exc) or me == members[0]:
-        return _timed_out(me, members, timeout)
+        if not ended:
+            return _timed_out(me, members, timeout)
+        return InconsistentRegistryError(
+            f"rank {me}: verify_consistent() failed {waited:.1f} s into its {timeout:g} s:"
+            f" a rank of {members} ended (rank {members[0]} names it)",
+            (),
+            (),
+        )
     # It never waited: the first rank had stopped waiting (this one came late) or ended.
     cause = (str(exc).strip().splitlines() or [""])[0]
     return InconsistentRegistryError(
