@@ -450,19 +450,6 @@ def test_a_plugin_registering_a_manifests_name_late_does_not_turn_the_answer(
     assert registry.backend_info(name).shadowed[0].source.kind == "torch"
 
 
-def test_install_says_what_it_cannot_honour(tmp_path: Path, write: WriteFn) -> None:
-    write("proj/backends.toml", "[backends.aot_eager]\nenabled = false\n")
-    code = (
-        "import warnings, torch_backend_registry as t\n"
-        "warnings.simplefilter('always')\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    t.install()\n"
-        "print(*[str(w.message) for w in caught], sep='\\n')\n"
-    )
-    said = run_python(code, cwd=tmp_path / "proj").stdout
-    assert "backends.aot_eager: 'aot_eager' is one of PyTorch's own backends and cannot be" in said
-
-
 def test_a_fork_while_another_thread_imports_pytorch_gives_the_child_its_backend(
     tmp_path: Path, write: WriteFn
 ) -> None:
