@@ -18,7 +18,7 @@ from ._errors import (
 )
 from ._loader import call_options
 from ._sources.finding import missing_requirements
-from ._verify import Reference, compiling, leaves
+from ._verify import Reference, compiling, fake, leaves
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class Inputs:
             (number, x, x._version)
             for number, x in enumerate(example_inputs)
             if isinstance(x, torch.Tensor)
-            and type(x).__name__ != "FakeTensor"
+            and not fake(x)
             and not x.is_inference()  # no version counter; dynamo compiles outside that mode
         ]
 

@@ -70,7 +70,7 @@ class Reference:
         self.unverified: str | None = None
         try:
             flat, spec = _flatten(list(example_inputs))
-            if any(type(x).__name__ == "FakeTensor" for x in flat):
+            if any(map(fake, flat)):
                 raise ValueError("fake inputs have no values to run on")
             # Under dynamic=True, sizes come as symbols: each is run at the value it stands for.
             self.inputs: list[Any] = _unflatten([_concrete(x) for x in flat], spec)
@@ -206,6 +206,11 @@ def _tensor(x: object) -> bool:
     import torch
 
     return isinstance(x, torch.Tensor)
+
+
+def fake(x: object) -> bool:
+    """Whether ``x`` is one of dynamo's fake tensors: a shape with no values to run on."""
+    return type(x).__name__ == "FakeTensor"
 
 
 def _flatten(inputs: list[Any]) -> tuple[list[Any], Any]:
