@@ -417,10 +417,16 @@ def run_ranks(
     return results
 
 
-def test_identical_ranks_agree_on_the_fingerprint(tmp_path: Path) -> None:
-    folders = [tmp_path / f"rank{i}" for i in range(2)]
+def rank_projects(tmp_path: Path, count: int) -> list[Path]:
+    """A folder for each of ``count`` ranks, each with the same project."""
+    folders = [tmp_path / f"rank{i}" for i in range(count)]
     for folder in folders:
         project(folder)
+    return folders
+
+
+def test_identical_ranks_agree_on_the_fingerprint(tmp_path: Path) -> None:
+    folders = rank_projects(tmp_path, 2)
     results = run_ranks(tmp_path, folders)
     fingerprints = {r["fingerprint"] for r in results}
     assert len(fingerprints) == 1
@@ -437,10 +443,8 @@ def test_identical_ranks_agree_on_the_fingerprint(tmp_path: Path) -> None:
 def test_a_different_rank_makes_every_rank_raise_the_same_error(tmp_path: Path) -> None:
     # Ranks 0 and 1 agree; rank 2 has an extra manifest and another option, rank 3 another
     # version of a plugin: each difference is found, and every rank says the same.
-    folders = [tmp_path / f"rank{i}" for i in range(4)]
+    folders = rank_projects(tmp_path, 4)
     envs: list[dict[str, str]] = [{}, {}, {}, {}]
-    for folder in folders:
-        project(folder)
     site = tmp_path / "site"
     for rank, version in enumerate(("1.0", "1.0", "1.0", "2.0")):
         info = site / f"v{rank}" / f"tbr_cluster_plug-{version}.dist-info"
@@ -469,9 +473,7 @@ def test_a_rank_that_never_calls_is_named_also_when_the_group_is_given(
     tmp_path: Path,
 ) -> None:
     # The world group given by name: compared on as it is, as with no group given.
-    folders = [tmp_path / f"rank{i}" for i in range(3)]
-    for folder in folders:
-        project(folder)
+    folders = rank_projects(tmp_path, 3)
     results = run_ranks(tmp_path, folders, modes=["world4", "world4", "absent"])
     assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 4 s"
     assert results[0]["ranks"] == [2]
@@ -480,9 +482,7 @@ def test_a_rank_that_never_calls_is_named_also_when_the_group_is_given(
 
 
 def test_a_rank_that_ends_is_named_at_once_as_ended_not_as_late(tmp_path: Path) -> None:
-    folders = [tmp_path / f"rank{i}" for i in range(3)]
-    for folder in folders:
-        project(folder)
+    folders = rank_projects(tmp_path, 3)
     results = run_ranks(tmp_path, folders, modes=["30", "30", "dies"])
     first, second = results[0]["error"], results[1]["error"]
     assert re.fullmatch(
@@ -502,9 +502,7 @@ def test_a_rank_that_calls_too_late_is_named_and_told_so_and_no_rank_hangs(
     tmp_path: Path,
 ) -> None:
     # The others' time runs out while rank 2 has not called (as if it never would).
-    folders = [tmp_path / f"rank{i}" for i in range(3)]
-    for folder in folders:
-        project(folder)
+    folders = rank_projects(tmp_path, 3)
     results = run_ranks(tmp_path, folders, modes=["3", "3", "late3"])
     assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 3 s"
     assert "timed out after 3 s waiting" in results[1]["error"]  # it did wait
@@ -530,9 +528,7 @@ def test_a_rank_outside_the_group_it_names_is_refused_not_agreed_with(tmp_path: 
 
 def test_a_check_of_some_ranks_leaves_a_later_check_of_all_working(tmp_path: Path) -> None:
     # Rank 0 is no member of the others' stage group, so it does not check it.
-    folders = [tmp_path / f"rank{i}" for i in range(3)]
-    for folder in folders:
-        project(folder)
+    folders = rank_projects(tmp_path, 3)
     results = run_ranks(tmp_path, folders, modes=["stages"] * 3)
     assert all("error" not in r for r in results), results
     assert len({r["fingerprint"] for r in results}) == 1
