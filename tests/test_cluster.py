@@ -6,7 +6,6 @@ loopback address, each with its own folder and environment, under time limits.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -14,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -305,67 +303,6 @@ def test_install_refuses_a_registry_that_drifted_from_its_lock(
 
 # ------------------------------------------------------------------ the cluster check
 
-RANK = textwrap.dedent(
-    """
-    import json, os, sys, time
-    from datetime import timedelta
-    import torch
-    import torch.distributed as dist
-    rank, world, port, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    here = os.path.dirname(os.path.abspath(__file__))
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-        timeout=timedelta(seconds=60),
-    )
-    import torch_backend_registry as t
-    try:
-        if mode == "absent":  # never calls verify_consistent(): waits until the others end
-            others = [os.path.join(here, f"rank{r}.done") for r in range(world) if r != rank]
-            deadline = time.monotonic() + 120
-            while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            result = {"absent": True}
-        elif mode == "dies":  # ends while the others wait for it
-            print(json.dumps({"died": True}), flush=True)
-            time.sleep(1)
-            os._exit(3)
-        elif mode.startswith("late"):  # calls once the others' time has run out
-            time.sleep(float(mode[4:]) + 2)
-            result = {"fingerprint": t.verify_consistent(timeout=float(mode[4:]))}
-        elif mode.startswith("world"):  # a group given: the check makes a gloo group of it
-            result = {"fingerprint": t.verify_consistent(dist.group.WORLD, float(mode[5:]))}
-        elif mode == "outside":  # every rank but the first in a group of their own
-            group = dist.new_group(ranks=list(range(1, world)), backend="gloo")
-            try:
-                result = {"fingerprint": t.verify_consistent(group, timeout=20)}
-            except ValueError as exc:
-                result = {"refused": str(exc)}
-                others = [os.path.join(here, f"rank{r}.done") for r in range(1, world)]
-                deadline = time.monotonic() + 120  # it holds the store: it waits for them
-                while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-        elif mode == "stages":  # a check of each rank's stage (0 | 1, 2), then of all
-            stage = dist.new_group(ranks=list(range(1, world)), backend="gloo")
-            if rank:
-                t.verify_consistent(stage, timeout=10)
-            result = {"fingerprint": t.verify_consistent(dist.group.WORLD, timeout=10)}
-            mine = torch.ones(1)  # and the job's own groups are still made alike
-            everyone = dist.new_group(backend="gloo", timeout=timedelta(seconds=10))
-            dist.all_reduce(mine, group=everyone)
-            result["sum"] = mine.item()
-        elif mode == "install":  # TORCH_BACKENDS_VERIFY: the check at install()
-            t.install()
-            result = {"installed": True}
-        else:
-            result = {"fingerprint": t.verify_consistent(timeout=float(mode))}
-    except t.InconsistentRegistryError as exc:
-        result = {"error": str(exc), "ranks": list(exc.ranks), "names": list(exc.names)}
-    print(json.dumps(result), flush=True)
-    open(os.path.join(here, f"rank{rank}.done"), "w").close()
-    os._exit(0)
-    """
-)
-
 
 def _free_port() -> int:
     with socket.socket() as probe:
@@ -381,40 +318,15 @@ def run_ranks(
     modes: list[str] | None = None,
     envs: list[dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Start one process a rank, each in its folder; their results, in rank order."""
+    """Start one process a rank, each in its folder (see ``_ranks.py``); their results, in
+    rank order."""
     pytest.importorskip("torch")
-    script = tmp_path / "rank.py"
-    script.write_text(RANK, encoding="utf-8")
-    for stale in tmp_path.glob("rank*.done"):  # an earlier run's ranks ended; these did not
-        stale.unlink()
-    port, world = _free_port(), len(folders)
+    from . import _ranks
+
+    world = len(folders)
     base = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    children = []
-    for rank, folder in enumerate(folders):
-        mode = (modes or ["20"] * world)[rank]
-        env = {**base, **((envs or [{}] * world)[rank])}
-        children.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(rank), str(world), str(port), mode],
-                cwd=folder,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    results = []
-    for child in children:
-        try:
-            out, err = child.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            for other in children:
-                other.kill()
-            raise AssertionError("a rank hung") from None
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        assert lines, err[-2000:]
-        results.append(json.loads(lines[-1]))
-    return results
+    envs = [{**base, **env} for env in (envs or [{}] * world)]
+    return _ranks.run(tmp_path, folders, modes or ["20"] * world, envs, _free_port())
 
 
 def rank_projects(tmp_path: Path, count: int) -> list[Path]:
