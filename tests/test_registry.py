@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -236,6 +237,19 @@ def test_list_backends_excludes_tags_like_pytorch(write: WriteFn) -> None:
     assert registry.list_backends(exclude_tags=()) == ["dbg", "exp", "plain"]
     assert registry.list_backends(exclude_tags=None) == ["dbg", "exp", "plain"]
     assert registry.list_backends(exclude_tags=("gpu",)) == ["dbg", "plain"]
+
+
+def test_reading_leaves_the_garbage_collector_as_it_found_it(write: WriteFn) -> None:
+    # Reading pauses the cyclic collector: on after, and still off in a process that
+    # turned it off.
+    assert manifest(write, '[backends.plain]\ntarget = "m:a"\n').list_backends() == ["plain"]
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        manifest(write, '[backends.other]\ntarget = "m:b"\n').list_backends()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_register_backend_bare_called_and_tagged(registry: Registry) -> None:

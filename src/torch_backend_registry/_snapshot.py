@@ -8,6 +8,8 @@ time: :meth:`Snapshot.torch_changed` compares its names with what was read.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 
 from ._errors import BackendRegistryError, warn_problem
@@ -19,7 +21,7 @@ from ._sources.finding import missing_requirements
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
     from typing import Any
 
     from ._definition import BackendDefinition, Discovery, SourceKind
@@ -96,7 +98,8 @@ class Snapshot:
         if found is None:
             # Read with no lock held (reading PyTorch's imports torch: seconds, which must
             # not stall another thread's lookup); two threads reading at once keep the first.
-            read = READERS[kind](self.context)
+            with contextlib.nullcontext() if kind == "torch" else _no_cycle_collection():
+                read = READERS[kind](self.context)
             with self.lock:
                 found = self._found.setdefault(kind, read)
         return found
@@ -218,3 +221,18 @@ class Snapshot:
             return f"{member}: it refers back to {definition.name!r}"
         why = self.why_unavailable(resolved, visiting)
         return None if why is None else f"{member}: {why}"
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """No cyclic garbage collection while manifests are read: thousands of definitions are
+    a million new tuples, none in a cycle, which the collector would walk again and again
+    (a tenth of a first listing of 10,000 backends). Collection resumes after, unless it
+    was off before."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
