@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import getpass
 import importlib
 import io
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import traceback
 import uuid
@@ -23,6 +25,14 @@ from torch_backend_registry._api import default_registry
 from torch_backend_registry._cli import main
 
 NO_TORCH = ("runtime", "env", "project", "entry-point")
+
+# PyTorch puts its default in the environment on a process's first inductor compile, and
+# doctor starts another probe server for another environment: set from the start, each test
+# process keeps one server for every doctor run of the same environment and import path.
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
+)
 
 
 def _installed_plugins() -> frozenset[str]:
