@@ -292,39 +292,6 @@ def test_a_chain_may_skip_members_doctor_found_failing(
     assert any("compiled with 'fine'" in r for r in records)
 
 
-def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
-    project: Registry, tmp_path: Path
-) -> None:
-    command = _command(tmp_path)
-    good = command("doctor", "fine", "leaks")
-    assert good.returncode == 0, good.stderr
-    lines = good.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "STATUS", "LEVEL", "SECONDS", "REASON"]
-    assert [line.split()[:2] for line in lines[1:]] == [["fine", "ok"], ["leaks", "ok"]]
-    bad = command("doctor", "fine", "explodes", "--json")
-    assert bad.returncode == 1
-    rows = json.loads(bad.stdout)
-    assert [(r["name"], r["status"], r["level"]) for r in rows] == [
-        ("fine", "ok", 4),
-        ("explodes", "compile-error", 3),
-    ]
-    assert {"name", "status", "level", "reason", "seconds"} <= set(rows[0])
-    # Remembered: explain and list show the last verdict here.
-    explained = command("explain", "explodes", "--no-torch").stdout
-    [said] = [line for line in explained.splitlines() if line.startswith("  doctor:")]
-    assert said.startswith("  doctor:      compile-error: BackendCompilerFailed")
-    assert said.endswith("RuntimeError: no GPU here (last probe here, forward level)")
-    listed = command("list", "--no-torch", "--json").stdout
-    doctor_of = {row["name"]: row["doctor"] for row in json.loads(listed)}
-    assert doctor_of["explodes"]["status"] == "compile-error"
-    assert doctor_of["wrong"] is None
-    table = command("list", "--no-torch").stdout.splitlines()
-    assert table[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
-    assert next(row for row in table if row.startswith("explodes")).endswith(
-        "compile-error (forward)"
-    )
-
-
 def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -> None:
     # The model's module is found as a target is: on the import path, or in a python-path folder.
     write(
@@ -366,34 +333,6 @@ def test_a_model_that_cannot_run_is_the_users_error_not_the_backends(
     # Nothing to differentiate: the most it can say is that the forward pass is right.
     [plain] = tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:no_parameters")
     assert (plain.status, plain.level_name) == ("ok", "forward")
-
-
-def test_a_model_that_hangs_exits_or_kills_its_probe_is_the_users_error_not_the_backends(
-    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    write(
-        "proj/fakes/tbr_doctor_dying_models.py",
-        "import os, sys, time\ndef hangs():\n    time.sleep(600)\ndef exits():\n    os._exit(3)\n"
-        "def gives_up():\n    sys.exit('no weights downloaded')\n",
-    )
-    command = _command(tmp_path)
-    done = command("doctor", "fine", "--model", "tbr_doctor_dying_models:exits")
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == (
-        "torch-backends: error: --model 'tbr_doctor_dying_models:exits' ended its probe before"
-        " any backend ran: exited with status 3 without a verdict\n"
-    )
-    done = command("doctor", "fine", "--model", "tbr_doctor_dying_models:gives_up")
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == (
-        "torch-backends: error: --model 'tbr_doctor_dying_models:gives_up' cannot be built:"
-        " SystemExit: no weights downloaded\n"
-    )
-    # A model gets the start-up minute (or the time limit, if longer) to build and run.
-    tbr.doctor(["fine"], registry=project, level="forward")  # PyTorch imported meanwhile
-    monkeypatch.setattr("torch_backend_registry._doctor.processes.STARTUP", 2.0)
-    with pytest.raises(ModelError, match="was not built and run within 2 s, before any backend"):
-        tbr.doctor(["fine"], registry=project, model="tbr_doctor_dying_models:hangs", timeout=1)
 
 
 def test_a_model_of_a_project_of_thousands_of_modules_is_probed(
@@ -471,75 +410,6 @@ def test_the_probe_takes_its_configuration_off_the_command_line(
     cmdline = (tmp_path / "proj" / "fakes" / "cmdline").read_bytes()
     assert b"hunter2" not in cmdline
     assert len(cmdline) < 2000
-
-
-def test_a_later_run_probes_in_the_environment_this_process_has_then(
-    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    write(
-        "proj/fakes/tbr_doctor_env.py",
-        "import os\n"
-        "def fn(gm, inputs):\n"
-        "    if os.environ.get('TBR_MARK') != 'on':\n"
-        "        raise RuntimeError(f\"TBR_MARK is {os.environ.get('TBR_MARK')!r}\")\n"
-        "    return gm.forward\n",
-    )
-    (tmp_path / "proj" / "backends.toml").write_text(
-        MANIFEST + '[backends.env_spy]\ntarget = "tbr_doctor_env:fn"\n'
-    )
-    registry = Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch"))
-    [before] = tbr.doctor(["env_spy"], registry=registry, level="forward")
-    assert before.status == "compile-error"
-    assert before.reason.endswith("RuntimeError: TBR_MARK is None")
-    monkeypatch.setenv("TBR_MARK", "on")  # as torchrun or a job script sets a variable
-    [after] = tbr.doctor(["env_spy"], registry=registry, level="forward", fresh=True)
-    assert after.status == "ok", after.reason
-
-
-def test_runs_side_by_side_and_a_forked_child_leave_each_others_probes_alone(
-    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    write("proj/fakes/tbr_doctor_slow.py", SLOW)
-    write("proj/fakes/tbr_doctor_bad_model.py", "def make():\n    raise RuntimeError('no')\n")
-    (tmp_path / "proj" / "backends.toml").write_text(
-        MANIFEST + '[backends.slow]\ntarget = "tbr_doctor_slow:fn"\n'
-    )
-    registry = Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch"))
-    tbr.doctor(["fine"], registry=registry, level="forward")  # the server, warm
-    found: list[Verdict] = []
-    slow = threading.Thread(
-        target=lambda: found.extend(tbr.doctor(["slow"], registry=registry, level="forward"))
-    )
-    slow.start()
-    time.sleep(1)  # while it is probed: another run's model fails, the environment changes,
-    with pytest.raises(ModelError, match="cannot be built"):
-        tbr.doctor(["fine"], registry=registry, model="tbr_doctor_bad_model:make", fresh=True)
-    monkeypatch.setenv("TBR_ANOTHER_RUN", "1")
-    [other] = tbr.doctor(["fine"], registry=registry, level="forward", fresh=True)
-    child = os.fork()  # and a forked child ends as a program does, running its exit hooks
-    if child == 0:  # pragma: no cover - the child only exits
-        atexit._run_exitfuncs()
-        os._exit(0)
-    os.waitpid(child, 0)
-    slow.join()
-    assert other.status == "ok", other.reason
-    assert [(v.status, v.reason) for v in found] == [("ok", "")]
-
-
-def test_the_registrys_environment_and_policy_hold_in_the_probe(
-    project: Registry, tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
-) -> None:
-    extra = write(
-        "site.toml",
-        'python-path = ["proj/fakes"]\n[backends.only_here]\ntarget = "tbr_doctor_fakes:fine"\n',
-    )
-    make_dist("tbr-denied", "1.0", {"denied_ep": "tbr_doctor_fakes:explode"})
-    environ = {"TORCH_BACKENDS_PATH": str(extra), "TORCH_BACKENDS_DENY": "tbr-denied"}
-    own = Registry(cwd=tmp_path / "proj", environ=environ)
-    [verdict] = tbr.doctor(["only_here"], registry=own)  # not in this process's environment
-    assert verdict.status == "ok", verdict.reason
-    with pytest.raises(UnknownBackendError, match="denied by TORCH_BACKENDS_DENY"):
-        tbr.doctor(["denied_ep"], registry=own)
 
 
 def test_whatever_a_backend_does_doctor_returns_at_the_time_limit(
@@ -760,72 +630,6 @@ def test_a_reason_says_its_cause_once(project: Registry) -> None:
     assert verdict.reason.count("No module named 'tbr_doctor_no_such_module_zz'") == 1
 
 
-def test_the_command_judges_at_the_level_asked_and_names_a_bad_model(
-    project: Registry, tmp_path: Path
-) -> None:
-    command = _command(tmp_path)
-
-    def doctor(*args: str) -> Done:
-        return command("doctor", *args)
-
-    assert doctor("forward_only", "--level", "forward").returncode == 0
-    assert doctor("forward_only").returncode == 1
-    bad_arguments = (
-        ("--timeout", "0"),
-        ("--timeout", "inf"),
-        ("--timeout", "soon"),
-        ("--level", "sideways"),
-        ("--jobs", "0"),
-        ("--device", "sideways"),
-    )
-    for bad in bad_arguments:
-        done = doctor("fine", *bad)
-        assert done.returncode == 2, bad
-    model = doctor("fine", "--model", "tbr_no_such_models:make")
-    assert model.returncode == 2
-    assert model.stderr.strip() == (
-        "torch-backends: error: --model 'tbr_no_such_models:make': no module"
-        " 'tbr_no_such_models' on the import path or in a python-path folder"
-    )
-    unknown = doctor("fien")
-    assert unknown.returncode == 1
-    assert "unknown backend 'fien'. Did you mean 'fine'?" in unknown.stderr
-
-
-def test_only_a_named_or_declared_backend_that_is_unavailable_fails_the_run(
-    tmp_path: Path, write: WriteFn
-) -> None:
-    # PyTorch's GPU and third-party backends are unavailable on this CPU: a run over every
-    # listed backend reports them and passes; one that names them, or whose manifest
-    # declares one it cannot run, fails. (The plugins are left out to keep the run short.)
-    fine = 'python-path = ["fakes"]\n[backends.fine]\ntarget = "tbr_doctor_fakes:fine"\n'
-    write("proj/fakes/tbr_doctor_fakes.py", FAKES)
-    write("proj/backends.toml", fine)
-    env = {
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-        "TORCH_BACKENDS_DENY": "openvino,iree-turbine",
-    }
-
-    def doctor(*args: str) -> Done:
-        return torch_backends(
-            "doctor", "--level", "forward", *args, cwd=tmp_path / "proj", env=env, check=None
-        )
-
-    everything = doctor("--json")
-    status = {row["name"]: row["status"] for row in json.loads(everything.stdout)}
-    assert status["fine"] == "ok"
-    assert status["tvm"] == "unavailable"
-    assert everything.returncode == 0, everything.stdout + everything.stderr
-    assert doctor("tvm").returncode == 1
-    needs_trt = 'target = "tbr_doctor_fakes:fine"\nrequires = ["tbr_no_such_tensorrt"]\n'
-    write("proj/backends.toml", f"{fine}[backends.needs_trt]\n{needs_trt}")
-    declared = doctor("--json")
-    assert {row["name"]: row["status"] for row in json.loads(declared.stdout)}["needs_trt"] == (
-        "unavailable"
-    )
-    assert declared.returncode == 1
-
-
 # ------------------------------------------------------------------ real models, real reasons
 
 #: Backends and models of the probes below, all probed in one run that the tests read.
@@ -986,26 +790,6 @@ def test_a_model_of_keyword_inputs_that_draws_random_numbers_is_judged_as_a_chai
         _real(real_project, ["eager"], model="tbr_doctor_models:module_alone")
 
 
-def test_bench_times_eager_before_any_backend_code_and_ranks_what_it_can(
-    real_project: Path,
-) -> None:
-    # One thread a probe: the times are the backend's, not those of threads waiting for a
-    # core that the machine's other work holds.
-    one = {"OMP_NUM_THREADS": "1"}
-    names = ["slows_eager", "stalls_once", "eager"]
-    done = torch_backends("doctor", "--bench", "--json", *names, cwd=real_project, env=one)
-    rows = {row["name"]: row for row in json.loads(done.stdout)}
-    # Eager was timed before the backend slowed eager's Linear: its speed-up is eager's own,
-    # not some 50x from a slowed reference.
-    assert rows["slows_eager"]["speedup"] < 5
-    # One stalled round of fifteen does not decide the spread: it stalls some 20 times
-    # longer than a round (10 ms), which the range from fastest to slowest would show as a
-    # spread near 20; the middle half of the rounds moves little, even on a busy machine.
-    assert rows["stalls_once"]["spread"] < 5
-    table = torch_backends("doctor", "--bench", *names[1:], cwd=real_project, env=one).stdout
-    assert "RANK" in table.splitlines()[0].split()
-
-
 def test_two_runs_ending_together_keep_every_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1044,6 +828,228 @@ def test_a_verdict_holds_for_the_host_it_was_found_on(
     project.refresh()
     [there] = tbr.doctor(["needs_trt"], registry=project)
     assert there.cached is False
+
+
+# ------------------------------------------------------------------ other environments, the command
+# Last, so that the tests above share their process's probe server: each test below runs
+# doctor in another environment, or as the command does in its project folder (the folder
+# first on the import path), and so starts a server of its own, as another process would.
+
+
+def test_a_later_run_probes_in_the_environment_this_process_has_then(
+    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        "proj/fakes/tbr_doctor_env.py",
+        "import os\n"
+        "def fn(gm, inputs):\n"
+        "    if os.environ.get('TBR_MARK') != 'on':\n"
+        "        raise RuntimeError(f\"TBR_MARK is {os.environ.get('TBR_MARK')!r}\")\n"
+        "    return gm.forward\n",
+    )
+    (tmp_path / "proj" / "backends.toml").write_text(
+        MANIFEST + '[backends.env_spy]\ntarget = "tbr_doctor_env:fn"\n'
+    )
+    registry = Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch"))
+    [before] = tbr.doctor(["env_spy"], registry=registry, level="forward")
+    assert before.status == "compile-error"
+    assert before.reason.endswith("RuntimeError: TBR_MARK is None")
+    monkeypatch.setenv("TBR_MARK", "on")  # as torchrun or a job script sets a variable
+    [after] = tbr.doctor(["env_spy"], registry=registry, level="forward", fresh=True)
+    assert after.status == "ok", after.reason
+
+
+def test_runs_side_by_side_and_a_forked_child_leave_each_others_probes_alone(
+    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write("proj/fakes/tbr_doctor_slow.py", SLOW)
+    write("proj/fakes/tbr_doctor_bad_model.py", "def make():\n    raise RuntimeError('no')\n")
+    (tmp_path / "proj" / "backends.toml").write_text(
+        MANIFEST + '[backends.slow]\ntarget = "tbr_doctor_slow:fn"\n'
+    )
+    registry = Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch"))
+    tbr.doctor(["fine"], registry=registry, level="forward")  # the server, warm
+    found: list[Verdict] = []
+    slow = threading.Thread(
+        target=lambda: found.extend(tbr.doctor(["slow"], registry=registry, level="forward"))
+    )
+    slow.start()
+    time.sleep(1)  # while it is probed: another run's model fails, the environment changes,
+    with pytest.raises(ModelError, match="cannot be built"):
+        tbr.doctor(["fine"], registry=registry, model="tbr_doctor_bad_model:make", fresh=True)
+    monkeypatch.setenv("TBR_ANOTHER_RUN", "1")
+    [other] = tbr.doctor(["fine"], registry=registry, level="forward", fresh=True)
+    child = os.fork()  # and a forked child ends as a program does, running its exit hooks
+    if child == 0:  # pragma: no cover - the child only exits
+        atexit._run_exitfuncs()
+        os._exit(0)
+    os.waitpid(child, 0)
+    slow.join()
+    assert other.status == "ok", other.reason
+    assert [(v.status, v.reason) for v in found] == [("ok", "")]
+
+
+def test_the_registrys_environment_and_policy_hold_in_the_probe(
+    project: Registry, tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
+) -> None:
+    extra = write(
+        "site.toml",
+        'python-path = ["proj/fakes"]\n[backends.only_here]\ntarget = "tbr_doctor_fakes:fine"\n',
+    )
+    make_dist("tbr-denied", "1.0", {"denied_ep": "tbr_doctor_fakes:explode"})
+    environ = {"TORCH_BACKENDS_PATH": str(extra), "TORCH_BACKENDS_DENY": "tbr-denied"}
+    own = Registry(cwd=tmp_path / "proj", environ=environ)
+    [verdict] = tbr.doctor(["only_here"], registry=own)  # not in this process's environment
+    assert verdict.status == "ok", verdict.reason
+    with pytest.raises(UnknownBackendError, match="denied by TORCH_BACKENDS_DENY"):
+        tbr.doctor(["denied_ep"], registry=own)
+
+
+def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
+    project: Registry, tmp_path: Path
+) -> None:
+    command = _command(tmp_path)
+    good = command("doctor", "fine", "leaks")
+    assert good.returncode == 0, good.stderr
+    lines = good.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "STATUS", "LEVEL", "SECONDS", "REASON"]
+    assert [line.split()[:2] for line in lines[1:]] == [["fine", "ok"], ["leaks", "ok"]]
+    bad = command("doctor", "fine", "explodes", "--json")
+    assert bad.returncode == 1
+    rows = json.loads(bad.stdout)
+    assert [(r["name"], r["status"], r["level"]) for r in rows] == [
+        ("fine", "ok", 4),
+        ("explodes", "compile-error", 3),
+    ]
+    assert {"name", "status", "level", "reason", "seconds"} <= set(rows[0])
+    # Remembered: explain and list show the last verdict here.
+    explained = command("explain", "explodes", "--no-torch").stdout
+    [said] = [line for line in explained.splitlines() if line.startswith("  doctor:")]
+    assert said.startswith("  doctor:      compile-error: BackendCompilerFailed")
+    assert said.endswith("RuntimeError: no GPU here (last probe here, forward level)")
+    listed = command("list", "--no-torch", "--json").stdout
+    doctor_of = {row["name"]: row["doctor"] for row in json.loads(listed)}
+    assert doctor_of["explodes"]["status"] == "compile-error"
+    assert doctor_of["wrong"] is None
+    table = command("list", "--no-torch").stdout.splitlines()
+    assert table[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
+    assert next(row for row in table if row.startswith("explodes")).endswith(
+        "compile-error (forward)"
+    )
+
+
+def test_a_model_that_hangs_exits_or_kills_its_probe_is_the_users_error_not_the_backends(
+    project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        "proj/fakes/tbr_doctor_dying_models.py",
+        "import os, sys, time\ndef hangs():\n    time.sleep(600)\ndef exits():\n    os._exit(3)\n"
+        "def gives_up():\n    sys.exit('no weights downloaded')\n",
+    )
+    command = _command(tmp_path)
+    done = command("doctor", "fine", "--model", "tbr_doctor_dying_models:exits")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "torch-backends: error: --model 'tbr_doctor_dying_models:exits' ended its probe before"
+        " any backend ran: exited with status 3 without a verdict\n"
+    )
+    done = command("doctor", "fine", "--model", "tbr_doctor_dying_models:gives_up")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "torch-backends: error: --model 'tbr_doctor_dying_models:gives_up' cannot be built:"
+        " SystemExit: no weights downloaded\n"
+    )
+    # A model gets the start-up minute (or the time limit, if longer) to build and run.
+    tbr.doctor(["fine"], registry=project, level="forward")  # PyTorch imported meanwhile
+    monkeypatch.setattr("torch_backend_registry._doctor.processes.STARTUP", 2.0)
+    with pytest.raises(ModelError, match="was not built and run within 2 s, before any backend"):
+        tbr.doctor(["fine"], registry=project, model="tbr_doctor_dying_models:hangs", timeout=1)
+
+
+def test_the_command_judges_at_the_level_asked_and_names_a_bad_model(
+    project: Registry, tmp_path: Path
+) -> None:
+    command = _command(tmp_path)
+
+    def doctor(*args: str) -> Done:
+        return command("doctor", *args)
+
+    assert doctor("forward_only", "--level", "forward").returncode == 0
+    assert doctor("forward_only").returncode == 1
+    bad_arguments = (
+        ("--timeout", "0"),
+        ("--timeout", "inf"),
+        ("--timeout", "soon"),
+        ("--level", "sideways"),
+        ("--jobs", "0"),
+        ("--device", "sideways"),
+    )
+    for bad in bad_arguments:
+        done = doctor("fine", *bad)
+        assert done.returncode == 2, bad
+    model = doctor("fine", "--model", "tbr_no_such_models:make")
+    assert model.returncode == 2
+    assert model.stderr.strip() == (
+        "torch-backends: error: --model 'tbr_no_such_models:make': no module"
+        " 'tbr_no_such_models' on the import path or in a python-path folder"
+    )
+    unknown = doctor("fien")
+    assert unknown.returncode == 1
+    assert "unknown backend 'fien'. Did you mean 'fine'?" in unknown.stderr
+
+
+def test_only_a_named_or_declared_backend_that_is_unavailable_fails_the_run(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # PyTorch's GPU and third-party backends are unavailable on this CPU: a run over every
+    # listed backend reports them and passes; one that names them, or whose manifest
+    # declares one it cannot run, fails. (The plugins are left out to keep the run short.)
+    fine = 'python-path = ["fakes"]\n[backends.fine]\ntarget = "tbr_doctor_fakes:fine"\n'
+    write("proj/fakes/tbr_doctor_fakes.py", FAKES)
+    write("proj/backends.toml", fine)
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "TORCH_BACKENDS_DENY": "openvino,iree-turbine",
+    }
+
+    def doctor(*args: str) -> Done:
+        return torch_backends(
+            "doctor", "--level", "forward", *args, cwd=tmp_path / "proj", env=env, check=None
+        )
+
+    everything = doctor("--json")
+    status = {row["name"]: row["status"] for row in json.loads(everything.stdout)}
+    assert status["fine"] == "ok"
+    assert status["tvm"] == "unavailable"
+    assert everything.returncode == 0, everything.stdout + everything.stderr
+    assert doctor("tvm").returncode == 1
+    needs_trt = 'target = "tbr_doctor_fakes:fine"\nrequires = ["tbr_no_such_tensorrt"]\n'
+    write("proj/backends.toml", f"{fine}[backends.needs_trt]\n{needs_trt}")
+    declared = doctor("--json")
+    assert {row["name"]: row["status"] for row in json.loads(declared.stdout)}["needs_trt"] == (
+        "unavailable"
+    )
+    assert declared.returncode == 1
+
+
+def test_bench_times_eager_before_any_backend_code_and_ranks_what_it_can(
+    real_project: Path,
+) -> None:
+    # One thread a probe: the times are the backend's, not those of threads waiting for a
+    # core that the machine's other work holds.
+    one = {"OMP_NUM_THREADS": "1"}
+    names = ["slows_eager", "stalls_once", "eager"]
+    done = torch_backends("doctor", "--bench", "--json", *names, cwd=real_project, env=one)
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    # Eager was timed before the backend slowed eager's Linear: its speed-up is eager's own,
+    # not some 50x from a slowed reference.
+    assert rows["slows_eager"]["speedup"] < 5
+    # One stalled round of fifteen does not decide the spread: it stalls some 20 times
+    # longer than a round (10 ms), which the range from fastest to slowest would show as a
+    # spread near 20; the middle half of the rounds moves little, even on a busy machine.
+    assert rows["stalls_once"]["spread"] < 5
+    table = torch_backends("doctor", "--bench", *names[1:], cwd=real_project, env=one).stdout
+    assert "RANK" in table.splitlines()[0].split()
 
 
 def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_missing_part(
