@@ -64,6 +64,31 @@ def test_console_script_is_installed(tmp_path: Path) -> None:
     assert "usage: torch-backends" in done.stdout
 
 
+def test_the_shell_completes_commands_and_backend_names(tmp_path: Path, write: WriteFn) -> None:
+    pytest.importorskip("argcomplete")  # the completion extra
+    write("backends.toml", PROJECT + '[backends.fussy]\ntarget = "no colon"\n')
+
+    def complete(line: str) -> list[str]:
+        said = tmp_path / "completions"
+        env = {
+            **os.environ,
+            "_ARGCOMPLETE": "1",
+            "COMP_LINE": line,
+            "COMP_POINT": str(len(line)),
+            "_ARGCOMPLETE_STDOUT_FILENAME": str(said),  # else file descriptor 8
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, "")  # the broken entry says nothing
+        return sorted(word.strip() for word in said.read_text().split("\v"))  # a space: done
+
+    assert complete("torch-backends l") == ["list", "lock"]
+    assert complete("torch-backends explain f") == ["f", "fast"]  # aliases too
+    assert complete("torch-backends doctor --bench p") == ["portable"]
+
+
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert "invalid choice" in run("frobnicate", cwd=tmp_path, check=2).stderr
     assert "required" in run(cwd=tmp_path, check=2).stderr

@@ -170,9 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
         "probe backends in subprocesses: which work here, and how fast",
         doctor.run_doctor,
     )
-    prober.add_argument(
+    names = prober.add_argument(
         "names", nargs="*", metavar="NAME", help="backends to probe (default: every listed one)"
     )
+    names.completer = _complete_names  # type: ignore[attr-defined]
     switch(prober, "--all", "also debug and experimental ones")
     switch(prober, "--bench", "also time compiling and a call, against eager")
     prober.add_argument(
