@@ -252,6 +252,64 @@ def test_a_model_with_dropout_is_verified_in_shapes_and_types_and_trains(
         assert torch.equal(out.detach(), expected.detach())
 
 
+CAUGHT_BY_VERIFY = """
+import torch
+
+def _each(out, change):
+    return type(out)(change(o) for o in out) if isinstance(out, (list, tuple)) else change(out)
+
+def one_output_more(gm, example_inputs):
+    def run(*args):
+        out = gm(*args)
+        return (*out, out[0]) if isinstance(out, (list, tuple)) else (out, out)
+    return run
+
+def a_row_short(gm, example_inputs):
+    return lambda *args: _each(gm(*args), lambda o: o[1:])
+
+def counts_as_floats(gm, example_inputs):
+    return lambda *args: _each(gm(*args), lambda o: o.double())
+
+class _NoBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("no backward kernel for this device")
+
+def backward_fails(gm, example_inputs):
+    return lambda *args: _each(gm(*args), _NoBackward.apply)
+"""
+
+
+def test_verify_says_how_each_member_differs_and_the_chain_trains_with_the_next(
+    write: WriteFn, make_module: Callable[..., str], module_name: str, logged: list[str]
+) -> None:
+    module = make_module(module_name, CAUGHT_BY_VERIFY)
+    members = ["one_output_more", "a_row_short", "counts_as_floats", "backward_fails"]
+    tables = "".join(f'[backends.{m}_UID]\ntarget = "{module}:{m}"\n' for m in members)
+    listed = ", ".join([*(f'"{m}_UID"' for m in members), '"aot_eager"'])
+    registry, uid = installed(
+        write, f'[backends.chain_UID]\nchain = [{listed}]\nverify = "backward"\n{tables}'
+    )
+    model, twin = with_buffers(), with_buffers()
+    x = torch.randn(6, 4)
+    torch.compile(model, backend=f"chain{uid}")(x).sum().backward()
+    twin(x).sum().backward()
+    assert used(registry, f"chain{uid}") == "aot_eager"
+    for mine, theirs in zip(model.parameters(), twin.parameters(), strict=True):
+        assert mine.grad is not None
+        assert close(mine.grad, theirs.grad)
+    said = {m: next(r for r in logged if f"skipping '{m}{uid}'" in r) for m in members}
+    assert "2 outputs where eager gives 1" in said["one_output_more"]
+    assert "output 0 differs from eager beyond rtol=" in said["a_row_short"]
+    assert "torch.Size([5, 3]) != torch.Size([6, 3])" in said["a_row_short"]
+    assert "'dtype' do not match: torch.float64 != torch.float32" in said["counts_as_floats"]
+    assert "its backward raised RuntimeError: no backward kernel" in said["backward_fails"]
+
+
 def test_without_verify_a_member_that_fails_later_is_not_caught(
     write: WriteFn, failing: str
 ) -> None:
