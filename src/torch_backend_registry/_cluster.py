@@ -75,8 +75,6 @@ def verify_consistent(
             raise InconsistentRegistryError(
                 f"rank {me}: not every rank of {members} called verify_consistent() within"
                 f" {seconds:g} s ({exc})",
-                (),
-                (),
             ) from exc
     started = time.monotonic()
     try:
@@ -136,15 +134,11 @@ def _arrive(members: list[int], me: int, limit: timedelta) -> None:
             f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
             f" they may have stopped waiting after {seconds:g} s, and rank {members[0]} ended"
             f" ({type(exc).__name__}: {exc})",
-            (),
-            (),
         ) from exc
     if given_up:  # the others had stopped waiting for this one
         raise InconsistentRegistryError(
             f"rank {me}: verify_consistent() found the other ranks of {members} no longer"
             f" waiting: this rank called it after their {seconds:g} s had run out",
-            (),
-            (),
         )
 
 
@@ -152,7 +146,6 @@ def _not_called(missing: tuple[int, ...], timeout: float) -> InconsistentRegistr
     return InconsistentRegistryError(
         f"ranks {list(missing)} did not call verify_consistent() within {timeout:g} s",
         missing,
-        (),
     )
 
 
@@ -160,8 +153,6 @@ def _timed_out(me: int, members: list[int], timeout: float) -> InconsistentRegis
     return InconsistentRegistryError(
         f"rank {me}: verify_consistent() timed out after {timeout:g} s waiting for the"
         f" other ranks of {members} (rank {members[0]} names the missing ones)",
-        (),
-        (),
     )
 
 
@@ -207,7 +198,6 @@ def _missing(
             f"ranks {list(missing)} ended, or lost their connection, before calling"
             f" verify_consistent() ({waited:.1f} s into its {timeout:g} s)",
             missing,
-            (),
         )
     if "successfully reached monitoredBarrier" in str(exc) or me == members[0]:
         if not ended:
@@ -215,8 +205,6 @@ def _missing(
         return InconsistentRegistryError(
             f"rank {me}: verify_consistent() failed {waited:.1f} s into its {timeout:g} s:"
             f" a rank of {members} ended (rank {members[0]} names it)",
-            (),
-            (),
         )
     # It never waited: the first rank had stopped waiting (this one came late) or ended.
     cause = (str(exc).strip().splitlines() or [""])[0]
@@ -224,8 +212,6 @@ def _missing(
         f"rank {me}: verify_consistent() found rank {members[0]} no longer waiting: this rank"
         f" called it after the others' {timeout:g} s had run out, or rank {members[0]} ended"
         f" ({cause})",
-        (),
-        (),
     )
 
 

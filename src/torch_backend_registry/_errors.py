@@ -129,7 +129,9 @@ class InconsistentRegistryError(BackendRegistryError):
     """Ranks resolve backend names differently (or did not all take part in the check):
     ``ranks`` differ from the majority (or never came), on the backend ``names``."""
 
-    def __init__(self, message: str, ranks: tuple[int, ...], names: tuple[str, ...]) -> None:
+    def __init__(
+        self, message: str, ranks: tuple[int, ...] = (), names: tuple[str, ...] = ()
+    ) -> None:
         self.ranks = ranks
         self.names = names
         super().__init__(message)

@@ -41,9 +41,9 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         facts["distribution"] = source.distribution
         facts["version"] = source.version or ""
     if source.kind == "torch":
-        from ._sources.pytorch import public_version
-
-        facts["torch"] = public_version(torch_version) or ""
+        # The release without its local label (2.13.0 of 2.13.0+cu128): the CPU and the CUDA
+        # build of one release run the same Python code for every backend name.
+        facts["torch"] = (torch_version or "").split("+", 1)[0]
     elif definition.compiler_fn is not None:
         described = callable_facts(definition.compiler_fn)
         if described != definition.target:  # a partial, a callable object: what it holds

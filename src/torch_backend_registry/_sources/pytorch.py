@@ -192,13 +192,6 @@ def torch_version() -> str | None:
         return None
 
 
-def public_version(version: str | None) -> str | None:
-    """A version without its local label (``2.13.0`` of ``2.13.0+cu128``): what decides
-    what PyTorch's own backends run. The CPU and the CUDA build of one release run the
-    same Python code for every backend name, so a login node and its GPU nodes agree."""
-    return None if version is None else version.split("+", 1)[0]
-
-
 def dynamo_imported() -> bool:
     """Whether torch.compile's registry is in this process, imported whole (no import; a
     module another thread is still importing is not: reading it could wait on that
