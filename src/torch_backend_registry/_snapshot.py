@@ -98,6 +98,7 @@ class Snapshot:
         if found is None:
             # Read with no lock held (reading PyTorch's imports torch: seconds, which must
             # not stall another thread's lookup); two threads reading at once keep the first.
+            # Not around PyTorch's: importing torch takes seconds and makes cycles of its own.
             with contextlib.nullcontext() if kind == "torch" else _no_cycle_collection():
                 read = READERS[kind](self.context)
             with self.lock:
