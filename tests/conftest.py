@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import importlib
+import importlib.util
 import io
 import os
 import subprocess
@@ -108,19 +109,22 @@ def torch_backends(
 
 
 def _in_process(args: list[str], cwd: Path, environ: dict[str, str]) -> Done:
-    saved = (dict(os.environ), list(sys.path), set(sys.modules), os.getcwd())
+    main_module = sys.modules["__main__"]
+    saved = (dict(os.environ), list(sys.path), set(sys.modules), os.getcwd(), main_module.__spec__)
     out, err = io.StringIO(), io.StringIO()
     try:
         os.environ.clear()
         os.environ.update(environ)
         os.chdir(cwd)
         # As `python -m` does: the working folder first, then PYTHONPATH's folders; not the
-        # folder pytest runs in, which no such process has (and which, kept, would make the
-        # doctor start a probe server of its own for each run of the command).
+        # folder pytest runs in, which no such process has; and __main__ has the spec of
+        # the module run. (Otherwise doctor would take the folders for a different import
+        # path and start a probe server of its own for each run of the command.)
         extra = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         here = os.path.realpath(saved[3])
         kept = [p for p in sys.path if not p or os.path.realpath(p) != here]
         sys.path[:] = [str(cwd), *extra, *kept]
+        main_module.__spec__ = importlib.util.find_spec("torch_backend_registry.__main__")
         importlib.invalidate_caches()  # files a test just wrote are found
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -131,7 +135,7 @@ def _in_process(args: list[str], cwd: Path, environ: dict[str, str]) -> Done:
                 traceback.print_exc()
                 code = 1
     finally:
-        environ_before, path_before, modules_before, cwd_before = saved
+        environ_before, path_before, modules_before, cwd_before, main_module.__spec__ = saved
         os.chdir(cwd_before)
         os.environ.clear()
         os.environ.update(environ_before)

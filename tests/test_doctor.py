@@ -831,9 +831,9 @@ def test_a_verdict_holds_for_the_host_it_was_found_on(
 
 
 # ------------------------------------------------------------------ other environments, the command
-# Last, so that the tests above share their process's probe server: each test below runs
-# doctor in another environment, or as the command does in its project folder (the folder
-# first on the import path), and so starts a server of its own, as another process would.
+# Last, so that the tests above share their process's probe server: the tests below run
+# doctor in another environment, or as the command does (its import path is another), and
+# so start servers of their own, as another process would; the command's runs share one.
 
 
 def test_a_later_run_probes_in_the_environment_this_process_has_then(
@@ -843,8 +843,9 @@ def test_a_later_run_probes_in_the_environment_this_process_has_then(
         "proj/fakes/tbr_doctor_env.py",
         "import os\n"
         "def fn(gm, inputs):\n"
-        "    if os.environ.get('TBR_MARK') != 'on':\n"
-        "        raise RuntimeError(f\"TBR_MARK is {os.environ.get('TBR_MARK')!r}\")\n"
+        "    for var, value in (('TBR_MARK', 'on'), ('TORCH_BACKENDS_DENY', 'tbr-none')):\n"
+        "        if os.environ.get(var) != value:\n"
+        "            raise RuntimeError(f'{var} is {os.environ.get(var)!r}')\n"
         "    return gm.forward\n",
     )
     (tmp_path / "proj" / "backends.toml").write_text(
@@ -856,7 +857,11 @@ def test_a_later_run_probes_in_the_environment_this_process_has_then(
     assert before.reason.endswith("RuntimeError: TBR_MARK is None")
     monkeypatch.setenv("TBR_MARK", "on")  # as torchrun or a job script sets a variable
     [after] = tbr.doctor(["env_spy"], registry=registry, level="forward", fresh=True)
-    assert after.status == "ok", after.reason
+    assert after.reason.endswith("RuntimeError: TORCH_BACKENDS_DENY is None")
+    # This package's own variables, too (its probe server is started without them).
+    monkeypatch.setenv("TORCH_BACKENDS_DENY", "tbr-none")
+    [ours] = tbr.doctor(["env_spy"], registry=registry, level="forward", fresh=True)
+    assert ours.status == "ok", ours.reason
 
 
 def test_runs_side_by_side_and_a_forked_child_leave_each_others_probes_alone(
@@ -1032,26 +1037,6 @@ def test_only_a_named_or_declared_backend_that_is_unavailable_fails_the_run(
     assert declared.returncode == 1
 
 
-def test_bench_times_eager_before_any_backend_code_and_ranks_what_it_can(
-    real_project: Path,
-) -> None:
-    # One thread a probe: the times are the backend's, not those of threads waiting for a
-    # core that the machine's other work holds.
-    one = {"OMP_NUM_THREADS": "1"}
-    names = ["slows_eager", "stalls_once", "eager"]
-    done = torch_backends("doctor", "--bench", "--json", *names, cwd=real_project, env=one)
-    rows = {row["name"]: row for row in json.loads(done.stdout)}
-    # Eager was timed before the backend slowed eager's Linear: its speed-up is eager's own,
-    # not some 50x from a slowed reference.
-    assert rows["slows_eager"]["speedup"] < 5
-    # One stalled round of fifteen does not decide the spread: it stalls some 20 times
-    # longer than a round (10 ms), which the range from fastest to slowest would show as a
-    # spread near 20; the middle half of the rounds moves little, even on a busy machine.
-    assert rows["stalls_once"]["spread"] < 5
-    table = torch_backends("doctor", "--bench", *names[1:], cwd=real_project, env=one).stdout
-    assert "RANK" in table.splitlines()[0].split()
-
-
 def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_missing_part(
     tmp_path: Path,
 ) -> None:
@@ -1078,3 +1063,23 @@ def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_m
         "import",
     )
     assert "names itself" in verdicts["loop"]["reason"]
+
+
+def test_bench_times_eager_before_any_backend_code_and_ranks_what_it_can(
+    real_project: Path,
+) -> None:
+    # One thread a probe: the times are the backend's, not those of threads waiting for a
+    # core that the machine's other work holds.
+    one = {"OMP_NUM_THREADS": "1"}
+    names = ["slows_eager", "stalls_once", "eager"]
+    done = torch_backends("doctor", "--bench", "--json", *names, cwd=real_project, env=one)
+    rows = {row["name"]: row for row in json.loads(done.stdout)}
+    # Eager was timed before the backend slowed eager's Linear: its speed-up is eager's own,
+    # not some 50x from a slowed reference.
+    assert rows["slows_eager"]["speedup"] < 5
+    # One stalled round of fifteen does not decide the spread: it stalls some 20 times
+    # longer than a round (10 ms), which the range from fastest to slowest would show as a
+    # spread near 20; the middle half of the rounds moves little, even on a busy machine.
+    assert rows["stalls_once"]["spread"] < 5
+    table = torch_backends("doctor", "--bench", *names[1:], cwd=real_project, env=one).stdout
+    assert "RANK" in table.splitlines()[0].split()

@@ -40,12 +40,15 @@ def start(registry: Registry, options: Options) -> Server:
     path = import_path()
     # What PyTorch read of the environment at import is the server's (each probe runs in
     # the environment of its run, see run): another environment needs another server.
-    environ = sorted((k, v) for k, v in os.environ.items() if not k.startswith(_PER_RUN))
-    key = canonical([os.getpid(), environ, path, installed_stamp()])
+    # The registry's own variables are each probe's alone: the server imports PyTorch
+    # without autoload (a probe calls install() itself), so it reads none of them.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(_OURS)}
+    read = sorted((k, v) for k, v in environ.items() if not k.startswith(_PER_RUN))
+    key = canonical([os.getpid(), read, path, installed_stamp()])
     with _LOCK:
         if _WARM is None or _WARM[0] != key or not _WARM[1].alive():
             try:
-                server = Server(path)
+                server = Server(path, environ)
             except OSError as exc:  # an environment too large to start a process with, say
                 raise BackendRegistryError(f"doctor could not start its probes: {exc}") from exc
             old, _WARM = _WARM, (key, server)
@@ -58,6 +61,8 @@ def start(registry: Registry, options: Options) -> Server:
 #: Variables read only where they are used, so no server of their own: the folders of the
 #: XDG standard, and the test pytest runs (which it sets anew for each test).
 _PER_RUN = ("XDG_", "PYTEST_CURRENT_TEST")
+#: This package's variables (TORCH_BACKENDS_PATH, _AUTOLOAD, ...): never the server's.
+_OURS = "TORCH_BACKENDS_"
 
 #: The probe server this process keeps for its next run, under what it was started for.
 _WARM: tuple[str, Server] | None = None

@@ -45,10 +45,11 @@ STARTUP = 60.0
 
 
 class Server:
-    """The probe server, importing PyTorch with the import path ``path`` from the moment it is
-    made; :meth:`probe` is called from as many threads as probes should run at once."""
+    """The probe server, importing PyTorch with the import path ``path`` in ``environ`` from
+    the moment it is made; :meth:`probe` is called from as many threads as probes should
+    run at once."""
 
-    def __init__(self, path: list[str]) -> None:
+    def __init__(self, path: list[str], environ: dict[str, str]) -> None:
         self._probes: dict[int, _Probe] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -65,6 +66,7 @@ class Server:
             stderr=self._stderr,
             pass_fds=(theirs.fileno(),),
             start_new_session=True,
+            env=environ,
         )
         boot = {"path": path, "socket": theirs.fileno()}
         theirs.close()
