@@ -1,13 +1,7 @@
-"""The cluster tests' ranks: real processes talking gloo over the loopback address, forked
-from a server that imported PyTorch once (multiprocessing's forkserver), so that a rank does
-not pay two seconds for it.
+"""The cluster tests' ranks: real processes talking gloo over the loopback address, each
+forked from the server that imported PyTorch once (see ``_forked.py``) and started as
+``python`` would in its own folder, with its own environment.
 
-A rank starts as ``python`` would in its own folder: that folder is the working directory,
-the environment is the one given (nothing of the server's), its ``PYTHONPATH`` leads the
-import path. The server imports only what a training script has imported by the time it
-compares its ranks (torch, torch.distributed and torch._dynamo, which the fingerprint reads
-PyTorch's own backends from), so this package is as ``import torch`` leaves it in any
-process: its autoload hook loaded (off), nothing discovered, which happens in the rank.
 A rank writes what it found as one JSON object to ``rankN.json`` beside the others, and its
 output to ``rankN.log``.
 """
@@ -15,7 +9,6 @@ output to ``rankN.log``.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -23,8 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-_CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
+from . import _forked
 
 
 def run(
@@ -36,7 +28,9 @@ def run(
         stale.unlink()  # an earlier run's ranks ended; these did not
     world = len(folders)
     ranks = [
-        _CONTEXT.Process(target=_rank, args=(r, world, port, modes[r], folders[r], here, envs[r]))
+        _forked.CONTEXT.Process(
+            target=_rank, args=(r, world, port, modes[r], folders[r], here, envs[r])
+        )
         for r in range(world)
     ]
     for process in ranks:
@@ -62,10 +56,7 @@ def _rank(
     log = os.open(here / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    os.chdir(folder)
-    os.environ.clear()
-    os.environ.update(env)
-    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    _forked.start(folder, env)
     try:
         result = _check(rank, world, port, mode, here)
     except BaseException:  # said in the log, which the test shows

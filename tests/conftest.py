@@ -70,6 +70,19 @@ def run_python(
     return done
 
 
+def run_forked(
+    code: str, cwd: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> Done:
+    """Run ``code`` as ``python -c`` would, in a process of its own that has imported
+    PyTorch (torch, torch.distributed, torch._dynamo; see ``_forked.py``) and nothing of
+    this package's registry: for what only a new process shows, once torch is imported.
+    ``env`` adds to this process's environment, less ``TORCH_BACKENDS_PATH``."""
+    from . import _forked
+
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    return Done(*_forked.python(code, cwd, {**environ, **(env or {})}, args))
+
+
 class Done(NamedTuple):
     """What a run of the command left: its exit code and what it printed."""
 

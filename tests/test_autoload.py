@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import run_forked
+
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
 
@@ -133,11 +135,12 @@ def test_import_torch_never_fails_for_autoload(project: Path) -> None:
 
 
 def test_a_drifted_lock_fails_the_first_compile_with_installs_error(project: Path) -> None:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
-    subprocess.run(
-        [sys.executable, "-m", "torch_backend_registry", "lock"],
-        cwd=project, env=environ, check=True, capture_output=True, timeout=PATIENCE,
-    )  # fmt: skip
+    # `torch-backends lock`, in a process of its own (this one's PyTorch registry is every
+    # test's), after import torch as the command does.
+    lock = "import runpy; runpy.run_module('torch_backend_registry', run_name='__main__')"
+    environ = {k: "" for k in os.environ if k.startswith("TORCH_BACKENDS_")}
+    locked = run_forked(lock, project, environ, args=("lock",))
+    assert locked.returncode == 0, locked.stderr
     (project / "backends.toml").write_text(MANIFEST.replace('tag = "mine"', 'tag = "changed"'))
     code = """
     import torch, torch._dynamo

@@ -23,7 +23,7 @@ import torch_backend_registry as tbr
 from torch_backend_registry import LockDriftError, Registry
 from torch_backend_registry._lock import differences, lock_path, read_lock, write_lock
 
-from .conftest import Done, WriteFn, torch_backends
+from .conftest import Done, WriteFn, run_forked, torch_backends
 
 MANIFEST = """
 [backends.fast]
@@ -344,12 +344,8 @@ def test_identical_ranks_agree_on_the_fingerprint(tmp_path: Path) -> None:
     assert len(fingerprints) == 1
     # ...and it is the fingerprint a lone process gets there (PyTorch's registry is
     # process-wide, so this test's own process, which other tests used, is no reference).
-    alone = subprocess.run(
-        [sys.executable, "-c", "import torch_backend_registry as t; print(t.fingerprint())"],
-        cwd=folders[0], capture_output=True, text=True, check=True,
-        env={k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"},
-    ).stdout.strip()  # fmt: skip
-    assert fingerprints == {alone}
+    alone = run_forked("import torch_backend_registry as t; print(t.fingerprint())", folders[0])
+    assert fingerprints == {alone.stdout.strip()}, alone.stderr
 
 
 def test_a_different_rank_makes_every_rank_raise_the_same_error(tmp_path: Path) -> None:

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,7 +21,7 @@ import pytest
 import torch_backend_registry as tbr
 from torch_backend_registry import Registry
 
-from .conftest import WriteFn, torch_backends
+from .conftest import WriteFn, run_forked, torch_backends
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.torch, pytest.mark.compilers]
@@ -615,11 +612,7 @@ print(info.source.kind, [(d.source.kind, d.target) for d in info.shadowed])
 print(torch_tensorrt.CALLS)
 print(tbr.lookup_backend("tensorrt").__name__, "tensorrt" in torch._dynamo.list_backends(()))
 """
-    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    done = run_forked(code, ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "project [('torch', 'torch_tensorrt:tensorrt_backend')]",  # both known, by precedence
@@ -665,11 +658,7 @@ print("inductor" in names, "new_upgraded" in names)
 print([n for n in names if n.startswith("old_")], [m for m in sys.modules if m.startswith("tbr_")])
 print(callable(tbr.lookup_backend("inductor")))
 """
-    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(site)], cwd=tmp_path, env=environ,
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_forked(code, tmp_path, args=(str(site),))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["True True", "[] []", "True"]
     assert "plugin code ran" not in done.stderr

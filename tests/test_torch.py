@@ -26,7 +26,7 @@ from torch_backend_registry import (
     UnknownBackendError,
 )
 
-from .conftest import PLUGINS, WriteFn, run_python
+from .conftest import PLUGINS, WriteFn, run_forked, run_python
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -394,10 +394,7 @@ import torch._dynamo
 assert "runtime_59" in torch._dynamo.list_backends(exclude_tags=())
 print("done")
 """
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-        timeout=PATIENCE,
-    )  # fmt: skip
+    done = run_forked(code, tmp_path)
     assert done.stdout.strip() == "done", done.stderr
 
 
@@ -478,7 +475,7 @@ print(status)
 def test_the_registry_reads_pytorchs_own_layout_of_torch_2_0_and_2_1(tmp_path: Path) -> None:
     # torch 2.0 and 2.1 (within the declared torch>=2.0) keep the registered functions in
     # _BACKENDS itself, without _COMPILER_FNS; only 2.13 is installed here, so its registry
-    # module is put into that layout in a fresh process, with that layout's listing.
+    # module is put into that layout in a process of its own, with that layout's listing.
     code = """
 import torch._dynamo
 from torch._dynamo.backends import registry
@@ -505,8 +502,8 @@ print(reg.backend_info("eager").source.kind, reg.lookup_backend("eager") is eage
 print(reg.backend_info("late_plugin").source.kind, reg.lookup_backend("late_plugin") is late)
 print("inductor" in reg.list_backends(), "aot_eager" in reg.list_backends(exclude_tags=()))
 """
-    said = run_python(code, cwd=tmp_path).stdout.split()
-    assert said == ["torch", "True", "torch", "True", "True", "True"]
+    done = run_forked(code, tmp_path)
+    assert done.stdout.split() == ["torch", "True", "torch", "True", "True", "True"], done.stderr
 
 
 def test_a_registry_layout_not_known_here_is_asked_through_its_functions(
@@ -531,4 +528,5 @@ registry.lookup_backend = torch._dynamo.lookup_backend = kept.__getitem__
 reg = tbr.Registry(cwd=".", environ={})
 print(reg.backend_info("eager").source.kind, reg.lookup_backend("eager") is kept["eager"])
 """
-    assert run_python(code, cwd=tmp_path).stdout.split() == ["torch", "True"]
+    done = run_forked(code, tmp_path)
+    assert done.stdout.split() == ["torch", "True"], done.stderr
