@@ -129,14 +129,12 @@ def _in_process(args: list[str], cwd: Path, environ: dict[str, str]) -> Done:
         os.environ.clear()
         os.environ.update(environ)
         os.chdir(cwd)
-        # As `python -m` does: the working folder first, then PYTHONPATH's folders; not the
-        # folder pytest runs in, which no such process has; and __main__ has the spec of
-        # the module run. (Otherwise doctor would take the folders for a different import
-        # path and start a probe server of its own for each run of the command.)
+        # As `python -m` does: the working folder first, then PYTHONPATH's folders, and
+        # __main__ has the spec of the module run. (So doctor finds the import path it
+        # would, less that folder: one run of the command and the next, and the tests'
+        # calls of the API, share a probe server.)
         extra = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        here = os.path.realpath(saved[3])
-        kept = [p for p in sys.path if not p or os.path.realpath(p) != here]
-        sys.path[:] = [str(cwd), *extra, *kept]
+        sys.path[:] = [str(cwd), *extra, *sys.path]
         main_module.__spec__ = importlib.util.find_spec("torch_backend_registry.__main__")
         importlib.invalidate_caches()  # files a test just wrote are found
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
