@@ -392,10 +392,15 @@ def test_errors_are_one_line_unless_debug(tmp_path: Path, write: WriteFn) -> Non
 
 
 def on_terminal(
-    *args: str, cwd: Path, columns: int, stderr_too: bool = False, env: dict[str, str] | None = None
+    *args: str,
+    cwd: Path,
+    columns: int,
+    stderr_too: bool = False,
+    env: dict[str, str] | None = None,
+    code: int = 0,
 ) -> tuple[str, subprocess.CompletedProcess[str]]:
     """Run the command with stdout (and stderr) on a pseudo-terminal ``columns`` wide, with
-    ``env`` added to the environment."""
+    ``env`` added to the environment; it must exit with ``code``."""
     import pty
 
     leader, follower = pty.openpty()
@@ -408,7 +413,6 @@ def on_terminal(
         text=True,
         cwd=cwd,
         env=environ,
-        check=True,
     )
     os.close(follower)
     chunks = []
@@ -421,6 +425,7 @@ def on_terminal(
             break
         chunks.append(chunk)
     os.close(leader)
+    assert done.returncode == code, done.stderr
     return b"".join(chunks).decode("utf-8"), done
 
 
@@ -694,26 +699,37 @@ def test_doctors_progress_fits_the_terminal_and_is_gone_before_the_table(
 ) -> None:
     pytest.importorskip("torch")  # doctor compiles
     long_name = "a_backend_with_a_very_long_name_" * 3
+    missing = "a_module_nobody_has.with_a_long_name"
     write("tbr_progress_fakes.py", "def fine(gm, example_inputs):\n    return gm.forward\n")
     write(
         "backends.toml",
-        f'python-path = ["."]\n[backends.{long_name}]\ntarget = "tbr_progress_fakes:fine"\n',
+        f'python-path = ["."]\n[backends.{long_name}]\ntarget = "tbr_progress_fakes:fine"\n'
+        f'[backends.needs]\ntarget = "tbr_progress_fakes:fine"\nrequires = ["{missing}"]\n',
     )
     shown, _ = on_terminal(
-        *("doctor", long_name, "--level", "forward"),
+        *("doctor", long_name, "needs", "--level", "forward"),
         cwd=tmp_path,
         columns=60,
         stderr_too=True,
         env={"XDG_CACHE_HOME": str(tmp_path / "cache")},
+        code=1,  # one backend is unavailable
     )
     *progress, table = shown.split("\r\033[K")
     assert all(len(line) < 60 for line in progress)
     probing = [line for line in progress if "probing" in line]
     assert probing, shown  # a line while probing...
-    assert probing[0].startswith("torch-backends: 0/1 done; probing a_backend_with")
-    header, row = table.splitlines()  # ...gone before the table
+    assert probing[0].startswith("torch-backends: 0/2 done; probing ")
+    assert any("probing a_backend_with" in line for line in probing)
+    header, row, unavailable, *reason = table.splitlines()  # ...gone before the table
     assert header.startswith("NAME ")
-    assert row.startswith("a_backend_with_a_very_long_name_")
+    # A name too long is cut, so that every row's status shows; a reason too long for the
+    # line goes whole below its row: nothing of what says what is wrong is cut.
+    assert row.startswith("a_backend_with_a")
+    assert row.split()[1:] == ["ok", "forward", row.split()[-1]]
+    assert unavailable.split() == ["needs", "unavailable", "requirements", "0.0"]
+    assert reason
+    assert all(line.startswith("    ") and len(line) <= 60 for line in reason)
+    assert missing in " ".join(line.strip() for line in reason)
 
 
 def test_doctor_says_why_a_speed_is_unranked_only_where_it_shows_ranks(

@@ -101,24 +101,43 @@ def print_rows(
     *,
     optional_last: bool = False,
     shrinkable: Sequence[int] = (),
+    spill_last: bool = False,
 ) -> None:
     """Aligned columns, the last one as it is. On a terminal, the ``shrinkable`` columns are
     cut (down to :data:`NARROWEST` each) to fit its width, and then each line; the last
-    column, if ``optional_last``, only where it still fits. Piped, nothing is cut, and an
-    optional last column is left out (the columns scripts know)."""
+    column, if ``optional_last``, only where it still fits; if ``spill_last``, a last cell
+    that does not fit goes whole on the lines below its row, indented (the header's is
+    cut). Piped, nothing is cut, and an optional last column is left out (the columns
+    scripts know)."""
     rows = [tuple(printable(cell) for cell in row) for row in rows]
     limit = terminal_width()
-    widths = None if limit is None else _fitted(rows, limit, shrinkable)
+    # A last column that spills is not one the others are cut to make room for.
+    fitting = [row[:-1] for row in rows] if spill_last else rows
+    widths = None if limit is None else _fitted(fitting, limit, shrinkable)
+    if widths is not None and spill_last:
+        widths.append(max(len(row[-1]) for row in rows))
     if widths is None and optional_last:
         rows = [row[:-1] for row in rows]
         if limit is not None:
             widths = _fitted(rows, limit, [i for i in shrinkable if i < len(rows[0])])
     if widths is None:  # piped, or too wide even cut: each column as wide as its cells
         widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
-    for row in rows:
+    for number, row in enumerate(rows):
         cells = [_cut(cell, width).ljust(width) for cell, width in zip(row, widths, strict=True)]
         line = "  ".join(cells).rstrip()
-        print(line if limit is None else _cut(line, limit))
+        if limit is None or len(line) <= limit:
+            print(line)
+        elif spill_last and number > 0:  # a reason cut would not say what is wrong
+            import textwrap
+
+            print(_cut("  ".join(cells[:-1]).rstrip(), limit))
+            # Whole words and paths, so that they can be copied.
+            for part in textwrap.wrap(
+                row[-1], max(limit - 4, NARROWEST), break_long_words=False, break_on_hyphens=False
+            ):
+                print("    " + part)
+        else:
+            print(_cut(line, limit))
 
 
 #: The narrowest a column is cut to, to fit a terminal.

@@ -145,7 +145,7 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
             ]
         row.append(v.reason)
         table.append(tuple(row))
-    print_rows(table)
+    print_rows(table, shrinkable=(0,), spill_last=True)
     # Where no rank is shown (a run without --bench, which a bench verdict answered), none
     # is missing.
     wide = [v.name for v in verdicts if bench and v.spread is not None and v.spread > WIDE]
