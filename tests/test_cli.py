@@ -726,7 +726,8 @@ def test_doctors_progress_fits_the_terminal_and_is_gone_before_the_table(
     # line goes whole below its row: nothing of what says what is wrong is cut.
     assert row.startswith("a_backend_with_a")
     assert row.split()[1:] == ["ok", "forward", row.split()[-1]]
-    assert unavailable.split() == ["needs", "unavailable", "requirements", "0.0"]
+    assert unavailable.split()[:3] == ["needs", "unavailable", "requirements"]
+    assert len(unavailable.split()) == 4  # its seconds, and no cut reason on the line
     assert reason
     assert all(line.startswith("    ") and len(line) <= 60 for line in reason)
     assert missing in " ".join(line.strip() for line in reason)
