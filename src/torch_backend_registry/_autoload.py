@@ -22,7 +22,7 @@ import warnings
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
@@ -33,16 +33,15 @@ AUTOLOAD_VAR = "TORCH_BACKENDS_AUTOLOAD"
 DYNAMO = "torch._dynamo"
 
 
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``TORCH_BACKENDS_AUTOLOAD`` turns autoload on in ``environ``."""
-    value = (os.environ if environ is None else environ).get(AUTOLOAD_VAR, "")
-    return value.strip() not in ("", "0")
+def enabled() -> bool:
+    """Whether ``TORCH_BACKENDS_AUTOLOAD`` turns autoload on."""
+    return os.environ.get(AUTOLOAD_VAR, "").strip() not in ("", "0")
 
 
-def state(environ: Mapping[str, str] | None = None) -> str:
+def state() -> str:
     """Whether a process that imports torch here gets the registry's backends without
     calling install(), in words for the command to show."""
-    if not enabled(environ):
+    if not enabled():
         return f"off: only processes that call install() ({AUTOLOAD_VAR}=1 would make it every one)"
     from importlib.metadata import entry_points
 

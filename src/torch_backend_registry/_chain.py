@@ -211,7 +211,8 @@ class DeviceBackend(_Composite):
         return dict(self.definition.by_device or ())
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        device = device_type(gm, example_inputs)
+        # The first device that is not the CPU where there are several; else the CPU.
+        device = next((t for t in _device_types(gm, example_inputs) if t != "cpu"), "cpu")
         table = self.table
         member = table.get(device, table.get("other"))
         if member is None:
@@ -303,14 +304,9 @@ def passed_through() -> tuple[type[BaseException], ...]:
     return exc.RestartAnalysis, exc.SkipFrame, RefusedArguments
 
 
-def device_type(gm: Any, example_inputs: Any) -> str:
-    """The device a graph runs on: that of its tensor inputs, then of its own parameters and
-    buffers, then of the values its nodes make (a graph may create its own tensors); the
-    first that is not the CPU where there are several; else ``cpu``."""
-    return next((t for t in _device_types(gm, example_inputs) if t != "cpu"), "cpu")
-
-
 def _device_types(gm: Any, example_inputs: Any) -> Iterator[str]:
+    """The devices a graph runs on: those of its tensor inputs, then of its own parameters
+    and buffers, then of the values its nodes make (a graph may create its own tensors)."""
     for x in example_inputs:
         if hasattr(x, "device") and hasattr(x, "dtype"):
             yield x.device.type

@@ -235,24 +235,16 @@ class BackendDefinition(NamedTuple):
                 return line
         return self.source.line
 
-    def key_of(self, *parts: str) -> str:
-        """The full key of ``parts`` of this backend's table, as its file writes it
-        (``backends.fast.target``, or under ``tool.torch-backends`` in pyproject.toml)."""
+    def located(self, message: str, *parts: str, severity: Severity = "error") -> Problem:
+        """A problem of this backend, at the line and key of ``parts`` (none: its table), the
+        key as its file writes it (``backends.fast.target``, or under ``tool.torch-backends``
+        in pyproject.toml)."""
         from ._keys import table_prefix, toml_key
 
         path = self.source.path
         prefix = table_prefix(path) if path is not None else ()
-        return toml_key((*prefix, "backends", self.name, *parts))
-
-    def located(self, message: str, *parts: str, severity: Severity = "error") -> Problem:
-        """A problem of this backend, at the line and key of ``parts`` (none: its table)."""
-        return Problem(
-            message,
-            path=self.source.path,
-            line=self.line_of(*parts),
-            key=self.key_of(*parts),
-            severity=severity,
-        )
+        key = toml_key((*prefix, "backends", self.name, *parts))
+        return Problem(message, path=path, line=self.line_of(*parts), key=key, severity=severity)
 
     @property
     def usable(self) -> bool:
@@ -265,20 +257,6 @@ class BackendDefinition(NamedTuple):
         if self.by_device is not None:
             return tuple(dict.fromkeys(name for _device, name in self.by_device))
         return self.chain or ()
-
-
-def runtime_definition(
-    name: str, compiler_fn: Callable[..., Any], tags: tuple[str, ...]
-) -> BackendDefinition:
-    """The definition a ``register_backend`` call makes; tags the function, as PyTorch does."""
-    import contextlib
-
-    with contextlib.suppress(AttributeError, TypeError):  # a builtin keeps them here only
-        compiler_fn._tags = tags  # type: ignore[attr-defined]
-    source = Source("runtime", module=getattr(compiler_fn, "__module__", None))
-    return BackendDefinition(
-        name, source, tags=tags, compiler_fn=compiler_fn, target=target_of(compiler_fn)
-    )
 
 
 class BackendInfo(NamedTuple):

@@ -6,7 +6,7 @@ import contextlib
 import functools
 import os
 
-from ._definition import SOURCE_KINDS, BackendInfo, Source, runtime_definition
+from ._definition import SOURCE_KINDS, BackendDefinition, BackendInfo, Source, target_of
 from ._errors import BackendRegistryError, DuplicateBackendError, ManifestError, UnknownBackendError
 from ._forksafe import ForkSafeLock
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, TypeVar, overload
 
-    from ._definition import BackendDefinition, DefaultDeclaration, Problem, SourceKind
+    from ._definition import DefaultDeclaration, Problem, SourceKind
     from ._merge import Index
     from ._snapshot import Snapshot
     from ._sources import Context
@@ -184,6 +184,7 @@ class Registry:
         if not callable(compiler_fn):
             raise TypeError(f"compiler_fn must be callable, got {type(compiler_fn).__name__}")
         name = name or compiler_fn.__name__
+        tags = tuple(tags)
         # PyTorch's names are refused whether or not torch.compile's registry is loaded.
         pytorch = self._current().pytorch_names()
         with self._lock:
@@ -191,7 +192,13 @@ class Registry:
                 raise DuplicateBackendError(name, self._runtime[name].source)
             if name in pytorch:
                 raise DuplicateBackendError(name, Source("torch"))
-            self._runtime[name] = runtime_definition(name, compiler_fn, tuple(tags))
+            # Tagged as PyTorch tags it (a builtin keeps them in the definition only).
+            with contextlib.suppress(AttributeError, TypeError):
+                compiler_fn._tags = tags  # type: ignore[attr-defined]
+            source = Source("runtime", module=getattr(compiler_fn, "__module__", None))
+            self._runtime[name] = BackendDefinition(
+                name, source, tags=tags, compiler_fn=compiler_fn, target=target_of(compiler_fn)
+            )
         self._changed(registered=True)
         return compiler_fn
 

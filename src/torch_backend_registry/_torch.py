@@ -81,8 +81,8 @@ def _dynamo() -> Any:
 
 
 def install(registry: Registry, *, early: bool = False) -> None:
-    """Make every backend of ``registry`` a ``torch.compile`` name, importing no target;
-    apply its manifest ``default``. Idempotent; later refreshes and registrations follow.
+    """What :func:`torch_backend_registry.install` does once its checks pass; later refreshes
+    and registrations follow.
 
     ``early`` (autoload, while ``torch._dynamo`` is still being imported and the modules that
     import it are not whole): PyTorch's own backends are left for PyTorch to import when it
@@ -127,9 +127,8 @@ def _install_names(registry: Registry) -> None:
 
 
 def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
-    """Put ``proxy`` under ``name`` in place of what a plugin registered there, which is
-    kept aside (still PyTorch's registry's definition of the name, shadowed by the
-    registry's); ``False`` where PyTorch's own backend holds the name."""
+    """Put ``proxy`` under ``name`` in place of what a plugin registered there, kept aside (see
+    the module's docstring); ``False`` where PyTorch's own backend holds the name."""
     module: Any = sys.modules[REGISTRY_MODULE]
     loaded = loaded_backends(module)
     held = loaded.get(name) if loaded is not None else None

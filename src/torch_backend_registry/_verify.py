@@ -218,8 +218,7 @@ def _flatten(inputs: list[Any]) -> tuple[list[Any], Any]:
     hands its graph one list of tensors), and how to put them back together."""
     from torch.utils import _pytree
 
-    flat, spec = _pytree.tree_flatten(inputs)
-    return flat, spec
+    return _pytree.tree_flatten(inputs)  # type: ignore[no-any-return]
 
 
 def _unflatten(values: list[Any], spec: Any) -> list[Any]:
