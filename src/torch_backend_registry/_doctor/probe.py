@@ -199,12 +199,11 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("unavailable", 1, why)
     import torch
 
-    backward = config["level"] == "backward"
     device = _device(config["device"] or "cpu")
     if device is None:
         return verdict("unavailable", 1, f"no {config['device']} device here")
     sys.path.extend(config["model_path"])  # last: as a python-path folder is
-    eager = Eager(config["model"], device, backward)
+    eager = Eager(config["model"], device, config["level"] == "backward")
     # Eager is timed before any backend's code is loaded (a backend may start threads that
     # slow every later call): each row's speed-up is against the same eager.
     eager_times = _timed(eager, eager.model) if config["bench"] else []
@@ -232,7 +231,7 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     if wrong is not None:
         return verdict("wrong-result", 3, wrong)
     reached = 3
-    if backward and eager.grads is not None:
+    if eager.grads is not None:  # with level backward, where the model has a backward pass
         say(level=4)
         params = [p for p in eager.model.parameters() if p.requires_grad]
         total = loss(out)
