@@ -210,7 +210,6 @@ def _show(value: Any) -> str:
 
 
 def check_locked(registry: Registry, path: str) -> None:
-    """Raise :class:`LockDriftError` where ``registry`` resolves names unlike the lock ``path``."""
     changes = differences(read_lock(path), registry.facts())
     if changes:
         raise LockDriftError(path, changes)
