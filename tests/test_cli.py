@@ -644,7 +644,9 @@ def test_shell_completion_offers_commands_and_backend_names(tmp_path: Path, writ
 def _remember(registry: Registry, name: str, verdict: Verdict) -> None:
     """Remember a verdict as doctor does: for what ``name`` runs here, on the built-in probe."""
     probe = {"model": None, "device": "cpu", "timeout": 300.0}
-    Verdicts(registry.context.cache).put(subject_of(registry, name), probe, verdict)
+    Verdicts(registry.context.cache).remember(
+        [(subject_of(registry, name), probe, verdict, None, [])]
+    )
 
 
 def test_list_and_explain_show_a_remembered_verdict_also_of_an_override(
@@ -1032,7 +1034,9 @@ def test_a_warm_listing_with_remembered_verdicts_imports_no_package_metadata(
     registry = Registry(cwd=tmp_path, environ={}, sources=("project",))
     subject = subject_of(registry, "fast")
     memory = Verdicts(registry.context.cache)
-    memory.put(subject, {"model": None, "device": "cpu"}, Verdict("fast", "ok", 4))
+    memory.remember(
+        [(subject, {"model": None, "device": "cpu"}, Verdict("fast", "ok", 4), None, [])]
+    )
     code = (
         "import sys\n"
         "sys.argv = ['torch-backends', 'list', '--no-torch']\n"

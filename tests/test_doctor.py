@@ -801,7 +801,7 @@ from torch_backend_registry import Registry, Verdict
 from torch_backend_registry._doctor.verdicts import Verdicts
 memory = Verdicts(Registry(environ={}, sources=("project",)).context.cache)
 for i in range(40):
-    memory.put(f"{sys.argv[1]}-{i}", {"model": None}, Verdict("x", "ok", 4))
+    memory.remember([(f"{sys.argv[1]}-{i}", {"model": None}, Verdict("x", "ok", 4), None, [])])
 """
     environ = dict(os.environ)
     runs = [

@@ -31,7 +31,6 @@ DEFAULT_TIMEOUT = 60.0
 def verify_consistent(
     registry: Registry, group: Any = None, timeout: float | timedelta = DEFAULT_TIMEOUT
 ) -> str:
-    """Compare this registry's fingerprint with every rank's; return it when all agree."""
     import socket
     from datetime import timedelta
 

@@ -46,15 +46,12 @@ HEADER = """\
 
 
 def digest(facts: Facts) -> str:
-    """The full SHA-256 (hex) of the facts, in their canonical form."""
     import hashlib
 
     return hashlib.sha256(canonical(facts).encode("utf-8")).hexdigest()
 
 
 def fingerprint(registry: Registry) -> str:
-    """A short stable hash of what every name resolves to (16 hex digits): the same
-    inputs give the same hash in any process on any machine."""
     return digest(registry.facts())[:16]
 
 
@@ -213,7 +210,6 @@ def _show(value: Any) -> str:
 
 
 def check_locked(registry: Registry, path: str) -> None:
-    """Raise :class:`LockDriftError` where ``registry`` resolves names unlike the lock ``path``."""
     changes = differences(read_lock(path), registry.facts())
     if changes:
         raise LockDriftError(path, changes)

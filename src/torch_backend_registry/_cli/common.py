@@ -42,7 +42,6 @@ def error(message: str) -> None:
 
 
 def working_folder() -> str | None:
-    """The working directory, or ``None`` where it was removed."""
     try:
         return os.getcwd()
     except OSError:

@@ -20,8 +20,6 @@ class ModelError(BackendRegistryError, ValueError):
 
 
 class Options(NamedTuple):
-    """How to probe: the same for every backend of one run."""
-
     #: Seconds a backend may take before it is killed.
     timeout: float = 300.0
     #: Also time compiling and calls against eager.

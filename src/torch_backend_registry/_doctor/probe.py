@@ -177,13 +177,6 @@ def _children() -> list[int]:
     return found
 
 
-def _tell(fd: int, **fields: Any) -> None:
-    """Say ``fields`` on the pipe to the parent: one JSON object a line, nothing else on it."""
-    data = (json.dumps(fields) + "\n").encode()
-    while data:
-        data = data[os.write(fd, data) :]
-
-
 def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     """Go through the levels for ``config["name"]``; the verdict as a dict.
 
@@ -206,12 +199,11 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
         return verdict("unavailable", 1, why)
     import torch
 
-    backward = config["level"] == "backward"
     device = _device(config["device"] or "cpu")
     if device is None:
         return verdict("unavailable", 1, f"no {config['device']} device here")
     sys.path.extend(config["model_path"])  # last: as a python-path folder is
-    eager = Eager(config["model"], device, backward)
+    eager = Eager(config["model"], device, config["level"] == "backward")
     # Eager is timed before any backend's code is loaded (a backend may start threads that
     # slow every later call): each row's speed-up is against the same eager.
     eager_times = _timed(eager, eager.model) if config["bench"] else []
@@ -239,7 +231,7 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     if wrong is not None:
         return verdict("wrong-result", 3, wrong)
     reached = 3
-    if backward and eager.grads is not None:
+    if eager.grads is not None:  # with level backward, where the model has a backward pass
         say(level=4)
         params = [p for p in eager.model.parameters() if p.requires_grad]
         total = loss(out)
@@ -317,30 +309,26 @@ def _missing(exc: BaseException) -> list[str]:
     return [c.name for c in causes(exc) if isinstance(c, ModuleNotFoundError) and c.name]
 
 
-def imported_code() -> list[list[object]]:
-    """The files of the modules this process imported that are neither Python's nor
-    installed (a project's own code, wherever it lies), each with its size and time."""
-    paths = sysconfig.get_paths()
-    installed = [paths["stdlib"], paths["platstdlib"], *site.getsitepackages()]
-    installed.append(site.getusersitepackages())
-    installed.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ours
-    # As written and as resolved: most files are skipped before a path is resolved.
-    skipped = tuple({os.path.join(q, "") for p in installed for q in (p, os.path.realpath(p))})
-    found = []
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if not isinstance(path, str) or path.startswith(skipped):
-            continue
-        if not os.path.realpath(path).startswith(skipped):
-            found.append(stamp(path))
-    return sorted(f for f in found if len(f) == 3)[:10_000]
-
-
 def _code() -> list[list[object]] | None:
-    """:func:`imported_code`, or ``None`` where it cannot be told: a verdict found with
-    it unknown holds for this probe only, and is not remembered."""
+    """The files of the modules this process imported that are neither Python's nor
+    installed (a project's own code, wherever it lies), each with its size and time;
+    ``None`` where it cannot be told: a verdict found with it unknown holds for this
+    probe only, and is not remembered."""
     try:
-        return imported_code()
+        paths = sysconfig.get_paths()
+        installed = [paths["stdlib"], paths["platstdlib"], *site.getsitepackages()]
+        installed.append(site.getusersitepackages())
+        installed.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ours
+        # As written and as resolved: most files are skipped before a path is resolved.
+        skipped = tuple({os.path.join(q, "") for p in installed for q in (p, os.path.realpath(p))})
+        found = []
+        for module in list(sys.modules.values()):
+            path = getattr(module, "__file__", None)
+            if not isinstance(path, str) or path.startswith(skipped):
+                continue
+            if not os.path.realpath(path).startswith(skipped):
+                found.append(stamp(path))
+        return sorted(f for f in found if len(f) == 3)[:10_000]
     except Exception:
         return None
 
@@ -373,7 +361,10 @@ def main(config: dict[str, Any]) -> None:
     def say(**fields: Any) -> None:
         if "level" in fields:  # the code run so far: what a crash or a hang depends on
             fields["code"] = _code()
-        _tell(channel, **fields)
+        # One JSON object a line, nothing else on the pipe to the parent.
+        data = (json.dumps(fields) + "\n").encode()
+        while data:
+            data = data[os.write(channel, data) :]
 
     started = time.perf_counter()
     try:

@@ -241,7 +241,6 @@ class _Probe:
 
     @property
     def done(self) -> bool:
-        """Whether the last report came, or every pipe closed."""
         return bool(self.report) or not self.open
 
     def wait(self, timeout: float, progress: Callable[[int, bool], None]) -> bool:

@@ -251,9 +251,6 @@ class Verdicts:
         # Only the newest that reads back as a verdict is built.
         return next(filter(None, map(_read, sorted(found, key=_when, reverse=True))), None)
 
-    def put(self, subject: str, probe: Mapping[str, Any], verdict: Verdict) -> None:
-        self.remember([(subject, probe, verdict, None, [])])
-
     def remember(
         self, found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]]
     ) -> None:
