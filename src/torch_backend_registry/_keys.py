@@ -9,7 +9,6 @@ PYPROJECT_TABLE = ("tool", "torch-backends")
 
 
 def table_prefix(path: str) -> tuple[str, ...]:
-    """Where the manifest stands in its file: under ``[tool.torch-backends]`` in pyproject.toml."""
     return PYPROJECT_TABLE if os.path.basename(path) == "pyproject.toml" else ()
 
 

@@ -98,7 +98,7 @@ class Snapshot:
         if found is None:
             # Read with no lock held (reading PyTorch's imports torch: seconds, which must
             # not stall another thread's lookup); two threads reading at once keep the first.
-            # Not around PyTorch's: importing torch takes seconds and makes cycles of its own.
+            # Collection stays on while torch is imported: it makes cycles of its own.
             with contextlib.nullcontext() if kind == "torch" else _no_cycle_collection():
                 read = READERS[kind](self.context)
             with self.lock:
@@ -106,7 +106,6 @@ class Snapshot:
         return found
 
     def entry_point_names(self) -> frozenset[str]:
-        """The names installed distributions declare (read once; PyTorch holds them too)."""
         if self._entry_point_names is None:
             found = (
                 self.found("entry-point") if "entry-point" in self.kinds else read_entry_points()

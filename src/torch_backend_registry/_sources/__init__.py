@@ -41,7 +41,6 @@ class Context(NamedTuple):
 
 
 def runtime_source(ctx: Context) -> Discovery:
-    """``register_backend`` calls made in this process."""
     found = Discovery()
     found.definitions.extend(ctx.runtime)
     return found
@@ -172,7 +171,6 @@ def _declares_table(pyproject: str) -> bool:
 
 
 def project_source(ctx: Context) -> Discovery:
-    """The nearest project manifest."""
     from .manifest import read_manifest
 
     found = Discovery()
@@ -233,7 +231,6 @@ def entry_point_source(ctx: Context) -> Discovery:
 
 
 def torch_source(ctx: Context) -> Discovery:
-    """PyTorch's own backends, where torch is installed."""
     from .pytorch import torch_definitions
 
     return torch_definitions(ctx.entry_point_names())

@@ -70,7 +70,6 @@ class Cache:
         self.trimmed: set[str] = set()
 
     def get(self, kind: str, key: object) -> Any:
-        """The value stored under ``key``, or ``None``."""
         if self.folder is None or not self._private(kind):
             return None
         path, name = self._entry(kind, key)

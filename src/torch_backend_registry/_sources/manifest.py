@@ -185,7 +185,6 @@ class _Validation(NamedTuple):
             self._backends(raw_backends, valid, broken, tuple(header.python_path))
 
     def _header(self, header: Manifest) -> None:
-        """The plugin rules and the default a document declares."""
         for field in ("allow", "deny"):
             names = getattr(header.plugins, field, None)
             if names is not None and (names or field == "allow"):

@@ -76,7 +76,6 @@ class KeyLines:
         self._edges: dict[tuple[int, str], tuple[int, int]] = {}
 
     def add(self, path: Path, line: int, below: int = ROOT) -> int:
-        """Record ``path`` (under the node ``below``, default the root); return its node."""
         edges = self._edges
         node = below
         for part in path:
