@@ -85,7 +85,13 @@ def resolve_picks(index: Index, definitions: Sequence[BackendDefinition]) -> Non
             continue
         owners = {_dist_of(p) for p in points}
         if len(owners) > 1 and top.source.kind == "entry-point":
-            index.conflicts[key] = _conflict(key, points)
+            declared = " and ".join(_owner(p) for p in points)
+            index.conflicts[key] = Problem(
+                f"entry point {key!r} is declared by {declared}: {_owner(points[0])} is used, the"
+                ' first on sys.path, then by name; say which with `distribution = "..."` in a'
+                f" [backends.{key}] table of a manifest",
+                severity="warning",
+            )
     index.problems.extend(index.conflicts.values())
 
 
@@ -126,13 +132,3 @@ def _dist_of(point: BackendDefinition) -> str:
 def _owner(point: BackendDefinition) -> str:
     version = f" {point.source.version}" if point.source.version else ""
     return f"{point.source.distribution!r}{version}"
-
-
-def _conflict(name: str, points: list[BackendDefinition]) -> Problem:
-    owners = " and ".join(_owner(p) for p in points)
-    return Problem(
-        f"entry point {name!r} is declared by {owners}: {_owner(points[0])} is used, the first"
-        ' on sys.path, then by name; say which with `distribution = "..."` in a'
-        f" [backends.{name}] table of a manifest",
-        severity="warning",
-    )
