@@ -188,11 +188,7 @@ def merge(
         found.add(discovery)
     index = Index(found, pytorch, torch_read)
     by_key = index.by_key
-    # PyTorch's own backends are loaded in its registry, which refuses a second
-    # definition of their names: torch.compile keeps running PyTorch's. So that
-    # this registry gives the same answer, a definition (or alias) of such a
-    # name from any other source is refused where it is made.
-    reserved = index.pytorch
+    reserved = index.pytorch  # see the module's rules: PyTorch's registry refuses them
     for definition in found.definitions:
         kind = definition.source.kind
         name = definition.name

@@ -63,9 +63,8 @@ _REGISTERING = frozenset(
 
 def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
     """The names PyTorch's own backends take in the PyTorch installed here, which no other
-    source may redefine: read from the files that register them (what PyTorch's registry
-    imports when it lists its backends) without importing torch, once per torch version,
-    state of those files and code of this package, and remembered in ``cache``."""
+    source may redefine: read from the files that register them, without importing torch,
+    and remembered in ``cache``."""
     return _names_in(tuple(tuple(stamp(path)) for path in _registering_files()), cache)
 
 
@@ -161,7 +160,6 @@ STAND_IN = "__torch_backend_registry__"
 
 
 def torch_available() -> bool:
-    """Whether torch can be found, without importing it."""
     return find("torch") is not None
 
 
@@ -265,7 +263,7 @@ def tags_of(name: str, fn: object) -> tuple[str, ...]:
 
 def own(fn: object) -> bool:
     """Whether a callable in PyTorch's registry is one of PyTorch's own backends (defined in
-    torch), which no other source may redefine, rather than a plugin's registered there."""
+    torch) rather than a plugin's registered there."""
     module = getattr(fn, "__module__", None)
     return isinstance(module, str) and (module == "torch" or module.startswith("torch."))
 
