@@ -88,7 +88,6 @@ class Index:
         return None
 
     def get(self, key: str) -> BackendDefinition | None:
-        """The usable definition ``key`` resolves to, or ``None``."""
         definition = self._follow(key)
         return definition if definition is not None and definition.usable else None
 
@@ -108,7 +107,6 @@ class Index:
         ]
 
     def could_be_pytorch(self, name: str) -> bool:
-        """Whether ``name`` is one of PyTorch's, which this index did not read."""
         return not self.torch_read and name in self.pytorch
 
     @functools.cached_property

@@ -92,7 +92,6 @@ class KeyLines:
         return self._walk(path, *below)[1]
 
     def node_of(self, path: Path) -> tuple[int, int | None] | None:
-        """The node of ``path`` and its line, where all of it is defined."""
         node, line, whole = self._walk(path)
         return (node, line) if whole else None
 
