@@ -927,6 +927,14 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
         ("explodes", "compile-error", 3),
     ]
     assert {"name", "status", "level", "reason", "seconds"} <= set(rows[0])
+    # Asked again, a remembered failure says how to probe again; a remembered ok, nothing.
+    again = command("doctor", "fine", "explodes").stdout.splitlines()
+    assert [line.split()[:3] for line in again[1:3]] == [
+        ["fine", "ok", "(cached)"],
+        ["explodes", "compile-error", "(cached)"],
+    ]
+    assert again[-1].endswith("--fresh probes again)")
+    assert command("doctor", "fine").stdout.splitlines()[-1].startswith("fine ")
     # Remembered: explain and list show the last verdict here.
     explained = command("explain", "explodes", "--no-torch").stdout
     [said] = [line for line in explained.splitlines() if line.startswith("  doctor:")]

@@ -146,6 +146,13 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
         row.append(v.reason)
         table.append(tuple(row))
     print_rows(table, shrinkable=(0,), spill_last=True)
+    # A failure remembered may have been the machine's (a timeout while it was busy): say
+    # how to look again.
+    if any(v.cached and v.status != "ok" for v in verdicts):
+        print(
+            "(cached: what an earlier run found, and nothing it depends on changed since;"
+            " --fresh probes again)"
+        )
     # Where no rank is shown (a run without --bench, which a bench verdict answered), none
     # is missing.
     wide = [v.name for v in verdicts if bench and v.spread is not None and v.spread > WIDE]
