@@ -258,6 +258,12 @@ BROKEN = {
         "backends.a",
         "invalid TOML: Cannot declare",
     ),
+    "toml inline table not closed": (
+        '[backends.a]\ntarget = "m:f"\noptions = { top = 2\n\n[backends.b]\ntarget = "m:f"\n',
+        5,
+        None,
+        "Unclosed inline table (a { on this line or above is not closed with })",
+    ),
     "toml bad value on a key line": (
         "[backends.a]\ntarget = m:f\n",
         2,

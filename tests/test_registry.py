@@ -170,12 +170,31 @@ def test_broken_definition_raises_its_manifest_error_others_work(
         write,
         f'[backends.bad]\ntarget = "nocolon"\n[backends.good]\ntarget = "{module_name}:compile"\n',
     )
-    with pytest.warns(tbr.ManifestWarning, match="backends.bad.target"):
+    with pytest.warns(tbr.ManifestWarning, match="backends.bad.target") as caught_warnings:
         assert registry.list_backends() == ["good"]
+    [said] = [str(w.message) for w in caught_warnings]
+    assert said.endswith("(so backend 'bad' is left out)")
     with pytest.raises(ManifestError) as caught:
         registry.lookup_backend("bad")
     assert (caught.value.line, caught.value.key) == (2, "backends.bad.target")
     assert registry.lookup_backend("good")("g", [])[0] == "compiled"
+
+
+def test_a_manifest_that_does_not_parse_says_it_loses_every_backend_of_the_file(
+    write: WriteFn,
+) -> None:
+    # Located at the table TOML broke in, but no backend of the file is read: said so,
+    # not that one backend is left out.
+    text = '[backends.keep]\ntarget = "m:f"\n[backends.twice]\ntarget = "m:f"\n'
+    registry = manifest(write, text + '[backends.twice]\ntarget = "m:g"\n')
+    with pytest.warns(tbr.ManifestWarning) as caught:
+        assert registry.list_backends() == []
+    [said] = [str(w.message) for w in caught]
+    assert ":5: backends.twice: invalid TOML: Cannot declare" in said
+    assert said.endswith("; no backend of this file is used until it parses")
+    assert "left out" not in said
+    [problem] = registry.problems()
+    assert problem.message.endswith("no backend of this file is used until it parses")
 
 
 def test_unknown_name_suggests_close_names(write: WriteFn) -> None:

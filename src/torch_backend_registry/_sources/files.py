@@ -244,4 +244,7 @@ _PARSER_WORDS = (
     ("Unterminated string", "a string is not closed"),
     ("Invalid value", 'a value TOML cannot read: quote a string (target = "a.b:c")'),
     ("Invalid statement", "not a key = value line or a [table] header"),
+    # Where the parser gave up, which may be lines below the opening.
+    ("Unclosed inline table", "a { on this line or above is not closed with }"),
+    ("Unclosed array", "a [ on this line or above is not closed with ]"),
 )
