@@ -1056,9 +1056,10 @@ def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_m
     (project / "backends.toml").write_text(
         '[backends.good]\ntarget = "torch._dynamo.backends.debugging:eager"\n'
         '[backends.loop]\nchain = ["loop2"]\n[backends.loop2]\nchain = ["loop"]\n'
+        '[backends.broken]\ntargt = "models_here:make"\n'
     )
     done = torch_backends(
-        *("doctor", "good", "loop", "--json", "--model", "models_here:make"),
+        *("doctor", "good", "loop", "broken", "--json", "--model", "models_here:make"),
         *("--level", "forward", "--jobs", "2"),
         cwd=project,
         check=None,
@@ -1071,6 +1072,10 @@ def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_m
         "import",
     )
     assert "names itself" in verdicts["loop"]["reason"]
+    # A table that cannot be used as written is a verdict too: the other names are probed.
+    broken = verdicts["broken"]
+    assert (broken["status"], broken["level_name"]) == ("import-error", "import")
+    assert "backends.toml:8: backends.broken.targt: unknown key 'targt'" in broken["reason"]
 
 
 def test_bench_times_eager_before_any_backend_code_and_ranks_what_it_can(

@@ -149,7 +149,9 @@ def doctor(
     ``"forward"`` judges inference backends. One :class:`Verdict` a backend, best
     first. Verdicts are remembered by what they depend on; ``fresh`` probes again
     anyway. ``on_progress(name, level, seconds, done)`` hears of each step. ``timeout``:
-    seconds or a :class:`datetime.timedelta`, as :func:`verify_consistent` takes it.
+    seconds or a :class:`datetime.timedelta`, as :func:`verify_consistent` takes it. A name
+    no source declares raises :class:`UnknownBackendError` before any probe; one declared
+    in a table that cannot be used as written gets an ``import-error`` verdict saying why.
     """
     from datetime import timedelta
 

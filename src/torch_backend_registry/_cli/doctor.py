@@ -6,6 +6,7 @@ import contextlib
 import sys
 import threading
 
+from .._errors import ManifestError
 from .._registry import DEFAULT_EXCLUDE_TAGS
 from .common import (
     EXIT_OK,
@@ -43,8 +44,9 @@ def run_doctor(args: Arguments) -> int:
         server = start(registry, options)
         with Waiting("importing PyTorch", not dynamo_imported()):
             names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
-            for name in names:
-                registry.backend_info(name)  # an unknown name fails here, as explain says it
+            for name in names:  # an unknown name fails here, as explain says it
+                with contextlib.suppress(ManifestError):  # declared: a verdict of its own
+                    registry.backend_info(name)
         with _Progress(sys.stderr.isatty(), len(names)) as progress, _terminated_as_exit():
             verdicts = run(registry, names, options, progress.update, server)
     except ModelError as exc:

@@ -10,10 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import PathFinder
 
 from .._definition import canonical
-from .._errors import BackendRegistryError
+from .._errors import BackendRegistryError, ManifestError
 from .._forksafe import ForkSafeLock
 from .._sources.finding import find, installed_stamp, stamp
 from .._sources.pytorch import torch_available
+from .model import one_line
 from .options import ModelError, Options
 from .processes import Server
 from .verdicts import STATUSES, Verdict, Verdicts, subject
@@ -102,7 +103,8 @@ def run(
 ) -> list[Verdict]:
     """Probe ``names`` (default: every listed backend), side by side where cores allow.
 
-    A name that resolves to nothing raises :class:`UnknownBackendError` at once, one
+    A name that resolves to nothing raises :class:`UnknownBackendError` at once (one declared
+    in a table that cannot be used gets an ``import-error`` verdict), one
     registered at runtime here (no other process has it) :class:`BackendRegistryError`,
     a model or device that cannot be used :class:`ModelError`. A name and its alias are
     probed once. An interruption kills every probe of this run. ``server``: what
@@ -116,7 +118,15 @@ def run(
     try:
         names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
         # Each name -> its definition (unknown names fail here), and the first name asked of it.
-        defined = {name: registry.backend_info(name).definition for name in names}
+        # One a manifest declares but not as something usable has that as its verdict, and
+        # the others are probed.
+        defined: dict[str, Any] = {}
+        results: dict[str, Verdict] = {}
+        for name in names:
+            try:
+                defined[name] = registry.backend_info(name).definition
+            except ManifestError as exc:
+                results[name] = Verdict(name, "import-error", 2, one_line(exc))
         first: dict[str, str] = {}
         for name, definition in defined.items():
             if definition.source.kind == "runtime":
@@ -125,11 +135,11 @@ def run(
                     " shares: declare it in a manifest to probe it"
                 )
             first[name] = next((n for n in first if defined[n] == definition), name)
+        first.update((name, name) for name in results)
         model_path, model_file = _find_model(registry, options.model)
         facts = options.facts(model_file, import_path())
         memory = Verdicts(registry.context.cache)
-        subjects = {name: subject(registry, name) for name in names if first[name] == name}
-        results: dict[str, Verdict] = {}
+        subjects = {name: subject(registry, name) for name in defined if first[name] == name}
         for name, judged in subjects.items():
             cached = None if options.fresh else memory.get(judged, facts)
             if cached is not None and not (options.bench and cached.ok and cached.speedup is None):
