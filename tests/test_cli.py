@@ -515,7 +515,7 @@ def test_check_finds_chains_that_cannot_work(tmp_path: Path, write: WriteFn) -> 
             "backends.toml:4: error: backends.typo.chain: chain 'typo' names 'okk', which is no"
             " usable backend (did you mean 'okk' -> 'ok'?); fix the name or remove it",
             "backends.toml:6: error: backends.nothing.chain: chain 'nothing' names 'nope1',"
-            " 'nope2', which are no usable backend; no member can ever be used; fix the name or"
+            " 'nope2', which are no usable backend; no member can be used here; fix the name or"
             " remove it",
             "backends.toml:8: note: backends.portable.chain: chain 'portable' names 'some_plugin',"
             " which is not installed here; it skips it when it runs",

@@ -156,6 +156,7 @@ def test_unknown_members_are_named_and_a_chain_of_only_unknown_members_says_so()
                 backend("some", chain=("nope", "ok")),
                 backend("typo", chain=("okk", "ok")),
                 backend("dead", chain=("nope1", "nope2")),
+                backend("mixed", chain=("nope", "okk", "ok")),
                 backend("ok"),
             )
         ],
@@ -166,10 +167,15 @@ def test_unknown_members_are_named_and_a_chain_of_only_unknown_members_says_so()
     assert unknown["some"].severity == "note"
     assert "(did you mean 'okk' -> 'ok'?)" in unknown["typo"].message
     assert unknown["typo"].severity == "error"
-    assert "'nope1', 'nope2', which are no usable backend; no member can ever" in (
+    assert "'nope1', 'nope2', which are no usable backend; no member can be used here" in (
         unknown["dead"].message
     )
     assert unknown["dead"].severity == "error"
+    # Beside a typo, a member merely not installed here is said as what it is: skipped.
+    assert unknown["mixed"].message.endswith(
+        "chain 'mixed' names 'okk', which is no usable backend (did you mean 'okk' -> 'ok'?);"
+        " fix the name or remove it; it skips 'nope' when it runs"
+    )
     # PyTorch's names, not read here, count as names a typo may have meant.
     typo = merge(
         [found("project", backend("c", chain=("inductr", "ok")), backend("ok"))],

@@ -22,8 +22,9 @@ def unknown_members(index: Index) -> dict[str, Problem]:
 
     A portable chain names backends some machines lack (a plugin not installed
     here) and skips them when it runs: that is a ``note``. A name close to one
-    that exists is likely a typo, and a chain none of whose members exists can
-    never be used: those are errors. A member that may be one of PyTorch's is not
+    that exists is likely a typo, and a chain none of whose members exists cannot
+    be used here: those are errors (the other missing members of a chain with a
+    typo are said as skipped). A member that may be one of PyTorch's is not
     reported when PyTorch's registry was not read.
     """
     problems: dict[str, Problem] = {}
@@ -32,36 +33,52 @@ def unknown_members(index: Index) -> dict[str, Problem]:
         if not unknown:
             continue
         what = f"{_what(definition)} {definition.name!r}"
-        are = "is" if len(unknown) == 1 else "are"
-        said = f"{what} names {', '.join(map(repr, unknown))}, which {are}"
         typos = {m: close for m in unknown if (close := _typo_of(m, index.known))}
-        meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
-        guess = f" (did you mean {meant}?)" if meant else ""
         dead = len(unknown) == len(set(definition.members))
         if dead or typos:
-            ever = "; no member can ever be used" if dead else ""
+            # A typo is the error; the other missing members stay what they are: skipped.
+            wrong = unknown if dead else list(typos)
+            meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
+            guess = f" (did you mean {meant}?)" if meant else ""
+            here = "; no member can be used here" if dead else ""
+            skipped = [m for m in unknown if m not in wrong]
+            also = f"; {_happens(definition, skipped, named=True)}" if skipped else ""
             problem = chain_error(
                 definition,
-                f"{said} no usable backend{guess}{ever}; fix the name or remove it",
-                member=unknown[0] if dead else next(iter(typos)),
+                f"{_names(what, wrong)} no usable backend{guess}{here}; fix the name or remove"
+                f" it{also}",
+                member=wrong[0],
             )
         else:
-            if definition.by_device is None:
-                happens = f"it skips {'it' if len(unknown) == 1 else 'them'} when it runs"
-            else:
-                devices = [device for device, name in definition.by_device if name in unknown]
-                happens = f"on {', '.join(devices)} it fails"
             whys = {m: index.why_missing(m) for m in unknown}
             if set(whys.values()) != {"not installed here"}:
                 # Disabled, or left out by the plugin policy: each says why.
                 said = f"{what} names " + ", ".join(f"{m!r} ({why})" for m, why in whys.items())
             else:
-                said += " not installed here"
+                said = f"{_names(what, unknown)} not installed here"
             problem = chain_error(
-                definition, f"{said}; {happens}", severity="note", member=unknown[0]
+                definition,
+                f"{said}; {_happens(definition, unknown)}",
+                severity="note",
+                member=unknown[0],
             )
         problems[definition.name] = problem
     return problems
+
+
+def _names(what: str, members: Sequence[str]) -> str:
+    are = "is" if len(members) == 1 else "are"
+    return f"{what} names {', '.join(map(repr, members))}, which {are}"
+
+
+def _happens(definition: BackendDefinition, missing: Sequence[str], named: bool = False) -> str:
+    """What a chain or table does with the ``missing`` members when it runs (``named``:
+    saying which, where the sentence has not)."""
+    if definition.by_device is None:
+        them = ", ".join(map(repr, missing)) if named else "it" if len(missing) == 1 else "them"
+        return f"it skips {them} when it runs"
+    devices = [device for device, name in definition.by_device if name in missing]
+    return f"on {', '.join(devices)} it fails"
 
 
 def chain_problems(index: Index) -> dict[str, Problem]:
