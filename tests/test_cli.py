@@ -929,6 +929,7 @@ def test_a_module_beside_the_manifest_is_found_from_any_folder(tmp_path: Path) -
         '[backends.printer]\ntarget = "mycompilers:graph_printer"\n'
         '[backends.typo_module]\ntarget = "mycompiler:graph_printer"\n'
         '[backends.typo_function]\ntarget = "mycompilers:graph_printr"\n'
+        '[backends.no_such]\ntarget = "our_compile:graph_printer"\n'
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -936,10 +937,12 @@ def test_a_module_beside_the_manifest_is_found_from_any_folder(tmp_path: Path) -
     for cwd in (project, elsewhere):
         done = run("check", "--import", "--no-torch", cwd=cwd, env=env, check=1)
         lines = done.stdout.splitlines()
-        assert len(lines) == 2, lines  # the printer is found; the two misspellings are not
+        assert len(lines) == 3, lines  # the printer is found; the misspellings are not
         assert lines[0].endswith("No module named 'mycompiler'; did you mean 'mycompilers'?")
         assert lines[1].endswith("has no attribute 'graph_printr'; did you mean 'graph_printer'?")
-        assert done.stderr.endswith("2 problem(s); 1 of 3 backend(s) imported and usable\n")
+        # A module only somewhat like one that exists ('sre_compile') is no misspelling of it.
+        assert lines[2].endswith("No module named 'our_compile'"), lines[2]
+        assert done.stderr.endswith("3 problem(s); 1 of 4 backend(s) imported and usable\n")
 
 
 def test_pytorchs_name_under_no_torch_says_why_it_is_unknown(tmp_path: Path) -> None:

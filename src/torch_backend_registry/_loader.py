@@ -242,7 +242,8 @@ def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
 
 def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
     public = [c for c in candidates if not c.startswith("_") or name.startswith("_")]
-    close = closest(name, public, cutoff=0.75)
+    # A typo's letter or two, not a likeness: 'our_compile' is no misspelling of 'sre_compile'.
+    close = closest(name, public, cutoff=0.85)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
