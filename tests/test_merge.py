@@ -42,14 +42,20 @@ def test_disabled_hides_the_name_from_lower_sources_with_its_aliases() -> None:
     index = merge(
         [
             found("env", backend("fast", "env", enabled=False)),
-            found("project", backend("fast", aliases=("f",))),
+            found("project", backend("fast", aliases=("f",)), backend("fast2")),
         ]
     )
-    with pytest.raises(UnknownBackendError, match=r"disabled by /env.toml:1"):
+    with pytest.raises(UnknownBackendError, match=r"disabled by /env.toml:1") as caught:
         index.resolve("fast")
+    # Declared and left out: no other name was meant, and no listing would show it.
+    assert str(caught.value) == "unknown backend 'fast' (disabled by /env.toml:1)."
+    assert (caught.value.suggestions, caught.value.left_out) == ((), True)
+    with pytest.raises(UnknownBackendError, match="Did you mean 'fast2'") as typo:
+        index.resolve("fats2")
+    assert str(typo.value).endswith(UnknownBackendError.HINT)
     with pytest.raises(UnknownBackendError, match=r"disabled by /env.toml:1"):
         index.resolve("f")  # the alias follows its canonical name
-    assert index.winners() == []
+    assert [d.name for d in index.winners()] == ["fast2"]
 
 
 def test_an_alias_resolves_to_whatever_its_canonical_name_resolves_to() -> None:

@@ -51,11 +51,15 @@ class UnknownBackendError(BackendRegistryError, LookupError):
     #: How to see every name, said to whoever reads the message (the CLI says its own).
     HINT = "list_backends(exclude_tags=()) gives every name."
 
-    def __init__(self, name: str, suggestions: Sequence[str] = (), *, note: str = "") -> None:
+    def __init__(
+        self, name: str, suggestions: Sequence[str] = (), *, note: str = "", left_out: bool = False
+    ) -> None:
         self.name = name
         self.suggestions = tuple(suggestions)
         self.note = note
-        super().__init__(self.brief + " " + self.HINT)
+        #: The name is declared and left out (``note`` says by what): no list shows it.
+        self.left_out = left_out
+        super().__init__(self.brief if left_out else self.brief + " " + self.HINT)
 
     @property
     def brief(self) -> str:

@@ -61,11 +61,14 @@ class Index:
         definition = self._follow(key)
         if definition is None:
             excluded = self.excluded.get(key)
-            raise self.unknown(key, note=excluded[0][1] if excluded else "")
+            if excluded:  # declared: no other name is what was meant
+                raise UnknownBackendError(key, note=excluded[0][1], left_out=True)
+            raise self.unknown(key)
         if definition.problem is not None:
             raise ManifestError.of(definition.problem)
         if not definition.enabled:
-            raise self.unknown(key, note=f"disabled by {definition.source.describe()}")
+            note = f"disabled by {definition.source.describe()}"
+            raise UnknownBackendError(key, note=note, left_out=True)
         return definition
 
     def info(self, key: str) -> BackendInfo:
@@ -118,9 +121,10 @@ class Index:
             known += sorted(self.pytorch - set(known))
         return known
 
-    def unknown(self, name: str, note: str = "") -> UnknownBackendError:
+    def unknown(self, name: str) -> UnknownBackendError:
         errors = sum(p.severity == "error" for p in self.problems)
-        if not note and errors:
+        note = ""
+        if errors:
             # The name may live in a manifest that could not be read.
             note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
         if not note and self.could_be_pytorch(name):

@@ -83,7 +83,8 @@ def _run(args: Arguments) -> tuple[int, str | None]:
                     f"unknown backend {exc.name!r} with --no-torch: it is one of PyTorch's own"
                     " backends, which --no-torch leaves out; run it without --no-torch"
                 )
-            return EXIT_PROBLEMS, f"{exc.brief} '{PROG} list --all' shows every name."
+            hint = "" if exc.left_out else f" '{PROG} list --all' shows every name."
+            return EXIT_PROBLEMS, exc.brief + hint
         if isinstance(exc, (BackendRegistryError, CommandError)):
             return EXIT_PROBLEMS, str(exc)
         return EXIT_PROBLEMS, f"{type(exc).__name__}: {exc} (run with --debug for a traceback)"
