@@ -204,7 +204,7 @@ def test_a_chain_says_which_members_are_unavailable_and_why(write: WriteFn) -> N
         assert why is None
         return
     assert why == (
-        "no member can be used (trt: missing tbr_no_such_module; nope: unknown backend 'nope';"
+        "no member can be used (trt: missing tbr_no_such_module; nope: not installed here;"
         " cudagraphs: needs a CUDA device; none is available here)"
     )
 

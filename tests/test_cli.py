@@ -830,7 +830,7 @@ def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() 
     # Without openvino the table by device gives the CPU nothing: unavailable here too.
     auto = (
         "backends.toml:32: note: backends.auto: unavailable here (for the CPU, openvino:"
-        " unknown backend 'openvino'); not imported"
+        " not installed here); not imported"
     )
     by_line = sorted([tensorrt, *notes, auto], key=lambda line: int(line.split(":")[1]))
     assert done.stdout.splitlines() == by_line

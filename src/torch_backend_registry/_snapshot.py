@@ -12,7 +12,7 @@ import contextlib
 import gc
 import os
 
-from ._errors import BackendRegistryError, warn_problem
+from ._errors import BackendRegistryError, UnknownBackendError, warn_problem
 from ._forksafe import ForkSafeLock
 from ._sources import READERS, Context, pytorch
 from ._sources.cache import Cache, cache_folder
@@ -213,9 +213,11 @@ class Snapshot:
         index = self.index()
         try:
             resolved = index.resolve(member)
-        except BackendRegistryError as exc:
+        except UnknownBackendError:
             if index.could_be_pytorch(member):
                 return None  # one of PyTorch's, which was not read: there with torch
+            return f"{member}: {index.why_missing(member)}"  # as check and a compile say it
+        except BackendRegistryError as exc:  # a table that cannot be used as written
             return f"{member}: {str(exc).split('. ', 1)[0]}"
         if resolved.name in visiting:
             return f"{member}: it refers back to {definition.name!r}"
