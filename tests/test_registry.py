@@ -121,8 +121,9 @@ def test_load_errors_name_file_line_and_chain_the_cause(
         registry.lookup_backend("broken")
     error = caught.value
     assert (error.name, error.target) == ("broken", target)
-    assert error.source.line == 2
-    assert str(error).startswith(f"{error.source.path}:2: cannot load backend 'broken'")
+    assert error.source.line == 2  # where it is declared; the message says its target's line
+    at = f"{error.source.path}:3: backends.broken.target: "
+    assert str(error).startswith(f"{at}cannot load backend 'broken'")
     assert reason.format(m=module_name) in str(error)
     assert error.__cause__ is not None
 

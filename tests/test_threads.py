@@ -201,7 +201,8 @@ def test_a_slow_import_that_fails_fails_every_waiter_and_a_later_lookup_retries(
         errors = run_threads(4, look_up)
     for error in errors:
         assert isinstance(error, BackendLoadError)
-        assert str(error).startswith(f"{tmp_path / 'backends.toml'}:1: cannot load backend")
+        at = f"{tmp_path / 'backends.toml'}:2: backends.flaky.target: "
+        assert str(error).startswith(f"{at}cannot load backend")
         assert "RuntimeError: boom" in str(error)
         assert isinstance(error.__cause__, RuntimeError)
     assert name not in sys.modules

@@ -73,13 +73,18 @@ class UnknownBackendError(BackendRegistryError, LookupError):
 class BackendLoadError(BackendRegistryError):
     """A backend's target could not be imported or is not callable (the cause chained)."""
 
-    def __init__(self, name: str, target: str | None, source: Source, reason: str) -> None:
+    def __init__(
+        self, name: str, target: str | None, source: Source, reason: str, where: str = ""
+    ) -> None:
         self.name = name
         self.target = target
         self.source = source
         self.reason = reason
         what = f" (target {target!r})" if target else ""
-        super().__init__(f"{source.describe()}: cannot load backend {name!r}{what}: {reason}")
+        #: What failed, without where: ``check`` says it at the target's line.
+        self.message = f"cannot load backend {name!r}{what}: {reason}"
+        # ``where``: ``PATH:LINE: KEY: `` of the target in its manifest; else the source.
+        super().__init__((where or f"{source.describe()}: ") + self.message)
 
 
 class BackendChainError(BackendRegistryError):

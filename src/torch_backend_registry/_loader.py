@@ -283,4 +283,6 @@ def _why(exc: BaseException) -> str:
 
 
 def _error(definition: BackendDefinition, reason: str) -> BackendLoadError:
-    return BackendLoadError(definition.name, definition.target, definition.source, reason)
+    # Where check says it too: the target's own line and key.
+    where = "" if definition.source.path is None else str(definition.located("", "target"))
+    return BackendLoadError(definition.name, definition.target, definition.source, reason, where)

@@ -288,8 +288,7 @@ class _Imports:
         except ManifestError as exc:  # where it is written: an option's own line
             return exc.problem
         except BackendLoadError as exc:
-            what = f" (target {exc.target!r})" if exc.target else ""
-            message = f"cannot load backend {d.name!r}{what}: {exc.reason}"
+            message = exc.message
         except BackendRegistryError as exc:
             message = str(exc)
         else:
