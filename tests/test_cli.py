@@ -1174,7 +1174,15 @@ def test_lock_pins_no_broken_manifest_and_sees_a_hand_edited_lock(
     )
     assert not (tmp_path / "backends.lock").exists()
     write("backends.toml", '[backends.fast]\ntarget = "m:f"\n')
+    # An --output that names the manifest (or any file that is no lock) is not replaced.
+    mistaken = run("lock", "--output", "backends.toml", cwd=tmp_path, check=1)
+    assert mistaken.stderr == (
+        "torch-backends: error: backends.toml: exists and is no lock that `torch-backends lock`"
+        " wrote: not overwritten; name another file, or remove this one first\n"
+    )
+    assert (tmp_path / "backends.toml").read_text() == '[backends.fast]\ntarget = "m:f"\n'
     run("lock", cwd=tmp_path)
+    run("lock", cwd=tmp_path)  # a lock is written again over the last
     lock = tmp_path / "backends.lock"
     text = lock.read_text()
     lock.write_text(text.replace('fingerprint = "', 'fingerprint = "0000', 1))
