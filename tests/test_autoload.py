@@ -144,11 +144,19 @@ def test_a_drifted_lock_fails_the_first_compile_with_installs_error(project: Pat
     (project / "backends.toml").write_text(MANIFEST.replace('tag = "mine"', 'tag = "changed"'))
     code = """
     import torch, torch._dynamo
+    from torch_backend_registry import LockDriftError
     print("imported")
     try:
         torch.compile(torch.nn.Linear(4, 2), backend="eager")(torch.randn(3, 4))
     except Exception as exc:
         print("refused:", str(exc).splitlines()[0])
+    # reset() clears dynamo's compile-start callbacks, as a fresh process has none: each
+    # backend of the registry still refuses to compile.
+    torch._dynamo.reset()
+    try:
+        torch.compile(torch.nn.Linear(4, 2), backend="mine")(torch.randn(3, 4))
+    except Exception as exc:
+        print("after reset:", type(exc).__name__, type(exc.__context__).__name__)
     """
     done = run(code, project, TORCH_BACKENDS_LOCKED="1")
     assert done.returncode == 0, done.stderr
@@ -156,6 +164,9 @@ def test_a_drifted_lock_fails_the_first_compile_with_installs_error(project: Pat
     assert lines[0] == "imported"  # importing never fails
     assert lines[1].startswith("refused: ")
     assert "the backends drifted from this lock (1 difference: changed backend 'mine':" in lines[1]
+    # As PyTorch raises whatever a backend raised: its own error, with the registry's as
+    # the exception it was raised during.
+    assert lines[2] == "after reset: BackendCompilerFailed LockDriftError", lines[2]
 
 
 def _free_port() -> int:

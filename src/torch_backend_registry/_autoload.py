@@ -9,7 +9,8 @@ default registry, ``TORCH_BACKENDS_LOCKED`` and ``TORCH_BACKENDS_VERIFY`` honour
 Nothing here makes ``import torch`` or ``import torch._dynamo`` raise: a problem is a
 warning, and what ``install()`` would raise (a lock the backends drifted from, ranks that
 resolve names differently) is raised by the first ``torch.compile`` instead, through
-dynamo's compile-start callbacks, where the ranks are compared too.
+dynamo's compile-start callbacks, where the ranks are compared too; and by every compile
+with one of the registry's backends, which ``torch._dynamo.reset()`` cannot clear.
 """
 
 from __future__ import annotations
@@ -144,14 +145,17 @@ def _install_or_defer() -> None:
             return exc
         return None
 
-    def check(args: object) -> None:
+    def check() -> None:
         exc = failure()
         if exc is not None:
             raise exc
 
     from torch._dynamo.callback import on_compile_start
 
-    on_compile_start(check)
+    from ._torch import defer_check
+
+    on_compile_start(lambda args: check())  # every compile, whatever its backend
+    defer_check(check)  # and each of the registry's, after torch._dynamo.reset() too
 
 
 def _say(message: str) -> None:

@@ -30,6 +30,7 @@ from ._sources.pytorch import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from ._definition import BackendDefinition
@@ -39,6 +40,18 @@ if TYPE_CHECKING:
 # order: this lock, then a registry's (never the other way round).
 _INSTALLED: dict[str, _LazyBackend] = {}
 _INSTALL_LOCK = ForkSafeLock()
+
+
+#: What autoload deferred to the first compile (the lock, the ranks), asked again by every
+#: compile through a stand-in: ``torch._dynamo.reset()`` clears the compile-start callback
+#: that asks it first, as a fresh process would be without it.
+_deferred_check: Callable[[], None] | None = None
+
+
+def defer_check(check: Callable[[], None]) -> None:
+    """Have every compile through a stand-in call ``check`` first (it raises to refuse)."""
+    global _deferred_check
+    _deferred_check = check
 
 
 class _LazyBackend:
@@ -61,6 +74,8 @@ class _LazyBackend:
         from ._chain import member_compiler
         from ._loader import cannot_compile
 
+        if _deferred_check is not None:
+            _deferred_check()
         name = self.__name__
         fn = self.registry.lookup_backend(name)
         why = cannot_compile(fn, kwargs)
