@@ -563,3 +563,22 @@ def test_a_missing_lock_says_how_to_make_one(tmp_path: Path) -> None:
     assert done.stdout == (
         "backends.lock: error: no such file; run 'torch-backends lock' to write it, and commit it\n"
     )
+    # Named elsewhere, it is written there; a folder, the manifest, an empty file: no lock.
+    (tmp_path / "p" / "sub").mkdir()
+    (tmp_path / "p" / "empty.lock").write_text("")
+    said = {}
+    for named in ("sub/elsewhere.lock", "sub", "backends.toml", "empty.lock"):
+        env = {"TORCH_BACKENDS_LOCKED": named}
+        done = torch_backends(
+            "check", "--locked", "--no-torch", cwd=tmp_path / "p", env=env, check=1
+        )
+        said[named] = done.stdout
+    assert said == {
+        "sub/elsewhere.lock": "sub/elsewhere.lock: error: no such file; run 'torch-backends lock"
+        " --output sub/elsewhere.lock' to write it, and commit it\n",
+        "sub": "sub: error: is a folder, not a lock file; name the lock file itself\n",
+        "backends.toml": "backends.toml: error: not a lock file: it has no lock-version and no"
+        " fingerprint; name the file 'torch-backends lock' wrote, or run it again\n",
+        "empty.lock": "empty.lock: error: not a lock file: it has no lock-version and no"
+        " fingerprint; name the file 'torch-backends lock' wrote, or run it again\n",
+    }

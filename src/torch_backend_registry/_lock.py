@@ -117,14 +117,24 @@ def read_lock(path: str) -> Facts:
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used."""
     from ._sources.files import NO_SUCH_FILE, parse_toml, read_text
 
+    if os.path.isdir(path):
+        raise LockFileError("is a folder, not a lock file; name the lock file itself", path=path)
     try:
         text = read_text(path, LOCK_MAX_BYTES)
         data, lines = parse_toml(path, text, LOCK_MAX_KEY_PARTS)
     except ManifestError as exc:
         message = exc.message
         if message == NO_SUCH_FILE:
-            message += "; run 'torch-backends lock' to write it, and commit it"
+            output = "" if os.path.basename(path) == LOCK_FILE else f" --output {path}"
+            message += f"; run 'torch-backends lock{output}' to write it, and commit it"
         raise LockFileError(message, path=path, line=exc.line) from exc
+    missing = [key for key in ("lock-version", "fingerprint") if key not in data]
+    if missing:  # a manifest named by mistake, an empty file
+        raise LockFileError(
+            f"not a lock file: it has no {' and no '.join(missing)}; name the file"
+            " 'torch-backends lock' wrote, or run it again",
+            path=path,
+        )
     version = data.get("lock-version")
     if type(version) is not int or version != LOCK_VERSION:  # true is 1 to Python
         raise LockFileError(
