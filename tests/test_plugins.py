@@ -280,3 +280,13 @@ def test_an_allow_list_naming_nothing_installed_says_so(tmp_path: Path, write: W
         ManifestWarning, match="TORCH_BACKENDS_ALLOW: the allow list names 'nosuchdist'"
     ):
         reg.list_backends()
+
+
+def test_an_allow_or_deny_list_of_commas_alone_is_unset(
+    tmp_path: Path, make_dist: MakeDist
+) -> None:
+    make_dist("tbr-commas", "1.0", {"from_commas": "commas_mod:fn"})
+    for var in ("TORCH_BACKENDS_ALLOW", "TORCH_BACKENDS_DENY"):
+        for value in (",", " , ,", ""):
+            listed = registry(tmp_path, **{var: value}).list_backends()
+            assert "from_commas" in listed, (var, value)

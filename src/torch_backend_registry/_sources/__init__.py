@@ -96,9 +96,8 @@ def env_source(ctx: Context) -> Discovery:
         files, found = env_paths(ctx)
     # The environment's plugin policy outranks every manifest's.
     for kind, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
-        value = ctx.environ.get(var, "")
-        if value.strip():  # empty: unset
-            names = [n.strip() for n in value.split(",") if n.strip()]
+        names = [n.strip() for n in ctx.environ.get(var, "").split(",") if n.strip()]
+        if names:  # empty, or commas alone: unset
             found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
         result = read_manifest(path, "env", ctx.cache)
