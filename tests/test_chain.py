@@ -247,6 +247,24 @@ rtol = 0.1
 """
 
 
+def test_a_device_type_typo_is_told_what_was_meant_others_included(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write(
+        "backends.toml",
+        '[backends.plural]\nby-device = { cpu = "eager", others = "eager" }\n'
+        '[backends.npu_only]\nby-device = { npu = "eager", other = "eager" }\n',
+    )
+    registry = Registry(cwd=tmp_path, environ={}, sources=("project",))
+    with pytest.warns(tbr.ManifestWarning):
+        said = {p.key: p.message for p in registry.problems(with_torch=False)}
+    assert said == {
+        "backends.plural.by-device.others": "device type 'others' is not one PyTorch names, so"
+        " no graph will be on it; did you mean 'other'? (an extension's own device type is"
+        " fine as written)"
+    }
+
+
 def test_check_judges_a_table_by_the_backend_it_gives_the_cpu(
     tmp_path: Path, write: WriteFn
 ) -> None:

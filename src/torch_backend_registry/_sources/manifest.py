@@ -294,12 +294,12 @@ class _Validation(NamedTuple):
 
         if device == "other" or device in DEVICE_TYPES:
             return
-        close = {"gpu": ["cuda"]}.get(device) or closest(device, DEVICE_TYPES)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        close = {"gpu": ["cuda"]}.get(device) or closest(device, ["other", *DEVICE_TYPES])
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         self.problem(
             ("backends", name, "by-device", device),
-            f"device type {device!r} is not one PyTorch names, so no graph will be on it;"
-            f" {hint}(an extension's own device type is fine as written)",
+            f"device type {device!r} is not one PyTorch names, so no graph will be on it{hint}"
+            " (an extension's own device type is fine as written)",
             severity="warning",
         )
 
