@@ -457,6 +457,29 @@ def test_a_member_that_cannot_take_what_torch_compile_gives_is_an_error_at_once(
     assert not any("compiled with 'eager'" in r for r in logged)
 
 
+def test_options_torch_compile_gives_go_over_a_declared_options_table_key_by_key(
+    write: WriteFn, tmp_path: Path
+) -> None:
+    # openvino takes its options as one table: the manifest's model caching must stay when
+    # torch.compile gives another option, as the manifest's inductor settings do.
+    pytest.importorskip("openvino")
+    cache = tmp_path / "ovcache"
+    _registry, uid = installed(
+        write,
+        "[backends.cached_UID]\n"
+        'target = "openvino.frontend.pytorch.torchdynamo.backend:openvino"\n'
+        f'options = {{ options = {{ model_caching = true, cache_dir = "{cache}" }} }}\n',
+    )
+    model = torch.nn.Linear(4, 2).eval()
+    with torch.no_grad():
+        out = torch.compile(model, backend=f"cached{uid}", options={"device": "CPU"})(
+            torch.randn(3, 4)
+        )
+    assert out.shape == (3, 2)
+    assert cache.is_dir()
+    assert any(cache.iterdir())
+
+
 # ------------------------------------------------------------------ verification
 
 

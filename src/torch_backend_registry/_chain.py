@@ -8,6 +8,7 @@ import functools
 import itertools
 import logging
 import sys
+from collections.abc import Mapping
 
 from ._errors import (
     BackendChainError,
@@ -22,7 +23,7 @@ from ._verify import Reference, compiling, fake, leaves
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterator
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo, Severity
@@ -291,6 +292,11 @@ def member_compiler(
             f" torch.compile was given ({given}), as torch.compile(backend="
             f"{definition.name!r}) could not: {exc}"
         ) from None
+    # A table of options torch.compile gave goes over the manifest's key by key, as
+    # inductor's settings do above: openvino's model_caching stays with options={"device": ..}.
+    declared = compiler.keywords.get("options") if isinstance(compiler, functools.partial) else None
+    if isinstance(declared, Mapping) and isinstance(options.get("options"), Mapping):
+        options["options"] = {**declared, **options["options"]}
     return functools.partial(compiler, **options) if options else compiler
 
 
