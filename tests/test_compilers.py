@@ -457,6 +457,31 @@ def test_a_member_that_cannot_take_what_torch_compile_gives_is_an_error_at_once(
     assert not any("compiled with 'eager'" in r for r in logged)
 
 
+def test_a_misspelt_option_of_pytorchs_inductor_is_found_before_any_compile(
+    write: WriteFn,
+) -> None:
+    # inductor takes **kwargs and hands them to compile_fx: a typo there would only fail
+    # the compile, and a chain would then quietly run its next member.
+    body = (
+        "[backends.tuned_UID]\n"
+        'target = "torch._dynamo.backends.inductor:inductor"\n'
+        "options = { config_patchs = { max_autotune = true } }\n"
+        '[backends.chain_UID]\nchain = ["tuned_UID", "eager"]\n'
+    )
+    registry, uid = installed(write, body)
+    with pytest.raises(tbr.ManifestError) as caught:
+        registry.lookup_backend(f"tuned{uid}")
+    assert (caught.value.line, caught.value.key) == (
+        3,
+        f"backends.tuned{uid}.options.config_patchs",
+    )
+    assert caught.value.message.endswith("did you mean 'config_patches'?")
+    done = torch_backends(
+        "check", "--import", "--no-torch", cwd=Path(registry.context.cwd or "."), check=1
+    )
+    assert f"backends.tuned{uid}.options.config_patchs: option 'config_patchs'" in done.stdout
+
+
 def test_options_torch_compile_gives_go_over_a_declared_options_table_key_by_key(
     write: WriteFn, tmp_path: Path
 ) -> None:

@@ -180,6 +180,11 @@ def accepted_options(fn: Any) -> list[str] | None:
     signature that cannot be read)."""
     accepted: list[str] = []
     seen: set[int] = set()
+    if fn is getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None):
+        # PyTorch's inductor takes **kwargs and passes them to compile_fx when it compiles.
+        from torch._inductor.compile_fx import compile_fx
+
+        fn = compile_fx
     while id(fn) not in seen:
         seen.add(id(fn))
         try:
