@@ -217,6 +217,10 @@ def test_runtime_registrations_after_install_reach_torch(registry: Registry, uid
 
     assert name in torch._dynamo.list_backends()
     assert_compiles_like_eager(name, torch.ones(1, 4))
+    registry.unregister_backend(name)  # gone from torch.compile's registry too
+    assert name not in torch._dynamo.list_backends()
+    with pytest.raises(Exception, match=name):
+        torch._dynamo.lookup_backend(name)
 
 
 def test_backends_added_to_a_manifest_reach_torch_after_refresh(
@@ -233,6 +237,14 @@ def test_backends_added_to_a_manifest_reach_torch_after_refresh(
     registry.refresh()
     assert f"second_{uid}" in torch._dynamo.list_backends()
     assert_compiles_like_eager(f"second_{uid}", torch.ones(1, 4))
+    # A name taken out of the manifest leaves torch.compile's registry with the refresh,
+    # not at the first compile that finds it gone.
+    write("backends.toml", f'[backends.second_{uid}]\ntarget = "{compilers}:passthrough"\n')
+    registry.refresh()
+    assert f"first_{uid}" not in torch._dynamo.list_backends()
+    assert f"second_{uid}" in torch._dynamo.list_backends()
+    with pytest.raises(Exception, match=f"first_{uid}"):
+        torch._dynamo.lookup_backend(f"first_{uid}")
 
 
 def test_chain_falls_back_past_missing_requirement_and_a_raising_compiler(

@@ -117,6 +117,7 @@ def _install_names(registry: Registry) -> None:
     names = stand_in_names(registry)
     dynamo = _dynamo()
     with _INSTALL_LOCK:
+        _remove_stale(registry, set(names))
         for name in names:
             proxy = _INSTALLED.get(name)
             if proxy is not None:
@@ -139,6 +140,34 @@ def _install_names(registry: Registry) -> None:
                     )
                     continue
             _INSTALLED[name] = proxy
+
+
+def _remove_stale(registry: Registry, names: set[str]) -> None:
+    """Take out of PyTorch's registry the stand-ins of ``registry`` for names it no longer
+    knows at all (after a refresh or an unregister_backend), so that the two registries
+    agree: what a stand-in kept aside is put back, else the name is gone. A name it still
+    knows (an entry point's, say) keeps its stand-in, which resolves it as the registry does."""
+    module: Any = sys.modules[REGISTRY_MODULE]
+    loaded = loaded_backends(module)
+    index = registry.index(with_torch=False)
+    for name, proxy in list(_INSTALLED.items()):
+        known = name in names or name in index.by_key or name in index.excluded
+        if known or proxy.registry is not registry:
+            continue
+        del _INSTALLED[name]
+        if loaded is None or loaded.get(name) is not proxy:
+            continue
+        displaced = DISPLACED.pop(name, None)
+        if displaced is not None:
+            loaded[name] = displaced
+            continue
+        del loaded[name]
+        listed = getattr(module, "_BACKENDS", None)  # the names PyTorch lists
+        if listed is not loaded and isinstance(listed, dict) and listed.get(name, 0) is None:
+            del listed[name]  # the stand-in's registration made it
+        by_name = getattr(module, "_BACKEND_TAGS", None)
+        if isinstance(by_name, dict):  # torch 2.14
+            by_name.pop(name, None)
 
 
 def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
