@@ -323,6 +323,11 @@ def test_check_without_any_manifest(tmp_path: Path) -> None:
     done = run("check", cwd=tmp_path, check=1)
     assert "no manifest found" in done.stderr
     assert "torch-backends init" in done.stderr
+    # A TORCH_BACKENDS_PATH of separators alone names no manifest either: not a pass.
+    separators = run(
+        "check", "--no-torch", cwd=tmp_path, env={"TORCH_BACKENDS_PATH": " : "}, check=1
+    )
+    assert "no manifest found" in separators.stderr
 
 
 def test_check_untrusted_manifest_is_a_problem(tmp_path: Path, write: WriteFn) -> None:

@@ -173,7 +173,9 @@ def no_manifest() -> bool:
     from .._sources import ENV_VAR, project_manifest
 
     here = working_folder()
-    return (here is None or project_manifest(here) is None) and not os.environ.get(ENV_VAR)
+    # Entries as the env source reads them: separators and spaces alone name nothing.
+    named = any(e.strip() for e in os.environ.get(ENV_VAR, "").split(os.pathsep))
+    return (here is None or project_manifest(here) is None) and not named
 
 
 NO_MANIFEST = (
