@@ -1188,6 +1188,8 @@ def test_lock_pins_no_broken_manifest_and_sees_a_hand_edited_lock(
     assert (tmp_path / "backends.toml").read_text() == '[backends.fast]\ntarget = "m:f"\n'
     run("lock", cwd=tmp_path)
     run("lock", cwd=tmp_path)  # a lock is written again over the last
+    (tmp_path / "empty.lock").write_text("")  # and an empty file holds nothing to lose
+    run("lock", "--output", "empty.lock", cwd=tmp_path)
     lock = tmp_path / "backends.lock"
     text = lock.read_text()
     lock.write_text(text.replace('fingerprint = "', 'fingerprint = "0000', 1))

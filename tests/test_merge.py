@@ -163,6 +163,7 @@ def test_unknown_members_are_named_and_a_chain_of_only_unknown_members_says_so()
                 backend("typo", chain=("okk", "ok")),
                 backend("dead", chain=("nope1", "nope2")),
                 backend("mixed", chain=("nope", "okk", "ok")),
+                backend("dead_typo", chain=("nope", "okk")),
                 backend("ok"),
             )
         ],
@@ -181,6 +182,11 @@ def test_unknown_members_are_named_and_a_chain_of_only_unknown_members_says_so()
     assert unknown["mixed"].message.endswith(
         "chain 'mixed' names 'okk', which is no usable backend (did you mean 'okk' -> 'ok'?);"
         " fix the name or remove it; it skips 'nope' when it runs"
+    )
+    # With no member here, the typo is still what to fix; the other is skipped.
+    assert unknown["dead_typo"].message == (
+        "chain 'dead_typo' names 'okk', which is no usable backend (did you mean 'okk' -> 'ok'?);"
+        " no member can be used here; fix the name or remove it; it skips 'nope' when it runs"
     )
     # PyTorch's names, not read here, count as names a typo may have meant.
     typo = merge(

@@ -247,6 +247,21 @@ def test_backends_added_to_a_manifest_reach_torch_after_refresh(
         torch._dynamo.lookup_backend(f"first_{uid}")
 
 
+def test_a_plugins_name_a_manifest_took_and_gave_back_is_the_plugins_again(
+    write: WriteFn, compilers: str
+) -> None:
+    pytest.importorskip("openvino")
+    # A registry that reads no entry points, whose manifest overrides openvino's name.
+    path = write("backends.toml", f'[backends.openvino]\ntarget = "{compilers}:passthrough"\n')
+    registry = Registry(cwd=path.parent, environ={}, sources=("project",))
+    tbr.install(registry)
+    assert "torch-backend-registry" in repr(torch._dynamo.lookup_backend("openvino"))
+    write("backends.toml", "")
+    registry.refresh()  # the override goes: PyTorch's entry point is what the name is again
+    assert "openvino" in torch._dynamo.list_backends()
+    assert "torch-backend-registry" not in repr(torch._dynamo.lookup_backend("openvino"))
+
+
 def test_chain_falls_back_past_missing_requirement_and_a_raising_compiler(
     write: WriteFn, compilers: str, uid: str, caplog: pytest.LogCaptureFixture
 ) -> None:

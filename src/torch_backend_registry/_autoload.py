@@ -147,15 +147,15 @@ def _install_or_defer() -> None:
 
     def check() -> None:
         exc = failure()
-        if exc is not None:
-            raise exc
+        if exc is not None:  # the same error each time, without the last raise's frames
+            raise exc.with_traceback(None)
 
     from torch._dynamo.callback import on_compile_start
 
     from ._torch import defer_check
 
     on_compile_start(lambda args: check())  # every compile, whatever its backend
-    defer_check(check)  # and each of the registry's, after torch._dynamo.reset() too
+    defer_check(registry, check)  # and each of the registry's, after dynamo.reset() too
 
 
 def _say(message: str) -> None:

@@ -180,13 +180,14 @@ def accepted_options(fn: Any) -> list[str] | None:
     signature that cannot be read)."""
     accepted: list[str] = []
     seen: set[int] = set()
-    if fn is getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None):
-        # PyTorch's inductor takes **kwargs and passes them to compile_fx when it compiles.
-        from torch._inductor.compile_fx import compile_fx
-
-        fn = compile_fx
+    inductor = getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None)
     while id(fn) not in seen:
         seen.add(id(fn))
+        if fn is inductor and inductor is not None:
+            # PyTorch's inductor takes **kwargs and passes them to compile_fx when it compiles.
+            from torch._inductor.compile_fx import compile_fx
+
+            fn = compile_fx
         try:
             # A wrapper's own signature: functools.wraps points at the wrapped function,
             # whose parameters may be fewer than the wrapper takes.

@@ -37,7 +37,7 @@ def unknown_members(index: Index) -> dict[str, Problem]:
         dead = len(unknown) == len(set(definition.members))
         if dead or typos:
             # A typo is the error; the other missing members stay what they are: skipped.
-            wrong = unknown if dead else list(typos)
+            wrong = list(typos) or unknown
             meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
             guess = f" (did you mean {meant}?)" if meant else ""
             here = "; no member can be used here" if dead else ""

@@ -39,19 +39,24 @@ if TYPE_CHECKING:
 # torch's registry is process-wide, so what this bridge put there is too. Lock
 # order: this lock, then a registry's (never the other way round).
 _INSTALLED: dict[str, _LazyBackend] = {}
+#: What PyTorch listed under a name (an entry point) before a stand-in's registration
+#: replaced it: put back when the stand-in goes.
+_LISTED: dict[str, Any] = {}
 _INSTALL_LOCK = ForkSafeLock()
 
 
-#: What autoload deferred to the first compile (the lock, the ranks), asked again by every
-#: compile through a stand-in: ``torch._dynamo.reset()`` clears the compile-start callback
-#: that asks it first, as a fresh process would be without it.
-_deferred_check: Callable[[], None] | None = None
+#: What autoload deferred to the first compile (the lock, the ranks), with the registry it
+#: is of, asked again by every compile through one of that registry's stand-ins:
+#: ``torch._dynamo.reset()`` clears the compile-start callback that asks it first, as a
+#: fresh process would be without it.
+_deferred: tuple[Registry, Callable[[], None]] | None = None
 
 
-def defer_check(check: Callable[[], None]) -> None:
-    """Have every compile through a stand-in call ``check`` first (it raises to refuse)."""
-    global _deferred_check
-    _deferred_check = check
+def defer_check(registry: Registry, check: Callable[[], None]) -> None:
+    """Have every compile through a stand-in of ``registry`` call ``check`` first (it raises
+    to refuse)."""
+    global _deferred
+    _deferred = (registry, check)
 
 
 class _LazyBackend:
@@ -74,8 +79,8 @@ class _LazyBackend:
         from ._chain import member_compiler
         from ._loader import cannot_compile
 
-        if _deferred_check is not None:
-            _deferred_check()
+        if _deferred is not None and _deferred[0] is self.registry:
+            _deferred[1]()
         name = self.__name__
         fn = self.registry.lookup_backend(name)
         why = cannot_compile(fn, kwargs)
@@ -128,6 +133,10 @@ def _install_names(registry: Registry) -> None:
                 tags = registry.backend_info(name).tags
             except BackendRegistryError:
                 tags = ()  # refused by the registry (disabled): refused by torch.compile too
+            listed = getattr(sys.modules[REGISTRY_MODULE], "_BACKENDS", None)
+            if isinstance(listed, dict) and listed.get(name) is not None:
+                # An entry point PyTorch lists, which registering overwrites with None.
+                _LISTED[name] = listed[name]
             try:
                 dynamo.register_backend(proxy, name=name, tags=tags)
             except AssertionError:
@@ -157,17 +166,22 @@ def _remove_stale(registry: Registry, names: set[str]) -> None:
         del _INSTALLED[name]
         if loaded is None or loaded.get(name) is not proxy:
             continue
+        by_name = getattr(module, "_BACKEND_TAGS", None)  # torch 2.14 keeps tags by name
         displaced = DISPLACED.pop(name, None)
         if displaced is not None:
             loaded[name] = displaced
+            if isinstance(by_name, dict):
+                by_name[name] = tuple(getattr(displaced, "_tags", ()))
             continue
         del loaded[name]
+        if isinstance(by_name, dict):
+            by_name.pop(name, None)
         listed = getattr(module, "_BACKENDS", None)  # the names PyTorch lists
         if listed is not loaded and isinstance(listed, dict) and listed.get(name, 0) is None:
-            del listed[name]  # the stand-in's registration made it
-        by_name = getattr(module, "_BACKEND_TAGS", None)
-        if isinstance(by_name, dict):  # torch 2.14
-            by_name.pop(name, None)
+            if name in _LISTED:  # an entry point's, PyTorch loads it again when asked
+                listed[name] = _LISTED.pop(name)
+            else:  # the stand-in's registration made it
+                del listed[name]
 
 
 def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
