@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
+    from .._definition import BackendDefinition
     from .._registry import Registry
     from .processes import Progress
 
@@ -120,7 +121,7 @@ def run(
         # Each name -> its definition (unknown names fail here), and the first name asked of it.
         # One a manifest declares but not as something usable has that as its verdict, and
         # the others are probed.
-        defined: dict[str, Any] = {}
+        defined: dict[str, BackendDefinition] = {}
         results: dict[str, Verdict] = {}
         for name in names:
             try:
