@@ -281,6 +281,7 @@ def test_install_refuses_a_registry_that_drifted_from_its_lock(
     pytest.importorskip("torch")
     registry = project(tmp_path / "p")
     write_lock(registry)
+    write_lock(registry, str(tmp_path / "p" / "app.lock"))  # an image's, say
     tbr.install(registry, locked=True)  # as locked: installs
     project(tmp_path / "p", MANIFEST.replace("builtins:len", "builtins:abs"))
     registry.refresh()
@@ -289,13 +290,23 @@ def test_install_refuses_a_registry_that_drifted_from_its_lock(
     assert caught.value.changes == (
         'changed backend \'fast\': target: "builtins:len" -> "builtins:abs"',
     )
-    by_env = Registry(
-        cwd=tmp_path / "p",
-        environ={"TORCH_BACKENDS_LOCKED": "1"},
-        sources=("env", "project", "entry-point"),
-    )
-    with pytest.raises(LockDriftError, match=r"backends\.lock: the backends drifted"):
-        tbr.install(by_env)
+
+    def by_env(value: str) -> Registry:
+        environ = {"TORCH_BACKENDS_LOCKED": value}
+        return Registry(cwd=tmp_path / "p", environ=environ, sources=registry.sources)
+
+    # "1", or a switch's words: the lock beside the manifest. A relative path is the
+    # registry's working folder's, as its manifests are, whatever the process's is; the
+    # advice writes the lock that was named.
+    for value in ("1", "true", "ON", "app.lock"):
+        with pytest.raises(LockDriftError) as caught:
+            tbr.install(by_env(value))
+        lock = "app.lock" if value == "app.lock" else "backends.lock"
+        assert caught.value.lock == str(tmp_path / "p" / lock)
+        accept = "lock --output " + str(tmp_path / "p" / lock) if value == "app.lock" else "lock"
+        assert f"'torch-backends {accept}' to accept them" in str(caught.value)
+    for value in ("0", "false", "off", ""):
+        tbr.install(by_env(value))
     # The registry's own environment decides, never the process's behind it.
     monkeypatch.setenv("TORCH_BACKENDS_LOCKED", "1")
     tbr.install(Registry(cwd=tmp_path / "p", environ={}, sources=registry.sources))
@@ -574,8 +585,9 @@ def test_a_missing_lock_says_how_to_make_one(tmp_path: Path) -> None:
         )
         said[named] = done.stdout
     assert said == {
-        "sub/elsewhere.lock": "sub/elsewhere.lock: error: no such file; run 'torch-backends lock"
-        " --output sub/elsewhere.lock' to write it, and commit it\n",
+        "sub/elsewhere.lock": "sub/elsewhere.lock: error: no such file (named by"
+        " TORCH_BACKENDS_LOCKED); run 'torch-backends lock --output sub/elsewhere.lock' to"
+        " write it, and commit it\n",
         "sub": "sub: error: is a folder, not a lock file; name the lock file itself\n",
         "backends.toml": "backends.toml: error: not a lock file: it has no lock-version and no"
         " fingerprint; name the file 'torch-backends lock' wrote, or run it again\n",

@@ -119,6 +119,18 @@ def test_missing_env_entry_is_a_manifest_error_never_ignored(
         registry.lookup_backend("from_typo")
 
 
+def test_an_env_folder_with_no_manifest_is_said_never_passed_over(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", '[backends.fine]\ntarget = "m:f"\n')
+    write("deploy/README.txt", "the manifests go here")  # but none is here yet
+    registry = make(tmp_path, env=str(tmp_path / "deploy"))
+    with pytest.warns(ManifestWarning, match="holds no [*].toml manifest: nothing is read"):
+        [problem] = registry.problems()
+    assert (problem.path, problem.severity) == (str(tmp_path / "deploy"), "warning")
+    assert registry.backend_info("fine").target == "m:f"
+
+
 def test_nearest_project_manifest_from_a_subdirectory(tmp_path: Path, write: WriteFn) -> None:
     write("backends.toml", '[backends.top]\ntarget = "m:top"\n')
     write("pkg/pyproject.toml", '[tool.torch-backends.backends.near]\ntarget = "m:near"\n')

@@ -104,7 +104,7 @@ def install(
         "is not initialised: call install() after init_process_group(), or"
         " verify_consistent() yourself"
     )
-    check_before_install(registry, lock, verify_asked(registry), unready)
+    check_before_install(registry, lock, verify_asked(registry), unready, locked is None)
     install_into_torch(registry)
 
 
@@ -113,14 +113,17 @@ def verify_asked(registry: Registry) -> bool:
     return registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0")
 
 
-def check_before_install(registry: Registry, lock: str | None, verify: bool, unready: str) -> None:
-    """What install() checks first: the ``lock`` the backends must match, then, with
-    ``verify``, that every rank resolves names alike (a warning ``unready`` says what
-    torch.distributed was, where it was not initialised)."""
+def check_before_install(
+    registry: Registry, lock: str | None, verify: bool, unready: str, from_environment: bool
+) -> None:
+    """What install() checks first: the ``lock`` the backends must match (one that
+    ``TORCH_BACKENDS_LOCKED`` names, ``from_environment``), then, with ``verify``, that
+    every rank resolves names alike (a warning ``unready`` says what torch.distributed
+    was, where it was not initialised)."""
     from ._lock import check_locked
 
     if lock is not None:
-        check_locked(registry, lock)
+        check_locked(registry, lock, from_environment=from_environment)
     if verify and distributed_ready():
         verify_consistent(registry=registry)
     elif verify:

@@ -140,7 +140,7 @@ def _install_or_defer() -> None:
     def failure() -> BackendRegistryError | None:
         try:
             unready = "was not initialised by the first torch.compile: the ranks were not compared"
-            check_before_install(registry, lock, verify, unready)
+            check_before_install(registry, lock, verify, unready, from_environment=True)
         except BackendRegistryError as exc:
             return exc
         return None

@@ -123,14 +123,14 @@ class LockDriftError(BackendRegistryError):
     """The registry resolves names differently from its lock file: ``changes`` holds one
     line a difference (added, removed, changed field)."""
 
-    def __init__(self, lock: str, changes: list[str]) -> None:
+    def __init__(self, lock: str, changes: list[str], command: str = "torch-backends lock") -> None:
         self.lock = lock
         self.changes = tuple(changes)
         shown = "; ".join(changes[:5]) + ("; ..." if len(changes) > 5 else "")
         super().__init__(
             f"{lock}: the backends drifted from this lock ({len(changes)} difference"
             f"{'s' if len(changes) != 1 else ''}: {shown}); run 'torch-backends check"
-            " --locked' to see them, 'torch-backends lock' to accept them"
+            f" --locked' to see them, '{command}' to accept them"
         )
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections import Counter
 
-from ._definition import canonical
+from ._definition import canonical, shown_path
 from ._errors import LockDriftError, LockFileError, ManifestError
 from ._sources.cache import write_atomically
 
@@ -114,10 +115,23 @@ def _is_lock_or_absent(path: str) -> bool:
     return not start or start.removeprefix(b"\xef\xbb\xbf").startswith(first)
 
 
-def read_lock(path: str) -> Facts:
-    """The facts a lock file holds; :class:`LockFileError` where it cannot be used."""
-    from shlex import quote
+def lock_command(registry: Registry, path: str) -> str:
+    """The command that writes the lock at ``path`` for ``registry``, as typed here."""
+    if path == lock_path(registry):
+        return "torch-backends lock"
+    try:  # a path below this folder, as it was given
+        shown = shown_path(path, os.getcwd())
+    except OSError:  # the working folder was removed
+        shown = path
+    return f"torch-backends lock --output {shlex.quote(shown)}"
 
+
+def read_lock(
+    path: str, *, command: str = "torch-backends lock", from_environment: bool = False
+) -> Facts:
+    """The facts a lock file holds; :class:`LockFileError` where it cannot be used, saying
+    how to write it (``command``) and that ``TORCH_BACKENDS_LOCKED`` named it
+    (``from_environment``), where it is missing."""
     from ._sources.files import NO_SUCH_FILE, parse_toml, read_text
 
     if os.path.isdir(path):
@@ -128,8 +142,9 @@ def read_lock(path: str) -> Facts:
     except ManifestError as exc:
         message = exc.message
         if message == NO_SUCH_FILE:
-            output = "" if os.path.basename(path) == LOCK_FILE else f" --output {quote(path)}"
-            message += f"; run 'torch-backends lock{output}' to write it, and commit it"
+            if from_environment:  # what a user set, perhaps misspelt: say where it came from
+                message += f" (named by {LOCKED_VAR})"
+            message += f"; run '{command}' to write it, and commit it"
         raise LockFileError(message, path=path, line=exc.line) from exc
     missing = [key for key in ("lock-version", "fingerprint") if key not in data]
     if missing:  # a manifest named by mistake, an empty file
@@ -241,16 +256,22 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def check_locked(registry: Registry, path: str) -> None:
-    changes = differences(read_lock(path), registry.facts())
+def check_locked(registry: Registry, path: str, *, from_environment: bool = False) -> None:
+    command = lock_command(registry, path)
+    named = from_environment and path != lock_path(registry)  # a path, not "1"
+    locked = read_lock(path, command=command, from_environment=named)
+    changes = differences(locked, registry.facts())
     if changes:
-        raise LockDriftError(path, changes)
+        raise LockDriftError(path, changes, command)
 
 
 def lock_from_environment(registry: Registry) -> str | None:
     """The lock ``TORCH_BACKENDS_LOCKED`` (in the registry's environment) asks install()
     to hold to, or ``None``."""
     value = registry.context.environ.get(LOCKED_VAR, "").strip()
-    if not value or value == "0":
+    if value.lower() in ("", "0", "false", "no", "off"):
         return None
-    return lock_path(registry) if value == "1" else value
+    if value.lower() in ("1", "true", "yes", "on"):  # a switch: the default lock
+        return lock_path(registry)
+    # A relative path is relative to the registry's working folder, as the manifests' are.
+    return os.path.join(registry.context.cwd or os.getcwd(), os.path.expanduser(value))

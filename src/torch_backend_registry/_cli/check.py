@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import sys
 
 from .._api import Registry
@@ -72,19 +71,18 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
     names, which install() holds to) to ``problems``, as a problem of the lock file;
     where there is none, say which lock matched."""
     from .._errors import LockFileError
-    from .._lock import changes, digest, lock_from_environment, lock_path, read_lock
+    from .._lock import changes, digest, lock_command, lock_from_environment, lock_path, read_lock
 
     beside = lock_path(registry)
-    path = lock_from_environment(registry) or beside
+    named = lock_from_environment(registry)
+    path = named or beside
+    # The command that writes this lock: backends.lock, or the one named.
+    accept = lock_command(registry, path)
     try:
-        locked = read_lock(path)
+        locked = read_lock(path, command=accept, from_environment=named not in (None, beside))
     except LockFileError as exc:
         problems.append(Problem(exc.message, path=exc.path, line=exc.line))
         return None
-    # The command that writes this lock: backends.lock, or the one named.
-    accept = "torch-backends lock"
-    if path != beside:
-        accept += f" --output {shlex.quote(relative(path))}"
     drift = [
         Problem(f"{change}; run '{accept}' to accept it", path=path)
         for _key, change in changes(locked, registry.facts(), with_torch=with_torch)

@@ -67,7 +67,17 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
             try:
                 if reason is None:
                     names = sorted(n for n in os.listdir(path) if n.endswith(".toml"))
-                    files.extend(filter(os.path.isfile, [os.path.join(path, n) for n in names]))
+                    inside = [
+                        p for p in (os.path.join(path, n) for n in names) if os.path.isfile(p)
+                    ]
+                    files.extend(inside)
+                    if inside:
+                        continue
+                    # Explicit configuration that reads nothing is said, not passed over.
+                    said = (
+                        f"the folder named by {ENV_VAR} holds no *.toml manifest: nothing is read"
+                    )
+                    found.problems.append(Problem(said, path=path, severity="warning"))
                     continue
                 said = untrusted_message(f"folder named by {ENV_VAR}", reason)
             except OSError as exc:
