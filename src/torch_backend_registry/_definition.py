@@ -150,6 +150,9 @@ class Problem(NamedTuple):
     severity: Severity = "error"
     #: How many more problems of its file this one stands for, past the most reported.
     also: int = 0
+    #: What an error leaves out is its whole file (one that cannot be parsed), not the
+    #: backend whose table it is located in.
+    whole_file: bool = False
 
     def __repr__(self) -> str:
         return _repr(self)

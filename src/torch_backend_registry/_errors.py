@@ -166,10 +166,6 @@ def warn(message: str) -> None:
 _PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
 
 
-#: What ends the problem of a manifest that cannot be parsed: none of its backends is read.
-FILE_LEFT_OUT = "; no backend of this file is used until it parses"
-
-
 def warn_problem(problem: Problem, kept: Collection[str] = ()) -> None:
     """Warn of ``problem``; the names in ``kept`` (PyTorch's own) resolve whatever a
     manifest says of them."""
@@ -180,9 +176,7 @@ def warn_problem(problem: Problem, kept: Collection[str] = ()) -> None:
     if parts[:2] == ["tool", "torch-backends"]:
         parts = parts[2:]
     backend = parts[1] if len(parts) >= 2 and parts[0] == "backends" else None
-    if problem.message.endswith(FILE_LEFT_OUT):  # not one backend: the file's every one
-        backend = None
-    if problem.severity == "error" and backend is not None and backend not in kept:
+    if problem.severity == "error" and backend not in (None, *kept) and not problem.whole_file:
         said += f" (so backend {backend!r} is left out)"
     warn(said)
 

@@ -15,7 +15,7 @@ from .._definition import (
     Problem,
     Source,
 )
-from .._errors import FILE_LEFT_OUT, ManifestError, closest
+from .._errors import ManifestError, closest
 from .._keys import table_prefix, toml_key
 from .files import Untrusted, parse_toml, read_text, table_at
 
@@ -70,7 +70,8 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     except ManifestError as exc:
         # Located at the table it broke, but what it costs is the whole file: said so.
         problem = exc.problem
-        found.problems.append(problem._replace(message=problem.message + FILE_LEFT_OUT))
+        said = problem.message + "; no backend of this file is used until it parses"
+        found.problems.append(problem._replace(message=said, whole_file=True))
         return found
     table = table_at(data, prefix)
     if table is None and prefix:
