@@ -1056,10 +1056,10 @@ def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_m
     (project / "backends.toml").write_text(
         '[backends.good]\ntarget = "torch._dynamo.backends.debugging:eager"\n'
         '[backends.loop]\nchain = ["loop2"]\n[backends.loop2]\nchain = ["loop"]\n'
-        '[backends.broken]\ntargt = "models_here:make"\n'
+        '[backends.broken]\ntargt = "models_here:make"\naliases = ["br"]\n'
     )
     done = torch_backends(
-        *("doctor", "good", "loop", "broken", "--json", "--model", "models_here:make"),
+        *("doctor", "good", "loop", "broken", "br", "--json", "--model", "models_here:make"),
         *("--level", "forward", "--jobs", "2"),
         cwd=project,
         check=None,
@@ -1076,6 +1076,7 @@ def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_m
     broken = verdicts["broken"]
     assert (broken["status"], broken["level_name"]) == ("import-error", "import")
     assert "backends.toml:8: backends.broken.targt: unknown key 'targt'" in broken["reason"]
+    assert verdicts["br"]["reason"] == broken["reason"]  # asked by its alias: the same
 
 
 def test_bench_times_eager_before_any_backend_code_and_ranks_what_it_can(

@@ -181,6 +181,23 @@ def test_broken_definition_raises_its_manifest_error_others_work(
     assert registry.lookup_backend("good")("g", [])[0] == "compiled"
 
 
+def test_an_alias_of_a_broken_table_says_what_is_wrong_with_it(write: WriteFn) -> None:
+    # Asked by its alias, the table's own error; a wrong alias list names nothing.
+    registry = manifest(
+        write,
+        '[backends.bad]\ntarget = "m:f"\naliases = ["b"]\ntags = "oops"\n'
+        '[backends.worse]\ntarget = "m:f"\naliases = ["w", 3]\n',
+    )
+    with pytest.warns(tbr.ManifestWarning):
+        registry.problems()
+    for name in ("b", "bad"):
+        with pytest.raises(ManifestError) as caught:
+            registry.lookup_backend(name)
+        assert (caught.value.line, caught.value.key) == (4, "backends.bad.tags")
+    with pytest.raises(UnknownBackendError):
+        registry.lookup_backend("w")
+
+
 def test_a_manifest_that_does_not_parse_says_it_loses_every_backend_of_the_file(
     write: WriteFn,
 ) -> None:

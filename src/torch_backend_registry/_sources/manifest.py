@@ -229,7 +229,10 @@ class _Validation(NamedTuple):
                 entry = valid.get(name) or BackendEntry.model_validate(raw)
                 problem = self._alias_problem(name, entry, raw_backends, seen)
             if problem is not None:
-                self.found.definitions.append(BackendDefinition(name, source, problem=problem))
+                aliases = _aliases_of_broken(problem, raw, raw_backends, seen)
+                self.found.definitions.append(
+                    BackendDefinition(name, source, aliases=aliases, problem=problem)
+                )
                 continue
             verify = None
             if entry.verify != "none":  # doctor's tolerances unless given
@@ -323,6 +326,23 @@ class _Validation(NamedTuple):
             ("backends", name, "aliases"),
             f"{'; '.join(clashes)} in this file; each name and alias must be unique",
         )
+
+
+def _aliases_of_broken(
+    problem: Problem, raw: object, raw_backends: dict[str, Any], seen: dict[str, str]
+) -> tuple[str, ...]:
+    """The aliases a broken table declares, where they themselves are right: asked by one,
+    the registry says what is wrong with the table, as it does asked by its name."""
+    import re
+
+    from .schema import NAME_PATTERN
+
+    declared = raw.get("aliases") if isinstance(raw, dict) else None
+    if not isinstance(declared, list) or (problem.key or "").endswith(".aliases"):
+        return ()
+    if not all(isinstance(a, str) and re.fullmatch(NAME_PATTERN, a) for a in declared):
+        return ()
+    return tuple(a for a in dict.fromkeys(declared) if a not in raw_backends and a not in seen)
 
 
 def _too_deep(value: object) -> tuple[str | int, ...] | None:
