@@ -151,8 +151,11 @@ def _in_process(args: list[str], cwd: Path, environ: dict[str, str]) -> Done:
         os.environ.clear()
         os.environ.update(environ_before)
         sys.path[:] = path_before
+        # A module of the run's own folders goes; one with no file stays (torch._C._dynamo
+        # and the like: taken away, torch could not import them again).
         for name in set(sys.modules) - modules_before:
-            if not str(getattr(sys.modules[name], "__file__", None)).startswith(_INSTALLED):
+            file = getattr(sys.modules[name], "__file__", None)
+            if isinstance(file, str) and not file.startswith(_INSTALLED):
                 del sys.modules[name]
     return Done(code, out.getvalue(), err.getvalue())
 

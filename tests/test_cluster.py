@@ -166,7 +166,7 @@ def test_each_kind_of_drift_is_named_field_by_field(
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tbr-drift\nVersion: 2.0\n")
     registry.refresh()
     assert differences(locked, registry.facts()) == [
-        'added backend \'extra\': {"kind": "project", "target": "builtins:abs"}',
+        'added backend \'extra\': {"kind": "manifest", "target": "builtins:abs"}',
         'changed backend \'fast\': options: {"level": 2} -> {"level": 3}',
         'changed backend \'plugged\': version: "1.0" -> "2.0"',
         "removed alias 'f' (was \"fast\")",
@@ -182,7 +182,7 @@ def test_the_command_line_locks_and_finds_drift(tmp_path: Path) -> None:
     done = cli("lock")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("wrote backends.lock: ")
-    assert "3 project" in done.stdout  # what was locked, by source
+    assert "3 manifest" in done.stdout  # what was locked, by source
     assert " backends, 1 alias; fingerprint " in done.stdout
     for torch_or_not in ((), ("--no-torch",)):
         # Without torch read, PyTorch's entries of the lock are neither compared nor reported.
@@ -227,6 +227,21 @@ def test_check_locked_compares_with_the_lock_install_holds_to(tmp_path: Path) ->
     assert cli("check", "--locked", **named).returncode == 0
 
 
+def test_a_lock_holds_whether_the_manifest_is_the_projects_or_named(tmp_path: Path) -> None:
+    # Locked in the checkout; a job launched elsewhere names the same file by its path.
+    project(tmp_path / "p")
+    assert torch_backends("lock", cwd=tmp_path / "p").returncode == 0
+    elsewhere = tmp_path / "job"
+    elsewhere.mkdir()
+    env = {
+        "TORCH_BACKENDS_PATH": str(tmp_path / "p" / "backends.toml"),
+        "TORCH_BACKENDS_LOCKED": str(tmp_path / "p" / "backends.lock"),
+    }
+    done = torch_backends("check", "--locked", "--no-torch", cwd=elsewhere, env=env, check=None)
+    assert done.returncode == 0, done.stdout
+    assert "backends.lock matched (fingerprint " in done.stderr
+
+
 def test_the_lock_commands_refuse_what_they_cannot_mean(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -257,8 +272,9 @@ def test_a_lock_says_exactly_its_own_version(tmp_path: Path) -> None:
     registry = project(tmp_path / "p")
     path = Path(write_lock(registry))
     text = path.read_text(encoding="utf-8")
-    for wrong in ("true", "1.0", '"1"'):
-        path.write_text(text.replace("lock-version = 1", f"lock-version = {wrong}"))
+    assert "\nlock-version = 2\n" in text
+    for wrong in ("true", "2.0", '"2"', "1"):  # 1: a lock of an earlier release
+        path.write_text(text.replace("lock-version = 2", f"lock-version = {wrong}"))
         with pytest.raises(tbr.LockFileError, match="run 'torch-backends lock' again"):
             read_lock(str(path))
 

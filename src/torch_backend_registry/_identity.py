@@ -23,7 +23,9 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
     has one."""
     source = definition.source
     written: Facts = {
-        "kind": source.kind,
+        # A manifest's backend runs alike whether the project's search or TORCH_BACKENDS_PATH
+        # found the file: a launched job that names the project's manifest is not a drift.
+        "kind": "manifest" if source.kind in ("env", "project") else source.kind,
         "target": definition.target,
         "chain": list(definition.chain or ()),
         "by-device": dict(definition.by_device or ()),

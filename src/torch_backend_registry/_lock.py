@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     Facts = dict[str, Any]
 
 LOCK_FILE = "backends.lock"
-LOCK_VERSION = 1
+LOCK_VERSION = 2  # 2: a manifest's backends are of kind "manifest", found either way
 #: The largest lock read (and so written): 16 MiB, some 100,000 backends. A lock holds
 #: a registry whole, where manifests are split in files of at most 1 MiB.
 LOCK_MAX_BYTES = 16 * 2**20
