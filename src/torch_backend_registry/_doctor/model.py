@@ -26,8 +26,7 @@ def causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 def one_line(exc: BaseException) -> str:
-    """The exception in one line, and the causes it wraps where they say more than it
-    already does."""
+    """The exception in one line, with the causes it wraps where they say more."""
     said = ""
     for current in causes(exc):
         text = (str(current).strip().splitlines() or [""])[0]
@@ -48,8 +47,7 @@ FACTORY_SHAPE = (
 
 
 def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """The model ``spec`` (``module:factory``) names, with its positional and keyword
-    inputs; :class:`ModelError` where it cannot be built."""
+    """The model ``spec`` (``module:factory``) names, with its positional and keyword inputs."""
     if spec is None:  # the built-in model: small, deterministic, with a backward pass
         import torch
 
@@ -88,27 +86,29 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 class Eager:
     """The model run eagerly, before any backend's code is imported: what it gives, and with
-    ``backward`` the gradients of its parameters. It runs on copies of the model, so the
-    model itself is as it was built for the backend; a model that gives other values on a
-    second run (dropout in training mode) draws random numbers, which compilers draw their
-    own way: it is judged by the shapes and types of what it gives."""
+    ``backward`` the gradients of its parameters. It runs on copies, so the model itself is
+    as it was built for the backend."""
 
     def __init__(self, spec: str | None, device: Any, backward: bool) -> None:
         import torch
+
+        def on(value: Any) -> Any:
+            return value.to(device) if isinstance(value, torch.Tensor) else value
 
         model, args, kwargs = build_model(spec)
         what = "the built-in model" if spec is None else f"--model {spec!r}"
         try:
             self.model = model.to(device)
-            self.args = tuple(_on(x, device) for x in args)
-            self.kwargs = {key: _on(x, device) for key, x in kwargs.items()}
+            self.args = tuple(on(x) for x in args)
+            self.kwargs = {key: on(x) for key, x in kwargs.items()}
             reference = copy.deepcopy(self.model)
             with torch.random.fork_rng(devices=[]):
                 self.expected = reference(*self.args, **self.kwargs)
                 again = copy.deepcopy(self.model)(*self.args, **self.kwargs)
         except (Exception, SystemExit) as exc:
             raise ModelError(f"{what} cannot be run: {one_line(exc)}") from exc
-        # A model that draws random numbers is compared in shapes and types only.
+        # A model that gives other values on a second run (dropout in training mode) draws
+        # random numbers, which compilers draw their own way: compared in shapes and types only.
         random = differ(leaves(self.expected), leaves(again), "", 0, 0) is not None
         self.tolerance: tuple[float | None, float | None] = (None, None) if random else (RTOL, ATOL)
         #: What a verdict on this model is worth saying.
@@ -134,15 +134,8 @@ _RANDOM = (
 )
 
 
-def _on(value: Any, device: Any) -> Any:
-    import torch
-
-    return value.to(device) if isinstance(value, torch.Tensor) else value
-
-
 def loss(out: Any) -> Any:
-    """One number from a model's floating outputs that require gradients: their sum
-    (``None`` where none does)."""
+    """The sum of a model's floating outputs that require gradients (``None``: none does)."""
     found = [o for o in leaves(out) if getattr(o, "requires_grad", False)]
     if not found:
         return None

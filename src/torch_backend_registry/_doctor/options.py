@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .._errors import BackendRegistryError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 #: How far a backend must get to be ``ok``: forward (inference backends) or backward.
 GOALS = ("forward", "backward")
@@ -46,9 +42,7 @@ class Options(NamedTuple):
         return self._replace(timeout=float(self.timeout))
 
     def facts(self, model_file: object, path: list[str]) -> dict[str, Any]:
-        """What a verdict found with these options depends on, besides the backend: the model
-        and its file, the device and what makes one visible, the level, the time limit, and
-        the import path the probe runs with."""
+        """What a verdict found with these options depends on, besides the backend."""
         visible = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
         accelerator = self.device != "cpu"
         return {
@@ -69,8 +63,7 @@ DEFAULT_TIMEOUT: float = Options._field_defaults["timeout"]
 
 
 def device_name(device: str) -> str | None:
-    """The name of the accelerator ``device`` names here (``NVIDIA A100-SXM4-80GB``), or
-    ``None`` where there is none or it cannot tell."""
+    """The accelerator ``device`` names here (``NVIDIA A100-SXM4-80GB``), or ``None``."""
     try:
         import torch
 

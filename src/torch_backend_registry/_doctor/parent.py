@@ -31,10 +31,9 @@ if TYPE_CHECKING:
 
 def start(registry: Registry, options: Options) -> Server:
     """The probe server for a run of ``options`` on ``registry``, importing PyTorch from now
-    on (while this process finds what to probe); :class:`ModelError` where the model is
-    nowhere. One server serves every run of this process while its environment, import
-    path and installed packages stay as they were. It is the caller's until :func:`run`
-    ends with it; one another run still uses is stopped only once that run ends."""
+    on (while this process finds what to probe). One server serves every run of this
+    process while its environment, import path and installed packages stay as they were;
+    it is the caller's until :func:`run` ends with it."""
     global _WARM
     if not torch_available():
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
@@ -72,7 +71,6 @@ _LOCK = ForkSafeLock()
 
 
 def _release(server: Server) -> None:
-    """A run ended with ``server``: stop it if it is no longer the one kept, and unused."""
     with _LOCK:
         server.users -= 1
         if not server.users and (_WARM is None or _WARM[1] is not server):
@@ -102,15 +100,9 @@ def run(
     on_progress: Progress | None = None,
     server: Server | None = None,
 ) -> list[Verdict]:
-    """Probe ``names`` (default: every listed backend), side by side where cores allow.
-
-    A name that resolves to nothing raises :class:`UnknownBackendError` at once (one declared
-    in a table that cannot be used gets an ``import-error`` verdict), one
-    registered at runtime here (no other process has it) :class:`BackendRegistryError`,
-    a model or device that cannot be used :class:`ModelError`. A name and its alias are
-    probed once. An interruption kills every probe of this run. ``server``: what
-    :func:`start` gave for the same registry and options (this run ends the caller's use).
-    """
+    """Probe ``names`` (default: every listed backend), side by side where cores allow; a
+    name and its alias once. An interruption kills every probe of this run. ``server``:
+    what :func:`start` gave for the same registry and options (this run ends its use)."""
     options = options.checked()
     if isinstance(names, str):  # doctor("inductor"): one name, not eight of one letter
         names = [names]
@@ -118,9 +110,8 @@ def run(
     server = server or start(registry, options)
     try:
         names = list(dict.fromkeys(names if names is not None else registry.list_backends()))
-        # Each name -> its definition (unknown names fail here), and the first name asked of it.
-        # One a manifest declares but not as something usable has that as its verdict, and
-        # the others are probed.
+        # Each name -> its definition (unknown names fail here). One a manifest declares but
+        # not as something usable has that as its verdict, and the others are probed.
         defined: dict[str, BackendDefinition] = {}
         results: dict[str, Verdict] = {}
         for name in names:
@@ -128,14 +119,14 @@ def run(
                 defined[name] = registry.backend_info(name).definition
             except ManifestError as exc:
                 results[name] = Verdict(name, "import-error", 2, one_line(exc))
-        first: dict[str, str] = {}
         for name, definition in defined.items():
             if definition.source.kind == "runtime":
                 raise BackendRegistryError(
                     f"backend {name!r} is registered at runtime in this process, which no probe"
                     " shares: declare it in a manifest to probe it"
                 )
-            first[name] = next((n for n in first if defined[n] == definition), name)
+        # Each name -> the first name asked of its backend, which is probed for both.
+        first = {name: next(n for n in defined if defined[n] == d) for name, d in defined.items()}
         first.update((name, name) for name in results)
         model_path, model_file = _find_model(registry, options.model)
         facts = options.facts(model_file, import_path())
@@ -148,15 +139,10 @@ def run(
                 on_progress(name, cached.level, 0.0, True)
         todo = [name for name in subjects if name not in results]
         broken = server.wait_ready() if todo else None
-        if not todo or broken is not None:
+        if broken is not None:
             for name in todo:  # no probe ran: nothing to remember
                 results[name] = Verdict(name, "crashed", 0, f"the probe could not start: {broken}")
-            return _sorted(results, first, names)
-        found: list[Any] = []
-        # Timing wants the machine alone; otherwise two at once, or one a core pair.
-        jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
-        pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
-        try:
+        elif todo:
             context = registry.context
             config = {  # how each probe of this run goes
                 "workdir": os.getcwd(),
@@ -170,31 +156,32 @@ def run(
                 "model_path": model_path,
                 **options._asdict(),
             }
-            futures = {
-                name: pool.submit(server.probe, name, config, on_progress, pool) for name in todo
-            }
-            for name, future in futures.items():
-                results[name], code, missing = future.result()
-                # Remembered where what it depends on is known, and where it is about the
-                # backend: before the first level, none of its code had run.
-                if code is not None and results[name].level > 0:
-                    found.append((subjects[name], facts, results[name], code, missing))
-        except BaseException:  # a bad model, an interruption: nothing more is started or left
-            pool.shutdown(wait=False, cancel_futures=True)
-            server.kill(owner=pool)  # this run's probes; another run's go on
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            memory.remember(found)
-        return _sorted(results, first, names)
+            found: list[Any] = []
+            # Timing wants the machine alone; otherwise two at once, or one a core pair.
+            jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
+            pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
+            try:
+                futures = [pool.submit(server.probe, n, config, on_progress, pool) for n in todo]
+                for name, future in zip(todo, futures, strict=True):
+                    results[name], code, missing = future.result()
+                    # Remembered where what it depends on is known, and where it is about the
+                    # backend: before the first level, none of its code had run.
+                    if code is not None and results[name].level > 0:
+                        found.append((subjects[name], facts, results[name], code, missing))
+            except BaseException:  # a bad model, an interruption: nothing more is started or left
+                pool.shutdown(wait=False, cancel_futures=True)
+                server.kill(owner=pool)  # this run's probes; another run's go on
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+                memory.remember(found)
+        # A verdict for each name asked (an alias's is its backend's), best first.
+        verdicts = (results[first[name]]._replace(name=name) for name in names)
+        return sorted(
+            verdicts, key=lambda v: (STATUSES.index(v.status), -(v.speedup or 0.0), v.name)
+        )
     finally:
         _release(server)
-
-
-def _sorted(results: dict[str, Verdict], first: dict[str, str], names: list[str]) -> list[Verdict]:
-    """A verdict for each name asked (an alias's is its backend's), best first."""
-    verdicts = (results[first[name]]._replace(name=name) for name in names)
-    return sorted(verdicts, key=lambda v: (STATUSES.index(v.status), -(v.speedup or 0.0), v.name))
 
 
 def import_path() -> list[str]:
@@ -211,7 +198,7 @@ def import_path() -> list[str]:
 
 def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object]:
     """Where the model's module is (a python-path folder, or ``[]`` for the import path)
-    and its file's stamp; :class:`ModelError` where it is nowhere."""
+    and its file's stamp."""
     if spec is None:
         return [], None
     module, _, factory = spec.partition(":")

@@ -1,11 +1,10 @@
 """The child side of ``doctor``: a server that forks a fresh process per backend, and the probe.
 
-:data:`BOOT` starts the server under ``python -I`` (no working folder on the import
-path, no ``PYTHON*`` variables), its configuration on stdin, never on the command line
-(which every user can read). No backend's code is ever imported into the server, so
-each probe starts where a fresh interpreter that imported PyTorch would. A probe
-reports each level as it reaches it, then its verdict, on a pipe of its own: whatever
-kills it leaves the last level reported for the parent to tell.
+The server runs under ``python -I`` (no working folder on the import path, no ``PYTHON*``
+variables), its configuration on stdin, never on the command line (which every user can
+read). No backend's code is ever imported into it, so each probe starts where a fresh
+interpreter that imported PyTorch would. A probe reports each level as it reaches it:
+whatever kills it leaves the last level reported for the parent to tell.
 """
 
 from __future__ import annotations
@@ -52,11 +51,10 @@ ROUNDS = 15
 def serve(config: dict[str, Any]) -> None:
     """Import PyTorch, then fork a probe for each request on the socket until it closes.
 
-    A request is ``{"id": N, "name": NAME}`` with the probe's report pipe, stdout,
-    stderr and a pipe of its configuration attached; once that process ended, the server
-    answers ``{"ended": N, "code": CODE}`` (a negative code: killed by that signal), after
-    killing whatever it left in its session. ``{"kill": N}`` ends a probe
-    and its session. When the parent goes, every probe goes with it.
+    A request is ``{"id": N, "name": NAME}`` with the probe's report pipe, stdout, stderr
+    and a pipe of its configuration attached; once that process ended, and whatever it
+    left was killed, the server answers ``{"ended": N, "code": CODE}`` (negative: killed by
+    that signal). ``{"kill": N}`` ends a probe and its session.
     """
     server = socket.socket(fileno=config["socket"])
 
@@ -161,7 +159,7 @@ def _kill_orphans(probes: dict[int, int]) -> None:
 
 
 def _children() -> list[int]:
-    """The processes whose parent is this one, still running (Linux; none elsewhere)."""
+    """The children of this process still running (Linux; none elsewhere)."""
     me, found = os.getpid(), []
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
@@ -178,11 +176,9 @@ def _children() -> list[int]:
 
 
 def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
-    """Go through the levels for ``config["name"]``; the verdict as a dict.
-
-    The model is built and run eagerly before any code of the backend is imported, so
-    that what the backend does to this process cannot be taken for the model's fault.
-    """
+    """Go through the levels for ``config["name"]``; the verdict as a dict. The model is run
+    eagerly before any code of the backend is imported: what the backend does to this
+    process cannot be taken for the model's fault."""
     name = config["name"]
     verdict = functools.partial(_verdict, name, time.perf_counter())
     registry = Registry(known_failure=known_failure, **config["registry"])
@@ -275,7 +271,6 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
 def _verdict(
     name: str | None, started: float, status: str, level: int, reason: str = "", **extra: Any
 ) -> dict[str, Any]:
-    """A verdict as the probe reports it, its seconds counted from ``started``."""
     return {
         "name": name,
         "status": status,
@@ -287,8 +282,7 @@ def _verdict(
 
 
 def _device(spec: str) -> Any:
-    """The device to probe on (``None``: there is none of that kind here); :class:`ModelError`
-    for what names no device."""
+    """The device to probe on (``None``: there is none of that kind here)."""
     import torch
 
     try:
@@ -310,10 +304,9 @@ def _missing(exc: BaseException) -> list[str]:
 
 
 def _code() -> list[list[object]] | None:
-    """The files of the modules this process imported that are neither Python's nor
-    installed (a project's own code, wherever it lies), each with its size and time;
-    ``None`` where it cannot be told: a verdict found with it unknown holds for this
-    probe only, and is not remembered."""
+    """The stamps of the files of the modules imported that are neither Python's nor
+    installed (a project's own code); ``None`` where it cannot be told: a verdict found
+    then holds for this probe only, and is not remembered."""
     try:
         paths = sysconfig.get_paths()
         installed = [paths["stdlib"], paths["platstdlib"], *site.getsitepackages()]
@@ -334,9 +327,9 @@ def _code() -> list[list[object]] | None:
 
 
 def _timed(eager: Eager, fn: Any) -> list[float]:
-    """Seconds a call of ``fn`` on the model's inputs, for each of :data:`ROUNDS`, after
-    a call to warm it. Each round is the mean of a batch of calls long enough (some 10 ms)
-    that the clock and a stray interruption weigh little in it."""
+    """Seconds a call of ``fn`` takes, for each of :data:`ROUNDS` after a warming call. Each
+    round is the mean of a batch of calls long enough (some 10 ms) that the clock and a
+    stray interruption weigh little in it."""
     import torch
 
     timer = timeit.Timer(lambda: eager(fn))
@@ -346,15 +339,13 @@ def _timed(eager: Eager, fn: Any) -> list[float]:
 
 
 def _spread(times: list[float]) -> float:
-    """How far the middle half of the rounds spread, as a share of their median (the
-    interquartile range over the median): one stalled round on a busy machine moves it
-    little, where the range from fastest to slowest is decided by it."""
+    """The interquartile range of the rounds over their median: one stalled round on a busy
+    machine moves it little, where the range from fastest to slowest is decided by it."""
     low, middle, high = statistics.quantiles(times, n=4)
     return (high - low) / middle if middle > 0 else 0.0
 
 
 def main(config: dict[str, Any]) -> None:
-    """Probe, report the verdict and the code it ran on the channel, and end at once."""
     channel = config["channel"]
     os.set_inheritable(channel, False)  # a backend's own children must not hold it open
 

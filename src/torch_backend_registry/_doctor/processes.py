@@ -1,10 +1,9 @@
 """The probe processes, seen from doctor: one server that imports PyTorch once and forks a
 fresh process for each backend, each watched with a time limit.
 
-``doctor`` waits for a probe process to end (the server tells it), never for its
-output, has its whole session killed at the time limit, and keeps only the tail
-of what it printed. A probe that crashes, calls ``os.abort()``, hangs, prints
-without end or leaves processes behind affects only its own verdict.
+Doctor waits for a probe to end (the server tells it), never for its output, has its
+session killed at the time limit and keeps the tail of what it printed: a probe that
+crashes, hangs, prints without end or leaves processes behind affects only its verdict.
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ STARTUP = 60.0
 
 class Server:
     """The probe server, importing PyTorch with the import path ``path`` in ``environ`` from
-    the moment it is made; :meth:`probe` is called from as many threads as probes should
-    run at once."""
+    the moment it is made; :meth:`probe` is called from a thread for each probe at once."""
 
     def __init__(self, path: list[str], environ: dict[str, str]) -> None:
         self._probes: dict[int, _Probe] = {}
@@ -78,7 +76,6 @@ class Server:
         self._reader.start()
 
     def alive(self) -> bool:
-        """Whether it can still probe: not ended, and PyTorch imported (or importing)."""
         return self._process.poll() is None and self.broken is None
 
     def _read(self) -> None:
@@ -114,9 +111,8 @@ class Server:
     def probe(
         self, name: str, config: dict[str, Any], on_progress: Progress, owner: object
     ) -> tuple[Verdict, Any, list[str]]:
-        """Probe ``name`` as ``config`` says, in a process of its own killed at the time limit
-        of the backend's own time: its verdict, the code it ran, the modules it found missing.
-        :class:`ModelError` where the model cannot be built."""
+        """Probe ``name`` as ``config`` says, in a process of its own: its verdict, the code it
+        ran, the modules it found missing."""
         started, timeout = time.perf_counter(), config["timeout"]
         ends = [os.pipe() for _ in range(3)]  # the report channel, stdout, stderr
         # The configuration on a pipe of its own, never a command line: it holds the
@@ -149,7 +145,7 @@ class Server:
             self._kill(number)  # at the time limit, on an interruption, or what it left behind
             probe.ended.wait(GRACE)
             until = time.monotonic() + GRACE  # a moment for the verdict
-            while not probe.done and (left := until - time.monotonic()) > 0:
+            while not probe.report and probe.open and (left := until - time.monotonic()) > 0:
                 probe.read(left)
             for r, _w in ends:
                 os.close(r)
@@ -184,7 +180,6 @@ class Server:
         return Verdict(name, "crashed", probe.level, reason, seconds), probe.ran, []
 
     def kill(self, owner: object) -> None:
-        """Kill every probe of the run ``owner`` still running, and its session."""
         with self._lock:
             numbers = [n for n, p in self._probes.items() if p.owner is owner]
         for number in numbers:
@@ -196,7 +191,6 @@ class Server:
                 self._socket.send(json.dumps({"kill": number}).encode())
 
     def close(self) -> None:
-        """Stop the server; a probe still running is killed with it."""
         with contextlib.suppress(OSError):
             self._socket.shutdown(socket.SHUT_RDWR)  # it kills its probes, and ends
         try:
@@ -216,10 +210,9 @@ def _write(fd: int, text: str) -> None:
 
 
 class _Probe:
-    """One probe process: the run it belongs to (what :meth:`Server.kill` ends with it), its
-    exit code once ended, and what it says on its report pipe and prints, read by the
-    thread that waits for it (a pipe that a process the backend started keeps open must
-    not keep doctor waiting)."""
+    """One probe process: the run it belongs to, its exit code once ended, and what it says
+    and prints, read by the thread that waits for it (not until its pipes close: a process
+    the backend started may keep them open)."""
 
     def __init__(self, owner: object, fds: list[int]) -> None:
         self.owner = owner
@@ -239,15 +232,10 @@ class _Probe:
         self.errors = bytearray()
         self._pending = bytearray()
 
-    @property
-    def done(self) -> bool:
-        return bool(self.report) or not self.open
-
     def wait(self, timeout: float, progress: Callable[[int, bool], None]) -> bool:
-        """Read the pipes until the process ends, telling ``progress`` of each level reached
-        and as time passes; ``False`` at the time limit. The limit counts from the first
-        report, past reading the registry and running the model eagerly (within a minute or
-        the limit, whichever is longer): it is the backend's time, not the probe's."""
+        """Read the pipes until the process ends, telling ``progress`` as it goes; ``False`` at
+        the time limit. The limit counts from the first report, past running the model
+        eagerly (given :data:`STARTUP` or the limit if longer): it is the backend's time."""
         deadline = time.monotonic() + max(STARTUP, timeout)
         told, next_tell = -1, 0.0
         while not self.ended.is_set():
@@ -263,7 +251,6 @@ class _Probe:
         return True
 
     def read(self, seconds: float) -> None:
-        """Read what comes within ``seconds``; with every pipe closed, wait for the end."""
         if not self.open:
             self.ended.wait(seconds)
             return
@@ -309,14 +296,15 @@ _ELSEWHERE = re.compile(
 )
 #: The header of one of Python's warnings (``file:line: SomeWarning: ...``).
 _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+#: A line that says it is an error (``error: ...``; ``RuntimeError`` is no such word).
+_ERROR = re.compile(r"\berror\b", re.IGNORECASE)
 
 
 def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
-    """``verdict`` with the last few lines the probe wrote to stderr that say something new
-    (not Python's warnings, with the source line each quotes, nor what the reason says),
-    where that is the diagnosis: a reason that points elsewhere, or a failed import (a
-    plugin that prints why, "needs PyTorch 2.8.*, but 2.13.0 is found", and then fails on
-    something else)."""
+    """``verdict`` with the last lines the probe wrote to stderr that say something new (not
+    Python's warnings nor the reason itself), where that is the diagnosis: a reason that
+    points elsewhere, or a failed import (a plugin that prints "needs PyTorch 2.8.*, but
+    2.13.0 is found", and then fails on something else)."""
     if verdict.status not in FAILURES:
         return verdict
     if verdict.status != "import-error" and not _ELSEWHERE.search(verdict.reason):
@@ -338,10 +326,6 @@ def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
     if not said:
         return verdict
     return verdict._replace(reason=f"{verdict.reason}; it printed: {said}")
-
-
-#: A line that says it is an error (``error: ...``; ``RuntimeError`` is no such word).
-_ERROR = re.compile(r"\berror\b", re.IGNORECASE)
 
 
 def _crash_reason(code: int | None, tail: bytes | bytearray) -> str:

@@ -1,10 +1,9 @@
 """Doctor's verdicts: what probing a backend found, remembered by everything it depends on.
 
-A verdict is about a *subject* (:func:`subject`) and was found by a *probe*: the
-model, the device, the level asked for and the time limit. A run of ``doctor``
-reuses a verdict of the same subject and probe; a listing shows the newest verdict
-of the subject on the built-in model and the CPU; a chain with
-``skip-known-failures`` skips a member with such a verdict of failure.
+A verdict is about a *subject* (:func:`subject`), found by a *probe* (the model, the
+device, the level and the time limit). A run of doctor reuses a verdict of the same
+subject and probe; a listing, and a chain that skips known failures, read the newest
+verdict of the subject on the built-in model and the CPU.
 """
 
 from __future__ import annotations
@@ -92,7 +91,6 @@ class Verdict(NamedTuple):
         return level_name(self.level)
 
     def facts(self) -> dict[str, Any]:
-        """Every field but ``cached``: what is remembered of a verdict."""
         return {fact: getattr(self, fact) for fact in _KINDS}
 
     def as_json(self) -> dict[str, Any]:
@@ -136,9 +134,9 @@ def subject(
     memory: Verdicts | None = None,
 ) -> str:
     """What a verdict about ``name`` judges: the identity of what it runs, and for it and
-    what its chain reaches, the code their targets name, which of their requirements are
-    missing and which python-path folders the trust rule refuses; this machine and what is
-    installed in it. ``stamps`` remembers what was looked at across the calls of one listing."""
+    what its chain reaches, the code their targets name, their missing requirements and
+    refused python-path folders; this machine and what is installed in it. ``stamps``
+    remembers what was looked at across the calls of one listing."""
     index = registry.index_for(name)
     memo = {} if stamps is None else stamps
     memory = Verdicts(registry.context.cache) if memory is None else memory
@@ -188,9 +186,8 @@ def _subject(
 
 
 def known_failure(registry: Registry, name: str) -> str | None:
-    """Why ``name`` is known to fail here, by the newest verdict remembered of what it runs
-    (the built-in model, the CPU); ``None`` where none says it fails, or ``name`` resolves to
-    nothing (the chain says why it skips it). What a chain that skips known failures asks."""
+    """Why ``name`` is known to fail here, by the newest verdict remembered of what it runs;
+    ``None`` where none says so, or ``name`` resolves to nothing (the chain says why)."""
     memory = Verdicts(registry.context.cache)
     try:
         verdict = memory.latest(subject(registry, name, memory=memory))
@@ -203,7 +200,7 @@ def known_failure(registry: Registry, name: str) -> str | None:
 
 def this_machine() -> list[str]:
     """What tells this machine from another that shares its home folder (nodes of a
-    cluster over NFS, one with a GPU and one without): its platform, processor, host."""
+    cluster over NFS, one with a GPU and one without)."""
     if not hasattr(os, "uname"):  # pragma: no cover - Windows
         machine, host = (os.environ.get(v, "") for v in ("PROCESSOR_ARCHITECTURE", "COMPUTERNAME"))
         return [sys.platform, machine, host]
@@ -211,13 +208,9 @@ def this_machine() -> list[str]:
 
 
 class Verdicts:
-    """The remembered verdicts, read once from the cache.
-
-    Each is kept under a digest of its subject, with its probe and, as the probe found
-    them, the files of the code it ran (a project's own: an edit of any of them, the
-    target's imports included, makes it stale) and the modules it found missing
-    (installing one does too). An entry of another shape is no entry.
-    """
+    """The remembered verdicts, read once from the cache. Each is kept under a digest of its
+    subject, with its probe, the files of the code it ran (a project's own: an edit of any
+    makes it stale) and the modules it found missing (installing one does too)."""
 
     KIND = "verdicts"
     KEY = 2
@@ -238,7 +231,6 @@ class Verdicts:
         return probes if isinstance(probes, dict) else {}
 
     def get(self, subject: str, probe: Mapping[str, Any]) -> Verdict | None:
-        """The verdict of ``subject`` found by exactly ``probe``, where still current."""
         return _read(self._probes(subject).get(canonical(probe)))
 
     def latest(self, subject: str) -> Verdict | None:
@@ -254,8 +246,8 @@ class Verdicts:
     def remember(
         self, found: Iterable[tuple[str, Mapping[str, Any], Verdict, Any, list[str]]]
     ) -> None:
-        """Remember verdicts in one write, the table read again under the cache's lock: two
-        runs ending together both keep what they found."""
+        """Remember verdicts in one write, read again under the cache's lock: two runs ending
+        together both keep what they found."""
         with self.cache.locked(self.KIND):
             vars(self).pop("_table", None)  # read again, under the lock
             table = self._table
