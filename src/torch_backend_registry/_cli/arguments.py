@@ -42,8 +42,7 @@ class _VersionAction(argparse.Action):
 
 
 def _above_zero(convert: Callable[[str], float], noun: str, least: str) -> Callable[[str], float]:
-    """An argparse type: ``convert`` of the text, refused in argparse's words where it is
-    not ``noun`` or below ``least``."""
+    """An argparse type: ``convert`` of the text, refused where it is not above zero."""
 
     def value(text: str) -> float:
         try:
@@ -62,7 +61,6 @@ _count = _above_zero(int, "a whole number", "1 or more")
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The arguments as argparse parses them; exits as argparse does on help or a mistake."""
     parser = build_parser()
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions
         try:

@@ -15,13 +15,13 @@ from .common import (
     EXIT_PROBLEMS,
     NO_MANIFEST,
     CommandError,
-    Waiting,
     error,
     no_manifest,
     print_json,
     printable,
     registry_for,
     relative,
+    waiting,
     working_folder,
 )
 
@@ -57,7 +57,7 @@ def run_check(args: Arguments) -> int:
         sources: list[SourceKind] = ["env"] if args.files else ["env", "project"]
         sources += ["entry-point"] if args.no_torch else ["entry-point", "torch"]
         registry = Registry(files=args.files or None, sources=sources)
-        with Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
+        with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems(with_torch=not args.no_torch)
         problems += _replaced_tables(registry)
         matched = None
@@ -67,9 +67,8 @@ def run_check(args: Arguments) -> int:
 
 
 def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
-    """Add each difference from the lock (backends.lock, or the one TORCH_BACKENDS_LOCKED
-    names, which install() holds to) to ``problems``, as a problem of the lock file;
-    where there is none, say which lock matched."""
+    """Add each difference from the lock install() holds to (backends.lock, or the one
+    TORCH_BACKENDS_LOCKED names) to ``problems``; where there is none, say which matched."""
     from .._errors import LockFileError
     from .._lock import changes, digest, lock_command, lock_from_environment, lock_path, read_lock
 
@@ -109,9 +108,8 @@ def _near_table_here() -> str:
 def _report(
     registry: Registry, problems: list[Problem], args: Arguments, matched: str | None
 ) -> int:
-    """Print each problem, each note (a chain member not installed here) and, with
-    ``--import``, each backend that cannot be used here (a missing requirement, a table
-    whose CPU backend is missing), by file and line; then a summary. Only problems fail."""
+    """Print each problem and note (with ``--import``, each backend unavailable here too) by
+    file and line, then a summary. Only problems fail."""
     from .._autoload import enabled, state
 
     index = registry.index(with_torch=not args.no_torch)
@@ -226,7 +224,6 @@ class _Imports:
         self.found: dict[str, tuple[str, bool] | None] = {}
 
     def check(self, d: BackendDefinition) -> list[Problem]:
-        """Import what ``d`` may run; the problems found, where they are written."""
         if not d.members:
             problem = self._load(d)
             self.found[d.name] = None if problem is None else (problem.message, True)

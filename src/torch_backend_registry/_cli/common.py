@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -11,7 +12,7 @@ PROG = "torch-backends"
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from typing import Any
 
 
@@ -71,19 +72,16 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-class Waiting:
+@contextlib.contextmanager
+def waiting(message: str, slow: bool) -> Iterator[None]:
     """A line on a terminal's stderr while something slow runs, erased when it is done."""
-
-    def __init__(self, message: str, slow: bool) -> None:
-        self.shown = slow and sys.stderr.isatty()
-        self.message = message
-
-    def __enter__(self) -> None:
-        if self.shown:
-            print(f"{PROG}: {self.message}...", end="", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.shown:
+    shown = slow and sys.stderr.isatty()
+    if shown:
+        print(f"{PROG}: {message}...", end="", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        if shown:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
@@ -150,8 +148,8 @@ def _cut(text: str, width: int) -> str:
 def _fitted(
     rows: Sequence[tuple[str, ...]], limit: int, shrinkable: Sequence[int]
 ) -> list[int] | None:
-    """The widths of ``rows``' columns with the ``shrinkable`` ones cut so that every line fits
-    ``limit``; ``None`` where even cut to :data:`NARROWEST` they do not."""
+    """The widths of ``rows``' columns, the ``shrinkable`` ones cut to fit ``limit``; ``None``
+    where even cut to :data:`NARROWEST` they do not."""
     widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
     over = sum(widths) + 2 * (len(widths) - 1) - limit
     for column in shrinkable:

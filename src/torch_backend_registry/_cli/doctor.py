@@ -13,13 +13,13 @@ from .common import (
     EXIT_PROBLEMS,
     EXIT_USAGE,
     PROG,
-    Waiting,
     error,
     print_json,
     print_rows,
     printable,
     registry_for,
     terminal_width,
+    waiting,
 )
 
 TYPE_CHECKING = False
@@ -42,7 +42,7 @@ def run_doctor(args: Arguments) -> int:
         # The probes' server imports PyTorch meanwhile, as this process does to list every
         # backend or resolve a name no manifest declares.
         server = start(registry, options)
-        with Waiting("importing PyTorch", not dynamo_imported()):
+        with waiting("importing PyTorch", not dynamo_imported()):
             names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
             for name in names:  # an unknown name fails here, as explain says it
                 with contextlib.suppress(ManifestError):  # declared: a verdict of its own
@@ -89,7 +89,7 @@ def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
 
 class _Progress(contextlib.AbstractContextManager["_Progress"]):
     """One line on a terminal's stderr while it is entered: how many are done, and each
-    probe running (its level and time), cut to the terminal's width."""
+    probe running (its level and time)."""
 
     def __init__(self, shown: bool, total: int) -> None:
         self.shown = shown

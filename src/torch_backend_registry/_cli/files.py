@@ -9,10 +9,10 @@ from .common import (
     EXIT_OK,
     NO_MANIFEST,
     CommandError,
-    Waiting,
     no_manifest,
     registry_for,
     relative,
+    waiting,
     working_folder,
 )
 
@@ -27,7 +27,7 @@ def run_lock(args: Arguments) -> int:
     if no_manifest():  # a lock of PyTorch's backends alone pins nobody's
         raise CommandError(NO_MANIFEST)
     registry = registry_for()
-    with Waiting("loading PyTorch's backends", True):
+    with waiting("loading PyTorch's backends", True):
         errors = [p for p in registry.problems() if p.severity == "error"]
         if errors:  # a lock of what is broken pins it broken
             raise CommandError(
@@ -104,7 +104,6 @@ def run_init(args: Arguments) -> int:
 
 
 def _init_pyproject(pyproject: str) -> int:
-    """Append the starter table to pyproject.toml, if the result is still valid TOML."""
     from .._keys import PYPROJECT_TABLE
     from .._sources.files import NO_SUCH_FILE, parse_toml, read_text
 

@@ -12,13 +12,13 @@ from .common import (
     PROG,
     CommandError,
     UsageError,
-    Waiting,
     print_json,
     print_rows,
     printable,
     registry_for,
     relative,
     terminal_width,
+    waiting,
     working_folder,
 )
 
@@ -39,7 +39,7 @@ def run_list(args: Arguments) -> int:
     both = sorted(wanted & unwanted)
     if both:
         raise UsageError(f"--tag and --exclude-tag both name {', '.join(map(repr, both))}")
-    with Waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
+    with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
         every = registry.definitions(())
     known = {tag for d in every for tag in d.tags}
     if unwanted - known:  # nothing to leave out: likely a typo, and the listing is still right
@@ -180,8 +180,7 @@ def run_explain(args: Arguments) -> int:
 
 
 def _explain_unusable(registry: Registry, name: str) -> None:
-    """Explain a name that is no backend here but is declared: disabled, or left out by the
-    plugin policy."""
+    """Explain a name that is declared but no backend here: disabled, or left out by policy."""
     index = registry.index(with_torch=False)
     candidates = index.by_key.get(name, [])
     excluded = index.excluded.get(name, [])
