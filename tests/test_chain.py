@@ -229,6 +229,28 @@ def test_a_table_by_device_is_checked_as_a_chain_is(tmp_path: Path, write: Write
     )
 
 
+def test_a_table_that_gives_the_cpu_nothing_is_a_note_said_once(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", '[backends.gpu_only]\nby-device = { cuda = "inductor" }\n')
+    note = (
+        "backends.toml:2: note: backends.gpu_only.by-device: by-device 'gpu_only' gives the"
+        " CPU no backend (it has cuda), so a graph on the CPU fails; add 'cpu' or 'other'"
+        " unless that is meant\n"
+    )
+    plain = torch_backends("check", "--no-torch", cwd=tmp_path)
+    assert (plain.stdout, plain.stderr) == (
+        note,
+        "no problems; 1 of 1 backend(s) usable, 1 note(s)\n",
+    )
+    # Importing, it is unavailable here: the note says why, once.
+    imported = torch_backends("check", "--import", "--no-torch", cwd=tmp_path)
+    assert (imported.stdout, imported.stderr) == (
+        note,
+        "no problems; 0 of 1 backend(s) imported and usable, 1 unavailable here, 1 note(s)\n",
+    )
+
+
 TABLES = """
 [backends.trt]
 target = "tbr_not_installed:compile"

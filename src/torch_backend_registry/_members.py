@@ -18,7 +18,8 @@ MAX_CHAIN_DEPTH = 64
 
 
 def unknown_members(index: Index) -> dict[str, Problem]:
-    """Each chain that names a backend that does not exist (here), by name.
+    """Each chain that names a backend that does not exist (here), by name, and each table
+    by device that gives the CPU no backend.
 
     A portable chain names backends some machines lack (a plugin not installed
     here) and skips them when it runs: that is a ``note``. A name close to one
@@ -31,6 +32,9 @@ def unknown_members(index: Index) -> dict[str, Problem]:
     for definition in index.winners():
         unknown = index.missing_members(definition)
         if not unknown:
+            cpu = _no_cpu(definition)
+            if cpu is not None:
+                problems[definition.name] = cpu
             continue
         what = f"{_what(definition)} {definition.name!r}"
         typos = {m: close for m in unknown if (close := _typo_of(m, index.known))}
@@ -64,6 +68,22 @@ def unknown_members(index: Index) -> dict[str, Problem]:
             )
         problems[definition.name] = problem
     return problems
+
+
+def _no_cpu(definition: BackendDefinition) -> Problem | None:
+    """A note for a ``by-device`` table that gives the CPU nothing: fine on a machine whose
+    graphs are all on an accelerator, a failure for any graph on the CPU."""
+    if definition.by_device is None:
+        return None
+    devices = [device for device, _name in definition.by_device]
+    if "cpu" in devices or "other" in devices:
+        return None
+    return chain_error(
+        definition,
+        f"by-device {definition.name!r} gives the CPU no backend (it has {', '.join(devices)}),"
+        " so a graph on the CPU fails; add 'cpu' or 'other' unless that is meant",
+        severity="note",
+    )
 
 
 def _names(what: str, members: Sequence[str]) -> str:

@@ -128,17 +128,20 @@ def _report(
     unavailable: list[Problem] = []
     if args.import_targets:
         imports = _Imports(registry, {d.name for d in checked})
+        noted = index.unknown_members()  # a note already says why a table cannot be used
         for d in list(usable):
             why = registry.why_unavailable(d)
             if why is not None:
                 usable.remove(d)
                 said = f"unavailable here ({why}); not imported"
-                unavailable.append(d.located(said, severity="note"))
+                unavailable.append(noted.get(d.name) or d.located(said, severity="note"))
                 continue
             problems.extend(imports.check(d))
             if imports.found.get(d.name) is not None:
                 usable.remove(d)
-    shown = sorted([*problems, *notes, *unavailable], key=lambda p: (p.path or "", p.line or 0))
+    shown = sorted(
+        dict.fromkeys([*problems, *notes, *unavailable]), key=lambda p: (p.path or "", p.line or 0)
+    )
     errors = [p for p in problems if p.severity == "error"]
     # One line may stand for more problems of its file than are worth printing.
     counted = sum(1 + p.also for p in errors)
