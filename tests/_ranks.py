@@ -119,6 +119,24 @@ def _check(rank: int, world: int, port: int, mode: str, here: Path) -> dict[str,
             dist.all_reduce(mine, group=everyone)
             result["sum"] = mine.item()
             return result
+        if mode == "pair":  # a group of the last two ranks, of which only the first calls
+            pair = dist.new_group(ranks=[world - 2, world - 1], backend="gloo")
+            if rank != world - 2:
+                _wait_for([here / f"rank{world - 2}.done"])
+                return {"absent": True}
+            return {"fingerprint": t.verify_consistent(pair, timeout=3)}
+        if mode == "again":  # rank 1 comes too late once; then both check twice, and train
+            if rank == 1:
+                time.sleep(5)
+            said: list[str] = []
+            for _ in range(3):
+                try:
+                    said.append(t.verify_consistent(timeout=3))
+                except t.InconsistentRegistryError as exc:
+                    said.append(str(exc))
+            total = torch.ones(1)
+            dist.all_reduce(total)  # the job's own group is as it was
+            return {"said": said, "sum": total.item()}
         if mode == "install":  # TORCH_BACKENDS_VERIFY: the check at install()
             t.install()
             return {"installed": True}

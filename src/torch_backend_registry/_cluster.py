@@ -1,7 +1,8 @@
 """Every rank resolves names alike: fingerprints compared over torch.distributed.
 
-The check runs on a gloo group of its own, so it works beside an NCCL default
-group and on machines without a GPU. When all agree, only a 32-byte hash a
+The check runs over gloo (the job's group where that is gloo, else a group of its own), so
+it works beside an NCCL default group and on machines without a GPU, and only once every
+rank has said on the job's store that it called. When all agree, only a 32-byte hash a
 rank travels; the facts follow only on a mismatch, and then every rank raises
 the same :class:`InconsistentRegistryError`.
 """
@@ -12,12 +13,12 @@ import re
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 
 from ._errors import BackendRegistryError, InconsistentRegistryError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from datetime import timedelta
     from typing import Any
 
     from ._registry import Registry
@@ -31,24 +32,19 @@ DEFAULT_TIMEOUT = 60.0
 def verify_consistent(
     registry: Registry, group: Any = None, timeout: float | timedelta = DEFAULT_TIMEOUT
 ) -> str:
-    import socket
-    from datetime import timedelta
-
-    import torch
     import torch.distributed as dist
 
-    from ._lock import digest
-
-    limit = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    limit = _limit(timeout)
     seconds = limit.total_seconds()
-    if seconds <= 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
     if not (dist.is_available() and dist.is_initialized()):
         raise BackendRegistryError(
             "verify_consistent() needs torch.distributed initialised (init_process_group) first"
         )
-    ranks = None if group is None else dist.get_process_group_ranks(group)
-    members = ranks if ranks is not None else list(range(dist.get_world_size()))
+    # In the order of the ranks inside the group, which its collectives number them by.
+    if group is None:
+        members = list(range(dist.get_world_size()))
+    else:
+        members = sorted(dist.get_process_group_ranks(group))
     me = dist.get_rank()
     default_gloo = dist.get_backend() == "gloo"
     if me not in members:  # its collectives would do nothing: it would agree with no one
@@ -57,6 +53,10 @@ def verify_consistent(
         raise ValueError(
             f"rank {me} is not in the group of ranks {members}: it has no rank to compare with"
         )
+    # First every rank says on the store that it is here, so that the missing are named, and
+    # no collective waits for a rank that never comes: a gloo barrier that times out leaves
+    # the group it ran on unusable, which must never be the job's.
+    _arrive(members, me, limit)
     if default_gloo and (group is None or dist.get_backend(group) == "gloo"):
         # Gloo already: no group to make. A group made here would have to be made by every
         # rank of the job (PyTorch names groups by a count each process keeps), where only
@@ -64,17 +64,47 @@ def verify_consistent(
         gloo = group
     else:
         # A gloo group of its own: the default group may be NCCL, and a CPU-only rank
-        # must take part too. Creating it is itself collective over the ranks, and says
-        # only that it timed out: first every rank says it is here, so that the missing
-        # are named.
-        _arrive(members, me, limit)
+        # must take part too. Creating it is itself collective over the ranks.
         try:
-            gloo = dist.new_group(ranks=ranks, backend="gloo", timeout=limit)
+            gloo = dist.new_group(ranks=members, backend="gloo", timeout=limit)
         except RuntimeError as exc:
             raise InconsistentRegistryError(
                 f"rank {me}: not every rank of {members} called verify_consistent() within"
                 f" {seconds:g} s ({exc})",
             ) from exc
+    return _compare(registry, gloo, members, me, limit)
+
+
+#: The longest time limit: torch.distributed counts it in nanoseconds in 64 bits, and
+#: past some 290 years it wraps around, to a limit already run out.
+LONGEST = timedelta(days=366)
+
+
+def _limit(timeout: float | timedelta) -> timedelta:
+    """``timeout`` as a :class:`~datetime.timedelta`, or :class:`ValueError` (or
+    :class:`TypeError`) saying what it must be."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
+        raise TypeError(
+            f"timeout must be seconds or a datetime.timedelta, got {type(timeout).__name__}"
+        )
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    if not 0 < seconds <= LONGEST.total_seconds():  # nan and inf too
+        raise ValueError(
+            f"timeout must be positive and at most {LONGEST.days} days, got {timeout!r}"
+        )
+    return timedelta(seconds=seconds)
+
+
+def _compare(registry: Registry, gloo: Any, members: list[int], me: int, limit: timedelta) -> str:
+    """The fingerprint where every rank of ``gloo`` agrees, else the same error on each."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from ._lock import digest
+
+    seconds = limit.total_seconds()
     started = time.monotonic()
     try:
         # Every rank reports to the first within the limit, which names those that did not.
@@ -114,17 +144,24 @@ def _arrive(members: list[int], me: int, limit: timedelta) -> None:
     seconds = limit.total_seconds()
     try:
         store.set(here[members.index(me)], "1")
+        started = time.monotonic()
         try:
             store.wait(here, limit)
-        except RuntimeError as waited:  # the limit ran out
-            missing = tuple(
-                rank for rank, key in zip(members, here, strict=True) if not store.check([key])
-            )
-            if missing:
-                store.set(f"{prefix}/given-up", "1")
+        except RuntimeError as waited:  # the limit ran out, or the store's host ended
+            if time.monotonic() - started < 0.9 * seconds:
+                raise  # it did not wait: said below
+            try:
+                missing: tuple[int, ...] | None = tuple(
+                    rank for rank, key in zip(members, here, strict=True) if not store.check([key])
+                )
+                if missing:
+                    store.set(f"{prefix}/given-up", "1")
+            except RuntimeError:  # the first rank, which holds the store, gave up and ended
+                missing = None
+            if missing is None or missing:
                 raise (
                     _not_called(missing, seconds)
-                    if me == members[0]
+                    if me == members[0] and missing
                     else _timed_out(me, members, seconds)
                 ) from waited
         given_up = store.check([f"{prefix}/given-up"])
@@ -171,7 +208,8 @@ def mismatch(
         found = changes(reference, facts)
         names.update(name for about, _said in found for name in about)
         said = "; ".join(said for _about, said in found[:5])
-        lines.append(f"rank {members[index]} on {host}: {said}")
+        more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
+        lines.append(f"rank {members[index]} on {host}: {said}{more}")
     odd_ranks = tuple(members[i] for i in odd)
     return InconsistentRegistryError(
         f"ranks {list(odd_ranks)} resolve backend names differently from the other"
@@ -190,11 +228,12 @@ def _missing(
     ended = waited < 0.9 * timeout
     found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
     if found:
-        missing = tuple(int(r) for r in re.findall(r"\d+", found.group(1)))
+        # Numbered as the group numbers its ranks: from 0, in the order of the job's.
+        missing = tuple(members[int(r)] for r in re.findall(r"\d+", found.group(1)))
         if not ended:
             return _not_called(missing, timeout)
         return InconsistentRegistryError(
-            f"ranks {list(missing)} ended, or lost their connection, before calling"
+            f"ranks {list(missing)} ended, or lost their connection, during"
             f" verify_consistent() ({waited:.1f} s into its {timeout:g} s)",
             missing,
         )
