@@ -219,7 +219,6 @@ class _Validation(NamedTuple):
         # beside the manifest is found from any working folder, as a script's is.
         search_path = (*(f for f in python_path if f != base), base)
         seen: dict[str, str] = {}
-        written: dict[tuple[str, ...], str] = {}
         for name, raw in raw_backends.items():
             table = (*self.prefix, "backends", name)
             source = Source(self.kind, path=self.path, line=self.lines.line_of(table))
@@ -260,35 +259,26 @@ class _Validation(NamedTuple):
                 skip_known_failures=entry.skip_known_failures,
                 verify=verify,
                 distribution=entry.distribution,
-                lines=MappingProxyType(self._key_lines(table, raw, written)),
+                lines=MappingProxyType(self._key_lines(table, raw)),
             )
             self.found.definitions.append(definition)
             for device in by_device or ():
                 self._known_device(name, device)
 
-    def _key_lines(
-        self, table: tuple[str, ...], raw: dict[str, Any], written: dict[tuple[str, ...], str]
-    ) -> dict[str, int]:
+    def _key_lines(self, table: tuple[str, ...], raw: dict[str, Any]) -> dict[str, int]:
         """The line of each key of a backend's table, and of each key one level inside it
-        (an option, a device type), by the key as TOML writes it relative to the table
-        (kept in ``written``: the tables of a file hold the same few keys)."""
+        (an option, a device type), by the key as TOML writes it relative to the table."""
         lines: dict[str, int] = {}
         # And the manifest's python-path, which each of its backends searches (no key of a
         # backend's table has that name).
         if (*self.prefix, "python-path") in self.lines:
             lines["python-path"] = self.lines[(*self.prefix, "python-path")]
-        # Walked from the table's own node where it has one (a header, a dotted key), not
-        # from the top for each key; else from the top, to the line of what holds it inline.
-        below = self.lines.node_of(table)
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()
             for parts in [(key,), *((key, inner) for inner in inside)]:
-                if below is None:
-                    line = self.lines.line_of((*table, *parts))
-                else:
-                    line = self.lines.line_of(parts, below)
+                line = self.lines.line_of((*table, *parts))
                 if line is not None:
-                    lines[written.get(parts) or written.setdefault(parts, toml_key(parts))] = line
+                    lines[toml_key(parts)] = line
         return lines
 
     def _known_device(self, name: str, device: str) -> None:

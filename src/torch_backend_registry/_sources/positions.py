@@ -86,36 +86,28 @@ class KeyLines:
             node = found[0]
         return node
 
-    def line_of(self, path: Path, below: tuple[int, int | None] = (ROOT, None)) -> int | None:
-        """The line of ``path`` (under ``below``, a node and its line, as :meth:`node_of`
-        gives them), or of its longest prefix that is defined; ``None`` if none is."""
-        return self._walk(path, *below)[1]
-
-    def node_of(self, path: Path) -> tuple[int, int | None] | None:
-        node, line, whole = self._walk(path)
-        return (node, line) if whole else None
+    def line_of(self, path: Path) -> int | None:
+        """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
+        return self._walk(path)[0]
 
     def __contains__(self, path: object) -> bool:
-        return isinstance(path, tuple) and self._walk(path)[2]
+        return isinstance(path, tuple) and self._walk(path)[1]
 
     def __getitem__(self, path: Path) -> int:
-        _node, line, whole = self._walk(path)
-        if not whole or line is None:
+        line, whole = self._walk(path)
+        if line is None or not whole:
             raise KeyError(path)
         return line
 
-    def _walk(
-        self, path: Path, node: int = ROOT, line: int | None = None
-    ) -> tuple[int, int | None, bool]:
-        """The node and line of the longest defined prefix of ``path`` (from ``node``, whose
-        line is ``line``), and whether that is all of it."""
-        edges = self._edges
+    def _walk(self, path: Path) -> tuple[int | None, bool]:
+        """The line of the longest defined prefix of ``path``, and whether that is all of it."""
+        node, line = self.ROOT, None
         for part in path:
-            found = edges.get((node, part))
+            found = self._edges.get((node, part))
             if found is None:
-                return node, line, False
+                return line, False
             node, line = found
-        return node, line, line is not None
+        return line, line is not None
 
     def values(self) -> Iterator[int]:
         """Every recorded line (each path once)."""
