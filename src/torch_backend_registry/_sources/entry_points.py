@@ -7,10 +7,11 @@ import os
 import sys
 
 from .._definition import BackendDefinition, Discovery, Problem, Source, distribution_key
+from .finding import stamp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Iterable
     from importlib.metadata import Distribution, EntryPoint
 
 #: The entry-point group PyTorch itself reads.
@@ -19,8 +20,7 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 
 def entry_point_stamps() -> list[object]:
     """What decides the entry points: each sys.path entry and the distributions in it,
-    with the size and time of each one's metadata files, which an edit in place changes."""
-
+    with the size and time of each one's metadata files."""
     stamps: list[object] = []
     for entry in sys.path:
         folder = entry or os.curdir
@@ -42,26 +42,19 @@ def entry_point_stamps() -> list[object]:
             except OSError:
                 stamps.append([entry, None])
             continue
-        found = [_stamped(os.path.join(folder, name)) for name in names]
+        # Each one's metadata files: an edit in place changes their size or time.
+        found = [[stamp(os.path.join(folder, n, m)) for m in _METADATA] for n in names]
         stamps.append([entry, info.st_mtime_ns, found])
     return stamps
 
 
-def _stamped(distribution: str) -> list[object]:
-    stamps: list[object] = [os.path.basename(distribution)]
-    for inside in (
-        "entry_points.txt",
-        "METADATA",
-        "PKG-INFO",
-        os.path.join("EGG-INFO", "entry_points.txt"),  # an unzipped .egg
-        os.path.join("EGG-INFO", "PKG-INFO"),
-    ):
-        try:
-            info = os.stat(os.path.join(distribution, inside))
-        except OSError:
-            continue
-        stamps.append([inside, info.st_size, info.st_mtime_ns])
-    return stamps
+_METADATA = (
+    "entry_points.txt",
+    "METADATA",
+    "PKG-INFO",
+    os.path.join("EGG-INFO", "entry_points.txt"),  # an unzipped .egg
+    os.path.join("EGG-INFO", "PKG-INFO"),
+)
 
 
 def read_entry_points() -> Discovery:
@@ -72,19 +65,27 @@ def read_entry_points() -> Discovery:
     names = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
     targets = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
     found = Discovery()
+    places: dict[str, int] = {}
+    for index, entry in enumerate(sys.path):
+        places.setdefault(_real(entry), index)
+    # Each distribution's metadata read once: several entry points share one. By identity:
+    # a distribution need not be hashable, and every one stays alive with its entry points
+    # while this runs.
     read: dict[int, tuple[str | None, str | None]] = {}
-
-    def named(dist: Distribution | None) -> tuple[str | None, str | None]:
-        # Each distribution's metadata read once: several entry points share one, and the
-        # order needs its name too. By identity: a distribution need not be hashable, and
-        # every one stays alive with its entry points while this runs.
-        if id(dist) not in read:
-            read[id(dist)] = _name_and_version(dist)
-        return read[id(dist)]
-
-    for ep in sorted(_entry_points(found.problems), key=_search_order(named)):
-        name, version = named(ep.dist)
-        source = Source("entry-point", distribution=name, version=version)
+    listed = []
+    for ep in _entry_points(found.problems):
+        if id(ep.dist) not in read:
+            read[id(ep.dist)] = _name_and_version(ep.dist)
+        name, version = read[id(ep.dist)]
+        try:
+            folder = _real(str(ep.dist.locate_file(""))) if ep.dist else ""
+        except Exception:  # a distribution that cannot say where it is: last
+            folder = ""
+        # Their folder's place on sys.path, then the distribution's name (within one folder,
+        # importlib.metadata follows os.listdir).
+        order = (places.get(folder, len(places)), distribution_key(name or ""))
+        listed.append((order, ep, Source("entry-point", distribution=name, version=version)))
+    for _order, ep, source in sorted(listed, key=lambda item: item[0]):
         target = ep.value.split("[", 1)[0].strip()
         wrong = (
             "which is no backend name" if not names.fullmatch(ep.name)
@@ -104,31 +105,11 @@ def read_entry_points() -> Discovery:
     return found
 
 
-def _search_order(
-    named: Callable[[Distribution | None], tuple[str | None, str | None]],
-) -> Callable[[EntryPoint], tuple[int, str]]:
-    """A deterministic order of entry points: their folder's place on sys.path, then the
-    distribution's name (within one folder, importlib.metadata follows os.listdir)."""
-
-    def real(path: str) -> str:
-        try:
-            return os.path.realpath(path or os.curdir)
-        except OSError:  # "" or a relative entry, and the working directory is gone
-            return path
-
-    places: dict[str, int] = {}
-    for index, entry in enumerate(sys.path):
-        places.setdefault(real(entry), index)
-
-    def key(ep: EntryPoint) -> tuple[int, str]:
-        name, _version = named(ep.dist)
-        try:
-            folder = real(str(ep.dist.locate_file(""))) if ep.dist else ""
-        except Exception:  # a distribution that cannot say where it is: last
-            folder = ""
-        return places.get(folder, len(places)), distribution_key(name or "")
-
-    return key
+def _real(path: str) -> str:
+    try:
+        return os.path.realpath(path or os.curdir)
+    except OSError:  # "" or a relative entry, and the working directory is gone
+        return path
 
 
 def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
