@@ -1,11 +1,9 @@
 """The warm start: what was read before, as sealed entries in the user's cache folder.
 
 An entry is named by a digest of its key, which holds everything its value depends on (a
-manifest's full text, path and kind, the bytes of this package's code, what is on
-``sys.path``), never a time stamp alone; its first line seals its text, so a torn, changed
-or moved entry is no entry. The folder is the user's cache folder as ``platformdirs`` knows
-it, used only while it is this user's own and private, in a folder the trust rule accepts.
-Anything in doubt is no entry, and is read again. ``TORCH_BACKENDS_NO_CACHE`` turns it off.
+manifest's full text, this package's code, what is on ``sys.path``), never a time stamp
+alone; its first line seals its text, so a torn, changed or moved entry is no entry. The
+folder is used only while it is this user's own and private. Anything in doubt is read again.
 """
 
 from __future__ import annotations
@@ -43,7 +41,8 @@ _OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
 
 
 def cache_folder(environ: Mapping[str, str]) -> str | None:
-    """The cache folder, or ``None`` where the cache is off or no home can be found."""
+    """The cache folder, or ``None`` where ``TORCH_BACKENDS_NO_CACHE`` is set or no home
+    can be found."""
     if environ.get(NO_CACHE_VAR, "").strip() not in ("", "0"):
         return None
     import platformdirs
@@ -91,7 +90,6 @@ class Cache:
             return None
 
     def put(self, kind: str, key: object, value: object) -> None:
-        """Store ``value`` under ``key``: atomically, readable by its owner only."""
         if self.folder is None:
             return
         path, name = self._entry(kind, key)
@@ -107,10 +105,8 @@ class Cache:
 
     @contextlib.contextmanager
     def locked(self, kind: str) -> Iterator[None]:
-        """Hold the lock of the entries of ``kind`` (a file ``KIND.lock`` beside their folder)
-        for the time of the block, so that a read, change and write of them is one step for
-        every process. Where there is no lock to take (no cache, no ``fcntl``), the block
-        runs unlocked."""
+        """Make a read, change and write of the entries of ``kind`` one step for every
+        process (``flock`` on ``KIND.lock``); without a cache or ``fcntl``, run unlocked."""
         fd = -1
         if self.folder is not None and self._private(kind, make=True):
             with contextlib.suppress(OSError):
@@ -129,8 +125,7 @@ class Cache:
 
     def _private(self, kind: str, *, make: bool = False) -> bool:
         """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
-        this user's, private, and below a folder the trust rule accepts: nobody else can
-        have put anything there."""
+        this user's, private, and below a trusted folder: nobody else can write there."""
         from .files import untrusted_folder
 
         assert self.folder is not None
@@ -166,8 +161,8 @@ class Cache:
 
 
 def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
-    """Whether a cache folder (or an entry) is this user's and nobody else's to change, and
-    a folder nobody else's to look into."""
+    """Whether a cache folder (or an entry) is this user's, and nobody else's to change
+    (nor, a folder, to look into)."""
     if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
         return True
     kind, others = (
@@ -179,8 +174,7 @@ def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
 
 
 def _trim(folder: str) -> None:
-    """Remove the oldest written entries of ``folder`` past :data:`MOST_ENTRIES`, and those of
-    an earlier layout, which nothing reads."""
+    """Remove the oldest entries past :data:`MOST_ENTRIES`, and those of an earlier layout."""
     entries = []
     for entry in os.scandir(folder):
         if entry.name.endswith(".json"):  # layout 4 and before
@@ -212,7 +206,6 @@ def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
 
 
 def _seal(name: bytes, text: bytes) -> bytes:
-    """A digest of an entry's key and text: what its first line holds."""
     import hashlib
 
     return hashlib.sha256(name + b"\n" + text).hexdigest().encode()
@@ -220,9 +213,8 @@ def _seal(name: bytes, text: bytes) -> bytes:
 
 @functools.cache  # one process runs one version of this code
 def code_key() -> str:
-    """A digest of the code that reads manifests: this package's, byte by byte, and the
-    installed validator and parser (pydantic, tomli) with Python itself; an upgrade or an
-    edit of any of them starts afresh."""
+    """A digest of the code that reads manifests: this package's, byte by byte, pydantic's,
+    tomli's and Python's; an upgrade or an edit of any of them starts afresh."""
     import hashlib
     import importlib.util
 
@@ -250,12 +242,10 @@ def code_key() -> str:
 # (BUILD), and so rename it for the next entry. A read-only mapping is stored as the dict it
 # shows. The code's digest in every key keeps an entry from outliving the classes.
 
-_VALUES: Mapping[str, Any] = MappingProxyType(
-    {
-        cls.__name__: cls
-        for cls in (BackendDefinition, DefaultDeclaration, PluginRule, Problem, Source)
-    }
-)
+_VALUES: dict[str, Any] = {
+    cls.__name__: cls
+    for cls in (BackendDefinition, DefaultDeclaration, PluginRule, Problem, Source)
+}
 
 
 def _value(kind: str, *fields: object) -> object:

@@ -1,8 +1,7 @@
 """PyTorch's own registry, read as a source: its backends, its names, its version.
 
-torch is imported here only when PyTorch's backends are asked for; whether it
-is installed, its version and the names of its own backends are known without
-importing it.
+Whether torch is installed, its version and its own backends' names are known without
+importing it; torch is imported only when its backends are asked for.
 """
 
 from __future__ import annotations
@@ -56,9 +55,7 @@ TORCH_2_13_NAMES = frozenset(
 )
 
 #: What PyTorch registers its own backends with, as a decorator or a call.
-_REGISTERING = frozenset(
-    {"register_backend", "register_debug_backend", "register_experimental_backend"}
-)
+_REGISTERING = {"register_backend", "register_debug_backend", "register_experimental_backend"}
 
 
 def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
