@@ -61,38 +61,34 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
                 f"relative entry of {ENV_VAR} and the working directory no longer exists;"
                 " use an absolute path"
             )
-        elif os.path.isdir(path):
-            # Whoever can write here can add a manifest: the folder must be trusted.
-            reason = untrusted_folder(path)
-            try:
-                if reason is None:
-                    names = sorted(n for n in os.listdir(path) if n.endswith(".toml"))
-                    inside = [
-                        p for p in (os.path.join(path, n) for n in names) if os.path.isfile(p)
-                    ]
-                    files.extend(inside)
-                    if inside:
-                        continue
-                    # Explicit configuration that reads nothing is said, not passed over.
-                    said = (
-                        f"the folder named by {ENV_VAR} holds no *.toml manifest: nothing is read"
-                    )
-                    found.problems.append(Problem(said, path=path, severity="warning"))
-                    continue
-                said = untrusted_message(f"folder named by {ENV_VAR}", reason)
-            except OSError as exc:
-                said = f"cannot list the folder named by {ENV_VAR}: {exc.strerror or exc}"
-            found.problems.append(Problem(said, path=path))
-            continue
-        elif os.path.lexists(path):
-            files.append(path)
-            continue
-        else:
+            path = entry
+        elif not os.path.isdir(path):
+            if os.path.lexists(path):
+                files.append(path)
+                continue
             said = (
                 f"{NO_SUCH_FILE} or folder (named by {ENV_VAR}={entry!r}); remove the"
                 " entry or create the file"
             )
-        found.problems.append(Problem(said, path=entry))
+            path = entry
+        # Whoever can write here can add a manifest: the folder must be trusted.
+        elif reason := untrusted_folder(path):
+            said = untrusted_message(f"folder named by {ENV_VAR}", reason)
+        else:
+            try:
+                names = sorted(n for n in os.listdir(path) if n.endswith(".toml"))
+            except OSError as exc:
+                said = f"cannot list the folder named by {ENV_VAR}: {exc.strerror or exc}"
+            else:
+                inside = [p for p in (os.path.join(path, n) for n in names) if os.path.isfile(p)]
+                files.extend(inside)
+                if inside:
+                    continue
+                # Explicit configuration that reads nothing is said, not passed over.
+                said = f"the folder named by {ENV_VAR} holds no *.toml manifest: nothing is read"
+                found.problems.append(Problem(said, path=path, severity="warning"))
+                continue
+        found.problems.append(Problem(said, path=path))
     return files, found
 
 

@@ -1,8 +1,4 @@
-"""Reading configuration safely: the trust rule, a size limit, TOML errors as ManifestError.
-
-Every file read as configuration goes through :func:`read_text`, and every folder that
-configuration or code comes from is judged by :func:`untrusted_folder`.
-"""
+"""Reading configuration safely: the trust rule, a size limit, TOML errors as ManifestError."""
 
 from __future__ import annotations
 
@@ -48,12 +44,10 @@ class Untrusted(Exception):
 def _untrusted(info: os.stat_result, *, folder: bool = False) -> str | None:
     """Why a file (or ``folder``) must not be used, or ``None``.
 
-    Owned by this user or root and not writable by every user: the rule git applies
-    to repositories (``safe.directory``) and OpenSSH to its files (``StrictModes``).
-    Group-writable files are accepted, as git does: the group is one its owner chose.
-    A folder writable by every user is accepted when it has the sticky bit (as the
-    system's temporary folder): there only a file's owner can rename or remove it,
-    and every file read is judged by the file rule itself.
+    Owned by this user or root and not writable by every user, as git (``safe.directory``)
+    and OpenSSH (``StrictModes``) have it; group-writable is accepted, as git does. A folder
+    writable by every user is accepted with the sticky bit (as /tmp): there only a file's
+    owner can rename or remove it, and every file read is judged by the file rule itself.
     """
     if info.st_mode & stat.S_IWOTH and not (folder and info.st_mode & stat.S_ISVTX):
         return "it is writable by every user"
@@ -79,12 +73,8 @@ def untrusted_message(what: str, reason: str) -> str:
 
 def read_text(path: str, limit: int = MAX_BYTES) -> str:
     """A manifest's text (of at most ``limit`` bytes); :class:`ManifestError` where it
-    cannot or must not be used.
-
-    The checks are made on the opened file, so the file judged is the file read,
-    and a symbolic link is judged by the file it points to and the folder holding
-    that file.
-    """
+    cannot be used, :class:`Untrusted` where it must not. The checks are made on the opened
+    file, so the file judged is the file read (a link's target, and the folder holding it)."""
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except FileNotFoundError:
@@ -146,11 +136,10 @@ def parse_toml(
 ) -> tuple[dict[str, Any], KeyLines]:
     """Parse ``text``, and find the line of each key (which the parser does not tell).
 
-    Every way of failing is a :class:`ManifestError` with a line: the key budget
-    (checked first, so the parser never sees a document too costly to parse),
-    syntax, nesting beyond the parser's limits, numbers too long to read, an integer
-    beyond 64 bits in the table ``within`` (what the caller reads: the other tables of a
-    ``pyproject.toml`` are other tools', which may hold any integer they read).
+    Every way of failing is a :class:`ManifestError` with a line: the key budget (checked
+    first, so the parser never sees a document too costly to parse), syntax, nesting, numbers
+    too long to read, an integer beyond 64 bits in the table ``within`` (the other tables of
+    a ``pyproject.toml`` are other tools', which may hold any integer they read).
     """
     import re
 
@@ -212,8 +201,7 @@ _LONG_NUMBER = r"[0-9][0-9A-Fa-f_xob]{15,}"
 
 
 def table_at(data: dict[str, Any], path: tuple[str, ...]) -> object:
-    """The value at the key ``path`` of a parsed document (a manifest's table inside it, say);
-    ``None`` where there is none."""
+    """The value at the key ``path`` of a parsed document; ``None`` where there is none."""
     value: object = data
     for part in path:
         value = value.get(part) if isinstance(value, dict) else None

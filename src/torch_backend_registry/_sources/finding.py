@@ -37,8 +37,8 @@ _LOADERS = (
 
 
 class PythonPathFinder:
-    """Finds top-level modules in python-path folders: the current lookup's, then those
-    of every target loaded so far."""
+    """Finds top-level modules in the current lookup's python-path folders, then in those of
+    every target loaded so far."""
 
     def __init__(self) -> None:
         #: Folders of loaded targets, in the order they were first needed.
@@ -86,8 +86,8 @@ def searching(folders: Sequence[str]) -> Iterator[None]:
 
 def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
     """The spec ``import module`` would use (``folders`` searched last), running nothing:
-    for a module already imported, its own. ``importlib.util.find_spec("a.b")`` imports
-    ``a``; here each level is looked for in the search locations of the level above."""
+    ``importlib.util.find_spec("a.b")`` imports ``a``; here each level is looked for in the
+    search locations of the level above."""
     import importlib.util
 
     loaded = sys.modules.get(module)
@@ -131,12 +131,10 @@ MAX_STAMPED_FILES = 10_000
 
 
 def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
-    """What changes when the code of ``module`` is edited: the file it would be
-    imported from, with size and modification time, and for a module of a package outside
-    the installed ones (a project's own), every ``.py`` file of that package, so that an
-    edit of a module it re-exports counts too. ``None`` where the module is not found.
-
-    Installed packages change by being installed again, which :func:`installed_stamp` sees.
+    """What changes when the code of ``module`` is edited: the stamp of its file and, in a
+    package that is not installed (a project's own), of every ``.py`` file of that package, so
+    that an edit of a module it re-exports counts too; ``None`` where it is not found.
+    (Installed packages change by being installed again, which :func:`installed_stamp` sees.)
     """
     spec = find(module, folders)
     origin = getattr(spec, "origin", None)
@@ -160,7 +158,7 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
 
 def stamp(path: str) -> list[object]:
     """A file as a cache key knows it: ``[path, size, mtime_ns]``, or ``[path]`` when it
-    cannot be read; a file written again, even within the same second, stamps anew."""
+    cannot be read."""
     try:
         info = os.stat(path)
     except OSError:
@@ -169,7 +167,6 @@ def stamp(path: str) -> list[object]:
 
 
 def _site_packages() -> list[str]:
-    """The folders installers write to, for this interpreter."""
     import site
 
     folders = list(getattr(site, "getsitepackages", list)())
@@ -179,6 +176,5 @@ def _site_packages() -> list[str]:
 
 
 def installed_stamp() -> list[object]:
-    """What changes when anything is installed, upgraded or removed here: this
-    environment's prefix and the modification time of each folder installers write to."""
+    """What changes when anything is installed, upgraded or removed here."""
     return [sys.prefix, *(stamp(folder) for folder in _site_packages())]
