@@ -1,8 +1,7 @@
 """Where things are in a TOML text: the line of each table header and key (tomli gives none).
 
-The scan follows TOML's structure (strings of the four kinds, arrays and inline
-tables spanning lines, comments), so that nothing inside a value is taken for a
-key or a header. Its time and memory are linear in the size of the text.
+The scan follows TOML's strings, multi-line arrays and inline tables, and comments, so that
+nothing inside a value is taken for a key or a header; its cost is linear in the text.
 """
 
 from __future__ import annotations
@@ -45,11 +44,8 @@ Path = tuple[str, ...]
 
 
 def physical_lines(text: str) -> list[str]:
-    """The lines of ``text`` as TOML counts them: ended by LF only.
-
-    ``str.splitlines()`` also splits at ``\\f``, ``\\x1c``, U+2028 and others,
-    which TOML allows inside comments and strings; it would shift every line after.
-    """
+    """The lines of ``text`` as TOML counts them: ended by LF only (``str.splitlines()``
+    also splits at ``\\f``, U+2028 and others, which TOML allows in comments and strings)."""
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -57,15 +53,13 @@ def physical_lines(text: str) -> list[str]:
 
 
 class KeyLines:
-    """The first line (1-based) on which each table and key path of a text is defined.
+    """The first line (1-based) on which each table and key path of a text is defined;
+    ``[a.b.c]`` also defines ``a`` and ``a.b`` unless they came before, and a key inside an
+    inline table has the line of the table's own key.
 
-    A trie of key parts, so that a key of many dotted parts costs memory in
-    proportion to its length, not to the square of it. It is one flat dict from
-    ``(node, part)`` to ``(child node, line)``: its keys and values hold only
-    strings and integers, which the cyclic garbage collector does not follow,
-    so a large manifest adds no work to every later collection.
-    ``[a.b.c]`` also defines ``a`` and ``a.b`` on its line unless they came
-    before; a key inside an inline table has the line of the table's own key.
+    A trie of key parts, so that a key of many dotted parts costs memory in proportion to
+    its length, not its square: one flat dict from ``(node, part)`` to ``(child, line)``,
+    strings and integers only, which the cyclic garbage collector does not follow.
     """
 
     __slots__ = ("_edges",)
@@ -123,12 +117,9 @@ class TooManyKeys(Exception):
 
 
 def key_lines(text: str, budget: int | None = None) -> KeyLines:
-    """The line of each table header and key path of a TOML text.
-
-    With ``budget``, raise :class:`TooManyKeys` once the headers and keys hold
-    more parts than that (``a.b.c = 1`` holds three): each part may make a
-    table, and a parser's cost is in its tables, not in the bytes.
-    """
+    """The line of each table header and key path of a TOML text; with ``budget``,
+    :class:`TooManyKeys` once they hold more parts than that (``a.b.c = 1`` holds three):
+    each part may make a table, and a parser's cost is in its tables, not in the bytes."""
     lines = KeyLines()
     spent = 0
     table_node = KeyLines.ROOT
@@ -181,10 +172,7 @@ def _unescape(quoted: str) -> str:
 
 def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
     """Each table header and key line as ``(number, table, parts)``; a header has no table.
-
-    Lines inside a value that spans several lines (a multi-line string, an array
-    or an inline table) are values, never keys or headers.
-    """
+    Lines inside a value that spans several lines are never keys or headers."""
     table: Path = ()
     #: What is left open at the end of a line: arrays and tables, a multi-line string.
     depth, string = 0, ""
