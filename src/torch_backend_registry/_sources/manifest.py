@@ -82,13 +82,9 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
 
 
 def load_schema() -> None:
-    """Import (and so build) the schema models, whatever is installed beside them.
-
-    pydantic scans every installed distribution's entry points for its plugins when the
-    first model is built, and one unreadable ``*.dist-info`` makes that scan raise. Then
-    the models are built with pydantic's documented switch ``PYDANTIC_DISABLE_PLUGINS``
-    set for the moment it takes: manifests need no plugin.
-    """
+    """Import (and so build) the schema models. pydantic scans every distribution's entry
+    points for plugins as the first model is built, and one unreadable ``*.dist-info`` makes
+    that raise: then they are built with ``PYDANTIC_DISABLE_PLUGINS`` set for that moment."""
     try:
         from . import schema
     except ImportError:
@@ -336,10 +332,8 @@ def _aliases_of_broken(
 
 
 def _too_deep(value: object) -> tuple[str | int, ...] | None:
-    """The key path at which ``value`` nests beyond :data:`MAX_VALUE_DEPTH`, or ``None``.
-
-    Iterative, so that the check itself cannot exhaust the stack.
-    """
+    """The key path at which ``value`` nests beyond :data:`MAX_VALUE_DEPTH`, or ``None``
+    (iterative, so that the check itself cannot exhaust the stack)."""
     stack: list[tuple[object, tuple[str | int, ...]]] = [(value, ())]
     while stack:
         current, loc = stack.pop()
