@@ -27,6 +27,10 @@ def entry_point_stamps() -> list[object]:
         try:
             # The folder's own time changes when anything is added, renamed or removed in it.
             info = os.stat(folder)
+        except OSError:
+            stamps.append([entry, None])
+            continue
+        try:
             names = sorted(
                 name
                 for name in os.listdir(folder)
@@ -35,12 +39,8 @@ def entry_point_stamps() -> list[object]:
                 if name.lower().endswith((".dist-info", ".egg-info", ".egg", ".egg-link"))
                 or name == "EGG-INFO"
             )
-        except OSError:
-            try:
-                info = os.stat(folder)  # a zip file: its size and time say it changed
-                stamps.append([entry, info.st_size, info.st_mtime_ns, info.st_ino])
-            except OSError:
-                stamps.append([entry, None])
+        except OSError:  # a zip file: its size and time say it changed
+            stamps.append([entry, info.st_size, info.st_mtime_ns, info.st_ino])
             continue
         # Each one's metadata files: an edit in place changes their size or time.
         found = [[stamp(os.path.join(folder, n, m)) for m in _METADATA] for n in names]
