@@ -6,7 +6,20 @@ import os
 from typing import NamedTuple
 
 from .._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Problem
+from .._errors import ManifestError, closest
+from .._keys import PYPROJECT_TABLE
 from .entry_points import entry_point_stamps, read_entry_points
+from .files import (
+    NO_SUCH_FILE,
+    Untrusted,
+    parse_toml,
+    read_text,
+    table_at,
+    untrusted_folder,
+    untrusted_message,
+)
+from .manifest import read_manifest
+from .pytorch import torch_definitions
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,7 +61,6 @@ def runtime_source(ctx: Context) -> Discovery:
 
 def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
     """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first, and what went wrong."""
-    from .files import NO_SUCH_FILE, untrusted_folder, untrusted_message
 
     files: list[str] = []
     found = Discovery()
@@ -94,8 +106,6 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
 
 def env_source(ctx: Context) -> Discovery:
     """Manifests named by ``TORCH_BACKENDS_PATH`` (or given as files), earlier entries first."""
-    from .manifest import read_manifest
-
     if ctx.files is not None:
         files, found = list(ctx.files), Discovery()
     else:
@@ -155,10 +165,6 @@ def project_manifest(cwd: str) -> str | None:
 def _declares_table(pyproject: str) -> bool:
     """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``, read
     as manifests are (size limit, no waiting on a FIFO); one that cannot be read is passed by."""
-    from .._errors import ManifestError
-    from .._keys import PYPROJECT_TABLE
-    from .files import Untrusted, parse_toml, read_text, table_at
-
     try:
         text = read_text(pyproject)
     except Untrusted:
@@ -176,8 +182,6 @@ def _declares_table(pyproject: str) -> bool:
 
 
 def project_source(ctx: Context) -> Discovery:
-    from .manifest import read_manifest
-
     found = Discovery()
     if ctx.cwd is None:
         said = "the working directory no longer exists; no project manifest read"
@@ -204,10 +208,6 @@ def replaced_table(manifest: str) -> Problem | None:
 def near_table(pyproject: str) -> str | None:
     """The ``[tool.X]`` table of a ``pyproject.toml`` that looks like a misspelt
     ``[tool.torch-backends]`` (``torch_backends``, ``torch-backend``), or ``None``."""
-    from .._errors import ManifestError, closest
-    from .._keys import PYPROJECT_TABLE
-    from .files import Untrusted, parse_toml, read_text
-
     try:
         data, _lines = parse_toml(pyproject, read_text(pyproject), within=PYPROJECT_TABLE)
     except (ManifestError, Untrusted):
@@ -236,8 +236,6 @@ def entry_point_source(ctx: Context) -> Discovery:
 
 
 def torch_source(ctx: Context) -> Discovery:
-    from .pytorch import torch_definitions
-
     return torch_definitions(ctx.entry_point_names())
 
 

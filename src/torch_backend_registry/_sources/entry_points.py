@@ -3,11 +3,11 @@ PyTorch's would be, and stamped by what decides them (``sys.path`` and its distr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 from .._definition import BackendDefinition, Discovery, Problem, Source, distribution_key
-from .finding import stamp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,9 +42,19 @@ def entry_point_stamps() -> list[object]:
         except OSError:  # a zip file: its size and time say it changed
             stamps.append([entry, info.st_size, info.st_mtime_ns, info.st_ino])
             continue
-        # Each one's metadata files: an edit in place changes their size or time.
-        found = [[stamp(os.path.join(folder, n, m)) for m in _METADATA] for n in names]
+        found = [_stamped(os.path.join(folder, name)) for name in names]
         stamps.append([entry, info.st_mtime_ns, found])
+    return stamps
+
+
+def _stamped(distribution: str) -> list[object]:
+    """A distribution's name, and the size and time of each metadata file it has (which an
+    edit in place changes), relative to it: a key of a few bytes a file."""
+    stamps: list[object] = [os.path.basename(distribution)]
+    for inside in _METADATA:
+        with contextlib.suppress(OSError):
+            info = os.stat(os.path.join(distribution, inside))
+            stamps.append([inside, info.st_size, info.st_mtime_ns])
     return stamps
 
 
