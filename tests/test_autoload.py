@@ -97,6 +97,17 @@ def test_a_script_that_only_compiles_gets_the_declared_backend(project: Path) ->
         assert "Invalid backend: 'mine'" in plain.stderr
 
 
+def test_a_default_of_pytorchs_own_is_applied_before_pytorch_registers_it(
+    project: Path,
+) -> None:
+    # Autoload installs while torch._dynamo is imported, before PyTorch's backends are
+    # registered: "eager" is still taken, as install() takes it, and warned of by nothing.
+    (project / "backends.toml").write_text(MANIFEST.replace('"mine"', '"eager"', 1))
+    code = "import torch, torch.compiler as c\nprint(c.get_default_backend())\n"
+    done = run(code, project, args=("-W", "error"))
+    assert (done.returncode, done.stdout) == (0, "eager\n"), done.stderr
+
+
 def test_a_chain_that_verifies_trains_in_a_process_nobody_changed(project: Path) -> None:
     done = run(
         """

@@ -115,7 +115,7 @@ def install(registry: Registry, *, early: bool = False) -> None:
     _let_plugins_register()
     registry.on_change(_install_names)
     _install_names(registry)
-    _apply_default(registry)
+    _apply_default(registry, early=early)
 
 
 def _install_names(registry: Registry) -> None:
@@ -260,14 +260,18 @@ def _needs_stand_in(candidates: list[BackendDefinition]) -> bool:
     return any(lower.source.kind == "entry-point" for lower in candidates[1:])
 
 
-def _apply_default(registry: Registry) -> None:
+def _apply_default(registry: Registry, *, early: bool = False) -> None:
     """Make a manifest's ``default`` what torch.compile uses when given no backend."""
     default = registry.default_backend()
     if default is None:
         return
     where = f"{default.path}:{default.line}"
+    # Early (autoload), PyTorch's own backends are not registered yet: one of their names is
+    # taken as they will be, as the registry knows them without reading PyTorch's registry.
+    own = early and registry.index(with_torch=False).could_be_pytorch(default.name)
     try:
-        registry.backend_info(default.name)
+        if not own:
+            registry.backend_info(default.name)
     except BackendRegistryError as exc:
         warn(f"{where}: {default.key}: not applied: {exc}")
         return
