@@ -343,3 +343,14 @@ def test_explain_and_check_say_whether_autoload_is_on(project: Path) -> None:
     assert checked.rstrip().endswith("; autoload on: every process that imports torch here"
                                      " (TORCH_BACKENDS_AUTOLOAD is set)")  # fmt: skip
     assert json.loads(command("check", "--json", TORCH_BACKENDS_AUTOLOAD="1").stdout)["autoload"]
+    # A switch's words turn it off, as TORCH_BACKENDS_LOCKED's do.
+    for word in ("false", "No", "off"):
+        said = command("explain", "mine", TORCH_BACKENDS_AUTOLOAD=word).stdout
+        assert "  autoload:    off: only processes that call install()" in said, word
+    # PyTorch's own switch off: no torch.backends entry point is loaded, this one neither.
+    pytorchs_off = command(
+        "explain", "mine", TORCH_BACKENDS_AUTOLOAD="1", TORCH_DEVICE_BACKEND_AUTOLOAD="0"
+    ).stdout
+    assert "  autoload:    off: TORCH_DEVICE_BACKEND_AUTOLOAD=0 stops PyTorch from" in pytorchs_off
+    done = run(SCRIPT, project, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    assert "Invalid backend: 'mine'" in done.stderr  # as it says

@@ -9,6 +9,7 @@ from . import _registry
 from ._cluster import DEFAULT_TIMEOUT as CLUSTER_TIMEOUT
 from ._cluster import VERIFY_VAR, distributed_ready
 from ._doctor.options import DEFAULT_TIMEOUT
+from ._environment import switched_on
 from ._errors import warn
 from ._registry import DEFAULT_EXCLUDE_TAGS
 
@@ -110,7 +111,7 @@ def install(
 
 def verify_asked(registry: Registry) -> bool:
     """Whether the registry's environment asks install() to compare the ranks."""
-    return registry.context.environ.get(VERIFY_VAR, "").strip() not in ("", "0")
+    return switched_on(registry.context.environ.get(VERIFY_VAR))
 
 
 def check_before_install(

@@ -28,15 +28,19 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-#: The environment variable that turns autoload on (any value but "" and "0").
+#: The environment variable that turns autoload on (a switch: see ``_environment``).
 AUTOLOAD_VAR = "TORCH_BACKENDS_AUTOLOAD"
+#: PyTorch's variable that turns its whole ``torch.backends`` group off.
+PYTORCH_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 #: The module whose import autoload waits for.
 DYNAMO = "torch._dynamo"
 
 
 def enabled() -> bool:
     """Whether ``TORCH_BACKENDS_AUTOLOAD`` turns autoload on."""
-    return os.environ.get(AUTOLOAD_VAR, "").strip() not in ("", "0")
+    from ._environment import switched_on
+
+    return switched_on(os.environ.get(AUTOLOAD_VAR))
 
 
 def state() -> str:
@@ -44,6 +48,13 @@ def state() -> str:
     calling install(), in words for the command to show."""
     if not enabled():
         return f"off: only processes that call install() ({AUTOLOAD_VAR}=1 would make it every one)"
+    # PyTorch's own switch for its torch.backends group: only "1" (or unset) loads it.
+    pytorchs = os.environ.get(PYTORCH_VAR, "1")
+    if pytorchs != "1":
+        return (
+            f"off: {PYTORCH_VAR}={pytorchs} stops PyTorch from loading any torch.backends"
+            f" entry point, this package's too, whatever {AUTOLOAD_VAR} says"
+        )
     from importlib.metadata import entry_points
 
     if not any(

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._registry import Registry
 
 #: The environment variable that runs the check at the first lookup of a process
-#: in which torch.distributed is initialised (any value but "" and "0").
+#: in which torch.distributed is initialised (a switch: see ``_environment``).
 VERIFY_VAR = "TORCH_BACKENDS_VERIFY"
 DEFAULT_TIMEOUT = 60.0
 

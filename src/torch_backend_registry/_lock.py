@@ -13,6 +13,7 @@ import shlex
 from collections import Counter
 
 from ._definition import canonical, shown_path
+from ._environment import switched_on
 from ._errors import LockDriftError, LockFileError, ManifestError
 from ._sources.cache import write_atomically
 
@@ -269,7 +270,7 @@ def lock_from_environment(registry: Registry) -> str | None:
     """The lock ``TORCH_BACKENDS_LOCKED`` (in the registry's environment) asks install()
     to hold to, or ``None``."""
     value = registry.context.environ.get(LOCKED_VAR, "").strip()
-    if value.lower() in ("", "0", "false", "no", "off"):
+    if not switched_on(value):
         return None
     if value.lower() in ("1", "true", "yes", "on"):  # a switch: the default lock
         return lock_path(registry)

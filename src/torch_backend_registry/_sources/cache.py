@@ -25,6 +25,7 @@ from .._definition import (
     Source,
     canonical,
 )
+from .._environment import switched_on
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ _OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
 def cache_folder(environ: Mapping[str, str]) -> str | None:
     """The cache folder, or ``None`` where ``TORCH_BACKENDS_NO_CACHE`` is set or no home
     can be found."""
-    if environ.get(NO_CACHE_VAR, "").strip() not in ("", "0"):
+    if switched_on(environ.get(NO_CACHE_VAR)):
         return None
     import platformdirs
 
