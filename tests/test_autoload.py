@@ -325,6 +325,43 @@ def test_accelerate_compiles_with_a_declared_backend_it_does_not_know(project: P
     )
 
 
+def test_an_accelerate_plugin_sent_to_another_process_compiles_there(project: Path) -> None:
+    pytest.importorskip("accelerate")
+    made = run(
+        """
+        import pickle, sys
+        from torch_backend_registry.integrations.accelerate import RegistryDynamoPlugin
+        from torch_backend_registry.integrations.accelerate import dynamo_plugin
+
+        with open("plugin.pkl", "wb") as file:
+            pickle.dump(dynamo_plugin("mine"), file)  # as mp.spawn sends it to a worker
+        try:
+            RegistryDynamoPlugin(registry_backend="nosuch").to_kwargs()
+        except LookupError as exc:
+            print(type(exc).__name__, str(exc).split(";")[0])
+        """,
+        project,
+        autoload=None,
+    )
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("UnknownBackendError unknown backend 'nosuch'"), made.stdout
+    done = run(
+        """
+        import pickle, torch
+        from accelerate import Accelerator
+
+        with open("plugin.pkl", "rb") as file:
+            plugin = pickle.load(file)
+        model = Accelerator(cpu=True, dynamo_plugin=plugin).prepare(torch.nn.Linear(4, 2))
+        print("compiled", tuple(model(torch.randn(3, 4)).shape))
+        """,
+        project,
+        autoload=None,  # a process that neither installs nor autoloads
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)"]
+
+
 def test_explain_and_check_say_whether_autoload_is_on(project: Path) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
 

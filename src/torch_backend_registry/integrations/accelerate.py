@@ -47,6 +47,25 @@ class RegistryDynamoPlugin(TorchDynamoPlugin):  # type: ignore[misc]
             settings["backend"] = name
         return settings
 
+    def to_kwargs(self) -> dict[str, Any]:
+        # What accelerate hands torch.compile, in whatever process compiles: one the plugin
+        # was pickled to (a spawned worker) has not installed the registry's backends.
+        if self.registry_backend:
+            _ready(self.registry_backend)
+        kwargs: dict[str, Any] = super().to_kwargs()
+        return kwargs
+
+
+def _ready(name: str) -> None:
+    """Make ``name`` a torch.compile name here, where it is not one yet (a registry given
+    to :func:`dynamo_plugin` in this process made it one already); an unknown name raises
+    :class:`~torch_backend_registry.UnknownBackendError` before anything compiles."""
+    import torch._dynamo
+
+    if name not in torch._dynamo.list_backends(exclude_tags=()):
+        _api.default_registry.backend_info(name)
+        _api.install()
+
 
 def dynamo_plugin(backend: str, *, registry: Any = None, **kwargs: Any) -> RegistryDynamoPlugin:
     """A ``TorchDynamoPlugin`` that compiles with ``backend`` (see the module's docstring).
