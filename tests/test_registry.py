@@ -224,6 +224,10 @@ def test_unknown_name_suggests_close_names(write: WriteFn) -> None:
     assert "Did you mean 'fast_compile'?" in str(caught.value)
     assert str(caught.value).endswith("list_backends(exclude_tags=()) gives every name.")
     assert isinstance(caught.value, LookupError)
+    # A name in other case is the name meant, written as it is declared.
+    with pytest.raises(UnknownBackendError) as caught:
+        registry.lookup_backend("FAST_COMPILE")
+    assert caught.value.suggestions == ("fast_compile",)
 
 
 def test_pytorchs_name_outside_the_sources_is_said_so_never_suggested_as_itself(

@@ -186,4 +186,8 @@ def closest(word: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) 
     imported once a message needs it: a listing with no problem never does)."""
     import difflib
 
-    return difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
+    # Compared without case, as a reader does: 'INSPECT' meant 'inspect'.
+    by_lower: dict[str, str] = {}
+    for choice in choices:
+        by_lower.setdefault(choice.lower(), choice)
+    return [by_lower[m] for m in difflib.get_close_matches(word.lower(), by_lower, n, cutoff)]
