@@ -645,3 +645,28 @@ def test_a_missing_lock_says_how_to_make_one(tmp_path: Path) -> None:
         "empty.lock": "empty.lock: error: not a lock file: it has no lock-version and no"
         " fingerprint; name the file 'torch-backends lock' wrote, or run it again\n",
     }
+
+
+def test_a_mismatch_says_how_many_differences_it_cuts_and_when_there_is_no_majority(
+    tmp_path: Path,
+) -> None:
+    from torch_backend_registry._cluster import mismatch
+    from torch_backend_registry._lock import digest
+
+    extra = "".join(f'[backends.b{i}]\ntarget = "builtins:abs"\n' for i in range(8))
+    same = project(tmp_path / "same").facts(with_torch=False)
+    more = project(tmp_path / "more", MANIFEST + extra).facts(with_torch=False)
+    everyone = [("node-a", same), ("node-a", same), ("node-b", more), ("node-b", more)]
+    hashes = [digest(facts) for _host, facts in everyone]
+    error = mismatch([0, 1, 2, 3], hashes, everyone)
+    assert error.ranks == (2, 3)
+    assert error.names == tuple(f"b{i}" for i in range(8))  # every name, though not said
+    assert str(error).startswith(
+        "ranks [2, 3] resolve backend names differently from the other 2 (compared to rank 0;"
+        " no group of ranks is a majority): rank 2 on node-b: added backend 'b0'"
+    )
+    assert str(error).count("; and 3 more") == 2  # five said a rank, and how many were not
+    # Three against one: a majority, said as before.
+    three = [everyone[0]] * 3 + [everyone[2]]
+    error = mismatch([0, 1, 2, 3], [digest(facts) for _host, facts in three], three)
+    assert "(compared to rank 0): rank 3 on node-b" in str(error)

@@ -195,10 +195,13 @@ def _timed_out(me: int, members: list[int], timeout: float) -> InconsistentRegis
 def mismatch(
     members: list[int], hashes: list[str], everyone: list[Any]
 ) -> InconsistentRegistryError:
-    """The same error on every rank: the ranks outside the majority, and where they differ."""
+    """The same error on every rank: the ranks outside the majority (in a tie, outside the
+    group of the lowest rank, said so), and where they differ."""
     from ._lock import changes
 
-    majority, _count = Counter(hashes).most_common(1)[0]
+    counted = Counter(hashes).most_common()  # in a tie, the group of the lowest rank first
+    majority, count = counted[0]
+    tie = len(counted) > 1 and counted[1][1] == count
     reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
     lines = []
@@ -213,8 +216,8 @@ def mismatch(
     odd_ranks = tuple(members[i] for i in odd)
     return InconsistentRegistryError(
         f"ranks {list(odd_ranks)} resolve backend names differently from the other"
-        f" {len(members) - len(odd)} (compared to rank {members[hashes.index(majority)]}): "
-        + " | ".join(lines),
+        f" {len(members) - len(odd)} (compared to rank {members[hashes.index(majority)]}"
+        f"{'; no group of ranks is a majority' if tie else ''}): " + " | ".join(lines),
         odd_ranks,
         tuple(sorted(names)),
     )
