@@ -137,6 +137,14 @@ def _check(rank: int, world: int, port: int, mode: str, here: Path) -> dict[str,
             total = torch.ones(1)
             dist.all_reduce(total)  # the job's own group is as it was
             return {"said": said, "sum": total.item()}
+        if mode == "refused":  # the last rank's first call is refused; then all call again
+            said = []
+            try:
+                t.verify_consistent(timeout=-1 if rank == world - 1 else 3)
+            except (ValueError, t.InconsistentRegistryError) as exc:
+                said.append(f"{type(exc).__name__}: {exc}")
+            said.append(t.verify_consistent(timeout=10))
+            return {"said": said}
         if mode == "install":  # TORCH_BACKENDS_VERIFY: the check at install()
             t.install()
             return {"installed": True}

@@ -448,6 +448,19 @@ def test_a_check_that_timed_out_leaves_the_jobs_group_and_the_next_check_working
     assert first["sum"] == second["sum"] == 2.0
 
 
+def test_a_call_refused_on_one_rank_keeps_the_ranks_next_calls_together(
+    tmp_path: Path,
+) -> None:
+    folders = rank_projects(tmp_path, 3)
+    first, second, third = run_ranks(tmp_path, folders, modes=["refused"] * 3)
+    assert first["said"][0] == (
+        "InconsistentRegistryError: ranks [2] did not call verify_consistent() within 3 s"
+    )
+    assert third["said"][0].startswith("ValueError: timeout must be positive")
+    # The refused call counts as the others' did: the next check pairs up and agrees.
+    assert first["said"][1] == second["said"][1] == third["said"][1] != ""
+
+
 def tbr_fingerprint(folder: Path) -> str:
     alone = run_forked("import torch_backend_registry as t; print(t.fingerprint())", folder)
     return alone.stdout.strip()

@@ -34,9 +34,8 @@ def verify_consistent(
 ) -> str:
     import torch.distributed as dist
 
-    limit = _limit(timeout)
-    seconds = limit.total_seconds()
     if not (dist.is_available() and dist.is_initialized()):
+        _limit(timeout)  # a wrong time limit is said first, as where it is initialised
         raise BackendRegistryError(
             "verify_consistent() needs torch.distributed initialised (init_process_group) first"
         )
@@ -45,6 +44,11 @@ def verify_consistent(
         members = list(range(dist.get_world_size()))
     else:
         members = sorted(dist.get_process_group_ranks(group))
+    # Counted before anything can refuse the call: each rank's count of checks of these
+    # ranks pairs its call with the others', also after one of them was refused.
+    count = _CALLS[tuple(members)] = _CALLS.get(tuple(members), 0) + 1
+    limit = _limit(timeout)
+    seconds = limit.total_seconds()
     me = dist.get_rank()
     default_gloo = dist.get_backend() == "gloo"
     if me not in members:  # its collectives would do nothing: it would agree with no one
@@ -56,7 +60,7 @@ def verify_consistent(
     # First every rank says on the store that it is here, so that the missing are named, and
     # no collective waits for a rank that never comes: a gloo barrier that times out leaves
     # the group it ran on unusable, which must never be the job's.
-    _arrive(members, me, limit)
+    _arrive(members, me, limit, count)
     if default_gloo and (group is None or dist.get_backend(group) == "gloo"):
         # Gloo already: no group to make. A group made here would have to be made by every
         # rank of the job (PyTorch names groups by a count each process keeps), where only
@@ -129,49 +133,54 @@ def _compare(registry: Registry, gloo: Any, members: list[int], me: int, limit: 
 _CALLS: dict[tuple[int, ...], int] = {}
 
 
-def _arrive(members: list[int], me: int, limit: timedelta) -> None:
-    """Say on the default group's store that this rank called, and wait within ``limit``
-    for every rank of ``members`` to say so; the first of them names the missing ones."""
+def _arrive(members: list[int], me: int, limit: timedelta, count: int) -> None:
+    """Say on the default group's store that this rank called (its ``count``-th check of
+    ``members``), and wait within ``limit`` for every rank of ``members`` to say so; the
+    first of them names the missing ones."""
     try:
         from torch.distributed.distributed_c10d import _get_default_store
 
         store = _get_default_store()
     except Exception:  # no store to ask (another PyTorch): the group's creation times out
         return
-    count = _CALLS[tuple(members)] = _CALLS.get(tuple(members), 0) + 1
     prefix = f"torch_backend_registry/verify/{','.join(map(str, members))}/{count}"
     here = [f"{prefix}/{rank}" for rank in members]
+    # One key decides, set once: "go" by the last rank to arrive, or "stop N" by the first
+    # whose time ran out, N the ranks that had arrived by then. Whichever is set first is
+    # what every rank reads, so that no rank goes on to a collective while another gives up.
+    verdict = f"{prefix}/verdict"
     seconds = limit.total_seconds()
     try:
         store.set(here[members.index(me)], "1")
+        arrived = store.add(f"{prefix}/arrived", 1)  # how many, this one included
+        if arrived == len(members):
+            store.compare_set(verdict, "", "go")
         started = time.monotonic()
         try:
-            store.wait(here, limit)
-        except RuntimeError as waited:  # the limit ran out, or the store's host ended
+            store.wait([verdict], limit)
+            try:
+                decided = store.get(verdict)
+            except RuntimeError:  # set, and its host gone since: rank 0 gave up and ended
+                decided = f"stop {arrived}".encode()
+        except RuntimeError:  # the limit ran out, or the store's host ended
             if time.monotonic() - started < 0.9 * seconds:
                 raise  # it did not wait: said below
-            try:
-                missing: tuple[int, ...] | None = tuple(
+            so_far = store.add(f"{prefix}/arrived", 0)
+            decided = store.compare_set(verdict, "", f"stop {so_far}")
+        if decided != b"go" and arrived <= int(decided.split()[1]):  # it waited in vain
+            missing: tuple[int, ...] = ()
+            if me == members[0]:
+                missing = tuple(
                     rank for rank, key in zip(members, here, strict=True) if not store.check([key])
                 )
-                if missing:
-                    store.set(f"{prefix}/given-up", "1")
-            except RuntimeError:  # the first rank, which holds the store, gave up and ended
-                missing = None
-            if missing is None or missing:
-                raise (
-                    _not_called(missing, seconds)
-                    if me == members[0] and missing
-                    else _timed_out(me, members, seconds)
-                ) from waited
-        given_up = store.check([f"{prefix}/given-up"])
+            raise _not_called(missing, seconds) if missing else _timed_out(me, members, seconds)
     except RuntimeError as exc:  # the store's host (the default group's first rank) ended
         raise InconsistentRegistryError(
             f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
-            f" they may have stopped waiting after {seconds:g} s, and rank {members[0]} ended"
+            f" they may have stopped waiting after {seconds:g} s, and rank 0 ended"
             f" ({type(exc).__name__}: {exc})",
         ) from exc
-    if given_up:  # the others had stopped waiting for this one
+    if decided != b"go":  # the others had stopped waiting for this one
         raise InconsistentRegistryError(
             f"rank {me}: verify_consistent() found the other ranks of {members} no longer"
             f" waiting: this rank called it after their {seconds:g} s had run out",
