@@ -496,6 +496,15 @@ def test_a_rank_that_calls_too_late_is_named_and_told_so_and_no_rank_hangs(
     ), late
 
 
+def test_a_first_rank_that_calls_too_late_is_named_by_the_others(tmp_path: Path) -> None:
+    folders = rank_projects(tmp_path, 3)
+    late, *others = run_ranks(tmp_path, folders, modes=["late3", "3", "3"])
+    assert [r["error"] for r in others] == [
+        "ranks [0] did not call verify_consistent() within 3 s"
+    ] * 2  # not "rank 0 names the missing ones"
+    assert "this rank called it after their 3 s had run out" in late["error"]
+
+
 def test_a_rank_outside_the_group_it_names_is_refused_not_agreed_with(tmp_path: Path) -> None:
     folders = [tmp_path / f"rank{i}" for i in range(3)]
     project(folders[0], MANIFEST.replace("level = 2", "level = 9"))  # it would differ

@@ -169,7 +169,8 @@ def _arrive(members: list[int], me: int, limit: timedelta, count: int) -> None:
             decided = store.compare_set(verdict, "", f"stop {so_far}")
         if decided != b"go" and arrived <= int(decided.split()[1]):  # it waited in vain
             missing: tuple[int, ...] = ()
-            if me == members[0]:
+            # The first rank names the missing; where it is one of them, every rank does.
+            if me == members[0] or not store.check([here[0]]):
                 missing = tuple(
                     rank for rank, key in zip(members, here, strict=True) if not store.check([key])
                 )
