@@ -9,6 +9,7 @@ the same :class:`InconsistentRegistryError`.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
@@ -165,15 +166,21 @@ def _arrive(members: list[int], me: int, limit: timedelta, count: int) -> None:
         except RuntimeError:  # the limit ran out, or the store's host ended
             if time.monotonic() - started < 0.9 * seconds:
                 raise  # it did not wait: said below
-            so_far = store.add(f"{prefix}/arrived", 0)
-            decided = store.compare_set(verdict, "", f"stop {so_far}")
+            try:
+                so_far = store.add(f"{prefix}/arrived", 0)
+                decided = store.compare_set(verdict, "", f"stop {so_far}")
+            except RuntimeError:  # rank 0 gave up first, and ended
+                decided = f"stop {arrived}".encode()
         if decided != b"go" and arrived <= int(decided.split()[1]):  # it waited in vain
             missing: tuple[int, ...] = ()
             # The first rank names the missing; where it is one of them, every rank does.
-            if me == members[0] or not store.check([here[0]]):
-                missing = tuple(
-                    rank for rank, key in zip(members, here, strict=True) if not store.check([key])
-                )
+            with contextlib.suppress(RuntimeError):  # rank 0 named them, and ended
+                if me == members[0] or not store.check([here[0]]):
+                    missing = tuple(
+                        rank
+                        for rank, key in zip(members, here, strict=True)
+                        if not store.check([key])
+                    )
             raise _not_called(missing, seconds) if missing else _timed_out(me, members, seconds)
     except RuntimeError as exc:  # the store's host (the default group's first rank) ended
         raise InconsistentRegistryError(
