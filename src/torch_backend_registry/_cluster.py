@@ -14,12 +14,12 @@ import re
 import sys
 import time
 from collections import Counter
-from datetime import timedelta
 
 from ._errors import BackendRegistryError, InconsistentRegistryError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from datetime import timedelta
     from typing import Any
 
     from ._registry import Registry
@@ -80,22 +80,24 @@ def verify_consistent(
     return _compare(registry, gloo, members, me, limit)
 
 
-#: The longest time limit: torch.distributed counts it in nanoseconds in 64 bits, and
-#: past some 290 years it wraps around, to a limit already run out.
-LONGEST = timedelta(days=366)
+#: The longest time limit, in days: torch.distributed counts it in nanoseconds in 64 bits,
+#: and past some 290 years it wraps around, to a limit already run out.
+LONGEST_DAYS = 366
 
 
 def _limit(timeout: float | timedelta) -> timedelta:
     """``timeout`` as a :class:`~datetime.timedelta`, or :class:`ValueError` (or
     :class:`TypeError`) saying what it must be."""
+    from datetime import timedelta  # not for every listing that imports this module
+
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
         raise TypeError(
             f"timeout must be seconds or a datetime.timedelta, got {type(timeout).__name__}"
         )
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    if not 0 < seconds <= LONGEST.total_seconds():  # nan and inf too
+    if not 0 < seconds <= LONGEST_DAYS * 86400:  # nan and inf too
         raise ValueError(
-            f"timeout must be positive and at most {LONGEST.days} days, got {timeout!r}"
+            f"timeout must be positive and at most {LONGEST_DAYS} days, got {timeout!r}"
         )
     return timedelta(seconds=seconds)
 
