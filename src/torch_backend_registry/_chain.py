@@ -91,7 +91,8 @@ class ChainBackend(_Composite):
                 skip(member, known, "note")
                 continue
             try:
-                missing = missing_requirements(self._info(member).definition)
+                definition = self._info(member).definition
+                missing = missing_requirements(definition)
                 compiler = None if missing else self._lookup(member)
             except BackendRegistryError as exc:
                 skip(member, *unusable(exc))
@@ -102,7 +103,7 @@ class ChainBackend(_Composite):
                 continue
             # What torch.compile(backend=member, ...) would hand it; a member that takes no
             # such argument is the caller's mistake, said at once, not a member to skip.
-            compile_fn = member_compiler(name, self._info(member).definition, compiler, kwargs)
+            compile_fn = member_compiler(name, definition, compiler, kwargs)
             if reference is None and verify is not None:
                 reference = Reference(gm, example_inputs, *verify)  # before any member runs
             try:
@@ -246,8 +247,7 @@ def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:
     that looks like a typo is a warning; a broken definition is an error."""
     if isinstance(exc, UnknownBackendError) and not exc.suggestions:
         # Disabled, or left out by the plugin policy: it says so; else it is not here.
-        disabled = exc.note.startswith(("disabled by", "distribution "))
-        return exc.note if disabled else "not installed here", "note"
+        return exc.note if exc.left_out else "not installed here", "note"
     if isinstance(exc, UnknownBackendError):
         return exc.brief, "warning"
     return str(exc), "error" if isinstance(exc, ManifestError) else "warning"

@@ -342,22 +342,16 @@ class Registry:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
         index = self.index(with_torch=with_torch)
-        problems = list(index.problems)
-        default = index.default_problem()
-        if default is not None:
-            problems.append(default)
+        chains = index.chain_problems()
         unknown = index.unknown_members()
-        for definition in index.winners():  # both tables hold chains only, by name
-            found = index.chain_problems().get(definition.name) or unknown.get(definition.name)
-            if found is not None:
-                problems.append(found)
+        problems = [*index.problems, index.default_problem()]
+        # Both tables hold chains only, by name.
+        problems += [chains.get(d.name) or unknown.get(d.name) for d in index.winners()]
         # What merging found a definition cannot be (a pick of no installed distribution):
         # the lookup raises it; check says it.
         listed = set(problems)
-        for definition in index.winners(broken=True):
-            if definition.problem is not None and definition.problem not in listed:
-                problems.append(definition.problem)
-        return problems
+        problems += [d.problem for d in index.winners(broken=True) if d.problem not in listed]
+        return [problem for problem in problems if problem is not None]
 
     def facts(self, *, with_torch: bool = True) -> dict[str, Any]:
         """Every usable name's facts and every alias: what the fingerprint and a lock hold."""

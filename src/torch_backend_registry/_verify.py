@@ -56,6 +56,7 @@ class Reference:
         self, gm: Any, example_inputs: Sequence[Any], level: str, rtol: float, atol: float
     ) -> None:
         import torch
+        from torch.utils._pytree import tree_flatten, tree_unflatten
 
         self.gm = gm
         self.asked = level
@@ -69,11 +70,13 @@ class Reference:
         #: it is ``None``.
         self.unverified: str | None = None
         try:
-            flat, spec = _flatten(list(example_inputs))
+            # Lists, tuples and dicts opened: compiled autograd hands its graph one list of
+            # tensors.
+            flat, spec = tree_flatten(list(example_inputs))
             if any(map(fake, flat)):
                 raise ValueError("fake inputs have no values to run on")
             # Under dynamic=True, sizes come as symbols: each is run at the value it stands for.
-            self.inputs: list[Any] = _unflatten([_concrete(x) for x in flat], spec)
+            self.inputs: list[Any] = tree_unflatten([_concrete(x) for x in flat], spec)
         except ValueError as exc:
             self.unverified = str(exc)
             return
@@ -157,12 +160,13 @@ class Reference:
         """``fn`` on fresh copies, the graph's own state put back. Returns what it gave,
         the inputs as it left them, and the leaves to differentiate by."""
         import torch
+        from torch.utils._pytree import tree_flatten
 
         passed, grads = _copies(self.inputs, self.training)
         grads = grads if grad else []
         # Taken before the run: a graph given its inputs in a list (compiled autograd's) may
         # empty it, as a boxed call does.
-        tensors = [x for x in _flatten(passed)[0] if _tensor(x)]
+        tensors = [x for x in tree_flatten(passed)[0] if _tensor(x)]
         state = {name: t.detach().clone() for name, t in self.gm.state_dict(keep_vars=True).items()}
         try:
             out = fn(*passed)
@@ -213,20 +217,6 @@ def fake(x: object) -> bool:
     return type(x).__name__ == "FakeTensor"
 
 
-def _flatten(inputs: list[Any]) -> tuple[list[Any], Any]:
-    """The values inside ``inputs``, lists, tuples and dicts opened (compiled autograd
-    hands its graph one list of tensors), and how to put them back together."""
-    from torch.utils import _pytree
-
-    return _pytree.tree_flatten(inputs)  # type: ignore[no-any-return]
-
-
-def _unflatten(values: list[Any], spec: Any) -> list[Any]:
-    from torch.utils import _pytree
-
-    return _pytree.tree_unflatten(values, spec)  # type: ignore[no-any-return]
-
-
 def _copies(inputs: list[Any], grad: bool) -> tuple[list[Any], list[Any]]:
     """Copies of the tensor inputs, parameters included, in one ``deepcopy`` so that inputs
     sharing memory still do, each with its own strides and offset (compiled code holds the
@@ -235,8 +225,9 @@ def _copies(inputs: list[Any], grad: bool) -> tuple[list[Any], list[Any]]:
     differentiate by; each such input is a view of one clone of it (a graph may write its
     inputs in place, which a leaf may not be)."""
     import torch
+    from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    flat, spec = _flatten(inputs)
+    flat, spec = tree_flatten(inputs)
     tensors = {i: x.detach() for i, x in enumerate(flat) if _tensor(x)}
     copied = copy.deepcopy(tensors)
     passed, leaves_ = list(flat), []
@@ -254,7 +245,7 @@ def _copies(inputs: list[Any], grad: bool) -> tuple[list[Any], list[Any]]:
                 through = roots[key] = leaf.clone()
             y = torch.as_strided(through, y.size(), y.stride(), y.storage_offset())
         passed[i] = y
-    return _unflatten(passed, spec), leaves_
+    return tree_unflatten(passed, spec), leaves_
 
 
 def _loss(out: Any) -> Any:
