@@ -54,7 +54,7 @@ def unknown_members(index: Index) -> dict[str, Problem]:
                 member=wrong[0],
             )
         else:
-            whys = {m: index.why_missing(m) for m in unknown}
+            whys = {m: index.left_out(m) or "not installed here" for m in unknown}
             if set(whys.values()) != {"not installed here"}:
                 # Disabled, or left out by the plugin policy: each says why.
                 said = f"{what} names " + ", ".join(f"{m!r} ({why})" for m, why in whys.items())

@@ -59,17 +59,15 @@ class Index:
         """The definition ``key`` resolves to; :class:`UnknownBackendError` for no such name
         (or a disabled one), the definition's own :class:`ManifestError` for a broken one."""
         definition = self._follow(key)
-        if definition is None:
-            excluded = self.excluded.get(key)
-            if excluded:  # declared: no other name is what was meant
-                raise UnknownBackendError(key, note=excluded[0][1], left_out=True)
-            raise self.unknown(key)
-        if definition.problem is not None:
+        if definition is not None and definition.problem is not None:
             raise ManifestError.of(definition.problem)
-        if not definition.enabled:
-            note = f"disabled by {definition.source.describe()}"
-            raise UnknownBackendError(key, note=note, left_out=True)
-        return definition
+        if definition is not None and definition.enabled:
+            return definition
+        left_out = self.left_out(key)
+        if left_out is None:
+            raise self.unknown(key)
+        # Declared: no other name is what was meant.
+        raise UnknownBackendError(key, note=left_out, left_out=True)
 
     def info(self, key: str) -> BackendInfo:
         """What ``key`` resolves to, with the definitions of that name it shadows (of an
@@ -139,14 +137,14 @@ class Index:
         members = dict.fromkeys(definition.members)
         return [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
 
-    def why_missing(self, name: str) -> str:
-        """Why a member resolves to no usable backend: disabled where, left out by the
-        plugin policy, or not installed here."""
+    def left_out(self, name: str) -> str | None:
+        """Why a declared name resolves to no backend: disabled where, or left out by the
+        plugin policy (``None``: not declared here, or not left out)."""
         definition = self._follow(name)
         if definition is not None and not definition.enabled:
             return f"disabled by {definition.source.describe()}"
         excluded = self.excluded.get(name)
-        return excluded[0][1] if excluded else "not installed here"
+        return excluded[0][1] if excluded else None
 
     def all_members_missing(self, definition: BackendDefinition) -> bool:
         """Whether no member of a chain (or table) exists here: it can never be used."""

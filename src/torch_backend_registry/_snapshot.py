@@ -216,7 +216,8 @@ class Snapshot:
         except UnknownBackendError:
             if index.could_be_pytorch(member):
                 return None  # one of PyTorch's, which was not read: there with torch
-            return f"{member}: {index.why_missing(member)}"  # as check and a compile say it
+            # As check and a compile say it.
+            return f"{member}: {index.left_out(member) or 'not installed here'}"
         except BackendRegistryError as exc:  # a table that cannot be used as written
             return f"{member}: {str(exc).split('. ', 1)[0]}"
         if resolved.name in visiting:
