@@ -106,7 +106,7 @@ class Registry:
             with self._lock:
                 snapshot = self._snapshot
                 if snapshot is None:
-                    snapshot = self._snapshot = Snapshot(
+                    snapshot = self._snapshot = Snapshot.taken(
                         self.sources,
                         cwd=self._cwd,
                         environ=self._environ,

@@ -31,31 +31,9 @@ if TYPE_CHECKING:
 class Snapshot:
     """What one registry read, and what it derived from that; see the module's docstring."""
 
-    def __init__(
-        self,
-        kinds: tuple[SourceKind, ...],
-        *,
-        cwd: str | None,
-        environ: Mapping[str, str] | None,
-        files: Sequence[str] | None,
-        runtime: Sequence[BackendDefinition],
-        fresh: bool,
-    ) -> None:
+    def __init__(self, kinds: tuple[SourceKind, ...], context: Context) -> None:
         self.kinds = kinds
-        try:
-            here: str | None = os.path.abspath(cwd or os.getcwd())
-        except OSError:  # the working directory was removed under the process
-            here = None
-        environ = dict(os.environ if environ is None else environ)
-        self.context: Context = Context(
-            cwd=here,
-            environ=environ,
-            runtime=runtime,
-            cache=Cache(cache_folder(environ)),
-            files=files,
-            fresh=fresh,
-            entry_point_names=self.entry_point_names,
-        )
+        self.context = context._replace(entry_point_names=self.entry_point_names)
         self.lock = ForkSafeLock()
         self._found: dict[SourceKind, Discovery] = {}
         self._indexes: dict[bool, Index] = {}
@@ -69,20 +47,33 @@ class Snapshot:
         #: What was said as a warning, so that each problem is said once a reading.
         self._warned: set[str] = set()
 
+    @classmethod
+    def taken(
+        cls,
+        kinds: tuple[SourceKind, ...],
+        *,
+        cwd: str | None,
+        environ: Mapping[str, str] | None,
+        files: Sequence[str] | None,
+        runtime: Sequence[BackendDefinition],
+        fresh: bool,
+    ) -> Snapshot:
+        """A snapshot of the working directory and the environment as they are now."""
+        try:
+            here: str | None = os.path.abspath(cwd or os.getcwd())
+        except OSError:  # the working directory was removed under the process
+            here = None
+        environ = dict(os.environ if environ is None else environ)
+        cache = Cache(cache_folder(environ))
+        return cls(kinds, Context(here, environ, runtime, cache, files, fresh))
+
     def derive(
         self, *, runtime: Sequence[BackendDefinition] | None = None, torch: bool = True
     ) -> Snapshot:
         """The same reading with other runtime registrations (``torch=False``: PyTorch's
         registry read again too). Nothing else is read again."""
-        ctx = self.context
-        derived = Snapshot(
-            self.kinds,
-            cwd=ctx.cwd,
-            environ=ctx.environ,
-            files=ctx.files,
-            runtime=ctx.runtime if runtime is None else runtime,
-            fresh=ctx.fresh,
-        )
+        context = self.context if runtime is None else self.context._replace(runtime=runtime)
+        derived = Snapshot(self.kinds, context)
         read_again = ("runtime",) if torch else ("runtime", "torch")
         derived._found = {k: v for k, v in self._found.items() if k not in read_again}
         derived._warned = self._warned
