@@ -33,6 +33,8 @@ def printable(text: str) -> str:
     A manifest may hold any character in a description or a file name; printed raw,
     an escape sequence or a bidi override would be obeyed by the terminal.
     """
+    if text.isprintable():
+        return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
