@@ -110,7 +110,6 @@ def install(
 
 
 def verify_asked(registry: Registry) -> bool:
-    """Whether the registry's environment asks install() to compare the ranks."""
     return switched_on(registry.context.environ.get(VERIFY_VAR))
 
 

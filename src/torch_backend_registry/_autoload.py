@@ -37,7 +37,6 @@ DYNAMO = "torch._dynamo"
 
 
 def enabled() -> bool:
-    """Whether ``TORCH_BACKENDS_AUTOLOAD`` turns autoload on."""
     from ._environment import switched_on
 
     return switched_on(os.environ.get(AUTOLOAD_VAR))

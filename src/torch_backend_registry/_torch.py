@@ -230,10 +230,8 @@ def _let_plugins_register() -> None:
     for holder in (module, dynamo):
         if getattr(holder, "register_backend", None) is original:
             holder.register_backend = register_backend
-    module.register_debug_backend = functools.partial(register_backend, tags=("debug",))
-    module.register_experimental_backend = functools.partial(
-        register_backend, tags=("experimental",)
-    )
+    for tag in ("debug", "experimental"):  # as PyTorch spells them: partials of the one above
+        setattr(module, f"register_{tag}_backend", functools.partial(register_backend, tags=(tag,)))
 
 
 def stand_in_names(registry: Registry) -> list[str]:
