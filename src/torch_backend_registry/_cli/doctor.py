@@ -71,14 +71,12 @@ def _terminated_as_exit() -> Iterator[None]:
     def terminated(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    previous = None
-    with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
-        previous = signal.signal(signal.SIGTERM, terminated)
-    try:
+    with contextlib.ExitStack() as restore:
+        with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
+            previous = signal.signal(signal.SIGTERM, terminated)
+            if previous is not None:  # None: not a handler Python can put back
+                restore.callback(signal.signal, signal.SIGTERM, previous)
         yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
