@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from .._api import Registry
+    from .._doctor.processes import Progress
     from .._doctor.verdicts import Verdict
 
 
@@ -47,8 +48,9 @@ def run_doctor(args: Arguments) -> int:
             for name in names:  # an unknown name fails here, as explain says it
                 with contextlib.suppress(ManifestError):  # declared: a verdict of its own
                     registry.backend_info(name)
-        with _Progress(sys.stderr.isatty(), len(names)) as progress, _terminated_as_exit():
-            verdicts = run(registry, names, options, progress.update, server)
+        shown = _progress(len(names)) if sys.stderr.isatty() else contextlib.nullcontext()
+        with shown as on_progress, _terminated_as_exit():
+            verdicts = run(registry, names, options, on_progress, server)
     except ModelError as exc:
         error(str(exc))
         return EXIT_USAGE
@@ -69,14 +71,12 @@ def _terminated_as_exit() -> Iterator[None]:
     def terminated(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    previous = None
-    with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
-        previous = signal.signal(signal.SIGTERM, terminated)
-    try:
+    with contextlib.ExitStack() as restore:
+        with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
+            previous = signal.signal(signal.SIGTERM, terminated)
+            if previous is not None:  # None: not a handler Python can put back
+                restore.callback(signal.signal, signal.SIGTERM, previous)
         yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
@@ -87,50 +87,42 @@ def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
     return registry.backend_info(verdict.name).source.kind in ("env", "project")
 
 
-class _Progress(contextlib.AbstractContextManager["_Progress"]):
-    """One line on a terminal's stderr while it is entered: how many are done, and each
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Progress]:
+    """One line on the terminal's stderr while it is entered: how many are done, and each
     probe running (its level and time)."""
+    from .._doctor.verdicts import level_name
 
-    def __init__(self, shown: bool, total: int) -> None:
-        self.shown = shown
-        self.total = total
-        self.lock = threading.Lock()
-        self.running: dict[str, tuple[int, float]] = {}
-        self.finished = 0
+    lock = threading.Lock()
+    running: dict[str, tuple[int, float]] = {}
+    finished = 0
 
-    def update(self, name: str, level: int, seconds: float, done: bool) -> None:
-        if not self.shown:
-            return
-        from .._doctor.verdicts import level_name
-
-        with self.lock:
+    def update(name: str, level: int, seconds: float, done: bool) -> None:
+        nonlocal finished
+        with lock:
             if done:
-                self.running.pop(name, None)
-                self.finished += 1
+                running.pop(name, None)
+                finished += 1
             else:
-                self.running[name] = (level, seconds)
-            what = ", ".join(
-                f"{n} {level_name(lv)} {s:.0f}s" for n, (lv, s) in self.running.items()
-            )
-            line = f"{PROG}: {self.finished}/{self.total} done; probing {what}"
+                running[name] = (level, seconds)
+            what = ", ".join(f"{n} {level_name(lv)} {s:.0f}s" for n, (lv, s) in running.items())
+            line = f"{PROG}: {finished}/{total} done; probing {what}"
             width = terminal_width(sys.stderr) or 80
             sys.stderr.write("\r\033[K" + printable(line)[: width - 1])
             sys.stderr.flush()
 
-    def __exit__(self, *exc: object) -> None:
-        if self.shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+    try:
+        yield update
+    finally:
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
 
 
 def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) -> None:
     """A table sorted by result and speed; with ``bench``, a bar for each speed-up, the
     spread of the timed rounds, and a rank where the speeds can be told apart."""
-    header = ["NAME", "STATUS", "LEVEL", "SECONDS"]
-    if bench:
-        header += ["COMPILE", "PER CALL", "SPEED-UP", "SPREAD", "RANK"]
-    header.append("REASON")
-    table = [tuple(header)]
+    timing = ("COMPILE", "PER CALL", "SPEED-UP", "SPREAD", "RANK") if bench else ()
+    table = [("NAME", "STATUS", "LEVEL", "SECONDS", *timing, "REASON")]
     fastest = max((v.speedup or 0.0 for v in verdicts), default=0.0)
     ranks = _ranks(verdicts) if bench else {}
     for v in verdicts:
@@ -145,8 +137,7 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
                 "" if v.spread is None else f"±{v.spread * 50:.0f}%",
                 ranks.get(v.name, ""),
             ]
-        row.append(v.reason)
-        table.append(tuple(row))
+        table.append((*row, v.reason))
     print_rows(table, shrinkable=(0,), spill_last=True)
     # A failure remembered may have been the machine's (a timeout while it was busy): say
     # how to look again.

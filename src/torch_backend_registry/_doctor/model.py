@@ -67,14 +67,11 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
         raise ModelError(
             f"--model {spec!r}: the factory returned {got}; it must return {FACTORY_SHAPE}"
         )
-    model, *rest = made
-    if len(rest) == 2:
-        args, kwargs = rest
-    elif isinstance(rest[0], dict):
-        args, kwargs = (), rest[0]
-    else:
-        args, kwargs = rest[0], {}
-    if not isinstance(args, (tuple, list)):
+    model, args, *rest = made
+    kwargs = rest[0] if rest else {}
+    if isinstance(args, dict) and not rest:
+        args, kwargs = (), args
+    elif not isinstance(args, (tuple, list)):
         args = (args,)
     if not isinstance(kwargs, dict):
         got = type(kwargs).__name__

@@ -350,8 +350,7 @@ def main(config: dict[str, Any]) -> None:
     os.set_inheritable(channel, False)  # a backend's own children must not hold it open
 
     def say(**fields: Any) -> None:
-        if "level" in fields:  # the code run so far: what a crash or a hang depends on
-            fields["code"] = _code()
+        fields["code"] = _code()  # the code run so far: what a crash or a hang depends on
         # One JSON object a line, nothing else on the pipe to the parent.
         data = (json.dumps(fields) + "\n").encode()
         while data:
@@ -367,7 +366,6 @@ def main(config: dict[str, Any]) -> None:
         result = {"model_error": str(exc)}
     except BaseException as exc:  # the verdict must reach the parent whatever happens
         result = {"verdict": _verdict(config["name"], started, "crashed", 0, one_line(exc))}
-    result["code"] = _code()
     say(**result)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -86,8 +86,7 @@ class Server:
                     self.broken = said.get("broken")
                     self._ready.set()
                     continue
-                with self._lock:
-                    probe = self._probes[said["ended"]]  # each number is known before it is sent
+                probe = self._probes[said["ended"]]  # each number is known before it is sent
                 probe.code = said["code"]
                 probe.ended.set()
         # The server is gone: every probe with it (its session killed them).
@@ -153,6 +152,7 @@ class Server:
         seconds = round(time.perf_counter() - started, 3)
         if "model_error" in probe.report:
             raise ModelError(probe.report["model_error"])
+        crash = _crash_reason(probe.code, probe.tail)
         # Before its first report no code of the backend ran, only the model's.
         waited = timeout if probe.level else max(STARTUP, timeout)
         if not probe.level and not probe.report and config["model"] is not None:
@@ -162,8 +162,7 @@ class Server:
                     f"{model} was not built and run within {waited:g} s, before any backend"
                     " ran; a longer --timeout gives it longer"
                 )
-            said = _crash_reason(probe.code, probe.tail)
-            raise ModelError(f"{model} ended its probe before any backend ran: {said}")
+            raise ModelError(f"{model} ended its probe before any backend ran: {crash}")
         if timed_out:
             reason = f"no verdict after {waited:g} s at level {probe.level}"
             reason = f"{reason} ({level_name(probe.level)}); killed"
@@ -176,8 +175,7 @@ class Server:
             with contextlib.suppress(TypeError):  # not a verdict: the probe crashed
                 verdict = _diagnosed(Verdict.from_json(data), probe.errors)
                 return verdict, probe.report.get("code"), data.get("missing", [])
-        reason = _crash_reason(probe.code, probe.tail)
-        return Verdict(name, "crashed", probe.level, reason, seconds), probe.ran, []
+        return Verdict(name, "crashed", probe.level, crash, seconds), probe.ran, []
 
     def kill(self, owner: object) -> None:
         with self._lock:
