@@ -951,6 +951,31 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
     )
 
 
+def _children() -> set[int]:
+    """The processes this one started that are still running (or not yet waited for)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path("/proc", entry, "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                found.add(int(entry))
+    return found
+
+
+def test_a_run_refused_for_an_unknown_name_leaves_no_probe_server_behind(
+    project: Registry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe server starts before the names are checked (it imports PyTorch meanwhile);
+    # a refused run must still let it go, or a process that runs the command again keeps
+    # one server (and PyTorch's memory) per refused run.
+    command = _command(tmp_path)
+    assert "unknown backend 'no_such_backend'" in command("doctor", "no_such_backend").stderr
+    monkeypatch.setenv("TBR_ANOTHER_SERVER", "1")  # the next run needs a server of its own
+    before = _children()
+    assert command("doctor", "fine").returncode == 0
+    assert len(_children()) <= len(before)  # the new server replaced the refused run's
+
+
 def test_a_model_that_hangs_exits_or_kills_its_probe_is_the_users_error_not_the_backends(
     project: Registry, tmp_path: Path, write: WriteFn, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 def run_doctor(args: Arguments) -> int:
     from .._doctor.options import ModelError, Options
-    from .._doctor.parent import run, start
+    from .._doctor.parent import release, run, start
     from .._sources.pytorch import dynamo_imported
 
     registry = registry_for()
@@ -43,11 +43,17 @@ def run_doctor(args: Arguments) -> int:
         # The probes' server imports PyTorch meanwhile, as this process does to list every
         # backend or resolve a name no manifest declares.
         server = start(registry, options)
-        with waiting("importing PyTorch", not dynamo_imported()):
-            names = args.names or registry.list_backends(() if args.all else DEFAULT_EXCLUDE_TAGS)
-            for name in names:  # an unknown name fails here, as explain says it
-                with contextlib.suppress(ManifestError):  # declared: a verdict of its own
-                    registry.backend_info(name)
+        try:
+            with waiting("importing PyTorch", not dynamo_imported()):
+                names = args.names or registry.list_backends(
+                    () if args.all else DEFAULT_EXCLUDE_TAGS
+                )
+                for name in names:  # an unknown name fails here, as explain says it
+                    with contextlib.suppress(ManifestError):  # declared: a verdict of its own
+                        registry.backend_info(name)
+        except BaseException:  # no run will end this use of the server
+            release(server)
+            raise
         shown = _progress(len(names)) if sys.stderr.isatty() else contextlib.nullcontext()
         with shown as on_progress, _terminated_as_exit():
             verdicts = run(registry, names, options, on_progress, server)

@@ -70,7 +70,8 @@ _WARM: tuple[str, Server] | None = None
 _LOCK = ForkSafeLock()
 
 
-def _release(server: Server) -> None:
+def release(server: Server) -> None:
+    """End a use of ``server`` that :func:`start` gave and no :func:`run` ended."""
     with _LOCK:
         server.users -= 1
         if not server.users and (_WARM is None or _WARM[1] is not server):
@@ -181,7 +182,7 @@ def run(
             verdicts, key=lambda v: (STATUSES.index(v.status), -(v.speedup or 0.0), v.name)
         )
     finally:
-        _release(server)
+        release(server)
 
 
 def import_path() -> list[str]:
