@@ -108,21 +108,16 @@ class Cache:
     def locked(self, kind: str) -> Iterator[None]:
         """Make a read, change and write of the entries of ``kind`` one step for every
         process (``flock`` on ``KIND.lock``); without a cache or ``fcntl``, run unlocked."""
-        fd = -1
-        if self.folder is not None and self._private(kind, make=True):
-            with contextlib.suppress(OSError):
-                lock = os.path.join(self.folder, f"{kind}.lock")
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
-        try:
-            if fd >= 0:
+        with contextlib.ExitStack() as stack:
+            if self.folder is not None and self._private(kind, make=True):
                 with contextlib.suppress(ImportError, OSError):
+                    lock = os.path.join(self.folder, f"{kind}.lock")
+                    fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+                    stack.callback(os.close, fd)  # closing releases the lock
                     import fcntl
 
                     fcntl.flock(fd, fcntl.LOCK_EX)
             yield
-        finally:
-            if fd >= 0:
-                os.close(fd)  # closing releases the lock
 
     def _private(self, kind: str, *, make: bool = False) -> bool:
         """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
@@ -219,15 +214,14 @@ def code_key() -> str:
     import hashlib
     import importlib.util
 
+    from .finding import python_files
+
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = hashlib.sha256(sys.version.encode())
-    for folder, dirs, names in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(n for n in names if n.endswith(".py")):
-            path = os.path.join(folder, name)
-            with open(path, "rb") as handle:
-                relative = os.path.relpath(path, package)
-                digest.update(relative.encode() + b"\0" + handle.read())
+    for path in python_files(package):
+        with open(path, "rb") as handle:
+            relative = os.path.relpath(path, package)
+            digest.update(relative.encode() + b"\0" + handle.read())
     for module in ("pydantic", "pydantic_core", "tomli"):  # found, not imported
         with contextlib.suppress(Exception):
             origin = getattr(importlib.util.find_spec(module), "origin", None) or ""

@@ -11,6 +11,7 @@ is loaded, they stay searchable, last, for the rest of the process.
 from __future__ import annotations
 
 import importlib.machinery
+import itertools
 import os
 import sys
 from contextlib import contextmanager
@@ -146,14 +147,15 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
     for folder in getattr(top, "submodule_search_locations", None) or ():
         if os.path.join(folder, "").startswith(installed):
             continue
-        files: list[str] = []
-        for root, dirs, names in os.walk(folder):
-            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
-            files.extend(os.path.join(root, n) for n in sorted(names) if n.endswith(".py"))
-            if len(files) > MAX_STAMPED_FILES:
-                break
-        stamps.extend(stamp(f) for f in files[:MAX_STAMPED_FILES])
+        stamps.extend(map(stamp, itertools.islice(python_files(folder), MAX_STAMPED_FILES)))
     return stamps
+
+
+def python_files(folder: str) -> Iterator[str]:
+    """The ``.py`` files below ``folder``, in a stable order, hidden folders left out."""
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
+        yield from (os.path.join(root, n) for n in sorted(names) if n.endswith(".py"))
 
 
 def stamp(path: str) -> list[object]:

@@ -146,9 +146,7 @@ def key_at(lines: list[str], line: int) -> str | None:
 def _split_key(dotted: str) -> Path:
     if '"' not in dotted and "'" not in dotted:
         # Bare keys (nearly all of them) hold no dots or quotes of their own.
-        if " " in dotted or "\t" in dotted:
-            return tuple(part.strip(" \t") for part in dotted.split("."))
-        return tuple(dotted.split("."))
+        return tuple(part.strip(" \t") for part in dotted.split("."))
     parts = []
     for match in _PART_RE.finditer(dotted):
         part = match.group()

@@ -242,9 +242,7 @@ def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
         for name, fn in found.items()
         if name not in entry_points and getattr(fn, STAND_IN, False) is not True
     }
-    for name, fn in list(DISPLACED.items()):
-        held.setdefault(name, fn)
-    return held
+    return {**DISPLACED, **held}
 
 
 def tags_of(name: str, fn: object) -> tuple[str, ...]:
