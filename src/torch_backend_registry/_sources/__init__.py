@@ -232,16 +232,12 @@ def entry_point_source(ctx: Context) -> Discovery:
     return found
 
 
-def torch_source(ctx: Context) -> Discovery:
-    return torch_definitions(ctx.entry_point_names())
-
-
 #: The reader of each source kind; SOURCE_KINDS gives their precedence.
 READERS: Mapping[SourceKind, Callable[[Context], Discovery]] = {
     "runtime": runtime_source,
     "env": env_source,
     "project": project_source,
     "entry-point": entry_point_source,
-    "torch": torch_source,
+    "torch": lambda ctx: torch_definitions(ctx.entry_point_names()),
 }
 assert tuple(READERS) == SOURCE_KINDS

@@ -156,6 +156,10 @@ class Cache:
         return os.path.join(self.folder, kind, name + ".pickle"), name.encode()
 
 
+#: The cache that is off: nothing is found, nothing kept.
+NO_CACHE = Cache(None)
+
+
 def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
     """Whether a cache folder (or an entry) is this user's, and nobody else's to change
     (nor, a folder, to look into)."""

@@ -101,8 +101,7 @@ def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
         name = ".".join(parts[:depth])
         parent = sys.modules.get(name)
         try:
-            if parent is not None:
-                spec = getattr(parent, "__spec__", None)
+            if parent is not None:  # never the module itself, which is not loaded
                 locations = getattr(parent, "__path__", None)
                 continue
             if depth == 1:

@@ -17,6 +17,7 @@ from .._definition import (
 )
 from .._errors import ManifestError, closest
 from .._keys import table_prefix, toml_key
+from .cache import NO_CACHE
 from .files import Untrusted, parse_toml, read_text, table_at
 
 TYPE_CHECKING = False
@@ -38,7 +39,7 @@ MAX_PROBLEMS = 100
 MAX_VALUE_DEPTH = 100
 
 
-def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Discovery | None:
+def read_manifest(path: str, kind: SourceKind, cache: Cache = NO_CACHE) -> Discovery | None:
     """Read and validate one manifest file (through ``cache``); ``None`` for a
     ``pyproject.toml`` without a ``[tool.torch-backends]`` table. The problems of one backend
     are recorded on that backend and in ``problems``; the file's other backends stay usable."""
@@ -48,8 +49,6 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Di
         found = Discovery()
         found.problems.append(exc.problem)
         return found
-    if cache is None:
-        return _validated(path, kind, text)
     from .cache import code_key
 
     key = [code_key(), kind, path, os.path.realpath(path), text]
