@@ -80,29 +80,25 @@ class Cache:
                 if not _ours(info, entry=True) or info.st_size > _MAX_ENTRY:
                     return None
                 data = handle.read(_MAX_ENTRY + 1)
-        except OSError:
-            return None
-        seal, _, text = data.partition(b"\n")
-        if seal != _seal(name, text):
-            return None  # torn, truncated, changed or moved since it was written
-        try:
+            seal, _, text = data.partition(b"\n")
+            if seal != _seal(name, text):
+                return None  # torn, truncated, changed or moved since it was written
             return _loads(text)
-        except Exception:  # unpickling can raise anything; a sealed entry rarely does
+        except Exception:  # unreadable; unpickling can raise anything, a sealed entry rarely
             return None
 
     def put(self, kind: str, key: object, value: object) -> None:
         if self.folder is None:
             return
         path, name = self._entry(kind, key)
-        try:
+        # A read-only home, a full disk, a value pickle refuses: no cache.
+        with contextlib.suppress(Exception):
             text = _dumps(value)
             if self._private(kind, make=True):
                 write_atomically(path, _seal(name, text) + b"\n" + text, 0o600)
                 if kind not in self.trimmed:
                     self.trimmed.add(kind)
                     _trim(os.path.dirname(path))
-        except Exception:  # a read-only home, a full disk, a value pickle refuses: no cache
-            pass
 
     @contextlib.contextmanager
     def locked(self, kind: str) -> Iterator[None]:
