@@ -170,10 +170,8 @@ def stamp(path: str) -> list[object]:
 def _site_packages() -> list[str]:
     import site
 
-    folders = list(getattr(site, "getsitepackages", list)())
-    # Stamped even where this process skips it: a verdict may be read by one that does not.
-    folders.append(site.getusersitepackages())
-    return folders
+    # The user's too, where this process skips it: a verdict may be read by one that does not.
+    return [*getattr(site, "getsitepackages", list)(), site.getusersitepackages()]
 
 
 def installed_stamp() -> list[object]:

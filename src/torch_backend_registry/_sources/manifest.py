@@ -68,12 +68,11 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
         data, lines = parse_toml(path, text, within=prefix)
     except ManifestError as exc:
         # Located at the table it broke, but what it costs is the whole file: said so.
-        problem = exc.problem
-        said = problem.message + "; no backend of this file is used until it parses"
-        found.problems.append(problem._replace(message=said, whole_file=True))
+        said = exc.message + "; no backend of this file is used until it parses"
+        found.problems.append(exc.problem._replace(message=said, whole_file=True))
         return found
     table = table_at(data, prefix)
-    if table is None and prefix:
+    if table is None:  # a pyproject.toml's: a backends.toml is the table
         return None
     load_schema()
     _Validation(found, path, kind, prefix, lines).run(table)
