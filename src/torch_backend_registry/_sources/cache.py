@@ -247,15 +247,10 @@ def _value(kind: str, *fields: object) -> object:
     return _VALUES[kind](*fields)
 
 
-def _discovery(
-    definitions: list[BackendDefinition],
-    problems: list[Problem],
-    default: DefaultDeclaration | None,
-    rules: list[PluginRule],
-) -> Discovery:
+def _discovery(*fields: Any) -> Discovery:
     found = Discovery()
-    found.definitions, found.problems = definitions, problems
-    found.default, found.rules = default, rules
+    for slot, value in zip(Discovery.__slots__, fields, strict=True):
+        setattr(found, slot, value)
     return found
 
 
@@ -281,7 +276,7 @@ def _dumps(value: object) -> bytes:
     pickler.dispatch_table = {
         **copyreg.dispatch_table,
         **dict.fromkeys(_VALUES.values(), lambda item: (_value, (type(item).__name__, *item))),
-        Discovery: lambda d: (_discovery, (d.definitions, d.problems, d.default, d.rules)),
+        Discovery: lambda d: (_discovery, tuple(getattr(d, s) for s in Discovery.__slots__)),
         MappingProxyType: lambda table: (_readonly, (dict(table),)),
     }
     pickler.dump(value)
