@@ -93,12 +93,10 @@ def _registering_files() -> list[str]:
     origin = getattr(find("torch"), "origin", None)  # its __init__.py
     if not isinstance(origin, str):
         return []
+    import glob
+
     dynamo = os.path.join(os.path.dirname(origin), "_dynamo")
-    try:
-        found = sorted(os.listdir(os.path.join(dynamo, "backends")))
-    except OSError:
-        return []
-    files = [os.path.join(dynamo, "backends", f) for f in found if f.endswith(".py")]
+    files = sorted(glob.glob(os.path.join(glob.escape(dynamo), "backends", "*.py")))
     return [*files, os.path.join(dynamo, "repro", "after_dynamo.py")]
 
 
