@@ -262,11 +262,10 @@ class _Validation(NamedTuple):
     def _key_lines(self, table: tuple[str, ...], raw: dict[str, Any]) -> dict[str, int]:
         """The line of each key of a backend's table, and of each key one level inside it
         (an option, a device type), by the key as TOML writes it relative to the table."""
-        lines: dict[str, int] = {}
         # And the manifest's python-path, which each of its backends searches (no key of a
         # backend's table has that name).
-        if (*self.prefix, "python-path") in self.lines:
-            lines["python-path"] = self.lines[(*self.prefix, "python-path")]
+        path = (*self.prefix, "python-path")
+        lines = {"python-path": self.lines[path]} if path in self.lines else {}
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()
             for parts in [(key,), *((key, inner) for inner in inside)]:
