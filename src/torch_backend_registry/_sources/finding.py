@@ -109,10 +109,8 @@ def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
                 # ``folders`` served as to the lookup importing them.
                 with searching(folders):
                     spec = importlib.util.find_spec(name)
-            elif locations:
-                spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
-            else:
-                return None  # the level above is not a package
+            else:  # none where the level above is not a package (no locations)
+                spec = importlib.machinery.PathFinder.find_spec(name, list(locations or ()))
         except Exception:  # a finder that fails (a namespace package's parent unseen): not found
             return None
         if spec is None:
