@@ -59,11 +59,10 @@ def runtime_source(ctx: Context) -> Discovery:
     return found
 
 
-def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
-    """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first, and what went wrong."""
-
+def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
+    """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first; what went wrong
+    goes to ``problems``."""
     files: list[str] = []
-    found = Discovery()
     for entry in ctx.environ.get(ENV_VAR, "").split(os.pathsep):
         if not entry.strip():
             continue
@@ -98,18 +97,16 @@ def env_paths(ctx: Context) -> tuple[list[str], Discovery]:
                     continue
                 # Explicit configuration that reads nothing is said, not passed over.
                 said = f"the folder named by {ENV_VAR} holds no *.toml manifest: nothing is read"
-                found.problems.append(Problem(said, path=path, severity="warning"))
+                problems.append(Problem(said, path=path, severity="warning"))
                 continue
-        found.problems.append(Problem(said, path=path))
-    return files, found
+        problems.append(Problem(said, path=path))
+    return files
 
 
 def env_source(ctx: Context) -> Discovery:
     """Manifests named by ``TORCH_BACKENDS_PATH`` (or given as files), earlier entries first."""
-    if ctx.files is not None:
-        files, found = list(ctx.files), Discovery()
-    else:
-        files, found = env_paths(ctx)
+    found = Discovery()
+    files = env_paths(ctx, found.problems) if ctx.files is None else ctx.files
     # The environment's plugin policy outranks every manifest's.
     for kind, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
         names = [n.strip() for n in ctx.environ.get(var, "").split(",") if n.strip()]
@@ -235,16 +232,12 @@ def entry_point_source(ctx: Context) -> Discovery:
     return found
 
 
-def torch_source(ctx: Context) -> Discovery:
-    return torch_definitions(ctx.entry_point_names())
-
-
 #: The reader of each source kind; SOURCE_KINDS gives their precedence.
 READERS: Mapping[SourceKind, Callable[[Context], Discovery]] = {
     "runtime": runtime_source,
     "env": env_source,
     "project": project_source,
     "entry-point": entry_point_source,
-    "torch": torch_source,
+    "torch": lambda ctx: torch_definitions(ctx.entry_point_names()),
 }
 assert tuple(READERS) == SOURCE_KINDS

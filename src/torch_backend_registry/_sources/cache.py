@@ -80,49 +80,40 @@ class Cache:
                 if not _ours(info, entry=True) or info.st_size > _MAX_ENTRY:
                     return None
                 data = handle.read(_MAX_ENTRY + 1)
-        except OSError:
-            return None
-        seal, _, text = data.partition(b"\n")
-        if seal != _seal(name, text):
-            return None  # torn, truncated, changed or moved since it was written
-        try:
+            seal, _, text = data.partition(b"\n")
+            if seal != _seal(name, text):
+                return None  # torn, truncated, changed or moved since it was written
             return _loads(text)
-        except Exception:  # unpickling can raise anything; a sealed entry rarely does
+        except Exception:  # unreadable; unpickling can raise anything, a sealed entry rarely
             return None
 
     def put(self, kind: str, key: object, value: object) -> None:
         if self.folder is None:
             return
         path, name = self._entry(kind, key)
-        try:
+        # A read-only home, a full disk, a value pickle refuses: no cache.
+        with contextlib.suppress(Exception):
             text = _dumps(value)
             if self._private(kind, make=True):
                 write_atomically(path, _seal(name, text) + b"\n" + text, 0o600)
                 if kind not in self.trimmed:
                     self.trimmed.add(kind)
                     _trim(os.path.dirname(path))
-        except Exception:  # a read-only home, a full disk, a value pickle refuses: no cache
-            pass
 
     @contextlib.contextmanager
     def locked(self, kind: str) -> Iterator[None]:
         """Make a read, change and write of the entries of ``kind`` one step for every
         process (``flock`` on ``KIND.lock``); without a cache or ``fcntl``, run unlocked."""
-        fd = -1
-        if self.folder is not None and self._private(kind, make=True):
-            with contextlib.suppress(OSError):
-                lock = os.path.join(self.folder, f"{kind}.lock")
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
-        try:
-            if fd >= 0:
+        with contextlib.ExitStack() as stack:
+            if self.folder is not None and self._private(kind, make=True):
                 with contextlib.suppress(ImportError, OSError):
+                    lock = os.path.join(self.folder, f"{kind}.lock")
+                    fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+                    stack.callback(os.close, fd)  # closing releases the lock
                     import fcntl
 
                     fcntl.flock(fd, fcntl.LOCK_EX)
             yield
-        finally:
-            if fd >= 0:
-                os.close(fd)  # closing releases the lock
 
     def _private(self, kind: str, *, make: bool = False) -> bool:
         """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
@@ -159,6 +150,10 @@ class Cache:
         key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
         name = hashlib.sha256(key_text).hexdigest()
         return os.path.join(self.folder, kind, name + ".pickle"), name.encode()
+
+
+#: The cache that is off: nothing is found, nothing kept.
+NO_CACHE = Cache(None)
 
 
 def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
@@ -219,15 +214,14 @@ def code_key() -> str:
     import hashlib
     import importlib.util
 
+    from .finding import python_files
+
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = hashlib.sha256(sys.version.encode())
-    for folder, dirs, names in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(n for n in names if n.endswith(".py")):
-            path = os.path.join(folder, name)
-            with open(path, "rb") as handle:
-                relative = os.path.relpath(path, package)
-                digest.update(relative.encode() + b"\0" + handle.read())
+    for path in python_files(package):
+        with open(path, "rb") as handle:
+            relative = os.path.relpath(path, package)
+            digest.update(relative.encode() + b"\0" + handle.read())
     for module in ("pydantic", "pydantic_core", "tomli"):  # found, not imported
         with contextlib.suppress(Exception):
             origin = getattr(importlib.util.find_spec(module), "origin", None) or ""
@@ -253,15 +247,10 @@ def _value(kind: str, *fields: object) -> object:
     return _VALUES[kind](*fields)
 
 
-def _discovery(
-    definitions: list[BackendDefinition],
-    problems: list[Problem],
-    default: DefaultDeclaration | None,
-    rules: list[PluginRule],
-) -> Discovery:
+def _discovery(*fields: Any) -> Discovery:
     found = Discovery()
-    found.definitions, found.problems = definitions, problems
-    found.default, found.rules = default, rules
+    for slot, value in zip(Discovery.__slots__, fields, strict=True):
+        setattr(found, slot, value)
     return found
 
 
@@ -287,7 +276,7 @@ def _dumps(value: object) -> bytes:
     pickler.dispatch_table = {
         **copyreg.dispatch_table,
         **dict.fromkeys(_VALUES.values(), lambda item: (_value, (type(item).__name__, *item))),
-        Discovery: lambda d: (_discovery, (d.definitions, d.problems, d.default, d.rules)),
+        Discovery: lambda d: (_discovery, tuple(getattr(d, s) for s in Discovery.__slots__)),
         MappingProxyType: lambda table: (_readonly, (dict(table),)),
     }
     pickler.dump(value)

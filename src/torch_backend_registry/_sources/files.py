@@ -97,16 +97,18 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
                 reason = "the folder holding it " + folder.removeprefix("it ")
         if reason is not None:
             raise Untrusted(untrusted_message("manifest", reason), path=path)
-        if info.st_size > limit:
-            raise _too_large(path, limit)
         with open(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)  # one byte more tells a file that grew since
+            data = handle.read(limit + 1)  # one byte more tells a file too large
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise _too_large(path, limit)
+        what = "a manifest" if limit == MAX_BYTES else "this file"
+        raise ManifestError(
+            f"is larger than {limit // 2**20} MiB, too large for {what}; is it the right file?",
+            path=path,
+        )
     try:
         # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
         return data.decode("utf-8-sig")
@@ -121,14 +123,6 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
             line=line,
             key=key_at(lines, line),
         ) from exc
-
-
-def _too_large(path: str, limit: int) -> ManifestError:
-    what = "a manifest" if limit == MAX_BYTES else "this file"
-    return ManifestError(
-        f"is larger than {limit // 2**20} MiB, too large for {what}; is it the right file?",
-        path=path,
-    )
 
 
 def parse_toml(

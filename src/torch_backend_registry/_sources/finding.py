@@ -11,6 +11,7 @@ is loaded, they stay searchable, last, for the rest of the process.
 from __future__ import annotations
 
 import importlib.machinery
+import itertools
 import os
 import sys
 from contextlib import contextmanager
@@ -100,8 +101,7 @@ def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
         name = ".".join(parts[:depth])
         parent = sys.modules.get(name)
         try:
-            if parent is not None:
-                spec = getattr(parent, "__spec__", None)
+            if parent is not None:  # never the module itself, which is not loaded
                 locations = getattr(parent, "__path__", None)
                 continue
             if depth == 1:
@@ -109,10 +109,8 @@ def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
                 # ``folders`` served as to the lookup importing them.
                 with searching(folders):
                     spec = importlib.util.find_spec(name)
-            elif locations:
-                spec = importlib.machinery.PathFinder.find_spec(name, list(locations))
-            else:
-                return None  # the level above is not a package
+            else:  # none where the level above is not a package (no locations)
+                spec = importlib.machinery.PathFinder.find_spec(name, list(locations or ()))
         except Exception:  # a finder that fails (a namespace package's parent unseen): not found
             return None
         if spec is None:
@@ -146,14 +144,15 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
     for folder in getattr(top, "submodule_search_locations", None) or ():
         if os.path.join(folder, "").startswith(installed):
             continue
-        files: list[str] = []
-        for root, dirs, names in os.walk(folder):
-            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
-            files.extend(os.path.join(root, n) for n in sorted(names) if n.endswith(".py"))
-            if len(files) > MAX_STAMPED_FILES:
-                break
-        stamps.extend(stamp(f) for f in files[:MAX_STAMPED_FILES])
+        stamps.extend(map(stamp, itertools.islice(python_files(folder), MAX_STAMPED_FILES)))
     return stamps
+
+
+def python_files(folder: str) -> Iterator[str]:
+    """The ``.py`` files below ``folder``, in a stable order, hidden folders left out."""
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
+        yield from (os.path.join(root, n) for n in sorted(names) if n.endswith(".py"))
 
 
 def stamp(path: str) -> list[object]:
@@ -169,10 +168,8 @@ def stamp(path: str) -> list[object]:
 def _site_packages() -> list[str]:
     import site
 
-    folders = list(getattr(site, "getsitepackages", list)())
-    # Stamped even where this process skips it: a verdict may be read by one that does not.
-    folders.append(site.getusersitepackages())
-    return folders
+    # The user's too, where this process skips it: a verdict may be read by one that does not.
+    return [*getattr(site, "getsitepackages", list)(), site.getusersitepackages()]
 
 
 def installed_stamp() -> list[object]:

@@ -17,6 +17,7 @@ from .._definition import (
 )
 from .._errors import ManifestError, closest
 from .._keys import table_prefix, toml_key
+from .cache import NO_CACHE
 from .files import Untrusted, parse_toml, read_text, table_at
 
 TYPE_CHECKING = False
@@ -38,7 +39,7 @@ MAX_PROBLEMS = 100
 MAX_VALUE_DEPTH = 100
 
 
-def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Discovery | None:
+def read_manifest(path: str, kind: SourceKind, cache: Cache = NO_CACHE) -> Discovery | None:
     """Read and validate one manifest file (through ``cache``); ``None`` for a
     ``pyproject.toml`` without a ``[tool.torch-backends]`` table. The problems of one backend
     are recorded on that backend and in ``problems``; the file's other backends stay usable."""
@@ -48,8 +49,6 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache | None = None) -> Di
         found = Discovery()
         found.problems.append(exc.problem)
         return found
-    if cache is None:
-        return _validated(path, kind, text)
     from .cache import code_key
 
     key = [code_key(), kind, path, os.path.realpath(path), text]
@@ -69,12 +68,11 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
         data, lines = parse_toml(path, text, within=prefix)
     except ManifestError as exc:
         # Located at the table it broke, but what it costs is the whole file: said so.
-        problem = exc.problem
-        said = problem.message + "; no backend of this file is used until it parses"
-        found.problems.append(problem._replace(message=said, whole_file=True))
+        said = exc.message + "; no backend of this file is used until it parses"
+        found.problems.append(exc.problem._replace(message=said, whole_file=True))
         return found
     table = table_at(data, prefix)
-    if table is None and prefix:
+    if table is None:  # a pyproject.toml's: a backends.toml is the table
         return None
     load_schema()
     _Validation(found, path, kind, prefix, lines).run(table)
@@ -264,11 +262,10 @@ class _Validation(NamedTuple):
     def _key_lines(self, table: tuple[str, ...], raw: dict[str, Any]) -> dict[str, int]:
         """The line of each key of a backend's table, and of each key one level inside it
         (an option, a device type), by the key as TOML writes it relative to the table."""
-        lines: dict[str, int] = {}
         # And the manifest's python-path, which each of its backends searches (no key of a
         # backend's table has that name).
-        if (*self.prefix, "python-path") in self.lines:
-            lines["python-path"] = self.lines[(*self.prefix, "python-path")]
+        path = (*self.prefix, "python-path")
+        lines = {"python-path": self.lines[path]} if path in self.lines else {}
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()
             for parts in [(key,), *((key, inner) for inner in inside)]:

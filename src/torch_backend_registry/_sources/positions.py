@@ -70,14 +70,9 @@ class KeyLines:
         self._edges: dict[tuple[int, str], tuple[int, int]] = {}
 
     def add(self, path: Path, line: int, below: int = ROOT) -> int:
-        edges = self._edges
         node = below
         for part in path:
-            key = (node, part)
-            found = edges.get(key)
-            if found is None:
-                found = edges[key] = (len(edges) + 1, line)
-            node = found[0]
+            node = self._edges.setdefault((node, part), (len(self._edges) + 1, line))[0]
         return node
 
     def line_of(self, path: Path) -> int | None:
@@ -146,28 +141,22 @@ def key_at(lines: list[str], line: int) -> str | None:
 def _split_key(dotted: str) -> Path:
     if '"' not in dotted and "'" not in dotted:
         # Bare keys (nearly all of them) hold no dots or quotes of their own.
-        if " " in dotted or "\t" in dotted:
-            return tuple(part.strip(" \t") for part in dotted.split("."))
-        return tuple(dotted.split("."))
-    parts = []
-    for match in _PART_RE.finditer(dotted):
-        part = match.group()
-        if part[0] == '"' and "\\" in part:
-            part = _unescape(part)
-        elif part[0] in "\"'":
-            part = part[1:-1]
-        parts.append(part)
-    return tuple(parts)
+        return tuple(part.strip(" \t") for part in dotted.split("."))
+    return tuple(map(_unquoted, _PART_RE.findall(dotted)))
 
 
-def _unescape(quoted: str) -> str:
+def _unquoted(part: str) -> str:
+    if part[0] not in "\"'":
+        return part
+    if part[0] == "'" or "\\" not in part:
+        return part[1:-1]
     # Escapes are rare in keys; the parser itself reads them exactly as TOML does.
     import tomli
 
     try:
-        return next(iter(tomli.loads(f"{quoted} = 0")))
+        return next(iter(tomli.loads(f"{part} = 0")))
     except (ValueError, StopIteration):
-        return quoted[1:-1]
+        return part[1:-1]
 
 
 def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:

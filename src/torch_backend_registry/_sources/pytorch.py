@@ -14,6 +14,7 @@ import sys
 from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock
+from .cache import NO_CACHE
 from .finding import find, stamp
 
 TYPE_CHECKING = False
@@ -58,7 +59,7 @@ TORCH_2_13_NAMES = frozenset(
 _REGISTERING = {"register_backend", "register_debug_backend", "register_experimental_backend"}
 
 
-def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
+def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
     """The names PyTorch's own backends take in the PyTorch installed here, which no other
     source may redefine: read from the files that register them, without importing torch,
     and remembered in ``cache``."""
@@ -66,11 +67,11 @@ def pytorch_names(cache: Cache | None = None) -> frozenset[str]:
 
 
 @functools.cache  # one reading per process and state of the files
-def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> frozenset[str]:
+def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache) -> frozenset[str]:
     from .cache import code_key  # the reading is this package's code: another reads anew
 
-    key = [code_key(), torch_version(), [list(s) for s in stamps]]
-    cached = cache.get("pytorch-names", key) if cache is not None else None
+    key = [code_key(), torch_version(), stamps]
+    cached = cache.get("pytorch-names", key)
     if isinstance(cached, list) and cached and all(isinstance(n, str) for n in cached):
         return frozenset(cached)
     names: set[str] = set()
@@ -79,8 +80,7 @@ def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache | None) -> fr
             names |= _registered_in(str(path))
     if not names:  # no torch here, or a layout this reading does not know
         return TORCH_2_13_NAMES
-    if cache is not None:
-        cache.put("pytorch-names", key, sorted(names))
+    cache.put("pytorch-names", key, sorted(names))
     return frozenset(names)
 
 
@@ -93,12 +93,10 @@ def _registering_files() -> list[str]:
     origin = getattr(find("torch"), "origin", None)  # its __init__.py
     if not isinstance(origin, str):
         return []
+    import glob
+
     dynamo = os.path.join(os.path.dirname(origin), "_dynamo")
-    try:
-        found = sorted(os.listdir(os.path.join(dynamo, "backends")))
-    except OSError:
-        return []
-    files = [os.path.join(dynamo, "backends", f) for f in found if f.endswith(".py")]
+    files = sorted(glob.glob(os.path.join(glob.escape(dynamo), "backends", "*.py")))
     return [*files, os.path.join(dynamo, "repro", "after_dynamo.py")]
 
 
@@ -242,9 +240,7 @@ def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
         for name, fn in found.items()
         if name not in entry_points and getattr(fn, STAND_IN, False) is not True
     }
-    for name, fn in list(DISPLACED.items()):
-        held.setdefault(name, fn)
-    return held
+    return {**DISPLACED, **held}
 
 
 def tags_of(name: str, fn: object) -> tuple[str, ...]:
