@@ -13,13 +13,15 @@ import pytest
 
 from torch_backend_registry import (
     BackendLoadError,
+    LockFileError,
     ManifestWarning,
     Problem,
     Registry,
     UnknownBackendError,
+    install,
 )
 
-from .conftest import WriteFn
+from .conftest import WriteFn, torch_backends
 
 posix_only = pytest.mark.skipif(not hasattr(os, "getuid"), reason="no ownership model")
 OTHER_UID = 65534  # nobody
@@ -111,6 +113,36 @@ def test_an_untrusted_manifest_or_folder_is_not_used_and_says_why(
     names, messages = quietly_list(project(tmp_path / "proj"))
     assert names == []
     assert messages == [f"{path}: {reason}; fix its owner or mode (as git's safe.directory)"]
+
+
+@posix_only
+def test_an_untrusted_lock_or_pyproject_is_refused_in_the_words_of_the_file_it_is(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # Read by the command and install(), not as a source: the trust rule's refusal is their
+    # one-line error, naming the lock as a lock, never a crash of an internal class.
+    write("proj/backends.toml", '[backends.b]\ntarget = "m:f"\n')
+    torch_backends("lock", cwd=tmp_path / "proj")
+    lock = tmp_path / "proj" / "backends.lock"
+    lock.chmod(lock.stat().st_mode | 0o002)
+    refused = torch_backends("check", "--locked", "--no-torch", cwd=tmp_path / "proj", check=1)
+    said = "lock file not used: it is writable by every user; fix its owner or mode"
+    assert f"backends.lock: error: {said}" in refused.stdout + refused.stderr
+    assert "Untrusted" not in refused.stderr
+    registry = Registry(cwd=tmp_path / "proj", environ={"TORCH_BACKENDS_LOCKED": "1"})
+    with pytest.raises(LockFileError, match=said):
+        install(registry)  # refused before anything is installed
+    # A pyproject.toml the rule refuses declares no table: init writes a backends.toml
+    # beside it, and init --pyproject says why it will not add to it.
+    pyproject = write("other/pyproject.toml", "[tool.black]\n")
+    pyproject.chmod(0o666)
+    added = torch_backends("init", "--pyproject", cwd=pyproject.parent, check=1)
+    assert added.stderr.strip().endswith(
+        "pyproject.toml: manifest not used: it is writable by every user; fix its owner or mode"
+        " (as git's safe.directory)"
+    )
+    torch_backends("init", cwd=pyproject.parent)
+    assert (pyproject.parent / "backends.toml").exists()
 
 
 @posix_only

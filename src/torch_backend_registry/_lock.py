@@ -133,13 +133,15 @@ def read_lock(
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used, saying
     how to write it (``command``) and that ``TORCH_BACKENDS_LOCKED`` named it
     (``from_environment``), where it is missing."""
-    from ._sources.files import NO_SUCH_FILE, parse_toml, read_text
+    from ._sources.files import NO_SUCH_FILE, Untrusted, parse_toml, read_text
 
     if os.path.isdir(path):
         raise LockFileError("is a folder, not a lock file; name the lock file itself", path=path)
     try:
-        text = read_text(path, LOCK_MAX_BYTES)
+        text = read_text(path, LOCK_MAX_BYTES, what="lock file")
         data, lines = parse_toml(path, text, LOCK_MAX_KEY_PARTS)
+    except Untrusted as exc:
+        raise LockFileError(exc.problem.message, path=path) from None
     except ManifestError as exc:
         message = exc.message
         if message == NO_SUCH_FILE:

@@ -6,7 +6,7 @@ import os
 import stat
 
 from .._definition import Problem
-from .._errors import ManifestError
+from .._errors import BackendRegistryError, ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,8 +33,9 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXE
 NO_SUCH_FILE = "no such file"
 
 
-class Untrusted(Exception):
-    """Configuration left out by the trust rule (its ``problem``): a warning, not an error."""
+class Untrusted(BackendRegistryError):
+    """Configuration left out by the trust rule (its ``problem``); where no source reads it
+    (a lock, ``init``), the error a command or ``install()`` says as it is."""
 
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(f"{path}: {message}")
@@ -71,7 +72,7 @@ def untrusted_message(what: str, reason: str) -> str:
     return f"{what} not used: {reason}; fix its owner or mode (as git's safe.directory)"
 
 
-def read_text(path: str, limit: int = MAX_BYTES) -> str:
+def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
     """A manifest's text (of at most ``limit`` bytes); :class:`ManifestError` where it
     cannot be used, :class:`Untrusted` where it must not. The checks are made on the opened
     file, so the file judged is the file read (a link's target, and the folder holding it)."""
@@ -96,7 +97,7 @@ def read_text(path: str, limit: int = MAX_BYTES) -> str:
             if folder is not None:
                 reason = "the folder holding it " + folder.removeprefix("it ")
         if reason is not None:
-            raise Untrusted(untrusted_message("manifest", reason), path=path)
+            raise Untrusted(untrusted_message(what, reason), path=path)
         with open(fd, "rb", closefd=False) as handle:
             data = handle.read(limit + 1)  # one byte more tells a file too large
     except OSError as exc:
