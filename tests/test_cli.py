@@ -1194,6 +1194,42 @@ def test_lock_pins_no_broken_manifest_and_sees_a_hand_edited_lock(
     assert "it was edited by hand; run 'torch-backends lock' again" in edited.stdout
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_lock_and_init_write_files_their_own_trust_rule_accepts_and_replace_no_special_file(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("proj/backends.toml", '[backends.fast]\ntarget = "m:f"\n')
+    os.mkfifo(tmp_path / "proj" / "a.fifo")  # a rename over it would make it a plain file
+    fifo = run("lock", "--output", "a.fifo", cwd=tmp_path / "proj", check=1)
+    assert "a.fifo: exists and is no lock" in fifo.stderr
+    assert (tmp_path / "proj" / "a.fifo").is_fifo()
+    umask = os.umask(0)  # whatever the umask, nothing written is writable by every user
+    try:
+        run("lock", cwd=tmp_path / "proj")
+        (tmp_path / "new").mkdir(mode=0o755)
+        run("init", cwd=tmp_path / "new")
+    finally:
+        os.umask(umask)
+    for written in (tmp_path / "proj" / "backends.lock", tmp_path / "new" / "backends.toml"):
+        assert not written.stat().st_mode & 0o002, written
+    run("check", "--locked", "--no-torch", cwd=tmp_path / "proj")
+    run("check", "--no-torch", cwd=tmp_path / "new")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_system_error_is_one_line_in_the_systems_words(tmp_path: Path) -> None:
+    # A full disk (and, alike, a folder it may not write): no exception class, no traceback.
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "torch_backend_registry", "schema"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+    assert (done.returncode, done.stderr) == (1, "torch-backends: error: No space left on device\n")
+
+
 def test_every_problem_is_counted_when_only_some_are_printed(
     tmp_path: Path, write: WriteFn
 ) -> None:

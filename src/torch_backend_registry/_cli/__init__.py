@@ -30,6 +30,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .._errors import ManifestWarning
     from .arguments import parse
 
+    # A closed standard stream (``>&-``) is None to Python, and print() writes nowhere
+    # then: so does the command.
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own
     # A description may hold characters the terminal's encoding lacks (a C locale,
     # PYTHONIOENCODING=ascii): print them escaped rather than fail.
     for stream in (sys.stdout, sys.stderr):
@@ -63,7 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: Arguments) -> tuple[int, str | None]:
     try:
-        return args.handler(args), None
+        code = args.handler(args)
+        sys.stdout.flush()  # a full disk is this command's error, not the interpreter's
+        return code, None
     except UsageError as exc:
         return EXIT_USAGE, str(exc)
     except BrokenPipeError:
@@ -87,4 +94,9 @@ def _run(args: Arguments) -> tuple[int, str | None]:
             return EXIT_PROBLEMS, exc.brief + hint
         if isinstance(exc, (BackendRegistryError, CommandError)):
             return EXIT_PROBLEMS, str(exc)
+        if isinstance(exc, OSError) and exc.strerror:
+            # A folder it may not write, a full disk, a working folder removed: the system's
+            # own words, about the file it names.
+            where = f"{exc.filename}: " if exc.filename is not None else ""
+            return EXIT_PROBLEMS, f"{where}{exc.strerror}"
         return EXIT_PROBLEMS, f"{type(exc).__name__}: {exc} (run with --debug for a traceback)"

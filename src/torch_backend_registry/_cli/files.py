@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -94,7 +95,10 @@ def run_init(args: Arguments) -> int:
         )
     if args.pyproject:
         return _init_pyproject(pyproject)
-    with open(backends, "x", encoding="utf-8") as handle:
+    from .._sources.files import SHARED_FILE_MODE
+
+    create = functools.partial(os.open, mode=SHARED_FILE_MODE)
+    with open(backends, "x", encoding="utf-8", opener=create) as handle:
         handle.write(starter())
     print(f"wrote {PROJECT_FILES[0]}; check it with 'torch-backends check --import'")
     if os.path.isfile(pyproject):

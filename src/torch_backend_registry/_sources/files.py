@@ -32,6 +32,10 @@ _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXE
 
 NO_SUCH_FILE = "no such file"
 
+#: The mode of a file written for people and other processes to read (a lock, a starter
+#: manifest), less the umask: never writable by every user, which the rule below refuses.
+SHARED_FILE_MODE = 0o664
+
 
 class Untrusted(BackendRegistryError):
     """Configuration left out by the trust rule (its ``problem``); where no source reads it
