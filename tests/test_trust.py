@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import threading
@@ -196,6 +197,23 @@ def test_an_untrusted_python_path_folder_serves_no_code(
     ):
         registry.lookup_backend("b")
     assert "tbr_trust_p" not in sys.modules
+    # Nor does it meet a requirement, nor serve doctor's model; check says why, as a lookup.
+    write(
+        "proj/backends.toml",
+        'python-path = ["p"]\n[backends.b]\ntarget = "os:getcwd"\nrequires = ["tbr_trust_p"]\n',
+    )
+    registry.refresh()
+    assert registry.why_unavailable(registry.backend_info("b")) == "missing tbr_trust_p"
+    said = torch_backends("check", "--no-torch", cwd=tmp_path / "proj").stdout
+    assert "backends.toml:1: warning: python-path: python-path folder" in said
+    assert "/p' not used: it is" in said
+    if importlib.util.find_spec("torch") is not None:
+        model = torch_backends(
+            "doctor", "--model", "tbr_trust_p:fn", cwd=module.parent.parent, check=2
+        )
+        assert "python-path folder" in model.stderr
+        assert "not used" in model.stderr
+        assert "tbr_trust_p" not in sys.modules
 
 
 # ---------------------------------------------------------------- python-path isolation

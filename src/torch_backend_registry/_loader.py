@@ -15,7 +15,7 @@ import sys
 
 from ._definition import target_of
 from ._errors import BackendLoadError, ManifestError, closest, warn
-from ._sources.files import untrusted_folder, untrusted_message
+from ._sources.files import refused_folders
 from ._sources.finding import missing_requirements, python_path_finder, searching
 from ._sources.pytorch import torch_version
 
@@ -38,17 +38,11 @@ def check_requirements(definition: BackendDefinition) -> None:
 
 
 def trusted_folders(definition: BackendDefinition) -> tuple[list[str], list[str]]:
-    """The python-path folders that may serve code, and why the others may not."""
-    trusted, refused = [], []
-    for folder in definition.search_path:
-        reason = untrusted_folder(folder)
-        if reason is None or reason.startswith("it cannot be examined"):
-            trusted.append(folder)  # a missing folder serves nothing either way
-        else:
-            message = untrusted_message(f"python-path folder {folder!r}", reason)
-            refused.append(message)
-            warn(f"{definition.source.describe()}: backend {definition.name!r}: {message}")
-    return trusted, refused
+    """The python-path folders that may serve code, and why the others may not (warned)."""
+    refused = refused_folders(definition.search_path)
+    for message in refused.values():
+        warn(f"{definition.source.describe()}: backend {definition.name!r}: {message}")
+    return [f for f in definition.search_path if f not in refused], list(refused.values())
 
 
 def load_target(definition: BackendDefinition) -> Callable[..., Any]:

@@ -116,7 +116,7 @@ def _report(
     # The manifests' backends; entry points and PyTorch's only resolve chain members.
     every = registry.definitions((), with_torch=False, broken=True)
     checked = [d for d in every if d.source.kind in ("env", "project")]
-    problems = [*problems, *_missing_folders(checked)]
+    problems = [*problems, *_folder_problems(checked)]
     # A chain none of whose members exists anywhere can never be used; one that loops is
     # reported already, among the problems.
     dead = {d.name for d in checked if d.members and index.all_members_missing(d)}
@@ -193,23 +193,33 @@ def _replaced_tables(registry: Registry) -> list[Problem]:
     return [] if found is None else [found]
 
 
-def _missing_folders(checked: Sequence[BackendDefinition]) -> list[Problem]:
-    """A python-path folder that does not exist serves nothing: likely a typo (once a file)."""
+def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
+    """A python-path folder that is none (likely a typo) or that the trust rule refuses
+    serves no code: a warning, once a file."""
     from .._keys import table_prefix, toml_key
+    from .._sources.files import refused_folders
 
     said: dict[tuple[str, str], Problem] = {}
     for d in checked:
         path = d.source.path
+        refused = refused_folders(d.python_path)
         for written, folder in zip(d.written_path, d.python_path, strict=False):
-            if path is not None and (path, folder) not in said and not os.path.isdir(folder):
-                said[(path, folder)] = Problem(
-                    f"python-path folder {written!r} does not exist ({folder}); a target in"
-                    " it would not be found",
-                    path=path,
-                    line=d.line_of("python-path"),
-                    key=toml_key((*table_prefix(path), "python-path")),
-                    severity="warning",
-                )
+            if path is None or (path, folder) in said:
+                continue
+            if not os.path.isdir(folder):
+                what = "is not a folder" if os.path.lexists(folder) else "does not exist"
+                message = f"python-path folder {written!r} {what} ({folder})"
+            elif folder in refused:
+                message = refused[folder]
+            else:
+                continue
+            said[(path, folder)] = Problem(
+                f"{message}; a target in it would not be found",
+                path=path,
+                line=d.line_of("python-path"),
+                key=toml_key((*table_prefix(path), "python-path")),
+                severity="warning",
+            )
     return list(said.values())
 
 

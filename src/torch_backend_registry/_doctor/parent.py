@@ -12,6 +12,7 @@ from importlib.machinery import PathFinder
 from .._definition import canonical
 from .._errors import BackendRegistryError, ManifestError
 from .._forksafe import ForkSafeLock
+from .._sources.files import refused_folders
 from .._sources.finding import find, installed_stamp, stamp
 from .._sources.pytorch import torch_available
 from .model import one_line
@@ -205,12 +206,14 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     module, _, factory = spec.partition(":")
     if not module or not factory:
         raise ModelError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. my_models:make")
-    folders = (
+    every = [
         folder
         for d in registry.definitions((), with_torch=False)
         if d.source.path is not None
         for folder in d.search_path
-    )
+    ]
+    refused = refused_folders(dict.fromkeys(every))  # as a lookup of its backend refuses them
+    folders = [folder for folder in every if folder not in refused]
     # As the probe finds it: on its import path (this one's, less the working folder),
     # else in a folder a manifest's backends search (a model beside the manifest included).
     top = module.split(".")[0]
@@ -222,8 +225,10 @@ def _find_model(registry: Registry, spec: str | None) -> tuple[list[str], object
     found = find(module, path) if on_path or path else None
     origin = getattr(found, "origin", None)
     if not isinstance(origin, str):  # not found, or no file of its own
+        why = [message for folder, message in refused.items() if find(top, [folder])]
         raise ModelError(
-            f"--model {spec!r}: no module {module!r} on the import path or in a python-path folder"
+            f"--model {spec!r}: no module {module!r} on the import path or in a python-path"
+            " folder" + "".join(f" ({message})" for message in why)
         )
     # Built into Python or frozen, [origin] alone: it changes with Python.
     return path, stamp(origin) if os.path.isfile(origin) else [origin]

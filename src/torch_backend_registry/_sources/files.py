@@ -10,6 +10,7 @@ from .._errors import BackendRegistryError, ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
     from .positions import KeyLines
@@ -74,6 +75,18 @@ def untrusted_folder(path: str) -> str | None:
 
 def untrusted_message(what: str, reason: str) -> str:
     return f"{what} not used: {reason}; fix its owner or mode (as git's safe.directory)"
+
+
+def refused_folders(folders: Iterable[str]) -> dict[str, str]:
+    """Each of a backend's python-path ``folders`` that may serve no code, with why; the one
+    judgment for its lookup, its ``requires``, a ``--model`` beside it and ``check``."""
+    refused = {}
+    for folder in folders:
+        reason = untrusted_folder(folder)
+        # One that cannot be examined (it does not exist) serves nothing either way.
+        if reason is not None and not reason.startswith("it cannot be examined"):
+            refused[folder] = untrusted_message(f"python-path folder {folder!r}", reason)
+    return refused
 
 
 def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:

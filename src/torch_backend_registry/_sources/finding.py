@@ -17,6 +17,8 @@ import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from .files import refused_folders
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -121,7 +123,9 @@ def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
 
 def missing_requirements(definition: BackendDefinition) -> list[str]:
     """The ``requires`` modules that cannot be found; no code of any of them runs."""
-    return [m for m in definition.requires if find(m, definition.search_path) is None]
+    refused = refused_folders(definition.search_path) if definition.requires else {}
+    folders = [f for f in definition.search_path if f not in refused]
+    return [m for m in definition.requires if find(m, folders) is None]
 
 
 #: The most files of a package stamped for its code; past them, its folder stands for it.
