@@ -155,6 +155,62 @@ def test_pyproject_without_table_is_skipped_on_the_way_up(tmp_path: Path, write:
     assert make(tmp_path, cwd=tmp_path / "sub").list_backends() == ["top"]
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="no ownership model")
+def test_a_pyproject_that_cannot_be_read_is_judged_by_what_it_holds(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", '[backends.top]\ntarget = "m:top"\n')
+    # Another tool's pyproject.toml, refused by the trust rule: not this tool's, passed by.
+    other = write("refused/pyproject.toml", '[project]\nname = "x"\n')
+    other.chmod(0o666)
+    registry = make(tmp_path, cwd=other.parent)
+    assert (registry.list_backends(), registry.problems()) == (["top"], [])
+    # One with the table that is not UTF-8: its error, never the manifest above it instead.
+    mine = tmp_path / "latin1" / "pyproject.toml"
+    mine.parent.mkdir()
+    mine.write_bytes(
+        b'[project]\nauthors = [{name = "Jos\xe9"}]\n'
+        b'[tool.torch-backends.backends.near]\ntarget = "m:near"\n'
+    )
+    registry = make(tmp_path, cwd=mine.parent)
+    with pytest.warns(ManifestWarning, match="not valid UTF-8"):
+        assert registry.list_backends() == []
+    [problem] = registry.problems()
+    assert (problem.path, problem.line) == (str(mine), 2)
+
+
+def test_a_file_that_breaks_in_one_table_says_the_whole_file_is_left_out(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    (tmp_path / "backends.toml").write_bytes(
+        b'[backends.first]\ntarget = "m:f"\n[backends.second]\ndescription = "caf\xe9"\n'
+    )
+    with pytest.warns(ManifestWarning) as caught:
+        assert make(tmp_path).list_backends() == []
+    [said] = [str(w.message) for w in caught]
+    assert said.endswith("save the file as UTF-8; no backend of this file is used until then")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs")
+def test_an_env_folder_says_each_toml_that_is_no_file_and_reads_a_file_named_twice_once(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("deploy/a.toml", '[backends.a]\ntarget = "m:f"\n')
+    os.mkfifo(tmp_path / "deploy" / "fifo.toml")
+    (tmp_path / "deploy" / "gone.toml").symlink_to(tmp_path / "nowhere.toml")
+    (tmp_path / "deploy" / "same.toml").symlink_to("a.toml")
+    env = os.pathsep.join([str(tmp_path / "deploy"), str(tmp_path / "deploy" / "a.toml")])
+    registry = make(tmp_path, env=env)
+    with pytest.warns(ManifestWarning):
+        problems = {Path(p.path).name: p.message for p in registry.problems()}
+    assert problems == {
+        "fifo.toml": "is not a regular file; name a .toml file",
+        "gone.toml": "no such file",
+    }
+    info = registry.backend_info("a")  # one manifest: it shadows no copy of itself
+    assert (Path(info.source.path).name, info.shadowed) == ("a.toml", ())
+
+
 def test_disabled_hides_lower_sources(
     tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path]
 ) -> None:

@@ -12,6 +12,7 @@ from .entry_points import entry_point_stamps, read_entry_points
 from .files import (
     NO_SUCH_FILE,
     Untrusted,
+    may_hold,
     parse_toml,
     read_text,
     table_at,
@@ -91,7 +92,9 @@ def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
             except OSError as exc:
                 said = f"cannot list the folder named by {ENV_VAR}: {exc.strerror or exc}"
             else:
-                inside = [p for p in (os.path.join(path, n) for n in names) if os.path.isfile(p)]
+                # Every *.toml file in it, a dangling link or a FIFO too (said when read,
+                # never passed over); a folder inside is no manifest, as in a conf.d.
+                inside = [p for p in (os.path.join(path, n) for n in names) if not os.path.isdir(p)]
                 files.extend(inside)
                 if inside:
                     continue
@@ -100,7 +103,12 @@ def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
                 problems.append(Problem(said, path=path, severity="warning"))
                 continue
         problems.append(Problem(said, path=path))
-    return files
+    # One file named twice (an entry and its folder, a link to it) is one manifest, read
+    # where it is first named: it neither shadows nor doubles itself.
+    first: dict[str, str] = {}
+    for file in files:
+        first.setdefault(os.path.realpath(file), file)
+    return list(first.values())
 
 
 def env_source(ctx: Context) -> Discovery:
@@ -161,13 +169,13 @@ def project_manifest(cwd: str) -> str | None:
 
 def _declares_table(pyproject: str) -> bool:
     """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``, read
-    as manifests are (size limit, no waiting on a FIFO); one that cannot be read is passed by."""
+    as manifests are (size limit, no waiting on a FIFO). One that the trust rule refuses or
+    that cannot be read is taken to where it may hold the table: reading it as the manifest
+    then says why it is not used. Another tool's is passed by."""
     try:
         text = read_text(pyproject)
-    except Untrusted:
-        return True  # reading it as the manifest says why it is not used
-    except ManifestError:
-        return False
+    except (Untrusted, ManifestError):
+        return may_hold(pyproject, PYPROJECT_TABLE[1].encode())
     # A cheap text test first: most pyproject.toml files have no such table.
     if PYPROJECT_TABLE[1] not in text:
         return False

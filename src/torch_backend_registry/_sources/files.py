@@ -89,6 +89,25 @@ def refused_folders(folders: Iterable[str]) -> dict[str, str]:
     return refused
 
 
+def may_hold(path: str, marker: bytes) -> bool:
+    """Whether a file that cannot be read as a manifest (refused, not UTF-8, too large, not
+    readable) may hold ``marker``: its bytes say, where they can be read; a regular file
+    that cannot be read may. A missing file, a folder or a FIFO holds nothing."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            return marker in handle.read(MAX_BYTES)
+        except OSError:
+            return True
+
+
 def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
     """A manifest's text (of at most ``limit`` bytes); :class:`ManifestError` where it
     cannot be used, :class:`Untrusted` where it must not. The checks are made on the opened

@@ -46,8 +46,13 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache = NO_CACHE) -> Disco
     try:
         text = read_text(path)  # the trust rule and the limits: judged every time
     except (Untrusted, ManifestError) as exc:
+        # Where one table's bytes are what cannot be read (not UTF-8), the file is still lost
+        # whole: the warning must not say that only that backend is.
+        said = exc.problem.message
+        if exc.problem.line is not None:
+            said += "; no backend of this file is used until then"
         found = Discovery()
-        found.problems.append(exc.problem)
+        found.problems.append(exc.problem._replace(message=said, whole_file=True))
         return found
     from .cache import code_key
 
