@@ -202,7 +202,7 @@ def test_an_env_folder_says_each_toml_that_is_no_file_and_reads_a_file_named_twi
     env = os.pathsep.join([str(tmp_path / "deploy"), str(tmp_path / "deploy" / "a.toml")])
     registry = make(tmp_path, env=env)
     with pytest.warns(ManifestWarning):
-        problems = {Path(p.path).name: p.message for p in registry.problems()}
+        problems = {Path(p.path or "").name: p.message for p in registry.problems()}
     assert problems == {
         "fifo.toml": "is not a regular file; name a .toml file",
         "gone.toml": "no such file",
