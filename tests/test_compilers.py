@@ -522,6 +522,25 @@ def off_by_one(gm, example_inputs):
         out = gm(*args)
         return type(out)(o + 1.0 if o.is_floating_point() else o for o in out)
     return run
+
+def zeros(gm, example_inputs):
+    def run(*args):
+        return type(out := gm(*args))(o * 0 for o in out)
+    return run
+
+class _Doubled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+def doubled_gradients(gm, example_inputs):
+    def run(*args):
+        return type(out := gm(*args))(_Doubled.apply(o) for o in out)
+    return run
 """
 
 
@@ -561,6 +580,51 @@ def test_verification_holds_integers_exactly_and_sees_lost_gradients(
         torch._dynamo.reset()
         torch.compile(with_buffers(), backend=f"training{uid}")(torch.randn(6, 4))
     assert used(registry, f"training{uid}") == f"no_grad{uid}"
+
+
+@pytest.mark.parametrize("real", ["aot_eager", "openvino"])
+def test_values_far_below_the_tolerance_are_still_verified(
+    write: WriteFn, make_module: Callable[..., str], module_name: str, real: str
+) -> None:
+    # Probabilities over 1,000 classes, gradients of a loss weighted 1e-3: every value is
+    # below the 0.01 tolerance, so a member that zeroes them or doubles them is still wrong,
+    # while a member that computes them in bfloat16 (openvino here) is right.
+    plugin_here(real)
+    exact = make_module(module_name + "_small", EXACT)
+    registry, uid = installed(
+        write,
+        f"""
+        [backends.probabilities_UID]
+        chain = ["zeros_UID", "{real}"]
+        verify = "forward"
+        [backends.gradients_UID]
+        chain = ["doubled_UID", "aot_eager"]
+        verify = "backward"
+        [backends.zeros_UID]
+        target = "{exact}:zeros"
+        [backends.doubled_UID]
+        target = "{exact}:doubled_gradients"
+        """,
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 1000), torch.nn.Softmax(-1))
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        got = torch.compile(model, backend=f"probabilities{uid}")(x)
+    assert used(registry, f"probabilities{uid}") == real
+    assert torch.allclose(got.sum(-1), torch.ones(4), atol=1e-2)
+
+    def loss(m: Any, x: Any) -> Any:
+        return (torch.log_softmax(m(x), -1) * 1e-3).sum()
+
+    small = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    loss(small, x).backward()
+    expected = [p.grad.clone() for p in small.parameters()]
+    small.zero_grad()
+    loss(torch.compile(small, backend=f"gradients{uid}"), x).backward()
+    assert used(registry, f"gradients{uid}") == "aot_eager"
+    grads = zip(small.parameters(), expected, strict=True)
+    assert all(torch.allclose(p.grad, e, rtol=1e-4, atol=0) for p, e in grads)
 
 
 def test_under_dynamic_shapes_members_are_verified_and_restarts_pass_through(

@@ -320,7 +320,7 @@ def differ(
             continue
         # Integers, booleans and the like are exact: an index or a count is right or wrong.
         exact = not (expected.is_floating_point() or expected.is_complex())
-        tolerances = (0.0, 0.0) if exact else (rtol, atol)
+        tolerances = (0.0, 0.0) if exact else (rtol, _absolute(expected, rtol, atol))
         try:
             torch.testing.assert_close(
                 got, expected, rtol=tolerances[0], atol=tolerances[1], equal_nan=True
@@ -329,8 +329,26 @@ def differ(
             if exact:
                 return f"{what} {number} ({expected.dtype}) differs from eager's: {summary(exc)}"
             limits = f"rtol={rtol}, atol={atol}"
+            if tolerances[1] < atol:
+                limits += f" (here {tolerances[1]:.3g}, rtol of its largest value)"
             return f"{what} {number} differs from eager beyond {limits}: {summary(exc)}"
     return None
+
+
+#: The least absolute tolerance: torch.testing's for float32. Below it lies rounding noise,
+#: as in a gradient that is zero but for it (a bias before a batch norm).
+_LEAST_ATOL = 1e-5
+
+
+def _absolute(expected: Any, rtol: float, atol: float) -> float:
+    """The absolute tolerance for ``expected``: ``atol``, but no more than ``rtol`` of its
+    largest finite magnitude (nor less than :data:`_LEAST_ATOL`). A tolerance above every
+    value checks nothing: a softmax's probabilities, or small gradients, all zero or all
+    doubled would pass."""
+    finite = expected.detach()[expected.detach().isfinite()]
+    if finite.numel() == 0:
+        return atol
+    return min(atol, max(rtol * float(finite.abs().max()), _LEAST_ATOL))
 
 
 def summary(exc: BaseException) -> str:

@@ -136,7 +136,9 @@ class BackendEntry(BaseModel):
         default=None, description="With verify: the relative tolerance (default 0.01)."
     )
     atol: Tolerance | None = Field(
-        default=None, description="With verify: the absolute tolerance (default 0.01)."
+        default=None,
+        description="With verify: the absolute tolerance (default 0.01), at most rtol of a"
+        " value's largest magnitude and at least 1e-5.",
     )
 
     @model_validator(mode="after")
