@@ -675,6 +675,14 @@ def test_a_table_picks_by_the_device_a_graph_makes_its_tensors_on(
 
     assert torch.compile(made, backend=f"auto{uid}")().device.type == "meta"
     assert used(registry, f"auto{uid}") == "eager"
+    # With a tensor input on the CPU, a tensor made on the side does not decide.
+    registry, uid = installed(write, '[backends.cpu_only_UID]\nby-device = { cpu = "eager" }\n')
+
+    def aside(x: Any) -> Any:
+        return x + 1, torch.zeros(4, device="meta") * 2
+
+    torch.compile(aside, backend=f"cpu_only{uid}")(torch.randn(4))
+    assert used(registry, f"cpu_only{uid}") == "eager"
 
 
 # ------------------------------------------------------------------ plugins that register

@@ -213,8 +213,7 @@ class DeviceBackend(_Composite):
         return dict(self.definition.by_device or ())
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        # The first device that is not the CPU where there are several; else the CPU.
-        device = next((t for t in _device_types(gm, example_inputs) if t != "cpu"), "cpu")
+        device = _device_type(gm, example_inputs)
         table = self.table
         member = table.get(device, table.get("other"))
         if member is None:
@@ -310,15 +309,31 @@ def passed_through() -> tuple[type[BaseException], ...]:
     return exc.RestartAnalysis, exc.SkipFrame, RefusedArguments
 
 
-def _device_types(gm: Any, example_inputs: Any) -> Iterator[str]:
-    """The devices a graph runs on: those of its tensor inputs, then of its own parameters
-    and buffers, then of the values its nodes make (a graph may create its own tensors)."""
+def _device_type(gm: Any, example_inputs: Any) -> str:
+    """The device a graph runs on: its tensor inputs' (where they are on several, the first
+    that is not the CPU); for a graph with none, its own parameters' and buffers'; for a
+    graph with none of those either, that of the tensors it makes; else the CPU. A tensor
+    the graph makes on the side (``device="meta"``) never outvotes its inputs."""
+    for types in (_input_devices(example_inputs), _held_devices(gm), _made_devices(gm)):
+        found = list(types)
+        if found:
+            return next((t for t in found if t != "cpu"), "cpu")
+    return "cpu"
+
+
+def _input_devices(example_inputs: Any) -> Iterator[str]:
     for x in example_inputs:
         if hasattr(x, "device") and hasattr(x, "dtype"):
             yield x.device.type
+
+
+def _held_devices(gm: Any) -> Iterator[str]:
     if hasattr(gm, "parameters"):
         for t in itertools.chain(gm.parameters(), gm.buffers()):
             yield t.device.type
+
+
+def _made_devices(gm: Any) -> Iterator[str]:
     graph = getattr(gm, "graph", None)
     for node in getattr(graph, "nodes", ()):
         # dynamo records each value a node gives (a fake tensor) in its meta.
