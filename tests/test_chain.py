@@ -326,6 +326,26 @@ def test_check_judges_a_table_by_the_backend_it_gives_the_cpu(
 # ------------------------------------------------------------------ chains that verify
 
 
+def test_a_skipped_member_is_said_at_compile_time_in_the_words_check_uses(
+    write: WriteFn, members: str, logged: list[str]
+) -> None:
+    # A typo is an error to check and in the log; a plugin not installed here a note in both.
+    registry, uid = installed(
+        write,
+        '[backends.c_UID]\nchain = ["fien_UID", "tbr_not_here", "fine_UID"]\n'
+        f'[backends.fine_UID]\ntarget = "{members}:fine"\n',
+    )
+    said = torch_backends("check", "--no-torch", cwd=Path(registry.context.cwd or ""), check=1)
+    assert f"error: backends.c{uid}.chain: chain 'c{uid}' names 'fien{uid}'" in said.stdout
+    assert "it skips 'tbr_not_here' when it runs" in said.stdout
+    torch.compile(model(), backend=f"c{uid}")(torch.randn(5, 4))
+    assert [r.split(": skipping")[0] for r in logged if ": skipping" in r] == [
+        f"backend 'c{uid}': error",
+        f"backend 'c{uid}': note",
+    ]
+    assert "note: skipping 'tbr_not_here': not installed here" in logged[1]
+
+
 def test_a_chain_that_verifies_skips_what_fails_differs_or_has_no_backward(
     write: WriteFn, members: str, logged: list[str]
 ) -> None:

@@ -18,6 +18,7 @@ from ._errors import (
     UnknownBackendError,
 )
 from ._loader import call_options
+from ._members import typo_of
 from ._sources.finding import missing_requirements
 from ._verify import Reference, compiling, fake, leaves
 
@@ -114,7 +115,9 @@ class ChainBackend(_Composite):
             except passed_through():
                 raise
             except Exception as exc:
-                skip(member, f"compiling raised {type(exc).__name__}: {exc}", "warning")
+                # A table's member not installed here is the note it is wherever it is named.
+                severity = unusable(exc)[1] if isinstance(exc, UnknownBackendError) else "warning"
+                skip(member, f"compiling raised {type(exc).__name__}: {exc}", severity)
                 continue
             if not callable(compiled):  # dynamo could not run it: "did not return callable"
                 kind = type(compiled).__name__
@@ -241,14 +244,15 @@ LOG_LEVELS: dict[Severity, int] = {
 
 
 def unusable(exc: BackendRegistryError) -> tuple[str, Severity]:
-    """Why a member that cannot be looked up is skipped, and how loudly: a name that exists
-    nowhere here (a plugin not installed) or is disabled is a note, as ``check`` says; one
-    that looks like a typo is a warning; a broken definition is an error."""
-    if isinstance(exc, UnknownBackendError) and not exc.suggestions:
-        # Disabled, or left out by the plugin policy: it says so; else it is not here.
-        return exc.note if exc.left_out else "not installed here", "note"
+    """Why a member that cannot be looked up is skipped, and how loudly, in ``check``'s
+    words: a name that exists nowhere here (a plugin not installed) or is disabled is a
+    note; one that is a likely typo, or a broken definition, is an error."""
     if isinstance(exc, UnknownBackendError):
-        return exc.brief, "warning"
+        if exc.left_out:  # disabled, or left out by the plugin policy: it says so
+            return exc.note, "note"
+        if typo_of(exc.name, exc.suggestions) is not None:
+            return exc.brief, "error"
+        return "not installed here", "note"
     return str(exc), "error" if isinstance(exc, ManifestError) else "warning"
 
 

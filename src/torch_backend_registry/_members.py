@@ -37,7 +37,7 @@ def unknown_members(index: Index) -> dict[str, Problem]:
                 problems[definition.name] = cpu
             continue
         what = f"{_what(definition)} {definition.name!r}"
-        typos = {m: close for m in unknown if (close := _typo_of(m, index.known))}
+        typos = {m: close for m in unknown if (close := typo_of(m, index.known))}
         dead = len(unknown) == len(set(definition.members))
         if dead or typos:
             # A typo is the error; the other missing members stay what they are: skipped.
@@ -145,7 +145,7 @@ def chain_problems(index: Index) -> dict[str, Problem]:
     return problems
 
 
-def _typo_of(name: str, known: Sequence[str]) -> str | None:
+def typo_of(name: str, known: Sequence[str]) -> str | None:
     """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
     added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
     close = closest(name, known, cutoff=0.8)
