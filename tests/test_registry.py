@@ -430,8 +430,12 @@ def test_listing_and_backend_info_import_no_backend_code(tmp_path: Path, write: 
 
 def test_chain_with_unmet_requirement_is_a_load_error(write: WriteFn) -> None:
     registry = manifest(write, '[backends.c]\nchain = ["x"]\nrequires = ["no_such_mod_xyz"]\n')
-    with pytest.raises(BackendLoadError, match="requires 'no_such_mod_xyz'"):
+    with pytest.raises(BackendLoadError, match="requires 'no_such_mod_xyz'") as caught:
         registry.lookup_backend("c")
+    # At the line and key of what is unmet: a chain has no target.
+    assert (
+        str(caught.value).split(": cannot load")[0].endswith("backends.toml:3: backends.c.requires")
+    )
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="warnings skip a package from 3.12")

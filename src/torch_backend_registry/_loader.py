@@ -32,7 +32,8 @@ def check_requirements(definition: BackendDefinition) -> None:
     missing = missing_requirements(definition)
     if missing:
         names = ", ".join(repr(m) for m in missing)
-        raise _error(definition, f"requires {names}, which cannot be found; install it") from (
+        said = f"requires {names}, which cannot be found; install it"
+        raise _error(definition, said, "requires") from (
             ModuleNotFoundError(f"No module named {missing[0]!r}")
         )
 
@@ -282,7 +283,7 @@ def _why(exc: BaseException) -> str:
     )
 
 
-def _error(definition: BackendDefinition, reason: str) -> BackendLoadError:
-    # Where check says it too: the target's own line and key.
-    where = "" if definition.source.path is None else str(definition.located("", "target"))
+def _error(definition: BackendDefinition, reason: str, key: str = "target") -> BackendLoadError:
+    # Where check says it too: the line and key of what failed (a chain has no target).
+    where = "" if definition.source.path is None else str(definition.located("", key))
     return BackendLoadError(definition.name, definition.target, definition.source, reason, where)
