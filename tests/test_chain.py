@@ -515,6 +515,31 @@ def test_a_log_says_how_far_a_check_went_and_warns_when_less_than_asked(
     assert used.levelno == logging.WARNING
 
 
+def test_an_output_that_varies_alone_leaves_the_others_checked(
+    write: WriteFn, members: str, logged: list[str]
+) -> None:
+    # One output drawn at random (or left unset by torch.empty) says nothing of the others:
+    # a member that adds 1 to every output is still caught by the one that does not vary.
+    _registry, uid = installed(
+        write,
+        '[backends.mixed_UID]\nchain = ["wrong_UID", "aot_eager"]\nverify = "forward"\n'
+        f'[backends.wrong_UID]\ntarget = "{members}:wrong"\n',
+    )
+
+    def f(x: Any) -> Any:
+        unset = torch.empty(64, 4)
+        unset[:3] = x * 2
+        return x + 1, unset
+
+    torch.compile(f, backend=f"mixed{uid}")(torch.randn(3, 4))
+    assert any(f"skipping 'wrong{uid}'" in r and "output 0 differs" in r for r in logged)
+    assert logged[-1].endswith(
+        "compiled with 'aot_eager', forward verified against eager, but output 1 in shapes and"
+        " types only (they differ from one eager run to the next: random numbers, or memory"
+        " left unset)"
+    )
+
+
 # ------------------------------------------------------------------ options
 
 
