@@ -126,8 +126,9 @@ def _init_pyproject(pyproject: str) -> int:
     from .._sources.files import NO_SUCH_FILE, parse_toml, read_text
 
     if not os.path.isfile(pyproject):
+        what = "is not a regular file" if os.path.lexists(pyproject) else NO_SUCH_FILE
         raise CommandError(
-            f"pyproject.toml: {NO_SUCH_FILE}; run 'torch-backends init' for a backends.toml instead"
+            f"pyproject.toml: {what}; run 'torch-backends init' for a backends.toml instead"
         )
     text = read_text(pyproject)
     separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
