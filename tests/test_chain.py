@@ -36,6 +36,12 @@ def fails_at_first_call(gm, example_inputs):
         raise RuntimeError("kernel launch failed")
     return run
 
+def column_major(gm, example_inputs):
+    def run(*args):
+        out = gm(*args)
+        return type(out)(o.t().contiguous().t() for o in out)
+    return run
+
 def wrong(gm, example_inputs):
     def run(*args):
         out = gm(*args)
@@ -513,6 +519,21 @@ def test_a_log_says_how_far_a_check_went_and_warns_when_less_than_asked(
         " output requires them)"
     )
     assert used.levelno == logging.WARNING
+
+
+def test_an_output_laid_out_otherwise_than_eagers_is_a_difference(
+    write: WriteFn, members: str, logged: list[str]
+) -> None:
+    # Right values in another layout: the caller's out.view(-1) would fail on them.
+    _registry, uid = verifying(
+        write, members, "laid", "forward", columns="column_major", real="fine"
+    )
+    out = torch.compile(torch.nn.Linear(4, 3), backend=f"laid{uid}")(torch.randn(2, 4))
+    assert out.view(-1).shape == (6,)
+    assert any(
+        f"skipping 'columns{uid}'" in r and "strides (1, 2) where eager's are (3, 1)" in r
+        for r in logged
+    )
 
 
 def test_an_output_that_varies_alone_leaves_the_others_checked(

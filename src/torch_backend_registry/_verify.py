@@ -145,6 +145,7 @@ class Reference:
             return f"running it raised {type(exc).__name__}: {exc}"
         try:
             why = differ(self.eager, leaves(out), "output", *self.close, self.varying[0])
+            why = why or _same_layout(self.eager, leaves(out))
             why = why or self._same_requires_grad(leaves(out))
             why = why or differ(self.written, passed, "input", *self.close, self.varying[1])
             if why is None and self.gradients is not None:
@@ -308,6 +309,19 @@ def leaves(value: Any) -> list[Any]:
     if isinstance(value, dict):
         return [leaf for key in sorted(value, key=repr) for leaf in leaves(value[key])]
     return [value]
+
+
+def _same_layout(eager: list[Any], mine: list[Any]) -> str | None:
+    """An output that is contiguous from eager must be so from the member: a caller's
+    ``out.view(-1)`` works on eager's and fails on the other (inductor keeps eager's)."""
+    for number, (expected, got) in enumerate(zip(eager, mine, strict=False)):
+        tensors = _tensor(expected) and _tensor(got)
+        if tensors and expected.is_contiguous() and not got.is_contiguous():
+            return (
+                f"output {number} has strides {tuple(got.stride())} where eager's are"
+                f" {tuple(expected.stride())}: it is not contiguous as eager's is"
+            )
+    return None
 
 
 def _varying(first: list[Any], second: list[Any]) -> set[int]:
