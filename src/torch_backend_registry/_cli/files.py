@@ -87,7 +87,7 @@ def run_init(args: Arguments) -> int:
         raise CommandError(
             f"{PROJECT_FILES[0]}: already exists; not overwritten (edit it, or remove it first)"
         )
-    if os.path.isfile(pyproject) and project_manifest(here) == pyproject and _trusted(pyproject):
+    if os.path.isfile(pyproject) and project_manifest(here) == pyproject:
         # A backends.toml would take precedence and silently replace that table.
         raise CommandError(
             f"{PROJECT_FILES[1]}: already has a [tool.torch-backends] table: edit it there"
@@ -105,20 +105,6 @@ def run_init(args: Arguments) -> int:
         print("(to keep the backends in pyproject.toml instead: remove it, then run"
               " 'torch-backends init --pyproject')")  # fmt: skip
     return EXIT_OK
-
-
-def _trusted(path: str) -> bool:
-    """Whether the trust rule lets ``path`` be used (one it refuses declares nothing)."""
-    from .._errors import ManifestError
-    from .._sources.files import Untrusted, read_text
-
-    try:
-        read_text(path)
-    except Untrusted:
-        return False
-    except ManifestError:
-        pass
-    return True
 
 
 def _init_pyproject(pyproject: str) -> int:
