@@ -199,28 +199,31 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
     from .._keys import table_prefix, toml_key
     from .._sources.files import refused_folders
 
-    said: dict[tuple[str, str], Problem] = {}
+    said: list[Problem] = []
+    seen: set[tuple[str, str]] = set()  # each folder of a manifest judged once
     for d in checked:
         path = d.source.path
-        refused = refused_folders(d.python_path)
         for written, folder in zip(d.written_path, d.python_path, strict=False):
-            if path is None or (path, folder) in said:
+            if path is None or (path, folder) in seen:
                 continue
+            seen.add((path, folder))
             if not os.path.isdir(folder):
                 what = "is not a folder" if os.path.lexists(folder) else "does not exist"
                 message = f"python-path folder {written!r} {what} ({folder})"
-            elif folder in refused:
+            elif refused := refused_folders([folder]):
                 message = refused[folder]
             else:
                 continue
-            said[(path, folder)] = Problem(
-                f"{message}; a target in it would not be found",
-                path=path,
-                line=d.line_of("python-path"),
-                key=toml_key((*table_prefix(path), "python-path")),
-                severity="warning",
+            said.append(
+                Problem(
+                    f"{message}; a target in it would not be found",
+                    path=path,
+                    line=d.line_of("python-path"),
+                    key=toml_key((*table_prefix(path), "python-path")),
+                    severity="warning",
+                )
             )
-    return list(said.values())
+    return said
 
 
 class _Imports:
