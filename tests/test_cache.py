@@ -76,7 +76,7 @@ def test_every_value_survives_the_cache(write: WriteFn) -> None:
         ' "@" = "BackendDefinition", "{}" = [["k", "v"]], datetime = "not a date",'
         " list = [[1, 2], []], empty = {} }\n"
         'aliases = ["b"]\ntags = ["t"]\nrequires = ["json"]\ndescription = "d"\n'
-        '[backends.c]\nchain = ["a"]\nskip-known-failures = true\n'
+        '[backends.c]\nchain = ["a"]\n'
         "[backends.d]\nenabled = false\n[backends.e]\ntarget = 1\n",
     )
     cold = read_manifest(str(path), "project", the_cache())

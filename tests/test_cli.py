@@ -3,7 +3,6 @@ subprocess where only a fresh interpreter shows the behaviour)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -16,9 +15,6 @@ import pytest
 
 from torch_backend_registry import Registry, Verdict
 from torch_backend_registry._cli.files import pyproject_starter, schema_text, starter
-from torch_backend_registry._definition import canonical
-from torch_backend_registry._doctor.verdicts import Verdicts
-from torch_backend_registry._doctor.verdicts import subject as subject_of
 
 from .conftest import PLUGINS, WriteFn, run_python, torch_backends
 
@@ -139,13 +135,10 @@ def test_list_json(tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path
         "requires",
         "options",
         "verify",  # a chain's level and tolerances, or null
-        "skip_known_failures",
         "default",  # whether it is the manifest's default
         "source",
         "available",
-        "doctor",  # the last doctor verdict here, or null
     }
-    assert fast["doctor"] is None
     assert fast["source"] == {
         "kind": "project",
         "path": str(tmp_path / "backends.toml"),
@@ -646,43 +639,6 @@ def test_shell_completion_offers_commands_and_backend_names(tmp_path: Path, writ
     assert "--no-torch" in complete("torch-backends list --no")
 
 
-def _remember(registry: Registry, name: str, verdict: Verdict) -> None:
-    """Remember a verdict as doctor does: for what ``name`` runs here, on the built-in probe."""
-    probe = {"model": None, "device": "cpu", "timeout": 300.0}
-    Verdicts(registry.context.cache).remember(
-        [(subject_of(registry, name), probe, verdict, None, [])]
-    )
-
-
-def test_list_and_explain_show_a_remembered_verdict_also_of_an_override(
-    tmp_path: Path, write: WriteFn, make_module: Callable[..., str], module_name: str
-) -> None:
-    make_module(module_name, "def fast(gm, inputs):\n    return gm\n")
-    write("proj/backends.toml", PROJECT.replace("my_pkg.compilers:fast", f"{module_name}:fast"))
-    override = write("site.toml", f'[backends.fast]\ntarget = "{module_name}:fast"\n')
-    env = {"TORCH_BACKENDS_PATH": str(override), "PYTHONPATH": os.pathsep.join(sys.path)}
-    here = Registry(cwd=tmp_path / "proj", environ=env)
-    assert here.backend_info("fast").shadowed  # the override shadows the project's
-    _remember(here, "fast", Verdict("fast", "compile-error", 3, "RuntimeError: no GPU here"))
-    _remember(here, "portable", Verdict("portable", "ok", 4, member="fast"))
-    listed = run("list", "--no-torch", cwd=tmp_path / "proj", env=env).stdout.splitlines()
-    assert listed[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
-    rows = {row.split()[0]: row for row in listed[1:]}
-    # Each verdict with the level it was judged at.
-    assert rows["fast"].endswith("compile-error (forward)")
-    assert rows["portable"].endswith("ok (backward)")
-    assert rows["trt"].endswith("-")
-    explained = run("explain", "f", "--no-torch", cwd=tmp_path / "proj", env=env).stdout
-    assert "  doctor:      compile-error: RuntimeError: no GPU here (last probe here," in explained
-    assert explained.count("doctor:") == 1  # the verdict is the winner's, not the shadowed one's
-    # The verdict follows the code: another target for the name is another backend.
-    override.write_text(f'[backends.fast]\ntarget = "{module_name}:fast"\noptions = {{ x = 1 }}\n')
-    relisted = run("list", "--no-torch", "--json", cwd=tmp_path / "proj", env=env).stdout
-    doctor_of = {row["name"]: row["doctor"] for row in json.loads(relisted)}
-    assert doctor_of["fast"] is None
-    assert doctor_of["portable"] is None  # its member changed: what it runs changed
-
-
 def test_doctor_without_torch_says_so_once(tmp_path: Path, write: WriteFn) -> None:
     write("backends.toml", PROJECT)
     code = (
@@ -745,48 +701,14 @@ def test_doctor_says_why_a_speed_is_unranked_only_where_it_shows_ranks(
 ) -> None:
     from torch_backend_registry._cli.doctor import _print_verdicts
 
-    # A remembered --bench verdict answers a run without --bench too.
-    busy = Verdict("inductor", "ok", 5, seconds=2.6, speedup=0.75, spread=0.94, cached=True)
+    busy = Verdict("inductor", "ok", 5, seconds=2.6, speedup=0.75, spread=0.94)
     _print_verdicts([busy], False, False)
     assert capsys.readouterr().out.splitlines() == [
-        "NAME      STATUS       LEVEL  SECONDS  REASON",
-        "inductor  ok (cached)  bench  2.6",
+        "NAME      STATUS  LEVEL  SECONDS  REASON",
+        "inductor  ok      bench  2.6",
     ]
     _print_verdicts([busy], True, False)
     assert "spread too wide to rank" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(
-    "planted",
-    [
-        {},  # the verdict as doctor writes it: shown
-        {"status": 3},
-        {"status": None},
-        {"status": ["ok"]},
-        {"level": "forward"},
-        {"level": None},
-        {"status": "skipped"},
-        {"seconds": "slow"},
-    ],
-    ids=repr,
-)
-def test_a_remembered_verdict_of_another_shape_is_not_shown(
-    tmp_path: Path, write: WriteFn, planted: dict[str, object]
-) -> None:
-    write("backends.toml", PROJECT)
-    registry = Registry(cwd=tmp_path, environ={})
-    probe = {"model": None, "device": "cpu", "timeout": 300.0}
-    good = Verdict("fast", "ok", 4).facts()
-    entry = {"verdict": {**good, **planted}, "when": 1.0, "probe": probe}
-    key = hashlib.sha256(subject_of(registry, "fast").encode()).hexdigest()
-    table = {key: {canonical(probe): entry}}
-    registry.context.cache.put(Verdicts.KIND, Verdicts.KEY, table)  # as another release might write
-    shown = not planted
-    for args in (("list", "--all"), ("list", "--all", "--json"), ("explain", "f")):
-        done = run(*args, "--no-torch", cwd=tmp_path)
-        assert "Traceback" not in done.stderr
-        said = done.stdout.replace('"doctor": null', "").replace("DOCTOR", "")
-        assert ('"doctor"' in said or "doctor:" in said or " ok" in said) == shown, args
 
 
 # ------------------------------------------------------------------ on this repository
@@ -983,21 +905,15 @@ def test_what_a_user_could_not_see_is_shown(tmp_path: Path, write: WriteFn) -> N
         'default = "careful"\n'
         '[backends.fast]\ntarget = "m:f"\noptions = { level = 2, when = 1979-05-27 }\n'
         'requires = ["json"]\ndescription = "Fast, for a terminal of any width"\n'
-        '[backends.careful]\nchain = ["fast", "eager"]\nverify = "backward"\n'
-        "skip-known-failures = true\n",
+        '[backends.careful]\nchain = ["fast", "eager"]\nverify = "backward"\n',
     )
     explained = run("explain", "careful", "--no-torch", cwd=tmp_path).stdout
-    assert "  skips:       members doctor found failing here (skip-known-failures)" in explained
     assert (
         "  default:     yes: torch.compile uses it when given none (backends.toml:1)" in explained
     )
     as_json = json.loads(run("explain", "careful", "--json", "--no-torch", cwd=tmp_path).stdout)
     assert as_json["verify"] == {"level": "backward", "rtol": 0.01, "atol": 0.01}
-    assert (as_json["default"], as_json["skip_known_failures"], as_json["shadowed"]) == (
-        True,
-        True,
-        [],
-    )
+    assert (as_json["default"], as_json["shadowed"]) == (True, [])
     rows = {
         r["name"]: r for r in json.loads(run("list", "--json", "--no-torch", cwd=tmp_path).stdout)
     }
@@ -1030,29 +946,6 @@ def test_check_json_names_every_problem_with_its_severity(tmp_path: Path, write:
         (6, "note", "backends.c.chain"),
     ]
     assert (checked["errors"], checked["warnings"], checked["notes"]) == (1, 1, 2)
-
-
-def test_a_warm_listing_with_remembered_verdicts_imports_no_package_metadata(
-    tmp_path: Path, write: WriteFn
-) -> None:
-    write("backends.toml", PROJECT)
-    registry = Registry(cwd=tmp_path, environ={}, sources=("project",))
-    subject = subject_of(registry, "fast")
-    memory = Verdicts(registry.context.cache)
-    memory.remember(
-        [(subject, {"model": None, "device": "cpu"}, Verdict("fast", "ok", 4), None, [])]
-    )
-    code = (
-        "import sys\n"
-        "sys.argv = ['torch-backends', 'list', '--no-torch']\n"
-        "from torch_backend_registry._cli import main\n"
-        "main()\n"
-        "print('metadata' if 'importlib.metadata' in sys.modules else 'no metadata')\n"
-    )
-    run_python(code, cwd=tmp_path)  # cold: reads the entry points
-    warm = run_python(code, cwd=tmp_path).stdout.splitlines()
-    assert warm[-1] == "no metadata"
-    assert any(line.startswith("fast") and "ok (backward)" in line for line in warm)
 
 
 # ------------------------------------------------------------------ what an attack found

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -25,8 +26,6 @@ import pytest
 import torch_backend_registry as tbr
 from torch_backend_registry import Registry, UnknownBackendError, Verdict
 from torch_backend_registry._doctor.options import ModelError
-from torch_backend_registry._doctor.verdicts import Verdicts
-from torch_backend_registry._doctor.verdicts import subject as subject_of
 
 from .conftest import Done, WriteFn, torch_backends
 
@@ -226,72 +225,6 @@ def test_bench_times_compiling_and_a_call_against_eager(project: Registry) -> No
     assert verdict.speedup == pytest.approx(expected, rel=1e-2, abs=1e-3)
 
 
-def test_verdicts_are_remembered_until_something_changes(
-    project: Registry, tmp_path: Path, write: WriteFn
-) -> None:
-    [first] = tbr.doctor(["explodes"], registry=project)
-    assert (first.status, first.cached) == ("compile-error", False)
-    [again] = tbr.doctor(["explodes"], registry=project)
-    assert (again.status, again.cached) == ("compile-error", True)
-    # Another manifest content is another key: probed again.
-    fixed = MANIFEST.replace('"tbr_doctor_fakes:explode"', '"tbr_doctor_fakes:fine"')
-    write("proj/backends.toml", fixed)
-    project.refresh()
-    [changed] = tbr.doctor(["explodes"], registry=project)
-    assert (changed.status, changed.cached) == ("ok", False)
-    [fresh] = tbr.doctor(["explodes"], registry=project, fresh=True)
-    assert fresh.cached is False
-    cache = tmp_path / "cache" / "torch-backend-registry"
-    assert oct(cache.stat().st_mode & 0o777) == "0o700"
-    [entry] = (cache / "verdicts").iterdir()
-    assert oct(entry.stat().st_mode & 0o777) == "0o600"
-
-
-def test_a_corrupt_cache_is_ignored_and_rebuilt(project: Registry, tmp_path: Path) -> None:
-    tbr.doctor(["needs_trt"], registry=project)
-    [entry] = (tmp_path / "cache" / "torch-backend-registry" / "verdicts").iterdir()
-    entry.write_bytes(b"\x00{not an entry")
-    project.refresh()  # verdicts are read once, until a refresh
-    [verdict] = tbr.doctor(["needs_trt"], registry=project)
-    assert (verdict.status, verdict.cached) == ("unavailable", False)
-    [again] = tbr.doctor(["needs_trt"], registry=project)
-    assert (again.status, again.cached) == ("unavailable", True)
-
-
-def test_a_chain_may_skip_members_doctor_found_failing(
-    project: Registry, write: WriteFn, tmp_path: Path
-) -> None:
-    import logging
-
-    import torch
-
-    # The final manifest first: its content is part of what a verdict is remembered by.
-    write(
-        "proj/backends.toml",
-        MANIFEST + '[backends.careful]\nchain = ["explodes", "fine"]\nskip-known-failures = true\n',
-    )
-    project.refresh()
-    before = subject_of(project, "careful")
-    tbr.doctor(["explodes"], registry=project)  # remembered: compile-error here
-    # What the chain runs changed with it: its own verdict, if any, is no longer current.
-    again = Registry(cwd=tmp_path / "proj", environ={}, sources=("project", "torch"))
-    assert subject_of(again, "careful") != before
-    tbr.install(project)
-    records: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("torch_backend_registry")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        torch._dynamo.reset()
-        torch.compile(torch.nn.Linear(2, 2), backend="careful")(torch.ones(1, 2))
-    finally:
-        logger.removeHandler(handler)
-    assert any("skipping 'explodes': doctor found compile-error here" in r for r in records)
-    assert any("compiled with 'fine'" in r for r in records)
-
-
 def test_a_users_own_model_can_be_the_probe(project: Registry, write: WriteFn) -> None:
     # The model's module is found as a target is: on the import path, or in a python-path folder.
     write(
@@ -358,20 +291,18 @@ def test_a_model_of_a_project_of_thousands_of_modules_is_probed(
 
 def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
     verdict = Verdict("fast", "ok", 5, seconds=1.5, speedup=2.0)
-    remembered = Verdict.from_json(verdict.as_json(), cached=True)
-    assert remembered == verdict  # `cached` tells them apart, and takes no part in comparing
-    assert (remembered.cached, verdict.cached) == (True, False)
-    assert hash(remembered) == hash(verdict)
+    again = Verdict.from_json(verdict.as_json())
+    assert again == verdict
+    assert hash(again) == hash(verdict)
     assert list(verdict.as_json()) == [
         "name", "status", "level", "reason", "seconds", "member", "compile_seconds",
-        "per_call_seconds", "eager_seconds", "speedup", "spread", "cached", "level_name",
+        "per_call_seconds", "eager_seconds", "speedup", "spread", "level_name",
     ]  # fmt: skip
     assert verdict.as_json()["level_name"] == verdict.level_name == "bench"
-    assert "cached" not in verdict.facts()
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         verdict.status = "crashed"  # type: ignore[misc]
     with pytest.raises(TypeError):
-        Verdict.from_json({"name": "fast"})  # a remembered verdict missing its status
+        Verdict.from_json({"name": "fast"})  # a report missing its status
 
 
 # ------------------------------------------------------------------ running code safely
@@ -475,79 +406,6 @@ def test_what_a_backend_prints_is_kept_to_its_tail(project: Registry, tmp_path: 
 # ------------------------------------------------------------------ verdicts follow the code
 
 
-def test_a_fix_to_the_backends_own_code_probes_again(project: Registry, tmp_path: Path) -> None:
-    [broken] = tbr.doctor(["fixable"], registry=project)
-    assert broken.status == "compile-error"
-    (tmp_path / "proj" / "fakes" / "tbr_doctor_fixable.py").write_text(FIXED)
-    [fixed] = tbr.doctor(["fixable"], registry=project)
-    assert (fixed.status, fixed.cached) == ("ok", False)
-
-
-def test_a_chains_member_changed_elsewhere_probes_the_chain_again(
-    tmp_path: Path, write: WriteFn, project: Registry
-) -> None:
-    site = 'python-path = ["proj/fakes"]\n[backends.member]\ntarget = "tbr_doctor_fakes:{}"\n'
-    member = write("site.toml", site.format("fine"))
-    (tmp_path / "proj" / "backends.toml").write_text(
-        MANIFEST + '[backends.uses]\nchain = ["member"]\n'
-    )
-    environ = {"TORCH_BACKENDS_PATH": str(member)}
-    [first] = tbr.doctor(["uses"], registry=Registry(cwd=tmp_path / "proj", environ=environ))
-    assert first.status == "ok"
-    member.write_text(site.format("explode"))
-    again = Registry(cwd=tmp_path / "proj", environ=environ)
-    [second] = tbr.doctor(["uses"], registry=again)
-    assert (second.status, second.cached) == ("compile-error", False)
-
-
-def test_an_edit_of_any_module_the_backend_imported_probes_again(
-    project: Registry, tmp_path: Path, write: WriteFn
-) -> None:
-    helper = write(
-        "proj/fakes/tbr_doctor_helper.py", "def make(gm):\n    raise RuntimeError('old')\n"
-    )
-    write(
-        "proj/fakes/tbr_doctor_user.py",
-        "from tbr_doctor_helper import make\ndef fn(gm, inputs):\n    return make(gm)\n",
-    )
-    (tmp_path / "proj" / "backends.toml").write_text(
-        MANIFEST + '[backends.user]\ntarget = "tbr_doctor_user:fn"\n'
-    )
-    project.refresh()
-    [broken] = tbr.doctor(["user"], registry=project)
-    assert (broken.status, broken.cached) == ("compile-error", False)
-    helper.write_text("def make(gm):\n    return gm.forward\n")
-    [fixed] = tbr.doctor(["user"], registry=project)
-    assert (fixed.status, fixed.cached) == ("ok", False)
-
-
-@pytest.mark.parametrize(
-    ("broken", "status"),
-    [("import os\n    os.abort()", "crashed"), ("import time\n    time.sleep(60)", "timeout")],
-    ids=["crash", "hang"],
-)
-def test_a_fix_to_a_module_that_a_crash_or_a_hang_came_from_probes_again(
-    project: Registry, tmp_path: Path, write: WriteFn, broken: str, status: str
-) -> None:
-    # The probe dies without a verdict of its own: what it ran is still what it depends on.
-    helper = write("proj/fakes/tbr_doctor_dies.py", f"def make(gm):\n    {broken}\n")
-    write(
-        "proj/fakes/tbr_doctor_dying.py",
-        "from tbr_doctor_dies import make\ndef fn(gm, inputs):\n    return make(gm)\n",
-    )
-    (tmp_path / "proj" / "backends.toml").write_text(
-        MANIFEST + '[backends.dying]\ntarget = "tbr_doctor_dying:fn"\n'
-    )
-    project.refresh()
-    [first] = tbr.doctor(["dying"], registry=project, level="forward", timeout=3)
-    assert (first.status, first.cached) == (status, False)
-    [again] = tbr.doctor(["dying"], registry=project, level="forward", timeout=3)
-    assert (again.status, again.cached) == (status, True)  # nothing changed: remembered
-    helper.write_text("def make(gm):\n    return gm.forward  # fixed\n")
-    [fixed] = tbr.doctor(["dying"], registry=project, level="forward", timeout=3)
-    assert (fixed.status, fixed.cached) == ("ok", False)
-
-
 def test_a_backend_asked_for_by_two_names_is_probed_once(project: Registry) -> None:
     done: list[str] = []
 
@@ -556,10 +414,7 @@ def test_a_backend_asked_for_by_two_names_is_probed_once(project: Registry) -> N
             done.append(name)
 
     verdicts = tbr.doctor(["fine", "fine_alias"], registry=project, on_progress=progress)
-    assert sorted((v.name, v.status, v.cached) for v in verdicts) == [
-        ("fine", "ok", False),
-        ("fine_alias", "ok", False),
-    ]
+    assert sorted((v.name, v.status) for v in verdicts) == [("fine", "ok"), ("fine_alias", "ok")]
     assert done == ["fine"]
 
 
@@ -569,18 +424,6 @@ def test_a_backend_registered_in_this_process_alone_is_refused(project: Registry
     registry.register_backend(lambda gm, inputs: gm.forward, name="only_in_here")
     with pytest.raises(tbr.BackendRegistryError, match="registered at runtime in this process"):
         tbr.doctor(["only_in_here"], registry=registry)
-
-
-def test_another_time_limit_or_level_probes_again_and_another_name_is_its_own(
-    project: Registry,
-) -> None:
-    [first] = tbr.doctor(["fine"], registry=project, timeout=60)
-    [longer] = tbr.doctor(["fine"], registry=project, timeout=61)
-    assert (first.cached, longer.cached) == (False, False)
-    [forward] = tbr.doctor(["fine"], registry=project, timeout=60, level="forward")
-    assert (forward.cached, forward.level_name) == (False, "forward")
-    [alias] = tbr.doctor(["fine_alias"], registry=project, timeout=60)
-    assert (alias.name, alias.status, alias.cached) == ("fine_alias", "ok", True)
 
 
 # ------------------------------------------------------------------ arguments and output
@@ -607,9 +450,7 @@ def test_one_name_and_a_timedelta_are_taken_as_verify_consistent_takes_them(
     from datetime import timedelta
 
     [one] = tbr.doctor("fine", registry=project, level="forward", timeout=timedelta(minutes=1))
-    assert (one.name, one.status, one.cached) == ("fine", "ok", False)
-    [same] = tbr.doctor(["fine"], registry=project, level="forward", timeout=60)
-    assert (same.status, same.cached) == ("ok", True)  # the same time limit
+    assert (one.name, one.status) == ("fine", "ok")
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
         tbr.doctor(["fine"], registry=project, timeout="soon")  # type: ignore[arg-type]
 
@@ -790,46 +631,6 @@ def test_a_model_of_keyword_inputs_that_draws_random_numbers_is_judged_as_a_chai
         _real(real_project, ["eager"], model="tbr_doctor_models:module_alone")
 
 
-def test_two_runs_ending_together_keep_every_verdict(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Two processes remember verdicts into one cache at once, as two doctor runs do.
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    code = """
-import sys
-from torch_backend_registry import Registry, Verdict
-from torch_backend_registry._doctor.verdicts import Verdicts
-memory = Verdicts(Registry(environ={}, sources=("project",)).context.cache)
-for i in range(40):
-    memory.remember([(f"{sys.argv[1]}-{i}", {"model": None}, Verdict("x", "ok", 4), None, [])])
-"""
-    environ = dict(os.environ)
-    runs = [
-        subprocess.Popen([sys.executable, "-c", code, side], env=environ, cwd=tmp_path)
-        for side in ("a", "b")
-    ]
-    assert [run.wait(timeout=300) for run in runs] == [0, 0]
-    remembered = Verdicts(Registry(environ={}, sources=("project",)).context.cache)
-    found = [remembered.get(f"{side}-{i}", {"model": None}) for side in "ab" for i in range(40)]
-    assert all(verdict is not None for verdict in found)
-
-
-def test_a_verdict_holds_for_the_host_it_was_found_on(
-    project: Registry, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    [found] = tbr.doctor(["needs_trt"], registry=project)
-    assert found.cached is False
-    [again] = tbr.doctor(["needs_trt"], registry=project)
-    assert again.cached is True
-    # Another node sharing this home folder (over NFS, say) probes for itself.
-    real = os.uname()
-    elsewhere = type(real)((real.sysname, "another-node", *real[2:]))
-    monkeypatch.setattr(os, "uname", lambda: elsewhere)
-    project.refresh()
-    [there] = tbr.doctor(["needs_trt"], registry=project)
-    assert there.cached is False
-
-
 # ------------------------------------------------------------------ other environments, the command
 # Last, so that the tests above share their process's probe server: the tests below run
 # doctor in another environment, or as the command does (its import path is another), and
@@ -856,11 +657,11 @@ def test_a_later_run_probes_in_the_environment_this_process_has_then(
     assert before.status == "compile-error"
     assert before.reason.endswith("RuntimeError: TBR_MARK is None")
     monkeypatch.setenv("TBR_MARK", "on")  # as torchrun or a job script sets a variable
-    [after] = tbr.doctor(["env_spy"], registry=registry, level="forward", fresh=True)
+    [after] = tbr.doctor(["env_spy"], registry=registry, level="forward")
     assert after.reason.endswith("RuntimeError: TORCH_BACKENDS_DENY is None")
     # This package's own variables, too (its probe server is started without them).
     monkeypatch.setenv("TORCH_BACKENDS_DENY", "tbr-none")
-    [ours] = tbr.doctor(["env_spy"], registry=registry, level="forward", fresh=True)
+    [ours] = tbr.doctor(["env_spy"], registry=registry, level="forward")
     assert ours.status == "ok", ours.reason
 
 
@@ -881,9 +682,9 @@ def test_runs_side_by_side_and_a_forked_child_leave_each_others_probes_alone(
     slow.start()
     time.sleep(1)  # while it is probed: another run's model fails, the environment changes,
     with pytest.raises(ModelError, match="cannot be built"):
-        tbr.doctor(["fine"], registry=registry, model="tbr_doctor_bad_model:make", fresh=True)
+        tbr.doctor(["fine"], registry=registry, model="tbr_doctor_bad_model:make")
     monkeypatch.setenv("TBR_ANOTHER_RUN", "1")
-    [other] = tbr.doctor(["fine"], registry=registry, level="forward", fresh=True)
+    [other] = tbr.doctor(["fine"], registry=registry, level="forward")
     child = os.fork()  # and a forked child ends as a program does, running its exit hooks
     if child == 0:  # pragma: no cover - the child only exits
         atexit._run_exitfuncs()
@@ -927,28 +728,15 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
         ("explodes", "compile-error", 3),
     ]
     assert {"name", "status", "level", "reason", "seconds"} <= set(rows[0])
-    # Asked again, a remembered failure says how to probe again; a remembered ok, nothing.
-    again = command("doctor", "fine", "explodes").stdout.splitlines()
-    assert [line.split()[:3] for line in again[1:3]] == [
-        ["fine", "ok", "(cached)"],
-        ["explodes", "compile-error", "(cached)"],
-    ]
-    assert again[-1].endswith("--fresh probes again)")
-    assert command("doctor", "fine").stdout.splitlines()[-1].startswith("fine ")
-    # Remembered: explain and list show the last verdict here.
-    explained = command("explain", "explodes", "--no-torch").stdout
-    [said] = [line for line in explained.splitlines() if line.startswith("  doctor:")]
-    assert said.startswith("  doctor:      compile-error: BackendCompilerFailed")
-    assert said.endswith("RuntimeError: no GPU here (last probe here, forward level)")
+    # A report, not a memory: nothing of it shows in a listing, and a run again probes again.
     listed = command("list", "--no-torch", "--json").stdout
-    doctor_of = {row["name"]: row["doctor"] for row in json.loads(listed)}
-    assert doctor_of["explodes"]["status"] == "compile-error"
-    assert doctor_of["wrong"] is None
-    table = command("list", "--no-torch").stdout.splitlines()
-    assert table[0].split() == ["NAME", "TAGS", "SOURCE", "TARGET", "DOCTOR"]
-    assert next(row for row in table if row.startswith("explodes")).endswith(
-        "compile-error (forward)"
-    )
+    assert all("doctor" not in row for row in json.loads(listed))
+    assert command("list", "--no-torch").stdout.splitlines()[0].split() == [
+        "NAME",
+        "TAGS",
+        "SOURCE",
+        "TARGET",
+    ]
 
 
 def _children() -> set[int]:

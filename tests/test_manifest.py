@@ -143,6 +143,12 @@ BROKEN = {
         "backends.a.zzz",
         "unknown key 'zzz'; expected one of target, chain, tags",
     ),
+    "a key of an earlier release": (
+        '[backends.a]\nchain = ["eager"]\nskip-known-failures = true\n',
+        3,
+        "backends.a.skip-known-failures",
+        "'skip-known-failures' was removed: a chain skips a member that fails to compile",
+    ),
     "unknown top-level key": (
         'defualt = "a"\n',
         1,

@@ -10,74 +10,71 @@ imported on its first use (PyTorch loads this package at ``import torch``, for
 from __future__ import annotations
 
 TYPE_CHECKING = False
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what the names are, for type checkers (imported lazily below)
     from typing import Any
 
-    from ._api import (
-        Registry,
-        backend_info,
-        doctor,
-        fingerprint,
-        install,
-        is_registered_backend,
-        list_backends,
-        lookup_backend,
-        refresh,
-        register_backend,
-        register_debug_backend,
-        register_experimental_backend,
-        verify_consistent,
-    )
-    from ._definition import BackendDefinition, BackendInfo, Problem, Source
-    from ._doctor.verdicts import Verdict
-    from ._errors import (
-        BackendChainError,
-        BackendLoadError,
-        BackendRegistryError,
-        DuplicateBackendError,
-        InconsistentRegistryError,
-        LockDriftError,
-        LockFileError,
-        ManifestError,
-        ManifestWarning,
-        UnknownBackendError,
-    )
+    from ._api import backend_info as backend_info
+    from ._api import doctor as doctor
+    from ._api import fingerprint as fingerprint
+    from ._api import install as install
+    from ._api import is_registered_backend as is_registered_backend
+    from ._api import list_backends as list_backends
+    from ._api import lookup_backend as lookup_backend
+    from ._api import refresh as refresh
+    from ._api import register_backend as register_backend
+    from ._api import register_debug_backend as register_debug_backend
+    from ._api import register_experimental_backend as register_experimental_backend
+    from ._api import verify_consistent as verify_consistent
+    from ._definition import BackendDefinition as BackendDefinition
+    from ._definition import BackendInfo as BackendInfo
+    from ._definition import Problem as Problem
+    from ._definition import Source as Source
+    from ._doctor.verdicts import Verdict as Verdict
+    from ._errors import BackendChainError as BackendChainError
+    from ._errors import BackendLoadError as BackendLoadError
+    from ._errors import BackendRegistryError as BackendRegistryError
+    from ._errors import DuplicateBackendError as DuplicateBackendError
+    from ._errors import InconsistentRegistryError as InconsistentRegistryError
+    from ._errors import LockDriftError as LockDriftError
+    from ._errors import LockFileError as LockFileError
+    from ._errors import ManifestError as ManifestError
+    from ._errors import ManifestWarning as ManifestWarning
+    from ._errors import UnknownBackendError as UnknownBackendError
+    from ._registry import Registry as Registry
 
-#: The modules the public names are defined in (as imported above), cheapest first: a name
-#: costs the import of its own module and of those before it, no more.
-_HOMES = ("_errors", "_definition", "_api", "_doctor.verdicts")
+#: Each public name, and the module that defines it: imported on its first use.
+_HOMES = {
+    "backend_info": "_api",
+    "doctor": "_api",
+    "fingerprint": "_api",
+    "install": "_api",
+    "is_registered_backend": "_api",
+    "list_backends": "_api",
+    "lookup_backend": "_api",
+    "refresh": "_api",
+    "register_backend": "_api",
+    "register_debug_backend": "_api",
+    "register_experimental_backend": "_api",
+    "verify_consistent": "_api",
+    "BackendDefinition": "_definition",
+    "BackendInfo": "_definition",
+    "Problem": "_definition",
+    "Source": "_definition",
+    "Verdict": "_doctor.verdicts",
+    "BackendChainError": "_errors",
+    "BackendLoadError": "_errors",
+    "BackendRegistryError": "_errors",
+    "DuplicateBackendError": "_errors",
+    "InconsistentRegistryError": "_errors",
+    "LockDriftError": "_errors",
+    "LockFileError": "_errors",
+    "ManifestError": "_errors",
+    "ManifestWarning": "_errors",
+    "UnknownBackendError": "_errors",
+    "Registry": "_registry",
+}
 
-__all__ = [
-    "BackendChainError",
-    "BackendDefinition",
-    "BackendInfo",
-    "BackendLoadError",
-    "BackendRegistryError",
-    "DuplicateBackendError",
-    "InconsistentRegistryError",
-    "LockDriftError",
-    "LockFileError",
-    "ManifestError",
-    "ManifestWarning",
-    "Problem",
-    "Registry",
-    "Source",
-    "UnknownBackendError",
-    "Verdict",
-    "__version__",
-    "backend_info",
-    "doctor",
-    "fingerprint",
-    "install",
-    "is_registered_backend",
-    "list_backends",
-    "lookup_backend",
-    "refresh",
-    "register_backend",
-    "register_debug_backend",
-    "register_experimental_backend",
-    "verify_consistent",
-]
+__all__ = sorted([*_HOMES, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
@@ -85,15 +82,13 @@ def __getattr__(name: str) -> Any:
         from importlib.metadata import version
 
         return version("torch-backend-registry")
-    if name in __all__:
-        from importlib import import_module
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-        for home in _HOMES:
-            module = import_module(f"{__name__}.{home}")
-            if hasattr(module, name):
-                value = globals()[name] = getattr(module, name)  # a plain attribute from now on
-                return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(import_module(f"{__name__}.{home}"), name)  # once
+    return value
 
 
 def __dir__() -> list[str]:

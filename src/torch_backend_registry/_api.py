@@ -5,27 +5,22 @@ from __future__ import annotations
 import functools
 import os
 
-from . import _registry
-from ._cluster import DEFAULT_TIMEOUT as CLUSTER_TIMEOUT
-from ._cluster import VERIFY_VAR, distributed_ready
-from ._doctor.options import DEFAULT_TIMEOUT
-from ._environment import switched_on
+from ._environment import CLUSTER_TIMEOUT, DOCTOR_TIMEOUT, VERIFY_VAR, switched_on
 from ._errors import warn
-from ._registry import DEFAULT_EXCLUDE_TAGS
+from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Sequence
     from datetime import timedelta
     from typing import Any, Protocol, TypeVar, overload
 
     from ._doctor.verdicts import Verdict
-    from ._registry import KnownFailure
 
     F = TypeVar("F", bound=Callable[..., Any])
 
     class Tagged(Protocol):
-        """``register_backend`` with its tags given: used bare or called, as PyTorch's."""
+        """``register_backend`` with its tags given, typed as it is used: bare or called."""
 
         @overload
         def __call__(self, compiler_fn: F, name: str | None = None) -> F: ...
@@ -33,30 +28,6 @@ if TYPE_CHECKING:
         def __call__(
             self, compiler_fn: None = None, name: str | None = None
         ) -> Callable[[F], F]: ...
-
-
-def _known_failure(registry: _registry.Registry, name: str) -> str | None:
-    from ._doctor.verdicts import known_failure  # imported only when a chain skips one
-
-    return known_failure(registry, name)
-
-
-class Registry(_registry.Registry):
-    __doc__ = _registry.Registry.__doc__
-
-    def __init__(
-        self,
-        *,
-        cwd: str | os.PathLike[str] | None = None,
-        environ: Mapping[str, str] | None = None,
-        sources: Iterable[str] | None = None,
-        files: Sequence[str | os.PathLike[str]] | None = None,
-        known_failure: KnownFailure | None = _known_failure,
-    ) -> None:
-        super().__init__(
-            cwd=cwd, environ=environ, sources=sources, files=files, known_failure=known_failure
-        )
-
 
 #: The registry the module-level functions act on. Building it reads nothing:
 #: discovery waits for the first lookup or listing.
@@ -69,7 +40,7 @@ backend_info = default_registry.backend_info
 refresh = default_registry.refresh
 #: A decorator used bare or called, as PyTorch's; returns the function.
 register_backend = default_registry.register_backend
-# As PyTorch spells them (functools.partial of register_backend), typed as what they do.
+# As PyTorch spells them.
 register_debug_backend: Tagged = functools.partial(register_backend, tags=("debug",))
 register_experimental_backend: Tagged = functools.partial(register_backend, tags=("experimental",))
 
@@ -120,6 +91,7 @@ def check_before_install(
     ``TORCH_BACKENDS_LOCKED`` names, ``from_environment``), then, with ``verify``, that
     every rank resolves names alike (a warning ``unready`` says what torch.distributed
     was, where it was not initialised)."""
+    from ._cluster import distributed_ready
     from ._lock import check_locked
 
     if lock is not None:
@@ -135,12 +107,11 @@ def doctor(
     *,
     registry: Registry | None = None,
     bench: bool = False,
-    timeout: float | timedelta = DEFAULT_TIMEOUT,
+    timeout: float | timedelta = DOCTOR_TIMEOUT,
     model: str | None = None,
     device: str = "cpu",
     level: str = "backward",
     jobs: int | None = None,
-    fresh: bool = False,
     on_progress: Callable[[str, int, float, bool], None] | None = None,
 ) -> list[Verdict]:
     """Probe each backend (default: every listed one) in its own subprocess.
@@ -150,9 +121,8 @@ def doctor(
     and with ``bench`` its compile time and speed against eager. ``level``
     (``"forward"`` or ``"backward"``) is how far a backend must get to be ``ok``:
     ``"forward"`` judges inference backends. One :class:`Verdict` a backend, best
-    first. Verdicts are remembered by what they depend on; ``fresh`` probes again
-    anyway. ``on_progress(name, level, seconds, done)`` hears of each step. ``timeout``:
-    seconds or a :class:`datetime.timedelta`, as :func:`verify_consistent` takes it. A name
+    first; nothing is remembered between runs. ``on_progress(name, level, seconds, done)``
+    hears of each step. ``timeout``: seconds or a :class:`datetime.timedelta`. A name
     no source declares raises :class:`UnknownBackendError` before any probe; one declared
     in a table that cannot be used as written gets an ``import-error`` verdict saying why.
     """
@@ -162,7 +132,7 @@ def doctor(
     from ._doctor.parent import run
 
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    options = Options(seconds, bench, model, device, level, jobs, fresh)
+    options = Options(seconds, bench, model, device, level, jobs)
     return run(registry or default_registry, names, options, on_progress)
 
 

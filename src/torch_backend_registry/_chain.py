@@ -34,8 +34,7 @@ logger = logging.getLogger("torch_backend_registry")
 
 class _Composite:
     """A backend that compiles with other backends, which the registry hands over how to look
-    up (``lookup``), what it knows of (``info``) and, for a chain that skips them, why one is
-    known to fail here (``known_failure``)."""
+    up (``lookup``) and what it knows of (``info``)."""
 
     def __init__(
         self,
@@ -43,12 +42,10 @@ class _Composite:
         *,
         lookup: Callable[[str], Callable[..., Any]],
         info: Callable[[str], BackendInfo],
-        known_failure: Callable[[str], str | None] | None = None,
     ) -> None:
         self.definition = definition
         self._lookup = lookup
         self._info = info
-        self._known_failure = known_failure
         self.__name__ = self.__qualname__ = definition.name
         #: The member the last compile used.
         self.used: str | None = None
@@ -58,9 +55,8 @@ class ChainBackend(_Composite):
     """Calls each member of a chain in order until one compiles.
 
     A member is skipped when its ``requires`` cannot be found, when it cannot be
-    looked up or loaded, when compiling raises, when it computes other than eager
-    (``verify``), or (with ``known_failure``) when doctor found it failing here; each
-    skip is logged with its reason. If every member is skipped,
+    looked up or loaded, when compiling raises, or when it computes other than eager
+    (``verify``); each skip is logged with its reason. If every member is skipped,
     :class:`BackendChainError` names them all.
     """
 
@@ -87,10 +83,6 @@ class ChainBackend(_Composite):
         inputs = Inputs(example_inputs)
         for member in self.members:
             inputs.unchanged(name, failures)  # by the member tried last, if it failed
-            known = None if self._known_failure is None else self._known_failure(member)
-            if known is not None:
-                skip(member, known, "note")
-                continue
             try:
                 definition = self._info(member).definition
                 missing = missing_requirements(definition)

@@ -15,6 +15,7 @@ import sys
 import time
 from collections import Counter
 
+from ._environment import CLUSTER_TIMEOUT
 from ._errors import BackendRegistryError, InconsistentRegistryError
 
 TYPE_CHECKING = False
@@ -24,14 +25,9 @@ if TYPE_CHECKING:
 
     from ._registry import Registry
 
-#: The environment variable that runs the check at the first lookup of a process
-#: in which torch.distributed is initialised (a switch: see ``_environment``).
-VERIFY_VAR = "TORCH_BACKENDS_VERIFY"
-DEFAULT_TIMEOUT = 60.0
-
 
 def verify_consistent(
-    registry: Registry, group: Any = None, timeout: float | timedelta = DEFAULT_TIMEOUT
+    registry: Registry, group: Any = None, timeout: float | timedelta = CLUSTER_TIMEOUT
 ) -> str:
     import torch.distributed as dist
 

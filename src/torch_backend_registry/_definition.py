@@ -194,8 +194,6 @@ class BackendDefinition(NamedTuple):
     compiler_fn: Callable[..., Any] | None = None
     #: Why this definition cannot be used as declared, or ``None``.
     problem: Problem | None = None
-    #: For a chain: skip members that ``doctor`` found failing here.
-    skip_known_failures: bool = False
     #: For a chain: ``("forward" | "backward", rtol, atol)`` to check each member's compiled
     #: graph against the graph run eagerly, or ``None``.
     verify: tuple[str, float, float] | None = None

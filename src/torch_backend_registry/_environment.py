@@ -1,10 +1,17 @@
-"""How an environment variable that is a switch is read: the words that turn it off."""
+"""Settings from the environment: how a switch variable is read; the time limits' defaults."""
 
 from __future__ import annotations
 
 #: What turns a switch off (unset, empty, or these words in any case); any other value
 #: turns it on, as ``1``, ``true``, ``yes`` and ``on`` do.
 OFF = ("", "0", "false", "no", "off")
+
+#: The variable that compares every rank's backends at install() (a switch).
+VERIFY_VAR = "TORCH_BACKENDS_VERIFY"
+#: Seconds :func:`verify_consistent` waits for every rank to call it.
+CLUSTER_TIMEOUT = 60.0
+#: Seconds a backend's probe may take before doctor kills it.
+DOCTOR_TIMEOUT = 300.0
 
 
 def switched_on(value: str | None) -> bool:

@@ -1,5 +1,5 @@
 """What decides what a name runs, as plain facts: the one identity behind the fingerprint,
-the lock file, doctor's verdict keys and the verdicts a listing shows.
+the lock file and the ranks' comparison.
 
 Pure: an index in, facts out. The facts leave out where a checkout lies
 (absolute paths, line numbers) and keep what decides what runs, for a chain
@@ -35,8 +35,6 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         # As written: an absolute folder is the same folder from every checkout, and a
         # relative one the same place in each.
         "python-path": list(definition.written_path),
-        # A chain's only, so no distribution follows it: the lock writes facts in order.
-        "skip-known-failures": definition.skip_known_failures,
     }
     facts = {key: value for key, value in written.items() if value}
     if source.distribution is not None:

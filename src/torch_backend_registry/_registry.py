@@ -22,9 +22,6 @@ if TYPE_CHECKING:
 
     CompilerFn = Callable[..., Any]
     F = TypeVar("F", bound=Callable[..., Any])
-    #: Why a backend is known to fail here (a tool's finding), or None: what a chain that
-    #: skips known failures asks of each member.
-    KnownFailure = Callable[["Registry", str], "str | None"]
 
 DEFAULT_EXCLUDE_TAGS = ("debug", "experimental")
 
@@ -40,9 +37,6 @@ class Registry:
     "torch")`` (precedence stays the documented one whatever the order given),
     and ``files`` names manifests to read as the env source instead of
     ``TORCH_BACKENDS_PATH`` (what ``torch-backends check FILE...`` does).
-    ``known_failure(registry, name)`` says why a backend is known to fail here, for a
-    chain that skips known failures (by default in the public ``Registry``: doctor's
-    remembered verdicts).
     """
 
     def __init__(
@@ -52,7 +46,6 @@ class Registry:
         environ: Mapping[str, str] | None = None,
         sources: Iterable[str] | None = None,
         files: Sequence[str | os.PathLike[str]] | None = None,
-        known_failure: KnownFailure | None = None,
     ) -> None:
         kinds = SOURCE_KINDS if sources is None else tuple(sources)
         unknown = [kind for kind in kinds if kind not in SOURCE_KINDS]
@@ -62,8 +55,6 @@ class Registry:
             )
         #: The source kinds this registry reads, highest precedence first.
         self.sources: tuple[SourceKind, ...] = tuple(k for k in SOURCE_KINDS if k in kinds)
-        #: See the class's docstring; read at each skip, so it may be replaced at any time.
-        self.known_failure = known_failure
         self._cwd = None if cwd is None else os.fspath(cwd)
         if self._cwd is not None and not os.path.isdir(self._cwd):
             raise NotADirectoryError(
@@ -254,12 +245,7 @@ class Registry:
                 raise ManifestError.of(problem)
             check_requirements(definition)
             composite = ChainBackend if definition.by_device is None else DeviceBackend
-            fn = composite(
-                definition,
-                lookup=self.lookup_backend,
-                info=self.backend_info,
-                known_failure=self._known_failure if definition.skip_known_failures else None,
-            )
+            fn = composite(definition, lookup=self.lookup_backend, info=self.backend_info)
         else:
             from ._loader import load_target
 
@@ -268,9 +254,6 @@ class Registry:
             # One callable a definition, whichever of its names was asked for first.
             fn = snapshot.loaded[name] = snapshot.by_definition.setdefault(definition, fn)
         return fn
-
-    def _known_failure(self, name: str) -> str | None:
-        return None if self.known_failure is None else self.known_failure(self, name)
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
         """Sorted backend names, leaving out those with a tag in ``exclude_tags``.

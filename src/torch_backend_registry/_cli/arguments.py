@@ -196,7 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
     prober.add_argument(
         "--jobs", type=_count, metavar="N", help="backends probed at once (default: half the cores)"
     )
-    switch(prober, "--fresh", "probe again even where a verdict is remembered")
     prober.set_defaults(**Options()._asdict())  # each default as doctor() has it
 
     lock = command(

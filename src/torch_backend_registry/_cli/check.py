@@ -7,9 +7,9 @@ import contextlib
 import os
 import sys
 
-from .._api import Registry
 from .._definition import Problem
 from .._errors import BackendRegistryError
+from .._registry import Registry
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,

@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 
-from .._api import Registry
+from .._registry import Registry
 
 PROG = "torch-backends"
 

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from argparse import Namespace as Arguments
     from collections.abc import Iterator, Sequence
 
-    from .._api import Registry
     from .._doctor.processes import Progress
     from .._doctor.verdicts import Verdict
+    from .._registry import Registry
 
 
 def run_doctor(args: Arguments) -> int:
@@ -132,7 +132,7 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
     fastest = max((v.speedup or 0.0 for v in verdicts), default=0.0)
     ranks = _ranks(verdicts) if bench else {}
     for v in verdicts:
-        status = v.status + (" (cached)" if v.cached else "")
+        status = v.status
         name = v.name + (f" -> {v.member}" if v.member else "")
         row = [name, status, v.level_name, f"{v.seconds:.1f}"]
         if bench:
@@ -145,13 +145,6 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
             ]
         table.append((*row, v.reason))
     print_rows(table, shrinkable=(0,), spill_last=True)
-    # A failure remembered may have been the machine's (a timeout while it was busy): say
-    # how to look again.
-    if any(v.cached and v.status != "ok" for v in verdicts):
-        print(
-            "(cached: what an earlier run found, and nothing it depends on changed since;"
-            " --fresh probes again)"
-        )
     # Where no rank is shown (a run without --bench, which a bench verdict answered), none
     # is missing.
     wide = [v.name for v in verdicts if bench and v.spread is not None and v.spread > WIDE]

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
-from .._errors import BackendRegistryError, UnknownBackendError, closest
+from .._errors import UnknownBackendError, closest
 from .._registry import DEFAULT_EXCLUDE_TAGS
 from .common import (
     EXIT_OK,
@@ -25,12 +24,10 @@ from .common import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from argparse import Namespace as Arguments
-    from collections.abc import Iterable
     from typing import Any
 
-    from .._api import Registry
     from .._definition import BackendDefinition, DefaultDeclaration
-    from .._doctor.verdicts import Verdict
+    from .._registry import Registry
 
 
 def run_list(args: Arguments) -> int:
@@ -52,23 +49,18 @@ def run_list(args: Arguments) -> int:
     available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
         rows = [d for d in rows if available[d.name]]
-    verdicts = _verdicts(registry, [d.name for d in rows])
     default = registry.default_backend()
     if args.json:
-        print_json([_as_json(d, available[d.name], verdicts[d.name], default) for d in rows])
+        print_json([_as_json(d, available[d.name], default) for d in rows])
         return EXIT_OK
     here = working_folder()
-    doctored = any(v is not None for v in verdicts.values())
-    header = ("NAME", "TAGS", "SOURCE", "TARGET") + (("DOCTOR",) if doctored else ())
-    table = [(*header, "DESCRIPTION")]
+    table = [("NAME", "TAGS", "SOURCE", "TARGET", "DESCRIPTION")]
     for d in rows:
         source = f"{d.source.kind} {d.source.short(here)}".rstrip()
-        v = verdicts[d.name]
-        said = ("-" if v is None else f"{v.status} ({v.level_name})",) if doctored else ()
         kind, what = _what(d)
         what = what if kind == "target" else f"{kind}: {what}"
-        table.append((d.name, ",".join(d.tags), source, what, *said, d.description or ""))
-    print_rows(table, optional_last=True, shrinkable=(3, len(header)))
+        table.append((d.name, ",".join(d.tags), source, what, d.description or ""))
+    print_rows(table, optional_last=True, shrinkable=(3, 4))
     if default is not None and terminal_width() is not None:
         print(f"default: {default.name} (what torch.compile uses when given none; {_at(default)})")
     return EXIT_OK
@@ -86,10 +78,7 @@ def _at(default: DefaultDeclaration) -> str:
 
 
 def _as_json(
-    d: BackendDefinition,
-    available: bool,
-    verdict: Verdict | None = None,
-    default: DefaultDeclaration | None = None,
+    d: BackendDefinition, available: bool, default: DefaultDeclaration | None = None
 ) -> dict[str, Any]:
     """A backend as ``list --json`` and ``explain --json`` give it."""
     return {
@@ -103,14 +92,12 @@ def _as_json(
         "requires": list(d.requires),
         "options": dict(d.options),
         "verify": dict(zip(("level", "rtol", "atol"), d.verify, strict=True)) if d.verify else None,
-        "skip_known_failures": d.skip_known_failures,
         "default": default is not None and default.name == d.name,
         "source": {
             key: getattr(d.source, key)
             for key in ("kind", "path", "line", "distribution", "version")
         },
         "available": available,
-        "doctor": verdict.as_json() if verdict is not None else None,
     }
 
 
@@ -134,7 +121,6 @@ def run_explain(args: Arguments) -> int:
         _explain_unusable(registry, args.name)
         raise
     name = info.definition.name
-    verdict = _verdicts(registry, [name])[name]
     default = registry.default_backend()
     # Entry points are admitted without PyTorch read: explaining needs no torch import.
     policy = registry.index(with_torch=False).admitted.get(name)
@@ -142,7 +128,7 @@ def run_explain(args: Arguments) -> int:
         available = registry.why_unavailable(info.definition) is None
         print_json(
             {
-                **_as_json(info.definition, available, verdict, default),
+                **_as_json(info.definition, available, default),
                 "alias": info.alias,
                 "policy": policy,
                 "autoload": enabled(),
@@ -157,7 +143,7 @@ def run_explain(args: Arguments) -> int:
         out = [name]
     else:
         out = [f"{info.alias} (alias of {name}: resolves to whatever {name} does)"]
-    out.extend(_describe(registry, info.definition, verdict))
+    out.extend(_describe(registry, info.definition))
     if default is not None and default.name in (name, info.alias):
         out.append(f"  {'default:':<13}yes: torch.compile uses it when given none ({_at(default)})")
     if policy is not None:
@@ -172,7 +158,7 @@ def run_explain(args: Arguments) -> int:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
             out.append(f"  {lower.name}")
-            out.extend("  " + line for line in _describe(registry, lower, None))
+            out.extend("  " + line for line in _describe(registry, lower))
     else:
         out.append("shadows nothing")
     print("\n".join(printable(line) for line in out))
@@ -199,7 +185,7 @@ def _explain_unusable(registry: Registry, name: str) -> None:
     print("\n".join(printable(line) for line in out))
 
 
-def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None) -> list[str]:
+def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
     from .._sources.finding import missing_requirements
 
     fields = [("source", f"{d.source.kind}: {d.source.describe(working_folder())}")]
@@ -212,8 +198,6 @@ def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None)
     if d.verify is not None:
         level, rtol, atol = d.verify
         fields.append(("verify", f"{level} (rtol {rtol:g}, atol {atol:g})"))
-    if d.skip_known_failures:
-        fields.append(("skips", "members doctor found failing here (skip-known-failures)"))
     if d.tags:
         fields.append(("tags", ", ".join(d.tags)))
     if d.aliases:
@@ -229,22 +213,4 @@ def _describe(registry: Registry, d: BackendDefinition, verdict: Verdict | None)
     if d.usable:
         why = registry.why_unavailable(d)
         fields.append(("available", "yes" if why is None else f"no: {why}"))
-    if verdict is not None:
-        said = verdict.status + (f": {verdict.reason}" if verdict.reason else "")
-        fields.append(("doctor", f"{said} (last probe here, {verdict.level_name} level)"))
     return [f"  {key + ':':<13}{value}" for key, value in fields]
-
-
-def _verdicts(registry: Registry, names: Iterable[str]) -> dict[str, Verdict | None]:
-    """The last doctor verdict here of what each name runs: the memory read once, and each
-    target's file looked at once, however many names ask."""
-    from .._doctor.verdicts import Verdicts, subject
-
-    found: dict[str, Verdict | None] = dict.fromkeys(names)
-    memory = Verdicts(registry.context.cache)
-    stamps: dict[Any, Any] = {}
-    if memory:  # nothing remembered: nothing to work out
-        for name in found:
-            with contextlib.suppress(BackendRegistryError):
-                found[name] = memory.latest(subject(registry, name, stamps))
-    return found

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from .._environment import DOCTOR_TIMEOUT
 from .._errors import BackendRegistryError
 
 #: How far a backend must get to be ``ok``: forward (inference backends) or backward.
@@ -17,7 +17,7 @@ class ModelError(BackendRegistryError, ValueError):
 
 class Options(NamedTuple):
     #: Seconds a backend may take before it is killed.
-    timeout: float = 300.0
+    timeout: float = DOCTOR_TIMEOUT
     #: Also time compiling and calls against eager.
     bench: bool = False
     #: ``module:factory`` of the model to probe with; ``None``: a small built-in one.
@@ -27,8 +27,6 @@ class Options(NamedTuple):
     level: str = "backward"
     #: Probes run at once; ``None``: half the cores (one when timing).
     jobs: int | None = None
-    #: Probe again even where a verdict is remembered.
-    fresh: bool = False
 
     def checked(self) -> Options:
         """These options, or :class:`ValueError` naming the one that cannot be used."""
@@ -40,35 +38,3 @@ class Options(NamedTuple):
         if self.level not in GOALS:
             raise ValueError(f"level must be one of {', '.join(GOALS)}, got {self.level!r}")
         return self._replace(timeout=float(self.timeout))
-
-    def facts(self, model_file: object, path: list[str]) -> dict[str, Any]:
-        """What a verdict found with these options depends on, besides the backend."""
-        visible = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
-        accelerator = self.device != "cpu"
-        return {
-            "model": self.model,
-            "model-file": model_file,
-            "device": self.device,
-            # Which accelerator: nodes sharing a home folder may hold different ones.
-            "device-name": device_name(self.device) if accelerator else None,
-            "visible": {v: os.environ.get(v) for v in visible} if accelerator else None,
-            "level": self.level,
-            "timeout": self.timeout,
-            "path": path,
-        }
-
-
-#: The time limit a probe gets unless told otherwise (``--timeout``, ``doctor(timeout=)``).
-DEFAULT_TIMEOUT: float = Options._field_defaults["timeout"]
-
-
-def device_name(device: str) -> str | None:
-    """The accelerator ``device`` names here (``NVIDIA A100-SXM4-80GB``), or ``None``."""
-    try:
-        import torch
-
-        module = getattr(torch, torch.device(device).type)
-        name = module.get_device_name(torch.device(device)) if module.is_available() else None
-    except Exception:  # no such module, or it cannot tell
-        return None
-    return name if isinstance(name, str) else None

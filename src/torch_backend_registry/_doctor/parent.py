@@ -1,9 +1,10 @@
-"""A run of doctor: what to probe, its remembered verdicts, and the probe server it shares."""
+"""A run of doctor: what to probe, and the probe server it shares."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -18,12 +19,11 @@ from .._sources.pytorch import torch_available
 from .model import one_line
 from .options import ModelError, Options
 from .processes import Server
-from .verdicts import STATUSES, Verdict, Verdicts, subject
+from .verdicts import STATUSES, Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from typing import Any
 
     from .._definition import BackendDefinition
     from .._registry import Registry
@@ -130,16 +130,8 @@ def run(
         # Each name -> the first name asked of its backend, which is probed for both.
         first = {name: next(n for n in defined if defined[n] == d) for name, d in defined.items()}
         first.update((name, name) for name in results)
-        model_path, model_file = _find_model(registry, options.model)
-        facts = options.facts(model_file, import_path())
-        memory = Verdicts(registry.context.cache)
-        subjects = {name: subject(registry, name) for name in defined if first[name] == name}
-        for name, judged in subjects.items():
-            cached = None if options.fresh else memory.get(judged, facts)
-            if cached is not None and not (options.bench and cached.ok and cached.speedup is None):
-                results[name] = cached
-                on_progress(name, cached.level, 0.0, True)
-        todo = [name for name in subjects if name not in results]
+        model_path, _stamp = _find_model(registry, options.model)
+        todo = [name for name in defined if first[name] == name]
         broken = server.wait_ready() if todo else None
         if broken is not None:
             for name in todo:  # no probe ran: nothing to remember
@@ -158,27 +150,21 @@ def run(
                 "model_path": model_path,
                 **options._asdict(),
             }
-            found: list[Any] = []
             # Timing wants the machine alone; otherwise two at once, or one a core pair.
             jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
             pool = ThreadPoolExecutor(max_workers=min(jobs, len(todo)))
             try:
                 futures = [pool.submit(server.probe, n, config, on_progress, pool) for n in todo]
                 for name, future in zip(todo, futures, strict=True):
-                    results[name], code, missing = future.result()
-                    # Remembered where what it depends on is known, and where it is about the
-                    # backend: before the first level, none of its code had run.
-                    if code is not None and results[name].level > 0:
-                        found.append((subjects[name], facts, results[name], code, missing))
+                    results[name], _code, _missing = future.result()
             except BaseException:  # a bad model, an interruption: nothing more is started or left
                 pool.shutdown(wait=False, cancel_futures=True)
                 server.kill(owner=pool)  # this run's probes; another run's go on
                 raise
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
-                memory.remember(found)
         # A verdict for each name asked (an alias's is its backend's), best first.
-        verdicts = (results[first[name]]._replace(name=name) for name in names)
+        verdicts = (dataclasses.replace(results[first[name]], name=name) for name in names)
         return sorted(
             verdicts, key=lambda v: (STATUSES.index(v.status), -(v.speedup or 0.0), v.name)
         )

@@ -30,7 +30,6 @@ from .._torch import install
 from .._verify import differ, leaves
 from .model import Eager, causes, loss, one_line
 from .options import ModelError
-from .verdicts import known_failure
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -181,7 +180,7 @@ def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
     process cannot be taken for the model's fault."""
     name = config["name"]
     verdict = functools.partial(_verdict, name, time.perf_counter())
-    registry = Registry(known_failure=known_failure, **config["registry"])
+    registry = Registry(**config["registry"])
     try:
         info = registry.backend_info(name)
         # A chain that names itself cannot be loaded as written: not "unavailable here".

@@ -9,6 +9,7 @@ crashes, hangs, prints without end or leaves processes behind affects only its v
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -323,7 +324,7 @@ def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
     said = " | ".join(line if len(line) <= 98 else line[:97] + "…" for line in chosen)
     if not said:
         return verdict
-    return verdict._replace(reason=f"{verdict.reason}; it printed: {said}")
+    return dataclasses.replace(verdict, reason=f"{verdict.reason}; it printed: {said}")
 
 
 def _crash_reason(code: int | None, tail: bytes | bytearray) -> str:

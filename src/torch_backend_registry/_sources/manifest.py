@@ -255,7 +255,6 @@ class _Validation(NamedTuple):
                 python_path=python_path,
                 search_path=search_path,
                 written_path=written_path,
-                skip_known_failures=entry.skip_known_failures,
                 verify=verify,
                 distribution=entry.distribution,
                 lines=MappingProxyType(self._key_lines(table, raw)),

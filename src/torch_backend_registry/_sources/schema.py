@@ -115,11 +115,6 @@ class BackendEntry(BaseModel):
         description="Instead of target: take this name's entry point from this installed"
         " distribution (when several declare it).",
     )
-    skip_known_failures: bool = Field(
-        default=False,
-        description="For a chain: skip members that `torch-backends doctor` found failing here.",
-    )
-
     by_device: dict[Device, Name] | None = Field(
         default=None,
         min_length=1,
@@ -157,12 +152,8 @@ class BackendEntry(BaseModel):
         if (self.chain is not None or self.by_device is not None) and self.options:
             # It calls its members as they are declared; options here would be lost.
             raise MisplacedKey("options", "'options' go with a 'target'; set them on the members")
-        for key, value in (
-            ("skip-known-failures", self.skip_known_failures),
-            ("verify", self.verify != "none"),
-        ):
-            if value and self.chain is None:
-                raise MisplacedKey(key, f"'{key}' goes with a 'chain'")
+        if self.verify != "none" and self.chain is None:
+            raise MisplacedKey("verify", "'verify' goes with a 'chain'")
         for key in ("rtol", "atol"):
             if self.verify == "none" and getattr(self, key) is not None:
                 said = f"'{key}' goes with 'verify = \"forward\"' or \"backward\""
@@ -258,6 +249,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     at = f"item {index}: " if index is not None else ""
     if kind == "extra_forbidden":
         key = str(loc[-1])
+        if key in _REMOVED:
+            return f"{key!r} was removed: {_REMOVED[key]}"
         known = list(_fields(loc))
         close = closest(key, known)
         hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
@@ -287,6 +280,14 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         hint = f"did you mean {close[0]!r}?" if close else f"expected {listed}"
         return f"{at}invalid value {short(given)}; {hint}"
     return f"{at}{item['msg']}"
+
+
+#: Keys of earlier releases, and what does their job now.
+_REMOVED = {
+    "skip-known-failures": "a chain skips a member that fails to compile, and with"
+    " 'verify' one that computes wrong, when it runs; 'torch-backends doctor --json' reports"
+    " what fails here; remove the key",
+}
 
 
 def _fields(loc: tuple[str | int, ...]) -> dict[str, Any]:
