@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import hashlib
 import importlib
@@ -527,7 +528,7 @@ def test_a_warm_reading_gives_back_equal_values_of_the_same_types(
     assert warm.definitions == cold.definitions
     for was, now in zip(cold.definitions, warm.definitions, strict=True):
         assert hash(now) == hash(was)  # hashable, from the second run on too
-        for field in type(was)._fields:
+        for field in (f.name for f in dataclasses.fields(was)):
             assert _shape(getattr(now, field)) == _shape(getattr(was, field)), field
 
 

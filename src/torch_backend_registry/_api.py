@@ -29,6 +29,7 @@ if TYPE_CHECKING:
             self, compiler_fn: None = None, name: str | None = None
         ) -> Callable[[F], F]: ...
 
+
 #: The registry the module-level functions act on. Building it reads nothing:
 #: discovery waits for the first lookup or listing.
 default_registry = Registry()

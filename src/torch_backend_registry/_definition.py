@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -26,16 +26,6 @@ RTOL, ATOL = 1e-2, 1e-2
 SOURCE_KINDS: tuple[SourceKind, ...] = ("runtime", "env", "project", "entry-point", "torch")
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
-
-
-def _repr(value: tuple[Any, ...]) -> str:
-    """A value's fields that say something: those set, where it was written left out."""
-    fields = ", ".join(
-        f"{field}={item!r}"
-        for field, item in zip(value._fields, value, strict=True)  # type: ignore[attr-defined]
-        if field != "lines" and item not in (None, (), EMPTY)
-    )
-    return f"{type(value).__name__}({fields})"
 
 
 def canonical(value: object) -> str:
@@ -99,7 +89,8 @@ def target_of(fn: object) -> str | None:
     return None
 
 
-class Source(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Source:
     """Where a definition came from: a manifest's table (``path``, the ``line`` of its
     header), an entry point (``distribution``, ``version``) or a ``register_backend`` call
     (``module``); what does not apply is ``None``."""
@@ -110,9 +101,6 @@ class Source(NamedTuple):
     distribution: str | None = None
     version: str | None = None
     module: str | None = None
-
-    def __repr__(self) -> str:
-        return _repr(self)
 
     def describe(self, relative_to: str | None = None) -> str:
         """``PATH:LINE`` (relative to ``relative_to`` below it), a distribution, or a module."""
@@ -135,7 +123,8 @@ class Source(NamedTuple):
         return self.module or ""
 
 
-class Problem(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Problem:
     """What reading, merging or checking found, with where: a value, printed or warned.
 
     An ``error`` leaves out what it names and makes ``check`` fail; a ``warning`` is about
@@ -154,9 +143,6 @@ class Problem(NamedTuple):
     #: backend whose table it is located in.
     whole_file: bool = False
 
-    def __repr__(self) -> str:
-        return _repr(self)
-
     def __str__(self) -> str:
         return location(self.path, self.line, self.key) + self.message
 
@@ -168,7 +154,8 @@ class Problem(NamedTuple):
         return f"{where}{self.severity}: " + location(None, None, self.key) + self.message
 
 
-class BackendDefinition(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class BackendDefinition:
     """One definition of a backend name, as its source declared it; importing nothing."""
 
     name: str
@@ -181,7 +168,8 @@ class BackendDefinition(NamedTuple):
     description: str | None = None
     aliases: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
-    options: Mapping[str, Any] = EMPTY
+    #: Compared by their canonical text (``_options``), in which ``nan`` equals itself.
+    options: Mapping[str, Any] = field(default_factory=lambda: EMPTY, compare=False)
     enabled: bool = True
     #: The manifest's ``python-path`` folders, absolute.
     python_path: tuple[str, ...] = ()
@@ -201,29 +189,11 @@ class BackendDefinition(NamedTuple):
     distribution: str | None = None
     #: Where each key of a manifest's table is written: its line, by the key as TOML writes
     #: it relative to the table (``target``, ``options.fp16``); circumstance, not value.
-    lines: Mapping[str, int] = EMPTY
+    lines: Mapping[str, int] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
+    _options: str = field(init=False, repr=False, hash=False)
 
-    def __repr__(self) -> str:
-        return _repr(self)
-
-    def _compared(self) -> tuple[Any, ...]:
-        # Options hold any TOML value, nan included: compared by their canonical text;
-        # where it is written is not what it is.
-        return (*self[:9], canonical(self.options) if self.options else "", *self[10:-1])
-
-    def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
-            return NotImplemented
-        return self._compared() == other._compared()
-
-    def __ne__(self, other: object) -> bool:
-        equal = self.__eq__(other)
-        return equal if equal is NotImplemented else not equal
-
-    def __hash__(self) -> int:
-        # The identifying fields only: options may be large, and equal definitions
-        # agree on these anyway.
-        return hash((self.name, self.target, self.chain, self.source))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_options", canonical(self.options) if self.options else "")
 
     def line_of(self, *parts: str) -> int | None:
         """The line ``parts`` (a key of this backend's table, and one inside it) are written
@@ -260,7 +230,8 @@ class BackendDefinition(NamedTuple):
         return self.chain or ()
 
 
-class BackendInfo(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
     """What ``backend_info(name)`` found: the definition ``name`` resolves to (its attributes
     read through: ``info.target``), what it shadows, and the alias asked for."""
 
@@ -269,16 +240,14 @@ class BackendInfo(NamedTuple):
     shadowed: tuple[BackendDefinition, ...] = ()
     alias: str | None = None
 
-    def __repr__(self) -> str:
-        return _repr(self)
-
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.definition, name)
 
 
-class DefaultDeclaration(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class DefaultDeclaration:
     """A manifest's ``default = "NAME"``, with where it is written."""
 
     name: str
@@ -286,9 +255,6 @@ class DefaultDeclaration(NamedTuple):
     line: int | None
     #: The key as written in the file (``tool.torch-backends.default`` in pyproject.toml).
     key: str
-
-    def __repr__(self) -> str:
-        return _repr(self)
 
 
 def distribution_key(name: str) -> str:
@@ -298,7 +264,8 @@ def distribution_key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-class PluginRule(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class PluginRule:
     """An ``allow`` or ``deny`` list of distributions (normalised: :func:`distribution_key`),
     with where: a manifest's line and key, or (``path`` ``None``) the environment variable."""
 
@@ -307,9 +274,6 @@ class PluginRule(NamedTuple):
     key: str
     path: str | None = None
     line: int | None = None
-
-    def __repr__(self) -> str:
-        return _repr(self)
 
     @classmethod
     def of(
@@ -330,18 +294,16 @@ class PluginRule(NamedTuple):
         return f"{location(self.path, self.line, None).rstrip(': ')} ({self.key})"
 
 
+@dataclass(slots=True)
 class Discovery:
     """What reading some input found: definitions and plugin rules in precedence order,
     problems, a default. One file, one source and the fold of all sources are each one."""
 
-    __slots__ = ("default", "definitions", "problems", "rules")
-
-    def __init__(self) -> None:
-        self.definitions: list[BackendDefinition] = []
-        self.problems: list[Problem] = []
-        self.default: DefaultDeclaration | None = None
-        #: Plugin allow and deny lists, highest precedence first.
-        self.rules: list[PluginRule] = []
+    definitions: list[BackendDefinition] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    default: DefaultDeclaration | None = None
+    #: Plugin allow and deny lists, highest precedence first.
+    rules: list[PluginRule] = field(default_factory=list)
 
     def add(self, other: Discovery) -> None:
         """Fold in ``other``, which ranks below everything already here."""

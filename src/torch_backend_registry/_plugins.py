@@ -9,6 +9,8 @@ unless a manifest picks one with ``distribution = "..."``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ._definition import BackendDefinition, Discovery, Problem
 from ._definition import distribution_key as _dist_key
 from ._errors import closest
@@ -104,8 +106,8 @@ def _picked(
     match = next((p for p in points if _dist_of(p) == wanted), None)
     if match is not None:
         found = match.source
-        source = pick.source._replace(distribution=found.distribution, version=found.version)
-        return pick._replace(source=source, target=match.target)
+        source = replace(pick.source, distribution=found.distribution, version=found.version)
+        return replace(pick, source=source, target=match.target)
     why = next((why for p, why in excluded if _dist_of(p) == wanted), None)
     if why is not None:
         why = f"the entry point {pick.name!r} it picks is left out: {why}"

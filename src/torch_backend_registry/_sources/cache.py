@@ -248,10 +248,13 @@ def _value(kind: str, *fields: object) -> object:
 
 
 def _discovery(*fields: Any) -> Discovery:
-    found = Discovery()
-    for slot, value in zip(Discovery.__slots__, fields, strict=True):
-        setattr(found, slot, value)
-    return found
+    return Discovery(*fields)
+
+
+def _init(item: Any) -> list[Any]:
+    import dataclasses
+
+    return [getattr(item, f.name) for f in dataclasses.fields(item) if f.init]
 
 
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:
@@ -275,8 +278,10 @@ def _dumps(value: object) -> bytes:
     # This pickler's own table: copyreg's, which every pickle of the process reads, is unchanged.
     pickler.dispatch_table = {
         **copyreg.dispatch_table,
-        **dict.fromkeys(_VALUES.values(), lambda item: (_value, (type(item).__name__, *item))),
-        Discovery: lambda d: (_discovery, tuple(getattr(d, s) for s in Discovery.__slots__)),
+        **dict.fromkeys(
+            _VALUES.values(), lambda item: (_value, (type(item).__name__, *_init(item)))
+        ),
+        Discovery: lambda d: (_discovery, tuple(_init(d))),
         MappingProxyType: lambda table: (_readonly, (dict(table),)),
     }
     pickler.dump(value)

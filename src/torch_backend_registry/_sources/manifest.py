@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -52,7 +53,7 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache = NO_CACHE) -> Disco
         if exc.problem.line is not None:
             said += "; no backend of this file is used until then"
         found = Discovery()
-        found.problems.append(exc.problem._replace(message=said, whole_file=True))
+        found.problems.append(replace(exc.problem, message=said, whole_file=True))
         return found
     from .cache import code_key
 
@@ -74,7 +75,7 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     except ManifestError as exc:
         # Located at the table it broke, but what it costs is the whole file: said so.
         said = exc.message + "; no backend of this file is used until it parses"
-        found.problems.append(exc.problem._replace(message=said, whole_file=True))
+        found.problems.append(replace(exc.problem, message=said, whole_file=True))
         return found
     table = table_at(data, prefix)
     if table is None:  # a pyproject.toml's: a backends.toml is the table
