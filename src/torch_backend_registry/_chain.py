@@ -7,7 +7,6 @@ import copy
 import functools
 import itertools
 import logging
-import sys
 from collections.abc import Mapping
 
 from ._errors import (
@@ -20,6 +19,7 @@ from ._errors import (
 from ._loader import call_options
 from ._members import typo_of
 from ._sources.finding import missing_requirements
+from ._sources.pytorch import inductor
 from ._verify import Reference, compiling, fake, leaves
 
 TYPE_CHECKING = False
@@ -260,11 +260,11 @@ def member_compiler(
     compiles, where the member cannot take them."""
     # PyTorch's own inductor, by its name or declared as a target, with the manifest's
     # options (compile_fx's keyword arguments: config_patches, ...) bound or not.
-    inductor = getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None)
+    own = inductor()
     bound: functools.partial[Any] | None = None
-    if isinstance(compiler, functools.partial) and compiler.func is inductor and not compiler.args:
+    if isinstance(compiler, functools.partial) and compiler.func is own and not compiler.args:
         bound = compiler
-    if inductor is not None and (compiler is inductor or bound is not None):
+    if own is not None and (compiler is own or bound is not None):
         import torch
 
         try:

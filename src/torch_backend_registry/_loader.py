@@ -17,7 +17,7 @@ from ._definition import target_of
 from ._errors import BackendLoadError, ManifestError, closest, warn
 from ._sources.files import refused_folders
 from ._sources.finding import missing_requirements, python_path_finder, searching
-from ._sources.pytorch import torch_version
+from ._sources.pytorch import inductor, torch_version
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -100,12 +100,10 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
 def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
     """Why ``fn`` cannot be called as ``fn(graph_module, example_inputs, **given)``, as
     torch.compile calls a backend (``None``: it can, or its signature cannot be read)."""
-    try:
-        signature = inspect.signature(fn, follow_wrapped=False)
-    except (TypeError, ValueError):
+    read = _parameters(fn)
+    if read is None:
         return None
-    parameters = signature.parameters.values()
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    parameters, positional = read
     if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters):
         # What it needs beyond the graph and its inputs, which nothing would give it.
         missing = [
@@ -133,6 +131,18 @@ def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
             " instead (in a module of yours, compiler = factory(...), and target that)"
         )
     return said
+
+
+def _parameters(fn: Any) -> tuple[list[inspect.Parameter], list[inspect.Parameter]] | None:
+    """``fn``'s parameters, and the positional ones among them; ``None`` where they cannot be
+    read. A wrapper's own: functools.wraps points at the wrapped function, whose parameters
+    may be fewer than the wrapper takes."""
+    try:
+        parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return parameters, [p for p in parameters if p.kind in kinds]
 
 
 def refusal(
@@ -175,23 +185,17 @@ def accepted_options(fn: Any) -> list[str] | None:
     signature that cannot be read)."""
     accepted: list[str] = []
     seen: set[int] = set()
-    inductor = getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None)
     while id(fn) not in seen:
         seen.add(id(fn))
-        if fn is inductor and inductor is not None:
+        if fn is not None and fn is inductor():
             # PyTorch's inductor takes **kwargs and passes them to compile_fx when it compiles.
             from torch._inductor.compile_fx import compile_fx
 
             fn = compile_fx
-        try:
-            # A wrapper's own signature: functools.wraps points at the wrapped function,
-            # whose parameters may be fewer than the wrapper takes.
-            parameters = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
-        except (TypeError, ValueError):
+        read = _parameters(fn)
+        if read is None:
             return None
-        positional = [
-            p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        parameters, positional = read
         taken = {p.name for p in positional[:2]}  # the graph module and its example inputs
         accepted.extend(
             p.name

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, TypeVar, overload
 
-    from ._definition import DefaultDeclaration, Problem, SourceKind
+    from ._definition import Problem, SourceKind
     from ._merge import Index
     from ._snapshot import Snapshot
     from ._sources import Context
@@ -317,10 +317,6 @@ class Registry:
         """The merge of what this registry read: every name with its candidates."""
         return self._live(with_torch).index(with_torch)
 
-    def default_backend(self) -> DefaultDeclaration | None:
-        """The first manifest ``default`` by precedence."""
-        return self._current().index(with_torch=False).default
-
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
@@ -342,8 +338,3 @@ class Registry:
         from ._sources.pytorch import torch_version
 
         return registry_facts(self.index(with_torch=with_torch), torch_version())
-
-    def index_for(self, name: str) -> Index:
-        """The index ``name`` resolves in: without PyTorch's backends where another source
-        defines it (no torch import), with them otherwise."""
-        return self._resolving(name)[1]

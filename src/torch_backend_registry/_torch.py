@@ -260,7 +260,7 @@ def _needs_stand_in(candidates: list[BackendDefinition]) -> bool:
 
 def _apply_default(registry: Registry, *, early: bool = False) -> None:
     """Make a manifest's ``default`` what torch.compile uses when given no backend."""
-    default = registry.default_backend()
+    default = registry.index(with_torch=False).default
     if default is None:
         return
     where = f"{default.path}:{default.line}"

@@ -49,7 +49,7 @@ def run_list(args: Arguments) -> int:
     available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
         rows = [d for d in rows if available[d.name]]
-    default = registry.default_backend()
+    default = registry.index(with_torch=False).default
     if args.json:
         print_json([_as_json(d, available[d.name], default) for d in rows])
         return EXIT_OK
@@ -121,7 +121,7 @@ def run_explain(args: Arguments) -> int:
         _explain_unusable(registry, args.name)
         raise
     name = info.definition.name
-    default = registry.default_backend()
+    default = registry.index(with_torch=False).default
     # Entry points are admitted without PyTorch read: explaining needs no torch import.
     policy = registry.index(with_torch=False).admitted.get(name)
     if args.json:

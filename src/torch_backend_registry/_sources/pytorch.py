@@ -154,6 +154,11 @@ def _registered_in(path: str) -> set[str]:
 STAND_IN = "__torch_backend_registry__"
 
 
+def inductor() -> Any:
+    """PyTorch's own ``inductor`` backend function, where torch.compile's backends are loaded."""
+    return getattr(sys.modules.get("torch._dynamo.backends.inductor"), "inductor", None)
+
+
 def torch_available() -> bool:
     return find("torch") is not None
 
