@@ -166,16 +166,10 @@ def _remove_stale(registry: Registry, names: set[str]) -> None:
         del _INSTALLED[name]
         if loaded is None or loaded.get(name) is not proxy:
             continue
-        by_name = getattr(module, "_BACKEND_TAGS", None)  # torch 2.14 keeps tags by name
         displaced = DISPLACED.pop(name, None)
+        _put(name, displaced, tuple(getattr(displaced, "_tags", ())))
         if displaced is not None:
-            loaded[name] = displaced
-            if isinstance(by_name, dict):
-                by_name[name] = tuple(getattr(displaced, "_tags", ()))
             continue
-        del loaded[name]
-        if isinstance(by_name, dict):
-            by_name.pop(name, None)
         listed = getattr(module, "_BACKENDS", None)  # the names PyTorch lists
         if listed is not loaded and isinstance(listed, dict) and listed.get(name, 0) is None:
             if name in _LISTED:  # an entry point's, PyTorch loads it again when asked
@@ -196,11 +190,21 @@ def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
     with contextlib.suppress(AttributeError, TypeError):  # its own, kept with it: torch
         held._tags = tags_of(name, held)  # 2.14 keeps them by name, where the proxy goes now
     proxy._tags = tuple(tags)  # type: ignore[attr-defined]  # what PyTorch's listing reads
-    loaded[name] = proxy  # type: ignore[index]
-    by_name = getattr(module, "_BACKEND_TAGS", None)
-    if isinstance(by_name, dict):  # torch 2.14: its listing reads them here
-        by_name[name] = tuple(tags)
+    _put(name, proxy, tags)
     return True
+
+
+def _put(name: str, fn: Any, tags: tuple[str, ...]) -> None:
+    """Put ``fn`` under ``name`` in PyTorch's dict of loaded backends (``None``: take the name
+    out), its tags too where PyTorch keeps them by name (torch 2.14's ``_BACKEND_TAGS``)."""
+    module: Any = sys.modules[REGISTRY_MODULE]
+    by_name = getattr(module, "_BACKEND_TAGS", None)
+    for table, value in ((loaded_backends(module), fn), (by_name, tags)):
+        if isinstance(table, dict):
+            if fn is None:
+                table.pop(name, None)
+            else:
+                table[name] = value
 
 
 def _let_plugins_register() -> None:
