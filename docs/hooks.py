@@ -70,6 +70,12 @@ def manifest_reference(schema: dict[str, Any] | None = None) -> str:
         "",
         _exclusive(entry),
         "",
+        "## A `by-device` entry's table",
+        "",
+        _first_line(definitions["DeviceEntry"]["description"]),
+        "",
+        _key_table(definitions["DeviceEntry"]["properties"], "by-device-", ("backend",)),
+        "",
         "## `[plugins]`",
         "",
         _first_line(definitions["Plugins"]["description"]),
@@ -116,6 +122,12 @@ def _value(spec: dict[str, Any]) -> str:
     if kind == "object":
         if "patternProperties" in spec:
             ((key, value),) = spec["patternProperties"].items()
+            if "oneOf" in value:  # a by-device entry: a name, or a table of it and settings
+                kinds = [
+                    _pattern(v["pattern"]) if "pattern" in v else "a table (below)"
+                    for v in value["oneOf"]
+                ]
+                return f"table: {_pattern(key)} to {' or '.join(kinds)}"
             return f"table: {_pattern(key)} to {_pattern(value['pattern'])}"
         return "table of any TOML values"
     if kind in ("integer", "number"):

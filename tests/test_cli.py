@@ -135,6 +135,7 @@ def test_list_json(tmp_path: Path, write: WriteFn, make_dist: Callable[..., Path
         "requires",
         "options",
         "verify",  # a chain's level and tolerances, or null
+        "select",  # a chain's select and min_speedup, or null
         "default",  # whether it is the manifest's default
         "source",
         "available",

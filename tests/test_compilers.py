@@ -219,7 +219,7 @@ def test_a_chain_falls_back_past_every_kind_of_failure_to_a_real_compiler(
 
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("real", ["inductor", "aot_eager", "eager", "openvino"])
-def test_a_model_with_dropout_is_verified_in_shapes_and_types_and_trains(
+def test_a_model_with_dropout_is_verified_as_far_as_its_random_numbers_allow_and_trains(
     write: WriteFn, failing: str, logged: list[str], real: str, training: bool
 ) -> None:
     plugin_here(real)
@@ -241,12 +241,16 @@ def test_a_model_with_dropout_is_verified_in_shapes_and_types_and_trains(
             out = compiled(x)
     assert used(registry, f"chain{uid}") == real
     assert out.shape == (6, 3)
-    assert any("verified in shapes and types only" in r for r in logged), logged
+    # Eager and AOTAutograd draw random numbers as eager does: compared by value, and the
+    # same values as an uncompiled twin. Inductor draws its own: only shapes and types can
+    # agree, and the log says which. (OpenVINO may run dropout through PyTorch, or not.)
+    same = "with the same random numbers as eager"
+    own = "verified in shapes and types only"
+    said = {"eager": [same], "aot_eager": [same], "inductor": [own]}.get(real, [same, own])
+    assert any(any(s in r for s in said) for r in logged), logged
     if real in ("eager", "aot_eager"):
-        # They draw random numbers as eager does: the same values as an uncompiled twin.
         torch.manual_seed(3)
-        expected = twin(x)
-        assert torch.equal(out.detach(), expected.detach())
+        assert torch.equal(out.detach(), twin(x).detach())
 
 
 CAUGHT_BY_VERIFY = """

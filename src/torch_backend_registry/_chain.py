@@ -24,17 +24,19 @@ from ._verify import Reference, compiling, fake, leaves
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Sequence
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo, Severity
+    from ._sources import Context
 
 logger = logging.getLogger("torch_backend_registry")
 
 
 class _Composite:
     """A backend that compiles with other backends, which the registry hands over how to look
-    up (``lookup``) and what it knows of (``info``)."""
+    up (``lookup``), what it knows of (``info``), and what it reads with (``context``: its
+    environment, and the cache a chain's choices are remembered in)."""
 
     def __init__(
         self,
@@ -42,17 +44,20 @@ class _Composite:
         *,
         lookup: Callable[[str], Callable[..., Any]],
         info: Callable[[str], BackendInfo],
+        context: Context | None = None,
     ) -> None:
         self.definition = definition
         self._lookup = lookup
         self._info = info
+        self.context = context
         self.__name__ = self.__qualname__ = definition.name
         #: The member the last compile used.
         self.used: str | None = None
 
 
 class ChainBackend(_Composite):
-    """Calls each member of a chain in order until one compiles.
+    """Compiles with the first member of a chain that works (``select = "fastest"``: see
+    ``_select.FastestChain``).
 
     A member is skipped when its ``requires`` cannot be found, when it cannot be
     looked up or loaded, when compiling raises, or when it computes other than eager
@@ -69,65 +74,100 @@ class ChainBackend(_Composite):
         return self.definition.members
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        name, verify = self.__name__, self.definition.verify
-        failures: list[tuple[str, str]] = []
-        reference: Reference | None = None
+        run = Run(self, gm, example_inputs, kwargs)
+        for member, compiled in run.candidates():
+            return run.use(member, compiled)
+        raise run.failed()
 
-        def skip(member: str, reason: str, severity: Severity) -> None:
-            failures.append((member, reason))
-            # A compiler's own message may run to pages: the log line keeps its head and end.
-            said = reason if len(reason) <= 600 else f"{reason[:400]} ... {reason[-150:]}"
-            level = LOG_LEVELS[severity]
-            logger.log(level, "backend %r: %s: skipping %r: %s", name, severity, member, said)
 
-        inputs = Inputs(example_inputs)
-        for member in self.members:
-            inputs.unchanged(name, failures)  # by the member tried last, if it failed
-            try:
-                definition = self._info(member).definition
-                missing = missing_requirements(definition)
-                compiler = None if missing else self._lookup(member)
-            except BackendRegistryError as exc:
-                skip(member, *unusable(exc))
-                continue
-            if compiler is None:
-                needs = ", ".join(map(repr, missing))
-                skip(member, f"requires {needs}, which cannot be found", "note")
-                continue
-            # What torch.compile(backend=member, ...) would hand it; a member that takes no
-            # such argument is the caller's mistake, said at once, not a member to skip.
-            compile_fn = member_compiler(name, definition, compiler, kwargs)
-            if reference is None and verify is not None:
-                reference = Reference(gm, example_inputs, *verify)  # before any member runs
-            try:
-                # Each member its own copy: one that rewrites what it is given and then
-                # fails leaves the next, and dynamo, the graph and inputs as they came.
-                with compiling(None if verify is None else verify[0]):
-                    compiled = compile_fn(own_copy(gm), list(example_inputs))
-            except passed_through():
-                raise
-            except Exception as exc:
-                # A table's member not installed here is the note it is wherever it is named.
-                severity = unusable(exc)[1] if isinstance(exc, UnknownBackendError) else "warning"
-                skip(member, f"compiling raised {type(exc).__name__}: {exc}", severity)
-                continue
-            if not callable(compiled):  # dynamo could not run it: "did not return callable"
-                kind = type(compiled).__name__
-                skip(member, f"compiling gave {kind}, not a function to run the graph", "warning")
-                continue
-            why = None if reference is None else reference.check(compiled)
+class Run:
+    """One compile of a chain: its members tried in turn on the graph, each skip logged."""
+
+    def __init__(
+        self, chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[str, Any]
+    ) -> None:
+        self.chain, self.gm, self.example_inputs, self.kwargs = chain, gm, example_inputs, kwargs
+        self.name, self.verify = chain.__name__, chain.definition.verify
+        #: ``(member, reason)`` of each member skipped, in order.
+        self.failures: list[tuple[str, str]] = []
+        #: The graph run eagerly, taken before any member runs (one may rewrite it in place).
+        self.reference: Reference | None = None
+        #: How far each member that passed was verified, and whether that is all asked.
+        self.verified: dict[str, tuple[str, bool]] = {}
+        self.inputs = Inputs(example_inputs)
+        # A backward compiled at its first run, while torch.compile still compiles the
+        # forward, would take that compile for its own: where a member's backward runs now
+        # (to verify it, or to time a training step), it is compiled with the forward.
+        level = self.verify[0] if self.verify is not None else None
+        training = chain.definition.select == "fastest" and _grad_enabled()
+        self.compile_level = "backward" if training else level
+
+    def skip(self, member: str, reason: str, severity: Severity) -> None:
+        self.failures.append((member, reason))
+        # A compiler's own message may run to pages: the log line keeps its head and end.
+        said = reason if len(reason) <= 600 else f"{reason[:400]} ... {reason[-150:]}"
+        level = LOG_LEVELS[severity]
+        logger.log(level, "backend %r: %s: skipping %r: %s", self.name, severity, member, said)
+
+    def candidates(self, members: Sequence[str] | None = None) -> Iterator[tuple[str, Any]]:
+        """Each of ``members`` (default: the chain's) that compiles and verifies, compiled."""
+        for member in self.chain.members if members is None else members:
+            self.inputs.unchanged(self.name, self.failures)  # by the member tried last
+            compiled = self._compiled(member)
+            if compiled is not None:
+                yield member, compiled
+
+    def _compiled(self, member: str) -> Any:
+        try:
+            definition = self.chain._info(member).definition
+            missing = missing_requirements(definition)
+            compiler = None if missing else self.chain._lookup(member)
+        except BackendRegistryError as exc:
+            return self.skip(member, *unusable(exc))
+        if compiler is None:
+            needs = ", ".join(map(repr, missing))
+            return self.skip(member, f"requires {needs}, which cannot be found", "note")
+        # What torch.compile(backend=member, ...) would hand it; a member that takes no
+        # such argument is the caller's mistake, said at once, not a member to skip.
+        compile_fn = member_compiler(self.name, definition, compiler, self.kwargs)
+        if self.reference is None and self.verify is not None:
+            self.reference = Reference(self.gm, self.example_inputs, *self.verify)
+        try:
+            # Each member its own copy: one that rewrites what it is given and then
+            # fails leaves the next, and dynamo, the graph and inputs as they came.
+            with compiling(self.compile_level):
+                compiled = compile_fn(own_copy(self.gm), list(self.example_inputs))
+        except passed_through():
+            raise
+        except Exception as exc:
+            # A table's member not installed here is the note it is wherever it is named.
+            severity = unusable(exc)[1] if isinstance(exc, UnknownBackendError) else "warning"
+            return self.skip(member, f"compiling raised {type(exc).__name__}: {exc}", severity)
+        if not callable(compiled):  # dynamo could not run it: "did not return callable"
+            kind = type(compiled).__name__
+            said = f"compiling gave {kind}, not a function to run the graph"
+            return self.skip(member, said, "warning")
+        if self.reference is not None:
+            why = self.reference.check(compiled)
             if why is not None:
-                skip(member, f"verifying it failed: {why}", "warning")
-                continue
-            said = "" if reference is None else f", {reference.said}"
-            if reference is None or reference.complete:
-                logger.info("backend %r: compiled with %r%s", name, member, said)
-            else:  # less than asked is worth a warning
-                logger.warning("backend %r: warning: compiled with %r%s", name, member, said)
-            self.used = member
-            return compiled
-        inputs.unchanged(name, failures)
-        raise BackendChainError(name, failures)
+                return self.skip(member, f"verifying it failed: {why}", "warning")
+            self.verified[member] = (f", {self.reference.said}", self.reference.complete)
+        return compiled
+
+    def use(self, member: str, compiled: Any, how: str = "") -> Any:
+        """``compiled``, ``member``'s, as what the graph runs with (``how`` it was chosen)."""
+        verified, complete = self.verified.get(member, ("", True))
+        said = how + verified
+        if complete:
+            logger.info("backend %r: compiled with %r%s", self.name, member, said)
+        else:  # less than asked is worth a warning
+            logger.warning("backend %r: warning: compiled with %r%s", self.name, member, said)
+        self.chain.used = member
+        return compiled
+
+    def failed(self) -> BackendChainError:
+        self.inputs.unchanged(self.name, self.failures)
+        return BackendChainError(self.name, self.failures)
 
 
 class Inputs:
@@ -163,6 +203,12 @@ class Inputs:
             raise BackendChainError(chain, failures)
 
 
+def _grad_enabled() -> bool:
+    import torch
+
+    return bool(torch.is_grad_enabled())
+
+
 def own_copy(gm: Any) -> Any:
     """A graph module of its own for one member to compile and rewrite in place (as FX passes
     and inductor do): its graph and the graph modules inside it copied, the parameters and
@@ -196,7 +242,8 @@ def _carry_over(old: object, new: object) -> None:
 
 class DeviceBackend(_Composite):
     """Compiles with the backend its ``by-device`` table names for the device type of the
-    graph (as ``torch.device(...).type`` names it), ``other`` for any not listed."""
+    graph (as ``torch.device(...).type`` names it), ``other`` for any not listed; where the
+    entry is a table, with its ``mode`` and ``options`` in place of torch.compile's."""
 
     def __repr__(self) -> str:
         table = ", ".join(f"{device} -> {name}" for device, name in self.table.items())
@@ -208,9 +255,10 @@ class DeviceBackend(_Composite):
         return dict(self.definition.by_device or ())
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        device = _device_type(gm, example_inputs)
+        device = device_type(gm, example_inputs)
         table = self.table
-        member = table.get(device, table.get("other"))
+        entry = device if device in table else "other"
+        member = table.get(entry)
         if member is None:
             raise ManifestError.of(
                 self.definition.located(
@@ -220,11 +268,16 @@ class DeviceBackend(_Composite):
                     "by-device",
                 )
             )
-        logger.info("backend %r: device %s: compiling with %r", self.__name__, device, member)
+        settings = self.definition.device_settings.get(entry)
+        said = "" if settings is None else f", with {dict(settings)} in place of {kwargs}"
+        logger.info(
+            "backend %r: device %s: compiling with %r%s", self.__name__, device, member, said
+        )
         self.used = member
         compiler = self._lookup(member)
         definition = self._info(member).definition
-        return member_compiler(self.__name__, definition, compiler, kwargs)(gm, example_inputs)
+        given = kwargs if settings is None else settings
+        return member_compiler(self.__name__, definition, compiler, given)(gm, example_inputs)
 
 
 #: The logging level of each severity, so that the log says what ``check`` says.
@@ -305,7 +358,7 @@ def passed_through() -> tuple[type[BaseException], ...]:
     return exc.RestartAnalysis, exc.SkipFrame, RefusedArguments
 
 
-def _device_type(gm: Any, example_inputs: Any) -> str:
+def device_type(gm: Any, example_inputs: Any) -> str:
     """The device a graph runs on: its tensor inputs' (where they are on several, the first
     that is not the CPU); for a graph with none, its own parameters' and buffers'; for a
     graph with none of those either, that of the tensors it makes; else the CPU. A tensor

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 #: mantissa), which CPU plugins such as OpenVINO may use for float32 models. A wrong kernel
 #: misses it by far more.
 RTOL, ATOL = 1e-2, 1e-2
+#: How many times faster than a chain's first verified member another must be to be chosen
+#: by ``select = "fastest"``: timings closer than that keep the chain's order.
+MIN_SPEEDUP = 1.1
 
 #: The source kinds, highest precedence first: the single source of truth for precedence.
 SOURCE_KINDS: tuple[SourceKind, ...] = ("runtime", "env", "project", "entry-point", "torch")
@@ -164,11 +167,16 @@ class BackendDefinition:
     chain: tuple[str, ...] | None = None
     #: Instead of a target or chain: ``(device type, backend name)`` pairs, ``other`` last.
     by_device: tuple[tuple[str, str], ...] | None = None
+    #: Of a ``by-device`` table: torch.compile's settings (``mode``, ``options``) that a
+    #: device's entry gives its graphs, by device type.
+    device_settings: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: EMPTY, compare=False
+    )
     tags: tuple[str, ...] = ()
     description: str | None = None
     aliases: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
-    #: Compared by their canonical text (``_options``), in which ``nan`` equals itself.
+    #: Compared by their canonical text (``_compared``), in which ``nan`` equals itself.
     options: Mapping[str, Any] = field(default_factory=lambda: EMPTY, compare=False)
     enabled: bool = True
     #: The manifest's ``python-path`` folders, absolute.
@@ -185,15 +193,23 @@ class BackendDefinition:
     #: For a chain: ``("forward" | "backward", rtol, atol)`` to check each member's compiled
     #: graph against the graph run eagerly, or ``None``.
     verify: tuple[str, float, float] | None = None
+    #: For a chain: ``"first"``, the first member that works; ``"fastest"``, for each graph
+    #: the fastest member that verifies, unless it is less than ``min_speedup`` times
+    #: faster than the first member that verifies.
+    select: str = "first"
+    min_speedup: float = MIN_SPEEDUP
     #: The installed distribution a manifest picked to provide this name's entry point.
     distribution: str | None = None
     #: Where each key of a manifest's table is written: its line, by the key as TOML writes
     #: it relative to the table (``target``, ``options.fp16``); circumstance, not value.
     lines: Mapping[str, int] = field(default_factory=lambda: EMPTY, compare=False, repr=False)
-    _options: str = field(init=False, repr=False, hash=False)
+    _compared: str = field(init=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_options", canonical(self.options) if self.options else "")
+        written = (
+            [self.options, self.device_settings] if self.options or self.device_settings else ""
+        )
+        object.__setattr__(self, "_compared", written and canonical(written))
 
     def line_of(self, *parts: str) -> int | None:
         """The line ``parts`` (a key of this backend's table, and one inside it) are written

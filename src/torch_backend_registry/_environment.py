@@ -12,6 +12,11 @@ VERIFY_VAR = "TORCH_BACKENDS_VERIFY"
 CLUSTER_TIMEOUT = 60.0
 #: Seconds a backend's probe may take before doctor kills it.
 DOCTOR_TIMEOUT = 300.0
+#: ``fresh``: a ``select = "fastest"`` chain decides again, and remembers anew.
+SELECT_VAR = "TORCH_BACKENDS_SELECT"
+#: Seconds a rank waits for rank 0's choice before it takes the chain's first member.
+SELECT_TIMEOUT_VAR = "TORCH_BACKENDS_SELECT_TIMEOUT"
+SELECT_TIMEOUT = 600.0
 
 
 def switched_on(value: str | None) -> bool:

@@ -28,8 +28,11 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         "kind": "manifest" if source.kind in ("env", "project") else source.kind,
         "target": definition.target,
         "chain": list(definition.chain or ()),
-        "by-device": dict(definition.by_device or ()),
+        "by-device": by_device(definition),
         "verify": list(definition.verify or ()),
+        "select": [definition.select, definition.min_speedup]
+        if definition.select != "first"
+        else None,
         "options": _plain(definition.options),
         "requires": sorted(set(definition.requires)),
         # As written: an absolute folder is the same folder from every checkout, and a
@@ -49,6 +52,16 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         if described != definition.target:  # a partial, a callable object: what it holds
             facts["callable"] = described
     return facts
+
+
+def by_device(definition: BackendDefinition) -> dict[str, Any]:
+    """A ``by-device`` table as written: each device's backend, or a table of it and the
+    torch.compile settings it gives that device."""
+    settings = definition.device_settings
+    return {
+        device: {"backend": name, **_plain(settings[device])} if device in settings else name
+        for device, name in definition.by_device or ()
+    }
 
 
 def reach(index: Index, definition: BackendDefinition) -> dict[str, BackendDefinition | None]:

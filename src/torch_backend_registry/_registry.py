@@ -244,8 +244,19 @@ class Registry:
             if problem is not None:
                 raise ManifestError.of(problem)
             check_requirements(definition)
-            composite = ChainBackend if definition.by_device is None else DeviceBackend
-            fn = composite(definition, lookup=self.lookup_backend, info=self.backend_info)
+            from ._select import FastestChain
+
+            composite: type[ChainBackend | DeviceBackend] = ChainBackend
+            if definition.by_device is not None:
+                composite = DeviceBackend
+            elif definition.select == "fastest":
+                composite = FastestChain
+            fn = composite(
+                definition,
+                lookup=self.lookup_backend,
+                info=self.backend_info,
+                context=snapshot.context,
+            )
         else:
             from ._loader import load_target
 

@@ -1,15 +1,17 @@
 """Checking a compiled graph against the same graph run eagerly, on copies of its inputs.
 
 The eager run is the reference, taken once a compile, before any member of a chain sees
-the graph (a compiler may rewrite it in place). Compared: the outputs, the inputs as the
-graph left them, and with ``backward`` the gradients of the inputs that require them.
+the graph (a compiler may rewrite it in place). Compared (see ``_compare``): the outputs,
+the inputs as the graph left them, and with ``backward`` the gradients of the inputs that
+require them.
 
 Nothing of the model changes: every run gets copies of the tensor inputs, the graph's
 parameters and buffers are put back after it, gradients are taken with
 ``torch.autograd.grad`` (never into ``.grad``), and every random number generator starts
-each run from one state, restored afterwards. A graph that gives other values on a second
-run from that state draws random numbers (dropout), as compilers do each their own way:
-it is held to the shapes and types of what it gives, and the log says so.
+each run from one state, restored afterwards. A value that differs between two eager runs
+from that state is drawn at random (dropout), or left unset: a member's is compared with
+eager's where it draws the same numbers (eager and AOTAutograd do), and held to its shape
+and type where it draws its own (inductor does), which the log says.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import copy
 
+from ._compare import differ as differ  # doctor compares with it too
+from ._compare import same_layout, varying
 from ._forksafe import ForkSafeLock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from typing import Any
 
 #: Compiling for a backward check changes a setting of the whole process: one at a time.
@@ -64,10 +68,13 @@ class Reference:
         #: where eager's do, whatever the level.
         self.training = torch.is_grad_enabled()
         self.backward = level == "backward" and self.training
-        self.close: tuple[float | None, float | None] = (rtol, atol)
+        self.close = (rtol, atol)
         #: The outputs (and inputs written in place) that differ from one eager run to the
-        #: next: held to their shapes and types only; the others keep their values checked.
+        #: next: compared where a member draws the same numbers, else in shapes and types.
         self.varying: tuple[set[int], set[int]] = (set(), set())
+        #: What the last check said of how far it went, and whether that is all asked.
+        self.said, self.complete = "", False
+        self._fp64: tuple[list[Any] | None, list[Any] | None] | None = None
         self.gradients: tuple[Any, ...] | None = None
         #: Why nothing is compared (then every member passes); what follows is set only where
         #: it is ``None``.
@@ -84,16 +91,14 @@ class Reference:
             self.unverified = str(exc)
             return
         try:
-            with _generators():
+            with generators():
                 out, passed, grads = self._run(gm, self.backward)
                 # Run on from where the first run left the generators: does it give other
                 # values then (it draws random numbers)?
                 again, written, _ = self._run(gm, False)
             # Other values from the same start, in what it gives or what it writes in place:
             # those draw random numbers (or leave memory unset), and so do the gradients.
-            self.varying = (_varying(leaves(out), leaves(again)), _varying(passed, written))
-            if len(self.varying[0]) == len(leaves(out)):  # every output: the whole graph
-                self.close = (None, None)
+            self.varying = (varying(leaves(out), leaves(again)), varying(passed, written))
             loss = _loss(out) if self.backward else None
             if loss is not None and grads:
                 self.gradients = torch.autograd.grad(loss, grads, allow_unused=True)
@@ -108,51 +113,64 @@ class Reference:
         self.written = [x.detach() for x in passed]
 
     @property
-    def complete(self) -> bool:
-        """Whether a check compares all that was asked, values included."""
-        whole = self.backward or self.asked != "backward"
-        return self.unverified is None and not any(self.varying) and whole
+    def backward_runs(self) -> bool:
+        """Whether a training step runs a backward pass through the graph: it is compiled
+        with gradients on, and an output requires grad."""
+        return self.unverified is None and self.training and any(self.requires_grad)
 
-    @property
-    def said(self) -> str:
+    def check(self, compiled: Callable[..., Any]) -> str | None:
+        """Why ``compiled`` does not compute what the graph does; ``None`` where it does (and
+        :attr:`said` says how far that was checked)."""
         if self.unverified is not None:
-            return f"not verified: {self.unverified}"
+            self.said, self.complete = f"not verified: {self.unverified}", False
+            return None
+        drew: tuple[set[int], set[int], set[int]] = (set(), set(), set())
+        try:
+            with generators():  # from the state the eager run started from
+                out, passed, grads = self._run(compiled, self.backward)
+        except Exception as exc:
+            return f"running it raised {type(exc).__name__}: {_first_line(exc)}"
+        try:
+            got = leaves(out)
+            why = differ(
+                self.eager, got, "output", *self.close, self.varying[0],
+                fp64=lambda: self._float64()[0], drew=drew[0],
+            )  # fmt: skip
+            why = why or same_layout(self.eager, got)
+            why = why or self._same_requires_grad(got)
+            why = why or differ(
+                self.written, passed, "input", *self.close, self.varying[1], drew=drew[1]
+            )
+            if why is None and self.gradients is not None:
+                why = self._same_gradients(out, grads, drew[2])
+        except Exception as exc:  # what it gave cannot even be compared with eager's
+            return f"comparing it with eager raised {type(exc).__name__}: {_first_line(exc)}"
+        if why is None:
+            self._say(*drew)
+        return why
+
+    def _say(self, outputs: set[int], inputs: set[int], gradients: set[int]) -> None:
+        """What :meth:`check` compared of a member that passed: ``outputs``, ``inputs`` and
+        ``gradients`` vary between eager runs and differ from eager's too (the member draws
+        its own random numbers), so only their shapes and types were."""
         level = "backward" if self.backward else "forward"
         said = f"{level} verified against eager"
-        if self.close == (None, None):
+        if len(outputs) == len(self.eager):  # every output: the whole graph
             said = f"{level} verified in shapes and types only (the graph draws random numbers)"
-        elif any(self.varying):
-            which = [f"output {n}" for n in sorted(self.varying[0])]
-            which += [f"input {n}" for n in sorted(self.varying[1])]
+        elif outputs or inputs:
+            which = [f"output {n}" for n in sorted(outputs)]
+            which += [f"input {n}" for n in sorted(inputs)]
             said += (
                 f", but {', '.join(which)} in shapes and types only (they differ from one eager"
                 " run to the next: random numbers, or memory left unset)"
             )
-            if self.backward:
-                said += " and the gradients too"
+            said += " and the gradients too" if gradients else ""
+        elif any(self.varying):
+            said += ", with the same random numbers as eager"
         if level != self.asked:
             said += "; no backward to verify (gradients are off, or no output requires them)"
-        return said
-
-    def check(self, compiled: Callable[..., Any]) -> str | None:
-        """Why ``compiled`` does not compute what the graph does; ``None`` where it does."""
-        if self.unverified is not None:
-            return None
-        try:
-            with _generators():  # from the state the eager run started from
-                out, passed, grads = self._run(compiled, self.backward)
-        except Exception as exc:
-            return f"running it raised {type(exc).__name__}: {exc}"
-        try:
-            why = differ(self.eager, leaves(out), "output", *self.close, self.varying[0])
-            why = why or _same_layout(self.eager, leaves(out))
-            why = why or self._same_requires_grad(leaves(out))
-            why = why or differ(self.written, passed, "input", *self.close, self.varying[1])
-            if why is None and self.gradients is not None:
-                why = self._same_gradients(out, grads)
-        except Exception as exc:  # what it gave cannot even be compared with eager's
-            return f"comparing it with eager raised {type(exc).__name__}: {exc}"
-        return why
+        whole = self.backward or self.asked != "backward"
+        self.said, self.complete = said, whole and not (outputs or inputs or gradients)
 
     def _same_requires_grad(self, out: list[Any]) -> str | None:
         """Where the graph is compiled for training, an output that does not require grad
@@ -174,25 +192,18 @@ class Reference:
     def _run(self, fn: Callable[..., Any], grad: bool) -> tuple[Any, list[Any], list[Any]]:
         """``fn`` on fresh copies, the graph's own state put back. Returns what it gave,
         the inputs as it left them, and the leaves to differentiate by."""
-        import torch
         from torch.utils._pytree import tree_flatten
 
-        passed, grads = _copies(self.inputs, self.training)
+        passed, grads = copies(self.inputs, self.training)
         grads = grads if grad else []
         # Taken before the run: a graph given its inputs in a list (compiled autograd's) may
         # empty it, as a boxed call does.
         tensors = [x for x in tree_flatten(passed)[0] if _tensor(x)]
-        state = {name: t.detach().clone() for name, t in self.gm.state_dict(keep_vars=True).items()}
-        try:
+        with restored(self.gm):
             out = fn(*passed)
-        finally:
-            with torch.no_grad():
-                for name, t in self.gm.state_dict(keep_vars=True).items():
-                    if name in state:
-                        t.copy_(state[name])
         return out, tensors, grads
 
-    def _same_gradients(self, out: Any, grads: list[Any]) -> str | None:
+    def _same_gradients(self, out: Any, grads: list[Any], drew: set[int]) -> str | None:
         import torch
 
         assert self.gradients is not None
@@ -200,13 +211,62 @@ class Reference:
             # An output requires grad: _same_requires_grad said so before this is asked.
             got = torch.autograd.grad(_loss(out), grads, allow_unused=True)
         except Exception as exc:
-            return f"its backward raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
+            return f"its backward raised {type(exc).__name__}: {_first_line(exc)}"
         pairs = [(e, g) for e, g in zip(self.gradients, got, strict=True) if (e, g) != (None, None)]
         if any(e is None or g is None for e, g in pairs):
             return "its gradients reach other inputs than eager's"
+        kept = [
+            n
+            for n, pair in enumerate(zip(self.gradients, got, strict=True))
+            if pair != (None, None)
+        ]
         # Gradients flow through every output: one that varies makes them all vary.
-        close = (None, None) if any(self.varying) else self.close
-        return differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", *close)
+        loose = range(len(pairs)) if any(self.varying) else ()
+        fp64 = self._float64()[1] if not loose else None
+
+        def judge() -> list[Any] | None:
+            return None if fp64 is None else [fp64[n] for n in kept]
+
+        return differ(
+            [e for e, _g in pairs], [g for _e, g in pairs], "gradient", *self.close, loose,
+            fp64=judge, drew=drew,
+        )  # fmt: skip
+
+    def _float64(self) -> tuple[list[Any] | None, list[Any] | None]:
+        """The outputs and gradients of the graph run in float64, its floating inputs,
+        parameters and buffers cast, autocast off; ``None`` for what cannot be run so (a
+        graph that makes tensors of a type of its own) or draws random numbers. Run once,
+        where a value misses the tolerances: it copies the graph."""
+        import torch
+
+        if self._fp64 is not None:
+            return self._fp64
+        self._fp64 = (None, None)
+        if any(self.varying):
+            return self._fp64
+        try:
+            held = any(t.is_floating_point() for t in self.gm.state_dict().values())
+            gm = copy.deepcopy(self.gm).double() if held else self.gm
+            inputs = [_double(x) for x in self.inputs]
+            autocast = torch.autocast("cpu", enabled=False)
+            with generators(), autocast, contextlib.ExitStack() as stack:
+                for kind in ("cuda", "xpu"):
+                    if getattr(getattr(torch, kind, None), "is_available", lambda: False)():
+                        stack.enter_context(torch.autocast(kind, enabled=False))
+                passed, leaves_ = copies(inputs, self.training)
+                with restored(gm):
+                    out = gm(*passed)
+                outputs = [o.detach() if _tensor(o) else None for o in leaves(out)]
+                gradients = None
+                loss = _loss(out) if self.gradients is not None else None
+                # Inputs that shared memory share none in float64: their gradients would
+                # not line up with eager's.
+                if loss is not None and len(leaves_) == len(self.gradients or ()):
+                    gradients = list(torch.autograd.grad(loss, leaves_, allow_unused=True))
+            self._fp64 = (outputs, gradients)
+        except Exception:  # not runnable so: the plain comparison stands
+            pass
+        return self._fp64
 
 
 def _concrete(value: Any) -> Any:
@@ -234,7 +294,7 @@ def fake(x: object) -> bool:
     return type(x).__name__ == "FakeTensor"
 
 
-def _copies(inputs: list[Any], grad: bool) -> tuple[list[Any], list[Any]]:
+def copies(inputs: list[Any], grad: bool) -> tuple[list[Any], list[Any]]:
     """Copies of the tensor inputs, parameters included, in one ``deepcopy`` so that inputs
     sharing memory still do, each with its own strides and offset (compiled code holds the
     strides it was compiled for); those inside a list or tuple too, in new ones. With
@@ -285,7 +345,7 @@ def _loss(out: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _generators() -> Iterator[None]:
+def generators() -> Iterator[None]:
     """Every random number generator in use as it was, afterwards: the CPU's and each
     accelerator's that is initialised (``torch.random.fork_rng`` for each kind)."""
     import torch
@@ -311,101 +371,30 @@ def leaves(value: Any) -> list[Any]:
     return [value]
 
 
-def _same_layout(eager: list[Any], mine: list[Any]) -> str | None:
-    """An output that is contiguous from eager must be so from the member: a caller's
-    ``out.view(-1)`` works on eager's and fails on the other (inductor keeps eager's)."""
-    for number, (expected, got) in enumerate(zip(eager, mine, strict=False)):
-        if not (_strided(expected) and _strided(got)):
-            continue
-        if expected.is_contiguous() and not got.is_contiguous():
-            return (
-                f"output {number} has strides {tuple(got.stride())} where eager's are"
-                f" {tuple(expected.stride())}: it is not contiguous as eager's is"
-            )
-    return None
-
-
-def _strided(value: Any) -> bool:
-    """A dense tensor: one with strides (not sparse), whose values and layout compare."""
+@contextlib.contextmanager
+def restored(gm: Any) -> Iterator[None]:
+    """The graph's own state (its parameters' and buffers' values: BatchNorm's running
+    statistics, say) as it was, after the block."""
     import torch
 
-    return _tensor(value) and value.layout == torch.strided
+    state_dict = getattr(gm, "state_dict", None)
+    state = {} if state_dict is None else state_dict(keep_vars=True)
+    kept = {name: t.detach().clone() for name, t in state.items()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, t in state.items():
+                t.copy_(kept[name])
 
 
-def _varying(first: list[Any], second: list[Any]) -> set[int]:
-    """Which of two eager runs' values (from the same start) differ."""
-    return {
-        n for n, (a, b) in enumerate(zip(first, second, strict=False)) if differ([a], [b], "", 0, 0)
-    }
+def _double(value: Any) -> Any:
+    """``value`` in float64 where it is a floating tensor (a leaf again where it was one)."""
+    if not (_tensor(value) and value.is_floating_point()):
+        return value
+    return value.detach().double().requires_grad_(value.requires_grad)
 
 
-def differ(
-    eager: list[Any],
-    mine: list[Any],
-    what: str,
-    rtol: float | None,
-    atol: float | None,
-    loose: Collection[int] = (),
-) -> str | None:
-    """How ``mine`` differs from ``eager``; with no tolerances, and for the values numbered
-    in ``loose``, in shapes and types only."""
-    import torch
-
-    if len(eager) != len(mine):
-        return f"{len(mine)} {what}s where eager gives {len(eager)}"
-    for number, (expected, got) in enumerate(zip(eager, mine, strict=True)):
-        if expected is None:
-            # No value to hold it to: compiled autograd's graph gives None for each gradient
-            # it accumulates, where AOTAutograd's compile of it gives the tensor.
-            continue
-        if _tensor(expected) != _tensor(got):
-            return f"{what} {number} is {type(got).__name__}, eager gives {type(expected).__name__}"
-        if not _tensor(expected):
-            if expected != got:
-                return f"{what} {number} is {got!r}, eager gives {expected!r}"
-            continue
-        if rtol is None or atol is None or number in loose:
-            kind = (got.shape, got.dtype)
-            if kind != (expected.shape, expected.dtype):
-                return f"{what} {number} is {kind}, eager gives {(expected.shape, expected.dtype)}"
-            continue
-        # Integers, booleans and the like are exact: an index or a count is right or wrong.
-        exact = not (expected.is_floating_point() or expected.is_complex())
-        tolerances = (0.0, 0.0) if exact else (rtol, _absolute(expected, rtol, atol))
-        try:
-            torch.testing.assert_close(
-                got, expected, rtol=tolerances[0], atol=tolerances[1], equal_nan=True
-            )
-        except (AssertionError, TypeError) as exc:
-            if exact:
-                return f"{what} {number} ({expected.dtype}) differs from eager's: {summary(exc)}"
-            limits = f"rtol={rtol}, atol={atol}"
-            if tolerances[1] < atol:
-                limits += f" (here {tolerances[1]:.3g}, rtol of its largest value)"
-            return f"{what} {number} differs from eager beyond {limits}: {summary(exc)}"
-    return None
-
-
-#: The least absolute tolerance: torch.testing's for float32. Below it lies rounding noise,
-#: as in a gradient that is zero but for it (a bias before a batch norm).
-_LEAST_ATOL = 1e-5
-
-
-def _absolute(expected: Any, rtol: float, atol: float) -> float:
-    """The absolute tolerance for ``expected``: ``atol``, but no more than ``rtol`` of its
-    largest finite magnitude (nor less than :data:`_LEAST_ATOL`). A tolerance above every
-    value checks nothing: a softmax's probabilities, or small gradients, all zero or all
-    doubled would pass."""
-    if not _strided(expected):  # sparse: as given
-        return atol
-    finite = expected.detach()[expected.detach().isfinite()]
-    if finite.numel() == 0:
-        return atol
-    return min(atol, max(rtol * float(finite.abs().max()), _LEAST_ATOL))
-
-
-def summary(exc: BaseException) -> str:
-    """assert_close's message, shortened to how many elements differ and by how much."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    facts = [line for line in lines if line.startswith(("Mismatched", "Greatest"))]
-    return "; ".join(facts) or (lines[0] if lines else "values differ")
+def _first_line(exc: BaseException) -> str:
+    """An exception's message's first line ("" for none): what a log line has room for."""
+    return (str(exc).strip().splitlines() or [""])[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from .._errors import UnknownBackendError, closest
+from .._identity import by_device
 from .._registry import DEFAULT_EXCLUDE_TAGS
 from .common import (
     EXIT_OK,
@@ -85,13 +86,14 @@ def _as_json(
         "name": d.name,
         "target": d.target,
         "chain": list(d.chain) if d.chain is not None else None,
-        "by_device": dict(d.by_device) if d.by_device is not None else None,
+        "by_device": by_device(d) if d.by_device is not None else None,
         "tags": list(d.tags),
         "description": d.description,
         "aliases": list(d.aliases),
         "requires": list(d.requires),
         "options": dict(d.options),
         "verify": dict(zip(("level", "rtol", "atol"), d.verify, strict=True)) if d.verify else None,
+        "select": {"select": d.select, "min_speedup": d.min_speedup} if d.chain else None,
         "default": default is not None and default.name == d.name,
         "source": {
             key: getattr(d.source, key)
@@ -106,8 +108,17 @@ def _what(d: BackendDefinition) -> tuple[str, str]:
     if d.chain is not None:
         return "chain", " -> ".join(d.chain)
     if d.by_device is not None:
-        return "by-device", ", ".join(f"{device} -> {name}" for device, name in d.by_device)
+        said = [f"{device} -> {_device_entry(entry)}" for device, entry in by_device(d).items()]
+        return "by-device", ", ".join(said)
     return "target", d.target or ""
+
+
+def _device_entry(entry: str | dict[str, Any]) -> str:
+    """A ``by-device`` entry: a backend's name, with the settings it gives that device."""
+    if isinstance(entry, str):
+        return entry
+    settings = [f"{key} {value!r}" for key, value in entry.items() if key != "backend"]
+    return f"{entry['backend']} ({', '.join(settings) or 'no settings'})"
 
 
 def run_explain(args: Arguments) -> int:
@@ -124,6 +135,7 @@ def run_explain(args: Arguments) -> int:
     default = registry.index(with_torch=False).default
     # Entry points are admitted without PyTorch read: explaining needs no torch import.
     policy = registry.index(with_torch=False).admitted.get(name)
+    choices = _choices(registry, info.definition)
     if args.json:
         available = registry.why_unavailable(info.definition) is None
         print_json(
@@ -132,6 +144,7 @@ def run_explain(args: Arguments) -> int:
                 "alias": info.alias,
                 "policy": policy,
                 "autoload": enabled(),
+                "choices": choices,
                 "shadowed": [
                     _as_json(lower, registry.why_unavailable(lower) is None)
                     for lower in info.shadowed
@@ -154,6 +167,11 @@ def run_explain(args: Arguments) -> int:
     else:
         autoload = state()
     out.append(f"  {'autoload:':<13}{autoload}")
+    if info.definition.select == "fastest":
+        from .._select import said
+
+        out.append(f"  {'choices:':<13}{len(choices) or 'none'} remembered here")
+        out.extend(f"    {c['graph']}: {c['member']} ({said(c)})" for c in choices)
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
@@ -163,6 +181,17 @@ def run_explain(args: Arguments) -> int:
         out.append("shadows nothing")
     print("\n".join(printable(line) for line in out))
     return EXIT_OK
+
+
+def _choices(registry: Registry, definition: BackendDefinition) -> list[dict[str, Any]]:
+    """The choices a ``select = "fastest"`` chain remembered here, as it is now."""
+    if definition.select != "fastest":
+        return []
+    from .._select import remembered
+
+    keys = ("graph", "member", "first", "speedup", "seconds", "when")
+    found = remembered(registry.context.cache, definition, registry.backend_info)
+    return [{key: choice.get(key) for key in keys} for choice in found]
 
 
 def _explain_unusable(registry: Registry, name: str) -> None:
@@ -198,6 +227,9 @@ def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
     if d.verify is not None:
         level, rtol, atol = d.verify
         fields.append(("verify", f"{level} (rtol {rtol:g}, atol {atol:g})"))
+    if d.select == "fastest":
+        said = f"fastest (a member at least {d.min_speedup:g}x faster than the first is chosen)"
+        fields.append(("select", said))
     if d.tags:
         fields.append(("tags", ", ".join(d.tags)))
     if d.aliases:

@@ -72,7 +72,9 @@ class Cache:
     def get(self, kind: str, key: object) -> Any:
         if self.folder is None or not self._private(kind):
             return None
-        path, name = self._entry(kind, key)
+        return self._read(*self._entry(kind, key))
+
+    def _read(self, path: str, name: bytes) -> Any:
         try:
             # Through an opener, so that open() closes the file it refuses (a folder).
             with open(path, "rb", opener=lambda path, _: os.open(path, _OPEN)) as handle:
@@ -99,6 +101,17 @@ class Cache:
                 if kind not in self.trimmed:
                     self.trimmed.add(kind)
                     _trim(os.path.dirname(path))
+
+    def entries(self, kind: str) -> Iterator[Any]:
+        """Every value of ``kind`` there is (what cannot be read is passed by)."""
+        if self.folder is None or not self._private(kind):
+            return
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(os.path.join(self.folder, kind)):
+                path, name = entry.path, entry.name.partition(".")[0].encode()
+                value = self._read(path, name)
+                if value is not None:
+                    yield value
 
     @contextlib.contextmanager
     def locked(self, kind: str) -> Iterator[None]:

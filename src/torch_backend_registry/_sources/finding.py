@@ -87,13 +87,15 @@ def searching(folders: Sequence[str]) -> Iterator[None]:
         _FOLDERS.reset(token)
 
 
-def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
+def find(module: str, folders: Sequence[str] = (), *, files: bool = False) -> ModuleSpec | None:
     """The spec ``import module`` would use (``folders`` searched last), running nothing:
     ``importlib.util.find_spec("a.b")`` imports ``a``; here each level is looked for in the
-    search locations of the level above."""
+    search locations of the level above. With ``files``, in the files alone, whatever is
+    imported: the same answer before and after (a package that extends its ``__path__`` as
+    it is imported has modules only an import finds)."""
     import importlib.util
 
-    loaded = sys.modules.get(module)
+    loaded = None if files else sys.modules.get(module)
     if loaded is not None:
         return getattr(loaded, "__spec__", None) or importlib.machinery.ModuleSpec(module, None)
     parts = module.split(".")
@@ -101,7 +103,7 @@ def find(module: str, folders: Sequence[str] = ()) -> ModuleSpec | None:
     locations: Sequence[str] | None = None
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
-        parent = sys.modules.get(name)
+        parent = None if files else sys.modules.get(name)
         try:
             if parent is not None:  # never the module itself, which is not loaded
                 locations = getattr(parent, "__path__", None)
@@ -138,12 +140,12 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
     that an edit of a module it re-exports counts too; ``None`` where it is not found.
     (Installed packages change by being installed again, which :func:`installed_stamp` sees.)
     """
-    spec = find(module, folders)
+    spec = find(module, folders, files=True)
     origin = getattr(spec, "origin", None)
     if not isinstance(origin, str):
         return None
     stamps: list[object] = [stamp(origin)]
-    top = find(module.split(".")[0], folders)
+    top = find(module.split(".")[0], folders, files=True)
     installed = tuple(os.path.join(p, "") for p in _site_packages())
     for folder in getattr(top, "submodule_search_locations", None) or ():
         if os.path.join(folder, "").startswith(installed):

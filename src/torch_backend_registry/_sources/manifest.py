@@ -207,7 +207,7 @@ class _Validation(NamedTuple):
         broken: dict[str, Problem],
         written_path: tuple[str, ...],
     ) -> None:
-        from .._definition import ATOL, RTOL
+        from .._definition import ATOL, MIN_SPEEDUP, RTOL
         from .schema import BackendEntry
 
         # Relative to the real file: a link to a manifest must not make its code
@@ -234,19 +234,28 @@ class _Validation(NamedTuple):
                 )
                 continue
             verify = None
-            if entry.verify != "none":  # doctor's tolerances unless given
+            level = entry.verify or ("forward" if entry.select == "fastest" else "none")
+            if level != "none":  # doctor's tolerances unless given
                 rtol = RTOL if entry.rtol is None else entry.rtol
-                verify = (entry.verify, rtol, ATOL if entry.atol is None else entry.atol)
-            by_device = entry.by_device
+                verify = (level, rtol, ATOL if entry.atol is None else entry.atol)
+            # As pairs, ``other`` last: the one asked when no device type matches; a table's
+            # torch.compile settings apart, by device.
+            by_device = sorted((entry.by_device or {}).items(), key=lambda d: d[0] == "other")
+            pairs = [(d, c if isinstance(c, str) else c.backend) for d, c in by_device]
+            settings = {
+                device: MappingProxyType(
+                    choice.model_dump(exclude={"backend"}, exclude_defaults=True)
+                )
+                for device, choice in by_device
+                if not isinstance(choice, str)
+            }
             definition = BackendDefinition(
                 name,
                 source,
                 target=entry.target,
                 chain=tuple(entry.chain) if entry.chain is not None else None,
-                # As pairs, ``other`` last: the one asked when no device type matches.
-                by_device=None
-                if by_device is None
-                else tuple(sorted(by_device.items(), key=lambda pair: pair[0] == "other")),
+                by_device=None if entry.by_device is None else tuple(pairs),
+                device_settings=MappingProxyType(settings) if settings else EMPTY,
                 tags=tuple(entry.tags),
                 description=entry.description,
                 aliases=tuple(entry.aliases),
@@ -257,11 +266,13 @@ class _Validation(NamedTuple):
                 search_path=search_path,
                 written_path=written_path,
                 verify=verify,
+                select=entry.select,
+                min_speedup=entry.min_speedup or MIN_SPEEDUP,
                 distribution=entry.distribution,
                 lines=MappingProxyType(self._key_lines(table, raw)),
             )
             self.found.definitions.append(definition)
-            for device in by_device or ():
+            for device, _choice in by_device:
                 self._known_device(name, device)
 
     def _key_lines(self, table: tuple[str, ...], raw: dict[str, Any]) -> dict[str, int]:

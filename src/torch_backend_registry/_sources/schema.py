@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import itertools
 import reprlib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
@@ -40,6 +40,7 @@ Folder = Annotated[str, Field(pattern=FOLDER_PATTERN, min_length=1)]
 Distribution = Annotated[str, Field(pattern=DISTRIBUTION_PATTERN)]
 Device = Annotated[str, Field(pattern=DEVICE_PATTERN)]
 Tolerance = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Speedup = Annotated[float, Field(ge=1.0, allow_inf_nan=False)]
 
 # What a user should have written, keyed by the pattern pydantic reports.
 _PATTERN_HINTS = {
@@ -81,6 +82,31 @@ _ONE_KIND: dict[str, Any] = {
 }
 
 
+class DeviceEntry(BaseModel):
+    """A ``by-device`` entry written as a table: a backend, with torch.compile's settings for
+    the graphs on that device in place of those torch.compile was given."""
+
+    model_config = ConfigDict(**_TABLE, title="Device entry")
+
+    backend: Name = Field(description="The backend for graphs on this device.")
+    mode: str | None = Field(
+        default=None, description="As torch.compile(mode=...), e.g. 'max-autotune'."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="As torch.compile(options={...})."
+    )
+
+
+#: A ``by-device`` entry: a backend's name, or a table (told apart by what is written, so
+#: that an error speaks of the form that was meant).
+DeviceChoice = Annotated[
+    Union[Annotated[Name, Tag("name")], Annotated[DeviceEntry, Tag("table")]],  # noqa: UP007
+    Discriminator(lambda value: "table" if isinstance(value, (dict, DeviceEntry)) else "name"),
+]
+#: The union's tags, which pydantic puts in an error's location.
+_TAGS = ("name", "table")
+
+
 class BackendEntry(BaseModel):
     """One ``[backends.NAME]`` table."""
 
@@ -115,17 +141,29 @@ class BackendEntry(BaseModel):
         description="Instead of target: take this name's entry point from this installed"
         " distribution (when several declare it).",
     )
-    by_device: dict[Device, Name] | None = Field(
+    by_device: dict[Device, DeviceChoice] | None = Field(
         default=None,
         min_length=1,
         description="Instead of target or chain: the backend for each device type of the"
-        " graph's inputs (as torch.device(...).type names it), 'other' for any not listed.",
+        " graph's inputs (as torch.device(...).type names it), 'other' for any not listed;"
+        " a table { backend, mode, options } gives that device torch.compile's settings too.",
     )
-    verify: Literal["none", "forward", "backward"] = Field(
-        default="none",
+    verify: Literal["none", "forward", "backward"] | None = Field(
+        default=None,
         description="For a chain: run each member's compiled graph once against the graph"
         " run eagerly ('forward'), and its gradients too ('backward'); a member that differs"
-        " is skipped.",
+        " is skipped. Default 'none', or 'forward' with select = 'fastest'.",
+    )
+    select: Literal["first", "fastest"] = Field(
+        default="first",
+        description="For a chain: the first member that works ('first'), or for each graph"
+        " the fastest member that verifies, timed, remembered and the same on every rank"
+        " ('fastest').",
+    )
+    min_speedup: Speedup | None = Field(
+        default=None,
+        description="With select = 'fastest': how many times faster than the chain's first"
+        " verified member the fastest must be to be chosen over it (default 1.1).",
     )
     rtol: Tolerance | None = Field(
         default=None, description="With verify: the relative tolerance (default 0.01)."
@@ -152,10 +190,18 @@ class BackendEntry(BaseModel):
         if (self.chain is not None or self.by_device is not None) and self.options:
             # It calls its members as they are declared; options here would be lost.
             raise MisplacedKey("options", "'options' go with a 'target'; set them on the members")
-        if self.verify != "none" and self.chain is None:
-            raise MisplacedKey("verify", "'verify' goes with a 'chain'")
+        verifying, selecting = self.verify not in (None, "none"), self.select != "first"
+        for key, written in (("verify", verifying), ("select", selecting)):
+            if written and self.chain is None:
+                raise MisplacedKey(key, f"'{key}' goes with a 'chain'")
+        if self.select == "fastest" and self.verify == "none":
+            said = 'select = "fastest" verifies each member it times: remove verify = "none"'
+            raise MisplacedKey("verify", said + ' (it is "forward" then) or set "backward"')
+        if self.min_speedup is not None and self.select != "fastest":
+            raise MisplacedKey("min-speedup", "'min-speedup' goes with select = \"fastest\"")
+        verifies = self.verify not in (None, "none") or self.select == "fastest"
         for key in ("rtol", "atol"):
-            if self.verify == "none" and getattr(self, key) is not None:
+            if not verifies and getattr(self, key) is not None:
                 said = f"'{key}' goes with 'verify = \"forward\"' or \"backward\""
                 raise MisplacedKey(key, said)
         return self
@@ -237,6 +283,8 @@ def error_loc(item: Any) -> tuple[str | int, ...]:
     """Where a pydantic error is: its location without the ``[key]`` marker of a bad dict
     key, down to the key a table-wide rule found misplaced."""
     loc = tuple(part for part in item["loc"] if part != "[key]")
+    if len(loc) > 4 and loc[2] == "by-device" and loc[4] in _TAGS:  # not a key: the form
+        loc = loc[:4] + loc[5:]
     error = item.get("ctx", {}).get("error")
     return (*loc, error.key) if isinstance(error, MisplacedKey) else loc
 
@@ -252,6 +300,12 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         if key in _REMOVED:
             return f"{key!r} was removed: {_REMOVED[key]}"
         known = list(_fields(loc))
+        if len(loc) == 3 and loc[0] == "backends" and key in _fields(()):
+            return (
+                f"{key!r} is a key of the whole manifest, not of a backend: move it above the"
+                f" first [backends.NAME] table (written below [backends.{loc[1]}], it is read"
+                " as that backend's)"
+            )
         close = closest(key, known)
         hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
         return f"unknown key {key!r}; {hint}"
@@ -259,6 +313,13 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         pattern = item.get("ctx", {}).get("pattern", "")
         what = "key" if "[key]" in loc else "value"
         return f"{at}invalid {what} {short(given)}: expected {_PATTERN_HINTS.get(pattern, pattern)}"
+    if kind == "missing":
+        return f"{at}needs {str(loc[-1])!r}"
+    if kind == "string_type" and "by-device" in loc and "name" in loc[3:]:
+        return (
+            f'expected a backend\'s name or a table {{ backend = "NAME", mode = ...,'
+            f" options = {{ ... }} }}, got {_TOML_TYPES.get(type(given), 'a value')} {short(given)}"
+        )
     if kind in _TYPE_WORDS:
         toml_type = _TOML_TYPES.get(type(given), type(given).__name__)
         return f"{at}expected {_TYPE_WORDS[kind]}, got {toml_type} {short(given)}"
@@ -272,9 +333,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         return f"{at}must be a finite number, not {short(given)}"
     if kind in ("too_short", "string_too_short"):
         return f"{at}must not be empty"
-    if kind == "literal_error":
-        # Only verify is a Literal: loc ends at its key.
-        expected = [str(v) for v in getattr(_fields(loc).get(str(loc[-1])), "__args__", ())]
+    if kind == "literal_error":  # verify and select: loc ends at the key
+        expected = _literals(_fields(loc).get(str(loc[-1])))
         close = closest(str(given), expected)
         listed = " or ".join(map(repr, expected))
         hint = f"did you mean {close[0]!r}?" if close else f"expected {listed}"
@@ -290,11 +350,21 @@ _REMOVED = {
 }
 
 
+def _literals(annotation: Any) -> list[str]:
+    """The values a ``Literal`` (perhaps inside an optional) admits."""
+    args = getattr(annotation, "__args__", ())
+    if getattr(annotation, "__origin__", None) is Literal:
+        return [str(arg) for arg in args]
+    return [value for arg in args for value in _literals(arg)]
+
+
 def _fields(loc: tuple[str | int, ...]) -> dict[str, Any]:
     """The keys of the table the key at ``loc`` stands in, as written, and their types."""
     strings = [part for part in loc if isinstance(part, str)]
     model: type[BaseModel] = Manifest
-    if len(strings) >= 3 and strings[0] == "backends":
+    if len(strings) >= 5 and strings[0] == "backends" and strings[2] == "by-device":
+        model = DeviceEntry
+    elif len(strings) >= 3 and strings[0] == "backends":
         model = BackendEntry
     elif len(strings) >= 2 and strings[0] == "plugins":
         model = Plugins
