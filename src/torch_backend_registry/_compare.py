@@ -53,13 +53,13 @@ def differ(
             continue
         kind, eagers = (got.shape, got.dtype), (expected.shape, expected.dtype)
         why = None if rtol is None or atol is None else _values(expected, got, rtol, atol)
-        if why is None and rtol is not None:
-            continue
-        if rtol is None or atol is None or number in loose:
+        if rtol is None or atol is None or (why is not None and number in loose):
             if kind != eagers:
                 return f"{what} {number} is {kind}, eager gives {eagers}"
             if why is not None and drew is not None:
                 drew.add(number)
+            continue
+        if why is None:
             continue
         floating = expected.is_floating_point() and expected.dtype != torch.float64
         if floating and fp64 is not None and _strided(expected) and kind == eagers:
