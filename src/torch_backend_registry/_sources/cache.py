@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import stat
 import sys
 from types import MappingProxyType
 
@@ -26,6 +25,7 @@ from .._definition import (
     canonical,
 )
 from .._environment import switched_on
+from .files import untrusted, untrusted_folder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class Cache:
             # Through an opener, so that open() closes the file it refuses (a folder).
             with open(path, "rb", opener=lambda path, _: os.open(path, _OPEN)) as handle:
                 info = os.fstat(handle.fileno())
-                if not _ours(info, entry=True) or info.st_size > _MAX_ENTRY:
+                if untrusted(info, private=True) is not None or info.st_size > _MAX_ENTRY:
                     return None
                 data = handle.read(_MAX_ENTRY + 1)
             seal, _, text = data.partition(b"\n")
@@ -117,9 +117,7 @@ class Cache:
 
     def _private(self, kind: str, *, make: bool = False) -> bool:
         """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
-        this user's, private, and below a trusted folder: nobody else can write there."""
-        from .files import untrusted_folder
-
+        this user's own and private, below a trusted folder: nobody else can write there."""
         assert self.folder is not None
         folders = (self.folder, os.path.join(self.folder, kind))
         parent = os.path.dirname(self.folder)
@@ -136,11 +134,11 @@ class Cache:
                 for folder in folders:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(folder, 0o700)
-            return untrusted_folder(parent) is None and all(
-                _ours(os.lstat(folder)) for folder in folders
-            )
         except OSError:
             return False
+        return untrusted_folder(parent) is None and not any(
+            untrusted_folder(folder, private=True) for folder in folders
+        )
 
     def _entry(self, kind: str, key: object) -> tuple[str, bytes]:
         """Where the entry of ``key`` lies, and the digest of its key (which its seal holds)."""
@@ -154,19 +152,6 @@ class Cache:
 
 #: The cache that is off: nothing is found, nothing kept.
 NO_CACHE = Cache(None)
-
-
-def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
-    """Whether a cache folder (or an entry) is this user's, and nobody else's to change
-    (nor, a folder, to look into)."""
-    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
-        return True
-    kind, others = (
-        (stat.S_ISREG, stat.S_IWGRP | stat.S_IWOTH)
-        if entry
-        else (stat.S_ISDIR, stat.S_IRWXG | stat.S_IRWXO)
-    )
-    return kind(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & others
 
 
 def _trim(folder: str) -> None:
