@@ -1,9 +1,15 @@
-"""The warm start: what was read before, as sealed entries in the user's cache folder.
+"""The warm start: what was read before, as entries in the user's own private cache folder.
 
 An entry is named by a digest of its key, which holds everything its value depends on (a
 manifest's full text, this package's code, what is on ``sys.path``), never a time stamp
-alone; its first line seals its text, so a torn, changed or moved entry is no entry. The
-folder is used only while it is this user's own and private. Anything in doubt is read again.
+alone. It is the value and that name, pickled and compressed by zlib, whose checksum makes a
+torn or changed entry fail to read; the name inside makes one moved to another key's name no
+entry. Anything in doubt is read again.
+
+Entries are plain pickles, and reading one may run any code it names: that is safe because
+the folder is used only while it is this user's own and private (see ``untrusted``). Nobody
+else can write there; whoever can is this user or root, who could change the installed
+code itself anyway.
 """
 
 from __future__ import annotations
@@ -14,16 +20,7 @@ import os
 import sys
 from types import MappingProxyType
 
-from .._definition import (
-    EMPTY,
-    BackendDefinition,
-    DefaultDeclaration,
-    Discovery,
-    PluginRule,
-    Problem,
-    Source,
-    canonical,
-)
+from .._definition import EMPTY, canonical
 from .._environment import switched_on
 from .files import untrusted, untrusted_folder
 
@@ -34,8 +31,7 @@ if TYPE_CHECKING:
 
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
-LAYOUT = 5
-_MAX_ENTRY = 64 * 2**20  # larger than any entry this library writes
+LAYOUT = 6
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 # A FIFO at an entry's name opens at once, and fstat tells it is no entry.
 _OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
@@ -72,19 +68,18 @@ class Cache:
     def get(self, kind: str, key: object) -> Any:
         if self.folder is None or not self._private(kind):
             return None
+        import pickle
+        import zlib
+
         path, name = self._entry(kind, key)
         try:
             # Through an opener, so that open() closes the file it refuses (a folder).
             with open(path, "rb", opener=lambda path, _: os.open(path, _OPEN)) as handle:
-                info = os.fstat(handle.fileno())
-                if untrusted(info, private=True) is not None or info.st_size > _MAX_ENTRY:
+                if untrusted(os.fstat(handle.fileno()), private=True) is not None:
                     return None
-                data = handle.read(_MAX_ENTRY + 1)
-            seal, _, text = data.partition(b"\n")
-            if seal != _seal(name, text):
-                return None  # torn, truncated, changed or moved since it was written
-            return _loads(text)
-        except Exception:  # unreadable; unpickling can raise anything, a sealed entry rarely
+                stored, value = pickle.loads(zlib.decompress(handle.read()))
+            return value if stored == name else None  # else moved from another key's name
+        except Exception:  # torn, changed, or of another format: no entry
             return None
 
     def put(self, kind: str, key: object, value: object) -> None:
@@ -93,9 +88,9 @@ class Cache:
         path, name = self._entry(kind, key)
         # A read-only home, a full disk, a value pickle refuses: no cache.
         with contextlib.suppress(Exception):
-            text = _dumps(value)
+            data = _dumps((name, value))
             if self._private(kind, make=True):
-                write_atomically(path, _seal(name, text) + b"\n" + text, 0o600)
+                write_atomically(path, data, 0o600)
                 if kind not in self.trimmed:
                     self.trimmed.add(kind)
                     _trim(os.path.dirname(path))
@@ -140,14 +135,14 @@ class Cache:
             untrusted_folder(folder, private=True) for folder in folders
         )
 
-    def _entry(self, kind: str, key: object) -> tuple[str, bytes]:
-        """Where the entry of ``key`` lies, and the digest of its key (which its seal holds)."""
+    def _entry(self, kind: str, key: object) -> tuple[str, str]:
+        """Where the entry of ``key`` lies, and its name: a digest of the key."""
         import hashlib
 
         assert self.folder is not None
         key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
         name = hashlib.sha256(key_text).hexdigest()
-        return os.path.join(self.folder, kind, name + ".pickle"), name.encode()
+        return os.path.join(self.folder, kind, name + ".pickle"), name
 
 
 #: The cache that is off: nothing is found, nothing kept.
@@ -186,12 +181,6 @@ def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
         raise
 
 
-def _seal(name: bytes, text: bytes) -> bytes:
-    import hashlib
-
-    return hashlib.sha256(name + b"\n" + text).hexdigest().encode()
-
-
 @functools.cache  # one process runs one version of this code
 def code_key() -> str:
     """A digest of the code that reads manifests: this package's, byte by byte, pydantic's,
@@ -215,67 +204,23 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
-# Values as pickles, read back by an unpickler that knows the few functions below and the
-# dates and times TOML writes, and nothing else: an entry cannot name any other code to run.
-# A value of this package is written as a call of a function given its class's name, never
-# as the class: an unpickler that hands out a class lets an entry set attributes on it
-# (BUILD), and so rename it for the next entry. A read-only mapping is stored as the dict it
-# shows. The code's digest in every key keeps an entry from outliving the classes.
-
-_VALUES: dict[str, Any] = {
-    cls.__name__: cls
-    for cls in (BackendDefinition, DefaultDeclaration, PluginRule, Problem, Source)
-}
-
-
-def _value(kind: str, *fields: object) -> object:
-    return _VALUES[kind](*fields)
-
-
-def _discovery(*fields: Any) -> Discovery:
-    found = Discovery()
-    for slot, value in zip(Discovery.__slots__, fields, strict=True):
-        setattr(found, slot, value)
-    return found
-
-
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(table) if table else EMPTY
 
 
-#: What an entry may name: written out here, not read from objects an entry could change.
-_KNOWN = frozenset(
-    [(__name__, f.__name__) for f in (_value, _discovery, _readonly)]
-    + [("datetime", kind) for kind in ("date", "time", "datetime", "timedelta", "timezone")]
-)
-
-
 def _dumps(value: object) -> bytes:
+    """``value`` pickled and compressed; a read-only mapping (which pickle refuses) as the
+    dict it shows, read back read-only."""
     import copyreg
     import io
     import pickle
+    import zlib
 
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
     # This pickler's own table: copyreg's, which every pickle of the process reads, is unchanged.
-    pickler.dispatch_table = {
-        **copyreg.dispatch_table,
-        **dict.fromkeys(_VALUES.values(), lambda item: (_value, (type(item).__name__, *item))),
-        Discovery: lambda d: (_discovery, tuple(getattr(d, s) for s in Discovery.__slots__)),
-        MappingProxyType: lambda table: (_readonly, (dict(table),)),
+    pickler.dispatch_table = copyreg.dispatch_table | {
+        MappingProxyType: lambda table: (_readonly, (dict(table),))
     }
     pickler.dump(value)
-    return buffer.getvalue()
-
-
-def _loads(data: bytes) -> object:
-    import io
-    import pickle
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            if (module, name) not in _KNOWN:
-                raise pickle.UnpicklingError(f"{module}.{name} is not a value of this cache")
-            return super().find_class(module, name)
-
-    return Unpickler(io.BytesIO(data)).load()
+    return zlib.compress(buffer.getvalue(), 1)
