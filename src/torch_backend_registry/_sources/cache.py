@@ -1,9 +1,15 @@
-"""The warm start: what was read before, as sealed entries in the user's cache folder.
+"""The warm start: what was read before, as entries in the user's own private cache folder.
 
 An entry is named by a digest of its key, which holds everything its value depends on (a
 manifest's full text, this package's code, what is on ``sys.path``), never a time stamp
-alone; its first line seals its text, so a torn, changed or moved entry is no entry. The
-folder is used only while it is this user's own and private. Anything in doubt is read again.
+alone. It is the value and that name, pickled and compressed by zlib, whose checksum makes a
+torn or changed entry fail to read; the name inside makes one moved to another key's name no
+entry. Anything in doubt is read again.
+
+Entries are plain pickles, and reading one may run any code it names: that is safe because
+the folder is used only while it is this user's own and private (see ``untrusted``). Nobody
+else can write there; whoever can is this user or root, who could change the installed
+code itself anyway.
 """
 
 from __future__ import annotations
@@ -11,21 +17,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import stat
 import sys
 from types import MappingProxyType
 
-from .._definition import (
-    EMPTY,
-    BackendDefinition,
-    DefaultDeclaration,
-    Discovery,
-    PluginRule,
-    Problem,
-    Source,
-    canonical,
-)
+from .._definition import EMPTY, canonical
 from .._environment import switched_on
+from .files import untrusted, untrusted_folder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,8 +31,7 @@ if TYPE_CHECKING:
 
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
-LAYOUT = 5
-_MAX_ENTRY = 64 * 2**20  # larger than any entry this library writes
+LAYOUT = 6
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 # A FIFO at an entry's name opens at once, and fstat tells it is no entry.
 _OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
@@ -74,19 +70,28 @@ class Cache:
             return None
         return self._read(*self._entry(kind, key))
 
-    def _read(self, path: str, name: bytes) -> Any:
+    def entries(self, kind: str) -> Iterator[Any]:
+        """Every value of ``kind`` there is (what cannot be read is passed by)."""
+        if self.folder is None or not self._private(kind):
+            return
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(os.path.join(self.folder, kind)):
+                value = self._read(entry.path, entry.name.partition(".")[0])
+                if value is not None:
+                    yield value
+
+    def _read(self, path: str, name: str) -> Any:
+        import pickle
+        import zlib
+
         try:
             # Through an opener, so that open() closes the file it refuses (a folder).
             with open(path, "rb", opener=lambda path, _: os.open(path, _OPEN)) as handle:
-                info = os.fstat(handle.fileno())
-                if not _ours(info, entry=True) or info.st_size > _MAX_ENTRY:
+                if untrusted(os.fstat(handle.fileno()), private=True) is not None:
                     return None
-                data = handle.read(_MAX_ENTRY + 1)
-            seal, _, text = data.partition(b"\n")
-            if seal != _seal(name, text):
-                return None  # torn, truncated, changed or moved since it was written
-            return _loads(text)
-        except Exception:  # unreadable; unpickling can raise anything, a sealed entry rarely
+                stored, value = pickle.loads(zlib.decompress(handle.read()))
+            return value if stored == name else None  # else moved from another key's name
+        except Exception:  # torn, changed, or of another format: no entry
             return None
 
     def put(self, kind: str, key: object, value: object) -> None:
@@ -95,23 +100,12 @@ class Cache:
         path, name = self._entry(kind, key)
         # A read-only home, a full disk, a value pickle refuses: no cache.
         with contextlib.suppress(Exception):
-            text = _dumps(value)
+            data = _dumps((name, value))
             if self._private(kind, make=True):
-                write_atomically(path, _seal(name, text) + b"\n" + text, 0o600)
+                write_atomically(path, data, 0o600)
                 if kind not in self.trimmed:
                     self.trimmed.add(kind)
                     _trim(os.path.dirname(path))
-
-    def entries(self, kind: str) -> Iterator[Any]:
-        """Every value of ``kind`` there is (what cannot be read is passed by)."""
-        if self.folder is None or not self._private(kind):
-            return
-        with contextlib.suppress(OSError):
-            for entry in os.scandir(os.path.join(self.folder, kind)):
-                path, name = entry.path, entry.name.partition(".")[0].encode()
-                value = self._read(path, name)
-                if value is not None:
-                    yield value
 
     @contextlib.contextmanager
     def locked(self, kind: str) -> Iterator[None]:
@@ -130,9 +124,7 @@ class Cache:
 
     def _private(self, kind: str, *, make: bool = False) -> bool:
         """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
-        this user's, private, and below a trusted folder: nobody else can write there."""
-        from .files import untrusted_folder
-
+        this user's own and private, below a trusted folder: nobody else can write there."""
         assert self.folder is not None
         folders = (self.folder, os.path.join(self.folder, kind))
         parent = os.path.dirname(self.folder)
@@ -149,37 +141,24 @@ class Cache:
                 for folder in folders:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(folder, 0o700)
-            return untrusted_folder(parent) is None and all(
-                _ours(os.lstat(folder)) for folder in folders
-            )
         except OSError:
             return False
+        return untrusted_folder(parent) is None and not any(
+            untrusted_folder(folder, private=True) for folder in folders
+        )
 
-    def _entry(self, kind: str, key: object) -> tuple[str, bytes]:
-        """Where the entry of ``key`` lies, and the digest of its key (which its seal holds)."""
+    def _entry(self, kind: str, key: object) -> tuple[str, str]:
+        """Where the entry of ``key`` lies, and its name: a digest of the key."""
         import hashlib
 
         assert self.folder is not None
         key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
         name = hashlib.sha256(key_text).hexdigest()
-        return os.path.join(self.folder, kind, name + ".pickle"), name.encode()
+        return os.path.join(self.folder, kind, name + ".pickle"), name
 
 
 #: The cache that is off: nothing is found, nothing kept.
 NO_CACHE = Cache(None)
-
-
-def _ours(info: os.stat_result, *, entry: bool = False) -> bool:
-    """Whether a cache folder (or an entry) is this user's, and nobody else's to change
-    (nor, a folder, to look into)."""
-    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
-        return True
-    kind, others = (
-        (stat.S_ISREG, stat.S_IWGRP | stat.S_IWOTH)
-        if entry
-        else (stat.S_ISDIR, stat.S_IRWXG | stat.S_IRWXO)
-    )
-    return kind(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & others
 
 
 def _trim(folder: str) -> None:
@@ -214,12 +193,6 @@ def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
         raise
 
 
-def _seal(name: bytes, text: bytes) -> bytes:
-    import hashlib
-
-    return hashlib.sha256(name + b"\n" + text).hexdigest().encode()
-
-
 @functools.cache  # one process runs one version of this code
 def code_key() -> str:
     """A digest of the code that reads manifests: this package's, byte by byte, pydantic's,
@@ -243,72 +216,23 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
-# Values as pickles, read back by an unpickler that knows the few functions below and the
-# dates and times TOML writes, and nothing else: an entry cannot name any other code to run.
-# A value of this package is written as a call of a function given its class's name, never
-# as the class: an unpickler that hands out a class lets an entry set attributes on it
-# (BUILD), and so rename it for the next entry. A read-only mapping is stored as the dict it
-# shows. The code's digest in every key keeps an entry from outliving the classes.
-
-_VALUES: dict[str, Any] = {
-    cls.__name__: cls
-    for cls in (BackendDefinition, DefaultDeclaration, PluginRule, Problem, Source)
-}
-
-
-def _value(kind: str, *fields: object) -> object:
-    return _VALUES[kind](*fields)
-
-
-def _discovery(*fields: Any) -> Discovery:
-    return Discovery(*fields)
-
-
-def _init(item: Any) -> list[Any]:
-    import dataclasses
-
-    return [getattr(item, f.name) for f in dataclasses.fields(item) if f.init]
-
-
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(table) if table else EMPTY
 
 
-#: What an entry may name: written out here, not read from objects an entry could change.
-_KNOWN = frozenset(
-    [(__name__, f.__name__) for f in (_value, _discovery, _readonly)]
-    + [("datetime", kind) for kind in ("date", "time", "datetime", "timedelta", "timezone")]
-)
-
-
 def _dumps(value: object) -> bytes:
+    """``value`` pickled and compressed; a read-only mapping (which pickle refuses) as the
+    dict it shows, read back read-only."""
     import copyreg
     import io
     import pickle
+    import zlib
 
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
     # This pickler's own table: copyreg's, which every pickle of the process reads, is unchanged.
-    pickler.dispatch_table = {
-        **copyreg.dispatch_table,
-        **dict.fromkeys(
-            _VALUES.values(), lambda item: (_value, (type(item).__name__, *_init(item)))
-        ),
-        Discovery: lambda d: (_discovery, tuple(_init(d))),
-        MappingProxyType: lambda table: (_readonly, (dict(table),)),
+    pickler.dispatch_table = copyreg.dispatch_table | {
+        MappingProxyType: lambda table: (_readonly, (dict(table),))
     }
     pickler.dump(value)
-    return buffer.getvalue()
-
-
-def _loads(data: bytes) -> object:
-    import io
-    import pickle
-
-    class Unpickler(pickle.Unpickler):
-        def find_class(self, module: str, name: str) -> Any:
-            if (module, name) not in _KNOWN:
-                raise pickle.UnpicklingError(f"{module}.{name} is not a value of this cache")
-            return super().find_class(module, name)
-
-    return Unpickler(io.BytesIO(data)).load()
+    return zlib.compress(buffer.getvalue(), 1)

@@ -47,28 +47,39 @@ class Untrusted(BackendRegistryError):
         self.problem = Problem(message, path=path)
 
 
-def _untrusted(info: os.stat_result, *, folder: bool = False) -> str | None:
-    """Why a file (or ``folder``) must not be used, or ``None``.
+def untrusted(info: os.stat_result, *, folder: bool = False, private: bool = False) -> str | None:
+    """Why a file (or ``folder``) must not be used, or ``None``: the one trust rule.
 
     Owned by this user or root and not writable by every user, as git (``safe.directory``)
     and OpenSSH (``StrictModes``) have it; group-writable is accepted, as git does. A folder
     writable by every user is accepted with the sticky bit (as /tmp): there only a file's
     owner can rename or remove it, and every file read is judged by the file rule itself.
+
+    ``private`` is the cache's stricter form, for what only this process's user writes: a
+    folder (as ``lstat`` sees it) or regular file of this user alone, not root's, that no
+    other user can change nor, a folder, look into.
     """
+    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
+        return None
+    if private and not (stat.S_ISDIR if folder else stat.S_ISREG)(info.st_mode):
+        return "it is not a " + ("folder" if folder else "regular file")
+    others = stat.S_IRWXG | stat.S_IRWXO if folder else stat.S_IWGRP | stat.S_IWOTH
+    if private and info.st_mode & others:
+        return "other users can " + ("reach it" if folder else "change it")
     if info.st_mode & stat.S_IWOTH and not (folder and info.st_mode & stat.S_ISVTX):
         return "it is writable by every user"
-    if info.st_uid not in (0, os.getuid()):
+    if info.st_uid not in ((os.getuid(),) if private else (0, os.getuid())):
         return f"it is owned by another user (uid {info.st_uid})"
     return None
 
 
-def untrusted_folder(path: str) -> str | None:
-    """Why a folder must not be a place configuration or code comes from, or ``None``; a
-    folder that cannot be examined is not trusted."""
+def untrusted_folder(path: str, *, private: bool = False) -> str | None:
+    """Why a folder must not be a place configuration or code comes from (with ``private``,
+    nor the cache's), or ``None``; a folder that cannot be examined is not trusted."""
     if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
         return None
     try:
-        return _untrusted(os.stat(path), folder=True)
+        return untrusted((os.lstat if private else os.stat)(path), folder=True, private=private)
     except OSError as exc:
         return f"it cannot be examined ({exc.strerror or exc})"
 
@@ -127,7 +138,7 @@ def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
             )
         if not stat.S_ISREG(info.st_mode):
             raise ManifestError("is not a regular file; name a .toml file", path=path)
-        reason = _untrusted(info) if hasattr(os, "getuid") else None
+        reason = untrusted(info)
         if reason is None:
             folder = untrusted_folder(os.path.dirname(os.path.realpath(path)))
             if folder is not None:
