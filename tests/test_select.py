@@ -543,3 +543,17 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def test_check_import_refuses_settings_the_devices_backend_cannot_take(
+    write: WriteFn, tmp_path: Path
+) -> None:
+    write(
+        "backends.toml",
+        '[backends.t]\nby-device = { cpu = { backend = "inductor", mode = "max-autotuen" },'
+        ' other = "eager" }\n',
+    )
+    done = torch_backends("check", "--import", cwd=tmp_path, check=1)
+    assert done.stdout.startswith(
+        "backends.toml:2: error: backends.t.by-device.cpu: Unrecognized mode=max-autotuen"
+    )

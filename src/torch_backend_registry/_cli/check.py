@@ -259,6 +259,28 @@ class _Imports:
                     "uses the next member" if d.by_device is None else "fails on that device"
                 )
             problems.append(d.located(message, what, severity=severity))
+        return problems + self._settings(d)
+
+    def _settings(self, d: BackendDefinition) -> list[Problem]:
+        """A device's table whose backend cannot take its ``mode`` or ``options``: said at
+        the device's line, as the compile would refuse them."""
+        from .._chain import member_compiler
+        from .._errors import RefusedArguments
+
+        problems = []
+        for device, settings in d.device_settings.items():
+            member = dict(d.by_device or ())[device]
+            if self.found.get(member) is not None:
+                continue  # it cannot be used here: said already
+            try:
+                compiler = self.registry.lookup_backend(member)
+                definition = self.registry.backend_info(member).definition
+                member_compiler(d.name, definition, compiler, settings)
+            except RefusedArguments as exc:
+                said = str(exc).removeprefix(f"backend {d.name!r}: ")
+                problems.append(d.located(said, "by-device", device))
+            except BackendRegistryError:
+                continue  # a member that cannot be looked up is reported as a member
         return problems
 
     def _judge(self, name: str) -> tuple[str, bool] | None:

@@ -1,0 +1,191 @@
+"""What ``select = "fastest"`` gives and costs, against each member compiled and timed alone.
+
+Run by hand:  python benchmarks/bench_select.py [--quick]
+
+For each model (an MLP, a CNN, a small transformer block, and a wider MLP) and each mode
+(under ``no_grad``, and a training step where members allow it), every measurement is a
+fresh process, with PyTorch's own compile caches off so that each compile is a real one:
+
+- each member of the chain ``eager, aot_eager, inductor, openvino`` compiled alone: the
+  first call (which compiles) and the median of later steps (the oracle is the fastest);
+- the chain with ``select = "fastest"``, with an empty cache folder: its first call (which
+  compiles, verifies and times every member) and its steady step;
+- the chain again in a second process with that cache: its first call compiles the chosen
+  member only.
+
+Figures (SPEC 7): the chain's step within 10% of the oracle's; its first compile at most
+1.3x the members' compiles added up; the second process's at most 1.2x the chosen member's
+own compile. It also prints the peak memory of each compile. Exit 0 where every figure is
+met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+MEMBERS = ["eager", "aot_eager", "inductor", "openvino"]
+
+MANIFEST = """
+[backends.fastest]
+chain = ["eager", "aot_eager", "inductor", "openvino"]
+select = "fastest"
+"""
+
+WORKER = textwrap.dedent(
+    """
+    import json, resource, statistics, sys, time, warnings
+    warnings.simplefilter("ignore")
+    import torch, torch_backend_registry as tbr
+
+    def models(name):
+        torch.manual_seed(0)
+        nn = torch.nn
+        if name == "mlp":
+            return nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512)), (64, 512)
+        if name == "cnn":
+            return nn.Sequential(
+                nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(), nn.Linear(32, 10),
+            ), (16, 3, 32, 32)
+        if name == "transformer":
+            layer = nn.TransformerEncoderLayer(256, 4, 512, dropout=0.0, batch_first=True)
+            return layer, (8, 64, 256)
+        return nn.Sequential(  # "wide": the user's model of choice of size
+            nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024), nn.LayerNorm(1024)
+        ), (32, 1024)
+
+    name, mode, backend = sys.argv[1:4]
+    tbr.install()
+    model, shape = models(name)
+    x = torch.randn(*shape)
+    if mode == "train":
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    else:
+        model.eval()
+    compiled = torch.compile(model, backend=backend)
+
+    def step():
+        if mode == "train":
+            optimizer.zero_grad(set_to_none=True)
+            compiled(x).float().sum().backward()
+            optimizer.step()
+        else:
+            with torch.no_grad():
+                compiled(x)
+
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    for _ in range(3):
+        step()
+    once = time.perf_counter()
+    step()
+    calls = max(1, min(200, int(0.02 / max(time.perf_counter() - once, 1e-6))))
+    samples = []
+    for _ in range(15):
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        samples.append((time.perf_counter() - start) / calls)
+    used = getattr(tbr.lookup_backend(backend), "used", backend)
+    print(json.dumps({
+        "first": first, "step": statistics.median(samples), "used": used, "peak_mb": peak,
+    }))
+    """
+)
+
+
+def run(folder: Path, model: str, mode: str, backend: str, cache: Path) -> dict[str, Any]:
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")},
+        "XDG_CACHE_HOME": str(cache),
+        # Every compile a real one: PyTorch's own caches on disk off.
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, model, mode, backend],
+        cwd=folder,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:120]}
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="two models, inference only")
+    args = parser.parse_args()
+    cases = [("mlp", "infer"), ("cnn", "infer"), ("transformer", "infer"), ("wide", "infer")]
+    cases += [("mlp", "train"), ("transformer", "train"), ("wide", "train")]
+    if args.quick:
+        cases = [("mlp", "infer"), ("transformer", "infer")]
+    rows, met = [], True
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        (folder / "backends.toml").write_text(MANIFEST)
+        for model, mode in cases:
+            alone = {m: run(folder, model, mode, m, folder / f"c-{m}") for m in MEMBERS}
+            ok = {m: r for m, r in alone.items() if "error" not in r}
+            cache = folder / f"c-{model}-{mode}"
+            cold = run(folder, model, mode, "fastest", cache)
+            warm = run(folder, model, mode, "fastest", cache)
+            if "error" in cold or "error" in warm or not ok:
+                rows.append((model, mode, str(cold.get("error") or warm.get("error"))))
+                met = False
+                continue
+            oracle = min(ok, key=lambda m: float(ok[m]["step"]))
+            chosen = str(cold["used"])
+            step_ratio = float(cold["step"]) / float(ok[oracle]["step"])
+            compiles = sum(float(r["first"]) for r in ok.values())
+            first_ratio = float(cold["first"]) / compiles
+            own = float(ok[chosen]["first"]) if chosen in ok else float("nan")
+            second_ratio = float(warm["first"]) / own
+            good = step_ratio <= 1.10 and first_ratio <= 1.3 and second_ratio <= 1.2
+            met = met and good
+            rows.append(
+                (
+                    model,
+                    mode,
+                    f"chose {chosen}, oracle {oracle}; step {_ms(cold['step'])} vs"
+                    f" {_ms(ok[oracle]['step'])} ({step_ratio:.2f}x, <= 1.10);"
+                    f" first compile {float(cold['first']):.1f} s vs members' {compiles:.1f} s"
+                    f" ({first_ratio:.2f}x, <= 1.3); second process {float(warm['first']):.1f} s"
+                    f" vs {chosen} alone {own:.1f} s ({second_ratio:.2f}x, <= 1.2);"
+                    f" peak {float(cold['peak_mb']):.0f} MB vs {chosen} alone"
+                    f" {float(ok[chosen]['peak_mb']):.0f} MB; {'met' if good else 'NOT met'}",
+                )
+            )
+            skipped = {m: r["error"] for m, r in alone.items() if "error" in r}
+            if skipped:
+                rows.append((model, mode, f"  members that failed alone: {skipped}"))
+            print(*rows[-1], sep=" | ", flush=True)
+    print("\n| model | mode | result |\n| --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    return 0 if met else 1
+
+
+def _ms(seconds: Any) -> str:
+    return f"{float(seconds) * 1e3:.3g} ms"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
