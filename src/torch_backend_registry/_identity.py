@@ -22,6 +22,8 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
     """The facts of one definition alone (a chain's members by name only), each where it
     has one."""
     source = definition.source
+    if source.kind == "torch" and (definition.target or "torch.").startswith("torch."):
+        return pytorch_facts(torch_version)  # PyTorch's own: its release says what it runs
     written: Facts = {
         # A manifest's backend runs alike whether the project's search or TORCH_BACKENDS_PATH
         # found the file: a launched job that names the project's manifest is not a drift.
@@ -43,15 +45,20 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
     if source.distribution is not None:
         facts["distribution"] = source.distribution
         facts["version"] = source.version or ""
-    if source.kind == "torch":
-        # The release without its local label (2.13.0 of 2.13.0+cu128): the CPU and the CUDA
-        # build of one release run the same Python code for every backend name.
-        facts["torch"] = (torch_version or "").split("+", 1)[0]
+    if source.kind == "torch":  # a plugin's registration in PyTorch's registry
+        facts["torch"] = pytorch_facts(torch_version)["torch"]
     elif definition.compiler_fn is not None:
         described = callable_facts(definition.compiler_fn)
         if described != definition.target:  # a partial, a callable object: what it holds
             facts["callable"] = described
     return facts
+
+
+def pytorch_facts(torch_version: str | None) -> Facts:
+    """The facts of one of PyTorch's own backends, known whether or not its registry was read:
+    the release without its local label (2.13.0 of 2.13.0+cu128), since the CPU and the CUDA
+    build of one release run the same Python code for every backend name."""
+    return {"kind": "torch", "torch": (torch_version or "").split("+", 1)[0]}
 
 
 def by_device(definition: BackendDefinition) -> dict[str, Any]:
@@ -88,6 +95,39 @@ def identity(index: Index, definition: BackendDefinition, torch_version: str | N
             name: None if member is None else own_facts(member, torch_version)
             for name, member in members.items()
         }
+    return facts
+
+
+def project_facts(index: Index, torch_version: str | None) -> Facts:
+    """As :func:`registry_facts`, of the names the manifests declare (their own, and
+    ``TORCH_BACKENDS_PATH``'s) and every name they reach (chain members, by-device entries,
+    the default): a plugin or a PyTorch backend no manifest names is not among them. A name
+    reached that resolves to nothing here is ``{"kind": "missing"}``."""
+    declared = [d for d in index.winners() if d.source.kind in ("env", "project")]
+    todo = [name for d in declared for name in (d.name, *d.aliases)]
+    todo += [index.default.name] if index.default is not None else []
+    backends: Facts = {}
+    aliases: dict[str, str] = {}
+    while todo:
+        name = todo.pop()
+        definition = index.get(name)
+        if definition is not None and definition.name != name:
+            aliases[name], name = definition.name, definition.name
+        if name in backends:
+            continue
+        if definition is not None:
+            backends[name] = own_facts(definition, torch_version)
+            todo.extend(definition.members)
+        elif index.could_be_pytorch(name):
+            backends[name] = pytorch_facts(torch_version)
+        else:
+            backends[name] = {"kind": "missing"}
+    facts: Facts = {
+        "backends": dict(sorted(backends.items())),
+        "aliases": dict(sorted(aliases.items())),
+    }
+    if index.default is not None:
+        facts["default"] = index.default.name
     return facts
 
 

@@ -26,7 +26,7 @@ examples:
   {PROG} explain inductor             where a name is defined and what it shadows
   {PROG} check --import               validate the manifests and import every target
   {PROG} doctor --bench               which backends work here, and how fast
-  {PROG} lock && {PROG} check --locked    pin what every name means; find drift
+  {PROG} lock && {PROG} check --locked    pin what the project uses; find drift
 
 Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} separated).
 """
@@ -200,10 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     lock = command(
         "lock",
-        "write backends.lock: what every name resolves to, beside the manifest",
+        "write backends.lock beside the manifest: what the backends the manifests declare,"
+        " and every backend they name, resolve to",
         files.run_lock,
     )
     lock.add_argument("--output", metavar="PATH", help="write the lock there instead")
+    switch(lock, "--all", "pin every listed backend, plugins' and PyTorch's included")
+    switch(
+        lock,
+        "--no-torch",
+        "leave PyTorch's own backends unread (those the manifests name are pinned by release)",
+    )
 
     command("schema", "print the JSON Schema of a manifest", files.run_schema)
     init = command("init", "write a starter backends.toml here (never overwrites)", files.run_init)

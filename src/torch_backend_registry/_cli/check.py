@@ -70,7 +70,15 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
     """Add each difference from the lock install() holds to (backends.lock, or the one
     TORCH_BACKENDS_LOCKED names) to ``problems``; where there is none, say which matched."""
     from .._errors import LockFileError
-    from .._lock import changes, digest, lock_command, lock_from_environment, lock_path, read_lock
+    from .._lock import (
+        changes,
+        digest,
+        lock_command,
+        lock_facts,
+        lock_from_environment,
+        lock_path,
+        read_lock,
+    )
 
     beside = lock_path(registry)
     named = lock_from_environment(registry)
@@ -82,9 +90,12 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
     except LockFileError as exc:
         problems.append(Problem(exc.message, path=exc.path, line=exc.line))
         return None
+    scope = locked["scope"]
+    accept += " --all" if scope == "all" else ""
+    now = lock_facts(registry, scope, with_torch=with_torch)
     drift = [
         Problem(f"{change}; run '{accept}' to accept it", path=path)
-        for _key, change in changes(locked, registry.facts(), with_torch=with_torch)
+        for _key, change in changes(locked, now, with_torch=with_torch or scope == "project")
     ]
     problems.extend(drift)
     return None if drift else f"{relative(path)} matched (fingerprint {digest(locked)[:16]})"

@@ -23,13 +23,16 @@ if TYPE_CHECKING:
 
 
 def run_lock(args: Arguments) -> int:
-    from .._lock import digest, summary, write_lock
+    from .._lock import digest, lock_facts, summary, write_lock
 
     if no_manifest():  # a lock of PyTorch's backends alone pins nobody's
         raise CommandError(NO_MANIFEST)
-    registry = registry_for()
-    with waiting("loading PyTorch's backends", True):
-        errors = [p for p in registry.problems() if p.severity == "error"]
+    registry = registry_for(args.no_torch)
+    scope = "all" if args.all else "project"
+    with waiting("loading PyTorch's backends", not args.no_torch):
+        errors = [
+            p for p in registry.problems(with_torch=not args.no_torch) if p.severity == "error"
+        ]
         if errors:  # a lock of what is broken pins it broken
             raise CommandError(
                 f"not written: the manifests have {len(errors)} error(s), the first"
@@ -37,10 +40,10 @@ def run_lock(args: Arguments) -> int:
                 " fix them ('torch-backends check' shows them)"
             )
         try:
-            path = write_lock(registry, args.output)
+            path = write_lock(registry, args.output, scope=scope, with_torch=not args.no_torch)
         except OSError as exc:
             raise CommandError(f"cannot write {args.output or 'the lock'}: {exc.strerror}") from exc
-        facts = registry.facts()
+        facts = lock_facts(registry, scope, with_torch=not args.no_torch)
     print(f"wrote {relative(path)}: {summary(facts)}; fingerprint {digest(facts)[:16]}; commit it")
     return EXIT_OK
 
