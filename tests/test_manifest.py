@@ -149,6 +149,24 @@ BROKEN = {
         "backends.a.skip-known-failures",
         "'skip-known-failures' was removed: a chain skips a member that fails to compile",
     ),
+    "a Python boolean": (
+        '[backends.a]\ntarget = "m:f"\noptions = { log = True }\n',
+        3,
+        "backends.a.options",
+        "TOML spells booleans in lowercase: true",
+    ),
+    "a Python None": (
+        '[backends.a]\ntarget = "m:f"\ndescription = None\n',
+        3,
+        "backends.a.description",
+        "TOML has no null: leave the key out",
+    ),
+    "python-path below a backend's table": (
+        '[backends.a]\ntarget = "m:f"\npython-path = ["src"]\n',
+        3,
+        "backends.a.python-path",
+        "'python-path' is a key of the whole manifest, not of a backend: move it above",
+    ),
     "unknown top-level key": (
         'defualt = "a"\n',
         1,

@@ -219,6 +219,9 @@ def parse_toml(
         line = max(1, min(exc.lineno, len(written)))
         # What the parser says in its own terms, with what it means.
         meant = next((m for start, m in _PARSER_WORDS if exc.msg.startswith(start)), None)
+        python = re.search(r"=\s*(True|False|None)\b", written[line - 1] if written else "")
+        if python is not None and exc.msg.startswith("Invalid value"):  # a Python habit
+            meant = _PYTHON_WORDS[python.group(1)]
         said = f"invalid TOML: {exc.msg}" + (f" ({meant})" if meant else "")
     except RecursionError as exc:  # tomli's own limits on nesting and key parts
         # The parser gives no position here; the line with the most openings and dots
@@ -264,6 +267,13 @@ def _beyond_64_bits(value: object, where: tuple[str, ...] = ()) -> tuple[str, ..
             stack.extend((v, key) for v in item)
     return None
 
+
+#: Python's spellings that TOML does not read, and what TOML writes instead.
+_PYTHON_WORDS = {
+    "True": "TOML spells booleans in lowercase: true",
+    "False": "TOML spells booleans in lowercase: false",
+    "None": "TOML has no null: leave the key out",
+}
 
 #: What the TOML parser says, and what it means for a user writing a manifest.
 _PARSER_WORDS = (
