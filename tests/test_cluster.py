@@ -415,9 +415,10 @@ def test_a_rank_that_never_calls_is_named_also_when_the_group_is_given(
     # The world group given by name: compared on as it is, as with no group given.
     folders = rank_projects(tmp_path, 3)
     results = run_ranks(tmp_path, folders, modes=["world4", "world4", "absent"])
-    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 4 s"
-    assert results[0]["ranks"] == [2]
-    assert "timed out after 4 s" in results[1]["error"]
+    # Every rank that waited names it: the same error on each.
+    for waited in results[:2]:
+        assert waited["error"] == "ranks [2] did not call verify_consistent() within 4 s"
+        assert waited["ranks"] == [2]
     assert results[2] == {"absent": True}
 
 
@@ -471,9 +472,9 @@ def test_a_rank_that_ends_before_calling_is_named_as_one_that_never_called(
 ) -> None:
     folders = rank_projects(tmp_path, 3)
     results = run_ranks(tmp_path, folders, modes=["4", "4", "dies"])
-    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 4 s"
-    assert results[0]["ranks"] == [2]
-    assert "timed out after 4 s waiting for the other ranks of [0, 1, 2]" in results[1]["error"]
+    for waited in results[:2]:
+        assert waited["error"] == "ranks [2] did not call verify_consistent() within 4 s"
+        assert waited["ranks"] == [2]
 
 
 def test_a_rank_that_calls_too_late_is_named_and_told_so_and_no_rank_hangs(
@@ -482,8 +483,8 @@ def test_a_rank_that_calls_too_late_is_named_and_told_so_and_no_rank_hangs(
     # The others' time runs out while rank 2 has not called (as if it never would).
     folders = rank_projects(tmp_path, 3)
     results = run_ranks(tmp_path, folders, modes=["3", "3", "late3"])
-    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 3 s"
-    assert "timed out after 3 s waiting" in results[1]["error"]  # it did wait
+    for waited in results[:2]:  # it did wait, and names the missing as the first does
+        assert waited["error"] == "ranks [2] did not call verify_consistent() within 3 s"
     late = results[2]["error"]
     # Told it came late, or (where rank 0 has ended since, as a script does on an error)
     # that they may have stopped waiting: either way, no wait of its own.
