@@ -693,3 +693,12 @@ def test_a_mismatch_says_how_many_differences_it_cuts_and_when_there_is_no_major
     three = [everyone[0]] * 3 + [everyone[2]]
     error = mismatch([0, 1, 2, 3], [digest(facts) for _host, facts in three], three)
     assert "(compared to rank 0): rank 3 on node-b" in str(error)
+    # A backend changed in several fields is named once, with each field.
+    changed = MANIFEST.replace("level = 2", "level = 9").replace("builtins:len", "builtins:abs")
+    other = project(tmp_path / "other", changed).facts(with_torch=False)
+    two = [("node-a", same), ("node-c", other)]
+    error = mismatch([0, 1], [digest(facts) for _host, facts in two], two)
+    assert str(error).endswith(
+        'rank 1 on node-c: changed backend \'fast\': options: {"level": 2} -> {"level": 9},'
+        ' target: "builtins:len" -> "builtins:abs"'
+    )

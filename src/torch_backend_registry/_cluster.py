@@ -229,7 +229,7 @@ def mismatch(
     members: list[int], hashes: list[str], everyone: list[Any]
 ) -> InconsistentRegistryError:
     """The same error on every rank: the ranks outside the majority (in a tie, outside the
-    group of the lowest rank, said so), and where they differ."""
+    group of the lowest rank, said so), and where they differ, once a name."""
     from ._lock import changes
 
     counted = Counter(hashes).most_common()  # in a tie, the group of the lowest rank first
@@ -243,9 +243,9 @@ def mismatch(
         host, facts = everyone[index]
         found = changes(reference, facts)
         names.update(name for about, _said in found for name in about)
-        said = "; ".join(said for _about, said in found[:5])
-        more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
-        lines.append(f"rank {members[index]} on {host}: {said}{more}")
+        said = _by_name([said for _about, said in found])
+        more = f"; and {len(said) - 5} more" if len(said) > 5 else ""
+        lines.append(f"rank {members[index]} on {host}: {'; '.join(said[:5])}{more}")
     odd_ranks = tuple(members[i] for i in odd)
     return InconsistentRegistryError(
         f"ranks {list(odd_ranks)} resolve backend names differently from the other"
@@ -254,6 +254,21 @@ def mismatch(
         odd_ranks,
         tuple(sorted(names)),
     )
+
+
+def _by_name(differences: list[str]) -> list[str]:
+    """``changed backend 'x': a: 1 -> 2, b: 3 -> 4``: the name once, with each of its fields
+    (the lock says a field a line, and they come sorted by name)."""
+    lines: list[str] = []
+    previous = ""
+    for said in differences:
+        head, _, fields = said.partition(": ")
+        if head == previous and head.startswith("changed "):
+            lines[-1] += f", {fields}"
+        else:
+            lines.append(said)
+        previous = head
+    return lines
 
 
 def distributed_ready() -> bool:
