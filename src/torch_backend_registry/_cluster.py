@@ -58,18 +58,18 @@ def verify_consistent(
             f"rank {me} is not in the group of ranks {members}: it has no rank to compare with"
         )
     store = _get_default_store()
-    ranks = ",".join(map(str, members))
+    ranks = f"{KEYS}/{','.join(map(str, members))}"
     seconds = 0.0
     try:
         # Each rank's n-th check of these ranks pairs with the others' n-th, counted before
         # anything can refuse it: a refused call pairs with the others', which time out, and
         # the next calls pair up. On the store, a new process group counts from 1 again.
-        count = store.add(f"{KEYS}/{ranks}/calls/{me}", 1)
+        count = store.add(f"{ranks}/calls/{me}", 1)
         store.set(f"{KEYS}/last/{me}", ranks)  # said where others wait for it in vain
         limit = _limit(timeout)
         seconds = limit.total_seconds()
         facts = registry.facts()
-        return _Call(store, f"{KEYS}/{ranks}/{count}", members, me, limit).compare(facts)
+        return _Call(store, ranks, count, members, me, limit).compare(facts)
     except getattr(dist, "DistError", RuntimeError) as exc:  # timeouts are caught inside
         raise InconsistentRegistryError(
             f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
@@ -109,13 +109,19 @@ def _timed_out() -> type[Exception]:
 
 @dataclass(frozen=True)
 class _Call:
-    """This rank's part in one check of ``members``, under ``name`` on the job's store."""
+    """This rank's part in the ``count``-th check of ``members``, whose keys on the job's
+    store start with ``ranks``."""
 
     store: Any
-    name: str
+    ranks: str
+    count: int
     members: list[int]
     me: int
     limit: timedelta
+
+    @property
+    def name(self) -> str:
+        return f"{self.ranks}/{self.count}"
 
     def compare(self, facts: dict[str, Any]) -> str:
         """The fingerprint where every rank agrees, else the same error on each."""
@@ -153,6 +159,12 @@ class _Call:
         absent, said = decided.split(" ", 1)
         missing = tuple(int(rank) for rank in absent.split(","))
         if self.me in missing:
+            # Counted past the checks the others gave up on without this rank, so that its
+            # next call pairs with their next: one it skipped costs one failed check, not all.
+            later = self.count
+            while self.store.check([f"{self.ranks}/{later + 1}/verdict"]):
+                later += 1
+            self.store.add(f"{self.ranks}/calls/{self.me}", later - self.count)
             raise InconsistentRegistryError(
                 f"rank {self.me}: verify_consistent() found the other ranks of {self.members}"
                 " no longer waiting: this rank called it after their"
@@ -164,16 +176,15 @@ class _Call:
     def absent(self, keys: list[str]) -> str:
         """The verdict of the first rank whose time ran out: the ranks absent and the error
         naming them, with the ranks each last checked where those were others (a group given
-        differently); "go" where the last came just now."""
+        differently, or a check of a stage before); "go" where the last came just now."""
         absent = [
             r for r, key in zip(self.members, keys, strict=True) if not self.store.check([key])
         ]
-        ours = ",".join(map(str, self.members))
         elsewhere = [
-            f"rank {rank} last called it for ranks [{called.replace(',', ', ')}]"
+            f"rank {rank}'s last check was of ranks [{last.split('/')[-1].replace(',', ', ')}]"
             for rank in absent
             if self.store.check([f"{KEYS}/last/{rank}"])
-            and (called := self.store.get(f"{KEYS}/last/{rank}").decode()) != ours
+            and (last := self.store.get(f"{KEYS}/last/{rank}").decode()) != self.ranks
         ]
         return (
             f"{','.join(map(str, absent))} ranks {absent} did not call verify_consistent()"
