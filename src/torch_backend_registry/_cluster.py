@@ -12,6 +12,7 @@ mismatch, once for each fingerprint, and then every rank raises the same
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import pickle
 import socket
 import sys
@@ -58,14 +59,18 @@ def verify_consistent(
             f"rank {me} is not in the group of ranks {members}: it has no rank to compare with"
         )
     store = _get_default_store()
-    ranks = f"{KEYS}/{','.join(map(str, members))}"
+    # The ranks' list named by its hash: a key sent with every request stays short at
+    # thousands of ranks.
+    ranks = f"{KEYS}/{hashlib.sha256(str(members).encode()).hexdigest()[:16]}"
     seconds = 0.0
     try:
         # Each rank's n-th check of these ranks pairs with the others' n-th, counted before
         # anything can refuse it: a refused call pairs with the others', which time out, and
         # the next calls pair up. On the store, a new process group counts from 1 again.
         count = store.add(f"{ranks}/calls/{me}", 1)
-        store.set(f"{KEYS}/last/{me}", ranks)  # said where others wait for it in vain
+        if not store.check([ranks]):
+            store.set(ranks, str(members))  # read where another rank waits for it in vain
+        store.set(f"{KEYS}/last/{me}", ranks)
         limit = _limit(timeout)
         seconds = limit.total_seconds()
         facts = registry.facts()
@@ -128,34 +133,39 @@ class _Call:
         from ._lock import digest
 
         full = digest(facts)
-        keys = [f"{self.name}/{rank}" for rank in self.members]
-        came = self.arrive(keys, f"{full} {socket.gethostname()}")
-        said = [value.decode().split(" ", 1) for value in self.store.multi_get(keys)]
-        hashes = [fingerprint for fingerprint, _host in said]
-        if len(set(hashes)) == 1:
-            self.leave(came)
+        if self.arrive(f"{self.me} {full} {socket.gethostname()}\n") == "go":
+            self.leave(len(self.members))
             return full[:16]
+        said = self.said()
+        hashes = [said[rank][0] for rank in self.members]
         known = self.facts(hashes, full, facts)
-        self.leave(came)
-        raise mismatch(self.members, hashes, [(host, known[h]) for h, host in said])
+        self.leave(len(self.members))
+        everyone = [(said[rank][1], known[said[rank][0]]) for rank in self.members]
+        raise mismatch(self.members, hashes, everyone)
 
-    def arrive(self, keys: list[str], value: str) -> int:
-        """Set ``value`` at this rank's key; once every rank has set its own, how many came,
-        else the error that names the ranks absent (the same on every rank that came)."""
-        self.store.set(keys[self.members.index(self.me)], value)
-        # One key decides, set once: "go" by a rank that finds every key set, or by the
-        # first whose time ran out, the ranks still absent. Whichever is set first is what
-        # every rank reads, one that comes later too: none goes on while another gives up.
+    def said(self) -> dict[int, list[str]]:
+        """What each rank that came said: its fingerprint and its host."""
+        lines = self.store.get(f"{self.name}/said").decode().splitlines()
+        return {int(rank): rest for rank, *rest in (line.split(" ") for line in lines)}
+
+    def arrive(self, line: str) -> str:
+        """Add this rank's ``line`` to what the ranks said; once every rank has, "go" where
+        all agree, "differ" where not, else the error that names the ranks absent."""
+        self.store.append(f"{self.name}/said", line)
+        # One key decides, set once: by the last rank to come, which alone reads what all
+        # said (so that agreeing ranks read nothing else), or by the first whose time ran
+        # out, the ranks still absent. Whichever is set first is what every rank reads, one
+        # that comes later too: none goes on while another gives up.
         verdict = f"{self.name}/verdict"
-        if self.store.check(keys):
-            self.store.compare_set(verdict, "", "go")
+        if self.store.add(f"{self.name}/came", 1) == len(self.members):
+            self.store.compare_set(verdict, "", self.decide())
         try:
             self.store.wait([verdict], self.limit)
         except _timed_out():
-            self.store.compare_set(verdict, "", self.absent(keys))
-        decided = self.store.get(verdict).decode()
-        if decided == "go":
-            return len(self.members)
+            self.store.compare_set(verdict, "", self.decide())
+        decided = str(self.store.get(verdict).decode())
+        if decided in ("go", "differ"):
+            return decided
         absent, said = decided.split(" ", 1)
         missing = tuple(int(rank) for rank in absent.split(","))
         if self.me in missing:
@@ -173,16 +183,18 @@ class _Call:
         self.leave(len(self.members) - len(missing))
         raise InconsistentRegistryError(said, missing)
 
-    def absent(self, keys: list[str]) -> str:
-        """The verdict of the first rank whose time ran out: the ranks absent and the error
-        naming them, with the ranks each last checked where those were others (a group given
-        differently, or a check of a stage before); "go" where the last came just now."""
-        absent = [
-            r for r, key in zip(self.members, keys, strict=True) if not self.store.check([key])
-        ]
+    def decide(self) -> str:
+        """The verdict on what the ranks said so far: "go" where every rank came and all
+        agree, "differ" where they came and do not, else the ranks absent and the error that
+        names them, with the ranks the first few last checked where those were others (a
+        group given differently, or a stage checked before)."""
+        came = self.said() if self.store.check([f"{self.name}/said"]) else {}
+        absent = [rank for rank in self.members if rank not in came]
+        if not absent:
+            return "go" if len({fingerprint for fingerprint, _ in came.values()}) == 1 else "differ"
         elsewhere = [
-            f"rank {rank}'s last check was of ranks [{last.split('/')[-1].replace(',', ', ')}]"
-            for rank in absent
+            f"rank {rank}'s last check was of ranks {self.store.get(last).decode()}"
+            for rank in absent[:5]
             if self.store.check([f"{KEYS}/last/{rank}"])
             and (last := self.store.get(f"{KEYS}/last/{rank}").decode()) != self.ranks
         ]
@@ -190,8 +202,6 @@ class _Call:
             f"{','.join(map(str, absent))} ranks {absent} did not call verify_consistent()"
             f" within {self.limit.total_seconds():g} s"
             + (f" ({'; '.join(elsewhere)})" if elsewhere else "")
-            if absent
-            else "go"
         )
 
     def facts(self, hashes: list[str], full: str, facts: dict[str, Any]) -> dict[str, Any]:
