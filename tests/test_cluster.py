@@ -672,6 +672,12 @@ def test_a_mismatch_says_how_many_differences_it_cuts_and_when_there_is_no_major
     three = [everyone[0]] * 3 + [everyone[2]]
     error = mismatch([0, 1, 2, 3], [digest(facts) for _host, facts in three], three)
     assert "(compared to rank 0): rank 3 on node-b" in str(error)
+    # Past ten odd ranks, the rest are counted, not said (all are in .ranks).
+    many = [everyone[0]] * 13 + [everyone[2]] * 12
+    error = mismatch(list(range(25)), [digest(facts) for _host, facts in many], many)
+    assert error.ranks == tuple(range(13, 25))
+    assert str(error).count(" on node-b: ") == 10
+    assert str(error).endswith(" | and 2 more ranks")
     # A backend changed in several fields is named once, with each field.
     changed = MANIFEST.replace("level = 2", "level = 9").replace("builtins:len", "builtins:abs")
     other = project(tmp_path / "other", changed).facts(with_torch=False)

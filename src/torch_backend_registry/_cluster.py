@@ -1,12 +1,11 @@
 """Every rank resolves names alike: fingerprints compared on torch.distributed's store.
 
-Each rank sets its fingerprint on the default group's store, under a key of its own for these
-ranks and this call, and reads the others' once all are there. No collective runs, so there
-is no group to make (the default group may be NCCL, the ranks compared any subgroup), none
-that a rank which never comes can leave unusable, and the ranks missing are those whose keys
-are absent. When all agree, a hash and a host name travel a rank; the facts follow only on a
-mismatch, once for each fingerprint, and then every rank raises the same
-:class:`InconsistentRegistryError`.
+Each rank adds its fingerprint and host to a key of this call on the default group's store;
+the last to come reads them all and sets the verdict every rank waits for. No collective runs,
+so there is no group to make (the default group may be NCCL, the ranks compared any subgroup),
+none that a rank which never comes can leave unusable, and the ranks missing are those absent
+from the key. The facts travel only on a mismatch, once for each fingerprint, and then every
+rank raises the same :class:`InconsistentRegistryError`.
 """
 
 from __future__ import annotations
@@ -62,7 +61,6 @@ def verify_consistent(
     # The ranks' list named by its hash: a key sent with every request stays short at
     # thousands of ranks.
     ranks = f"{KEYS}/{hashlib.sha256(str(members).encode()).hexdigest()[:16]}"
-    seconds = 0.0
     try:
         # Each rank's n-th check of these ranks pairs with the others' n-th, counted before
         # anything can refuse it: a refused call pairs with the others', which time out, and
@@ -72,14 +70,13 @@ def verify_consistent(
             store.set(ranks, str(members))  # read where another rank waits for it in vain
         store.set(f"{KEYS}/last/{me}", ranks)
         limit = _limit(timeout)
-        seconds = limit.total_seconds()
         facts = registry.facts()
         return _Call(store, ranks, count, members, me, limit).compare(facts)
     except getattr(dist, "DistError", RuntimeError) as exc:  # timeouts are caught inside
         raise InconsistentRegistryError(
             f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
-            f" they may have stopped waiting after {seconds:g} s, and rank 0 ended"
-            f" ({type(exc).__name__}: {exc})",
+            " the job's store has gone with rank 0 (which may have stopped waiting for this"
+            f" rank, and ended) ({type(exc).__name__}: {exc})",
         ) from exc
 
 
@@ -188,7 +185,7 @@ class _Call:
         agree, "differ" where they came and do not, else the ranks absent and the error that
         names them, with the ranks the first few last checked where those were others (a
         group given differently, or a stage checked before)."""
-        came = self.said() if self.store.check([f"{self.name}/said"]) else {}
+        came = self.said()  # this rank's own line among them
         absent = [rank for rank in self.members if rank not in came]
         if not absent:
             return "go" if len({fingerprint for fingerprint, _ in came.values()}) == 1 else "differ"
@@ -250,7 +247,8 @@ def mismatch(
     members: list[int], hashes: list[str], everyone: list[Any]
 ) -> InconsistentRegistryError:
     """The same error on every rank: the ranks outside the majority (in a tie, outside the
-    group of the lowest rank, said so), and where they differ, once a name."""
+    group of the lowest rank, said so), and where they differ, once a name; the first ten
+    ranks said, the differences of each fingerprint found once."""
     from ._lock import changes
 
     counted = Counter(hashes).most_common()  # in a tie, the group of the lowest rank first
@@ -258,15 +256,15 @@ def mismatch(
     tie = len(counted) > 1 and counted[1][1] == count
     reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
+    found = {hashes[i]: changes(reference, everyone[i][1]) for i in odd}
+    names = {name for each in found.values() for about, _said in each for name in about}
     lines = []
-    names: set[str] = set()
-    for index in odd:
-        host, facts = everyone[index]
-        found = changes(reference, facts)
-        names.update(name for about, _said in found for name in about)
-        said = _by_name([said for _about, said in found])
+    for index in odd[:10]:
+        said = _by_name([said for _about, said in found[hashes[index]]])
         more = f"; and {len(said) - 5} more" if len(said) > 5 else ""
-        lines.append(f"rank {members[index]} on {host}: {'; '.join(said[:5])}{more}")
+        lines.append(f"rank {members[index]} on {everyone[index][0]}: {'; '.join(said[:5])}{more}")
+    if len(odd) > 10:
+        lines.append(f"and {len(odd) - 10} more ranks")
     odd_ranks = tuple(members[i] for i in odd)
     return InconsistentRegistryError(
         f"ranks {list(odd_ranks)} resolve backend names differently from the other"
