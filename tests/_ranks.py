@@ -45,18 +45,10 @@ def run(
         stale.unlink()  # an earlier run's ranks ended; these did not
     world = len(folders)
     args = [(r, world, port, steps, folders[r], here, envs[r]) for r in range(world)]
-    if without_numpy:
+    if without_numpy:  # one fresh interpreter, which forks the ranks
+        given = json.dumps([sys.path, [[*a[:4], str(a[4]), str(here), a[6]] for a in args]])
         ranks: list[Any] = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    NO_NUMPY,
-                    json.dumps([sys.path, *a[:4], str(a[4]), str(here), a[6]]),
-                ],
-                env=envs[a[0]],
-            )
-            for a in args
+            subprocess.Popen([sys.executable, "-c", NO_NUMPY, given], start_new_session=True)
         ]
     else:
         ranks = [_forked.CONTEXT.Process(target=_rank, args=a) for a in args]
@@ -67,6 +59,8 @@ def run(
         time.sleep(0.05)
     if any(map(_running, ranks)):
         for process in ranks:
+            if isinstance(process, subprocess.Popen):
+                os.killpg(process.pid, 9)  # its ranks too
             process.kill()
         raise AssertionError("a rank hung")
     results = []
@@ -81,15 +75,22 @@ def _running(process: Any) -> bool:
     return process.poll() is None if isinstance(process, subprocess.Popen) else process.is_alive()
 
 
-#: A rank in a fresh interpreter, numpy made unimportable before PyTorch is imported.
+#: The ranks forked from a fresh interpreter that made numpy unimportable before it imported
+#: PyTorch (which imports without it), once for them all.
 NO_NUMPY = """
-import json, sys
+import json, multiprocessing, sys
 sys.modules["numpy"] = None
-path, rank, world, port, steps, folder, here, env = json.loads(sys.argv[1])
+path, ranks = json.loads(sys.argv[1])
 sys.path[:0] = path  # the test's: this package, and the tests as a package
+import torch.distributed
 from pathlib import Path
 from tests._ranks import _rank
-_rank(rank, world, port, steps, Path(folder), Path(here), env)
+fork = multiprocessing.get_context("fork")
+forked = [fork.Process(target=_rank, args=(*a[:4], Path(a[4]), Path(a[5]), a[6])) for a in ranks]
+for rank in forked:
+    rank.start()
+for rank in forked:
+    rank.join()
 """
 
 
