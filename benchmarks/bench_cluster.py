@@ -3,8 +3,11 @@
 Each rank first computes its fingerprint once (discovery, which a job pays
 anyway), then calls verify_consistent() several times; the table gives the
 median a call as seen by rank 0, and the fingerprint alone for comparison.
+With --backends N, each rank's project declares N backends, and the last
+line times one mismatch (rank 1's options all differ) at 2 ranks: the facts
+travel through the store, and every rank compares them.
 
-    python benchmarks/bench_cluster.py [--ranks 2 4 8] [--calls 9]
+    python benchmarks/bench_cluster.py [--ranks 2 4 8] [--calls 9] [--backends 10000]
 """
 
 from __future__ import annotations
@@ -33,14 +36,24 @@ RANK = textwrap.dedent(
     start = time.perf_counter(); t.fingerprint(registry); first = time.perf_counter() - start
     start = time.perf_counter(); t.fingerprint(registry); again = time.perf_counter() - start
     times = []
-    for _ in range(calls):
+    mismatch = None
+    if len(sys.argv) > 5:  # the ranks' projects differ: one check, which raises
         dist.barrier()
         start = time.perf_counter()
-        t.verify_consistent(timeout=60, registry=registry)
-        times.append(time.perf_counter() - start)
+        try:
+            t.verify_consistent(timeout=60, registry=registry)
+        except t.InconsistentRegistryError:
+            mismatch = time.perf_counter() - start
+    else:
+        for _ in range(calls):
+            dist.barrier()
+            start = time.perf_counter()
+            t.verify_consistent(timeout=60, registry=registry)
+            times.append(time.perf_counter() - start)
     if rank == 0:
-        print(json.dumps({"check": statistics.median(times), "fingerprint": again,
-                          "discovery": first, "names": len(registry.list_backends())}))
+        print(json.dumps({"check": statistics.median(times or [0]), "fingerprint": again,
+                          "discovery": first, "names": len(registry.list_backends()),
+                          "mismatch": mismatch}))
     dist.destroy_process_group()
     """
 )
@@ -53,15 +66,24 @@ def _free_port() -> int:
         return port
 
 
-def measure(world: int, calls: int, folder: Path) -> dict[str, float]:
+def measure(world: int, calls: int, folder: Path, backends: int = 0) -> dict[str, float]:
     script = folder / "rank.py"
     script.write_text(RANK, encoding="utf-8")
     port = _free_port()
+    differ = ["differ"] if backends else []
+    for rank in range(world if backends else 0):
+        level = 9 if rank == 1 else "{level}"
+        table = '[backends.b{i}]\ntarget = "pkg{m}.compilers:fn{i}"\noptions = {{ level = %s }}\n'
+        (folder / f"rank{rank}").mkdir(exist_ok=True)
+        (folder / f"rank{rank}" / "backends.toml").write_text(
+            "".join((table % level).format(i=i, m=i % 100, level=i % 7) for i in range(backends))
+        )
     children = [
         subprocess.Popen(
-            [sys.executable, str(script), str(rank), str(world), str(port), str(calls)],
+            [sys.executable, str(script), str(rank), str(world), str(port), str(calls), *differ],
             stdout=subprocess.PIPE,
             text=True,
+            cwd=folder / f"rank{rank}" if backends else None,
         )
         for rank in range(world)
     ]
@@ -74,6 +96,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--calls", type=int, default=9)
+    parser.add_argument("--backends", type=int, default=0)
     args = parser.parse_args()
     print("| ranks | verify_consistent() a call | fingerprint() alone | backend names |")
     print("| --- | --- | --- | --- |")
@@ -84,6 +107,9 @@ def main() -> int:
                 f"| {world} | {r['check'] * 1e3:.1f} ms | {r['fingerprint'] * 1e3:.1f} ms"
                 f" | {r['names']:.0f} |"
             )
+        if args.backends:
+            r = measure(2, 1, Path(folder), args.backends)
+            print(f"\na mismatch at {r['names']:.0f} names, 2 ranks: {r['mismatch']:.2f} s")
     return 0
 
 

@@ -23,7 +23,7 @@ import torch_backend_registry as tbr
 from torch_backend_registry import LockDriftError, Registry
 from torch_backend_registry._lock import differences, lock_path, read_lock, write_lock
 
-from .conftest import Done, WriteFn, run_forked, torch_backends
+from .conftest import NO_TORCH, Done, WriteFn, run_forked, torch_backends
 
 MANIFEST = """
 [backends.fast]
@@ -346,19 +346,21 @@ def _free_port() -> int:
 def run_ranks(
     tmp_path: Path,
     folders: list[Path],
+    steps: list[str],
     *,
-    modes: list[str] | None = None,
     envs: list[dict[str, str]] | None = None,
+    without_numpy: bool = False,
 ) -> list[dict[str, Any]]:
-    """Start one process a rank, each in its folder (see ``_ranks.py``); their results, in
-    rank order."""
+    """Start one process a rank, each in its folder, to run ``steps`` (see ``_ranks.py``,
+    whose checks that some rank misses wait 1 s); what each rank's steps returned, in rank
+    order."""
     pytest.importorskip("torch")
     from . import _ranks
 
     world = len(folders)
     base = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
     envs = [{**base, **env} for env in (envs or [{}] * world)]
-    return _ranks.run(tmp_path, folders, modes or ["20"] * world, envs, _free_port())
+    return _ranks.run(tmp_path, folders, steps, envs, _free_port(), without_numpy)
 
 
 def rank_projects(tmp_path: Path, count: int) -> list[Path]:
@@ -369,20 +371,95 @@ def rank_projects(tmp_path: Path, count: int) -> list[Path]:
     return folders
 
 
-def test_identical_ranks_agree_on_the_fingerprint(tmp_path: Path) -> None:
-    folders = rank_projects(tmp_path, 2)
-    results = run_ranks(tmp_path, folders)
-    fingerprints = {r["fingerprint"] for r in results}
-    assert len(fingerprints) == 1
-    # ...and it is the fingerprint a lone process gets there (PyTorch's registry is
-    # process-wide, so this test's own process, which other tests used, is no reference).
-    alone = run_forked("import torch_backend_registry as t; print(t.fingerprint())", folders[0])
-    assert fingerprints == {alone.stdout.strip()}, alone.stderr
+def tbr_fingerprint(folder: Path) -> str:
+    """The fingerprint a lone process gets in ``folder``, of what the ranks check."""
+    code = "import torch_backend_registry as t; print(t.fingerprint(t.Registry(sources=SOURCES)))"
+    alone = run_forked(code.replace("SOURCES", repr(NO_TORCH)), folder)
+    return alone.stdout.strip()
 
 
-def test_a_different_rank_makes_every_rank_raise_the_same_error(tmp_path: Path) -> None:
-    # Ranks 0 and 1 agree; rank 2 has an extra manifest and another option, rank 3 another
-    # version of a plugin: each difference is found, and every rank says the same.
+def did_not_call(*ranks: int, hint: str = "") -> dict[str, Any]:
+    """What every rank that waited says of ``ranks``, which did not call within 1 s."""
+    said = f"ranks {list(ranks)} did not call verify_consistent() within 1 s{hint}"
+    return {"error": said, "ranks": list(ranks), "names": []}
+
+
+def came_late(rank: int) -> dict[str, Any]:
+    said = (
+        f"rank {rank}: verify_consistent() found the other ranks of [0, 1, 2] no longer"
+        " waiting: this rank called it after their 1 s had run out"
+    )
+    return {"error": said, "ranks": [], "names": []}
+
+
+def test_ranks_that_never_call_call_late_or_end_are_named_and_the_next_check_works(
+    tmp_path: Path,
+) -> None:
+    folders = rank_projects(tmp_path, 3)
+    steps = ["agree", "absent", "late-last", "late-first", "refused", "dies"]
+    results = run_ranks(tmp_path, folders, steps)
+    # Identical ranks agree, on the fingerprint a lone process gets there (PyTorch's
+    # registry is process-wide, so this test's own process, which other tests used, is no
+    # reference).
+    agreed = {"fingerprint": tbr_fingerprint(folders[0])}
+    assert [r["agree"] for r in results] == [agreed] * 3
+    # A rank that never calls is named by every rank that waited, also where the world
+    # group is given by name: the same error on each.
+    assert [r["absent"] for r in results] == [did_not_call(2)] * 2 + [{"absent": True}]
+    # A rank that calls once the others' time has run out (the last, or the first, which
+    # holds the store) is named by the others and told it came late; then every rank's next
+    # check agrees, and the job's own group still runs.
+    for step, late in (("late-last", 2), ("late-first", 0)):
+        said = [r[step] for r in results]
+        assert [s["late"] for s in said] == [
+            came_late(late) if rank == late else did_not_call(late) for rank in range(3)
+        ]
+        assert [s["again"] for s in said] == [agreed] * 3
+        assert [s["sum"] for s in said] == [3.0] * 3
+    # A call refused for its time limit counts as the others' did: they name its rank, and
+    # the next check pairs up and agrees.
+    assert [r["refused"]["first"] for r in results] == [did_not_call(2)] * 2 + [
+        {"refused": "ValueError: timeout must be positive and at most 366 days, got -1"}
+    ]
+    assert [r["refused"]["then"] for r in results] == [agreed] * 3
+    # A rank that ends before it calls is one that never called.
+    assert [r.get("dies") for r in results] == [did_not_call(2)] * 2 + [None]
+
+
+def test_a_check_of_a_group_names_the_job_ranks_and_pairs_each_ranks_nth_calls(
+    tmp_path: Path,
+) -> None:
+    folders = rank_projects(tmp_path, 3)
+    results = run_ranks(tmp_path, folders, ["stages", "twice", "pair", "groups"])
+    # A check of some ranks (rank 0 is no member of the others' stage) leaves a later check
+    # of all, and the job's own groups, working.
+    agreed = {"fingerprint": results[0]["stages"]["fingerprint"]}
+    assert [r["stages"] for r in results] == [{**agreed, "sum": 3.0}] * 3
+    # Each rank's n-th check pairs with the others' n-th: rank 0's extra call waits for
+    # them in vain, their next call comes too late for it, and the one after agrees.
+    assert [r["twice"]["said"] for r in results] == [
+        [agreed, late_or_missing, agreed]
+        for late_or_missing in (did_not_call(1, 2), came_late(1), came_late(2))
+    ]
+    # Ranks 1 and 2 make a group; rank 1 calls, rank 2 does not: rank 2 is named, not
+    # rank 1 (its number inside the group, and the caller), with the check it made last.
+    assert [r["pair"] for r in results] == [
+        {"absent": True},
+        did_not_call(2, hint=" (rank 2's last check was of ranks [0, 1, 2])"),
+        {"absent": True},
+    ]
+    # Ranks that give different groups: each names the rank it waited for, and the ranks
+    # that rank is checking.
+    assert [r["groups"] for r in results] == [
+        did_not_call(1, hint=" (rank 1's last check was of ranks [1, 2])"),
+        did_not_call(2, hint=" (rank 2's last check was of ranks [0, 1, 2])"),
+        did_not_call(1, hint=" (rank 1's last check was of ranks [1, 2])"),
+    ]
+
+
+def differing_ranks(tmp_path: Path) -> tuple[list[Path], list[dict[str, str]]]:
+    """Four ranks: 0 and 1 agree; rank 2 has an extra manifest and another option, rank 3
+    another version of a plugin."""
     folders = rank_projects(tmp_path, 4)
     envs: list[dict[str, str]] = [{}, {}, {}, {}]
     site = tmp_path / "site"
@@ -398,133 +475,41 @@ def test_a_different_rank_makes_every_rank_raise_the_same_error(tmp_path: Path) 
     extra.write_text('[backends.only_here]\ntarget = "builtins:abs"\n')
     envs[2]["TORCH_BACKENDS_PATH"] = str(extra)
     project(folders[2], MANIFEST.replace("level = 2", "level = 9"))
-    results = run_ranks(tmp_path, folders, envs=envs)
-    errors = {r["error"] for r in results}
+    return folders, envs
+
+
+def test_a_different_rank_makes_every_rank_raise_the_same_error(tmp_path: Path) -> None:
+    folders, envs = differing_ranks(tmp_path)
+    results = run_ranks(tmp_path, folders, ["differ", "outside"], envs=envs)
+    # Each difference is found, and every rank says the same (the facts sent in pieces).
+    errors = {r["differ"]["error"] for r in results}
     assert len(errors) == 1, results  # the same error on every rank
     [error] = errors
-    assert all(r["ranks"] == [2, 3] for r in results)
-    assert all(r["names"] == ["fast", "only_here", "plug"] for r in results)
+    assert all(r["differ"]["ranks"] == [2, 3] for r in results)
+    assert all(r["differ"]["names"] == ["fast", "only_here", "plug"] for r in results)
     assert error.startswith("ranks [2, 3] resolve backend names differently from the other 2")
     assert f"rank 2 on {socket.gethostname()}: " in error
     assert f"rank 3 on {socket.gethostname()}: " in error
-
-
-def test_a_rank_that_never_calls_is_named_also_when_the_group_is_given(
-    tmp_path: Path,
-) -> None:
-    # The world group given by name: compared on as it is, as with no group given.
-    folders = rank_projects(tmp_path, 3)
-    results = run_ranks(tmp_path, folders, modes=["world4", "world4", "absent"])
-    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 4 s"
-    assert results[0]["ranks"] == [2]
-    assert "timed out after 4 s" in results[1]["error"]
-    assert results[2] == {"absent": True}
-
-
-def test_the_rank_named_missing_from_a_group_is_the_one_that_did_not_call(
-    tmp_path: Path,
-) -> None:
-    # Ranks 2 and 3 make a group; rank 2 calls, rank 3 does not: rank 3, not rank 1 (its
-    # number inside the group), nor the caller itself.
-    folders = rank_projects(tmp_path, 4)
-    results = run_ranks(tmp_path, folders, modes=["pair"] * 4)
-    assert results[2] == {
-        "error": "ranks [3] did not call verify_consistent() within 3 s",
-        "ranks": [3],
-        "names": [],
-    }
-    assert [results[r] for r in (0, 1, 3)] == [{"absent": True}] * 3
-
-
-def test_a_check_that_timed_out_leaves_the_jobs_group_and_the_next_check_working(
-    tmp_path: Path,
-) -> None:
-    folders = rank_projects(tmp_path, 2)
-    first, second = run_ranks(tmp_path, folders, modes=["again"] * 2)
-    assert first["said"][0] == "ranks [1] did not call verify_consistent() within 3 s"
-    assert "this rank called it after their 3 s had run out" in second["said"][0]
-    # Called again, both agree, and the job's own collectives still run.
-    assert first["said"][1:] == second["said"][1:] == [tbr_fingerprint(folders[0])] * 2
-    assert first["sum"] == second["sum"] == 2.0
-
-
-def test_a_call_refused_on_one_rank_keeps_the_ranks_next_calls_together(
-    tmp_path: Path,
-) -> None:
-    folders = rank_projects(tmp_path, 3)
-    first, second, third = run_ranks(tmp_path, folders, modes=["refused"] * 3)
-    assert first["said"][0] == (
-        "InconsistentRegistryError: ranks [2] did not call verify_consistent() within 3 s"
+    # Ranks outside the group they name are refused, not agreed with; its members agree.
+    refused = (
+        "ValueError: rank {} is not in the group of ranks [0, 1]: it has no rank to compare with"
     )
-    assert third["said"][0].startswith("ValueError: timeout must be positive")
-    # The refused call counts as the others' did: the next check pairs up and agrees.
-    assert first["said"][1] == second["said"][1] == third["said"][1] != ""
+    assert [r["outside"] for r in results] == [
+        {"fingerprint": results[0]["outside"]["fingerprint"]}
+    ] * 2 + [
+        {"refused": refused.format(2)},
+        {"refused": refused.format(3)},
+    ]
 
 
-def tbr_fingerprint(folder: Path) -> str:
-    alone = run_forked("import torch_backend_registry as t; print(t.fingerprint())", folder)
-    return alone.stdout.strip()
-
-
-def test_a_rank_that_ends_before_calling_is_named_as_one_that_never_called(
-    tmp_path: Path,
-) -> None:
-    folders = rank_projects(tmp_path, 3)
-    results = run_ranks(tmp_path, folders, modes=["4", "4", "dies"])
-    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 4 s"
-    assert results[0]["ranks"] == [2]
-    assert "timed out after 4 s waiting for the other ranks of [0, 1, 2]" in results[1]["error"]
-
-
-def test_a_rank_that_calls_too_late_is_named_and_told_so_and_no_rank_hangs(
-    tmp_path: Path,
-) -> None:
-    # The others' time runs out while rank 2 has not called (as if it never would).
-    folders = rank_projects(tmp_path, 3)
-    results = run_ranks(tmp_path, folders, modes=["3", "3", "late3"])
-    assert results[0]["error"] == "ranks [2] did not call verify_consistent() within 3 s"
-    assert "timed out after 3 s waiting" in results[1]["error"]  # it did wait
-    late = results[2]["error"]
-    # Told it came late, or (where rank 0 has ended since, as a script does on an error)
-    # that they may have stopped waiting: either way, no wait of its own.
-    assert late in (
-        "rank 2: verify_consistent() found the other ranks of [0, 1, 2] no longer waiting:"
-        " this rank called it after their 3 s had run out",
-    ) or late.startswith(
-        "rank 2: verify_consistent() could not reach the other ranks of [0, 1, 2]: they may"
-        " have stopped waiting after 3 s, and rank 0 ended ("
-    ), late
-
-
-def test_a_first_rank_that_calls_too_late_is_named_by_the_others(tmp_path: Path) -> None:
-    folders = rank_projects(tmp_path, 3)
-    late, *others = run_ranks(tmp_path, folders, modes=["late3", "3", "3"])
-    assert [r["error"] for r in others] == [
-        "ranks [0] did not call verify_consistent() within 3 s"
-    ] * 2  # not "rank 0 names the missing ones"
-    assert "this rank called it after their 3 s had run out" in late["error"]
-
-
-def test_a_rank_outside_the_group_it_names_is_refused_not_agreed_with(tmp_path: Path) -> None:
-    folders = [tmp_path / f"rank{i}" for i in range(3)]
-    project(folders[0], MANIFEST.replace("level = 2", "level = 9"))  # it would differ
-    for folder in folders[1:]:
-        project(folder)
-    results = run_ranks(tmp_path, folders, modes=["outside"] * 3)
-    assert results[0] == {
-        "refused": "rank 0 is not in the group of ranks [1, 2]: it has no rank to compare with"
-    }
-    assert results[1] == results[2]
-    assert "fingerprint" in results[1]
-
-
-def test_a_check_of_some_ranks_leaves_a_later_check_of_all_working(tmp_path: Path) -> None:
-    # Rank 0 is no member of the others' stage group, so it does not check it.
-    folders = rank_projects(tmp_path, 3)
-    results = run_ranks(tmp_path, folders, modes=["stages"] * 3)
-    assert all("error" not in r for r in results), results
-    assert len({r["fingerprint"] for r in results}) == 1
-    assert [r["sum"] for r in results] == [3.0, 3.0, 3.0]
+def test_a_mismatch_is_reported_where_numpy_cannot_be_imported(tmp_path: Path) -> None:
+    # torch.distributed's object collectives need numpy, which neither torch nor this
+    # package declares; PyTorch itself imports without it.
+    folders = rank_projects(tmp_path, 2)
+    project(folders[1], MANIFEST.replace("level = 2", "level = 9"))
+    results = run_ranks(tmp_path, folders, ["differ"], without_numpy=True)
+    assert [r["differ"]["names"] for r in results] == [["fast"], ["fast"]], results
+    assert results[0] == results[1]
 
 
 def test_the_check_can_run_itself_at_install(tmp_path: Path) -> None:
@@ -532,15 +517,10 @@ def test_the_check_can_run_itself_at_install(tmp_path: Path) -> None:
     project(folders[0])
     project(folders[1], MANIFEST.replace("level = 2", "level = 4"))
     verify = {"TORCH_BACKENDS_VERIFY": "1"}
-    results = run_ranks(tmp_path, folders, modes=["install", "install"], envs=[verify, verify])
-    assert [r.get("names") for r in results] == [["fast"], ["fast"]]
-    agreeing = [tmp_path / "same0", tmp_path / "same1"]
-    for folder in agreeing:
-        project(folder)
-    assert run_ranks(tmp_path, agreeing, modes=["install"] * 2, envs=[verify] * 2) == [
-        {"installed": True},
-        {"installed": True},
-    ]
+    results = run_ranks(tmp_path, folders, ["install"], envs=[verify, verify])
+    # Rank 1 differs: install() refuses on both; with rank 0's manifest, both install.
+    assert [r["install"]["first"].get("names") for r in results] == [["fast"], ["fast"]]
+    assert [r["install"]["then"] for r in results] == [{"fingerprint": None}] * 2
 
 
 # ------------------------------------------------------------------ one identity, any checkout
@@ -692,3 +672,18 @@ def test_a_mismatch_says_how_many_differences_it_cuts_and_when_there_is_no_major
     three = [everyone[0]] * 3 + [everyone[2]]
     error = mismatch([0, 1, 2, 3], [digest(facts) for _host, facts in three], three)
     assert "(compared to rank 0): rank 3 on node-b" in str(error)
+    # Past ten odd ranks, the rest are counted, not said (all are in .ranks).
+    many = [everyone[0]] * 13 + [everyone[2]] * 12
+    error = mismatch(list(range(25)), [digest(facts) for _host, facts in many], many)
+    assert error.ranks == tuple(range(13, 25))
+    assert str(error).count(" on node-b: ") == 10
+    assert str(error).endswith(" | and 2 more ranks")
+    # A backend changed in several fields is named once, with each field.
+    changed = MANIFEST.replace("level = 2", "level = 9").replace("builtins:len", "builtins:abs")
+    other = project(tmp_path / "other", changed).facts(with_torch=False)
+    two = [("node-a", same), ("node-c", other)]
+    error = mismatch([0, 1], [digest(facts) for _host, facts in two], two)
+    assert str(error).endswith(
+        'rank 1 on node-c: changed backend \'fast\': options: {"level": 2} -> {"level": 9},'
+        ' target: "builtins:len" -> "builtins:abs"'
+    )

@@ -1,19 +1,23 @@
-"""Every rank resolves names alike: fingerprints compared over torch.distributed.
+"""Every rank resolves names alike: fingerprints compared on torch.distributed's store.
 
-The check runs over gloo (the job's group where that is gloo, else a group of its own), so
-it works beside an NCCL default group and on machines without a GPU, and only once every
-rank has said on the job's store that it called. When all agree, only a 32-byte hash a
-rank travels; the facts follow only on a mismatch, and then every rank raises
-the same :class:`InconsistentRegistryError`.
+Each rank adds its fingerprint and host to a key of this call on the default group's store;
+the last to come reads them all and sets the verdict every rank waits for. No collective runs,
+so there is no group to make (the default group may be NCCL, the ranks compared any subgroup),
+none that a rank which never comes can leave unusable, and the ranks missing are those absent
+from the key. The facts travel only on a mismatch, once for each fingerprint, and then every
+rank raises the same :class:`InconsistentRegistryError`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
+import hashlib
+import pickle
+import socket
 import sys
-import time
+import zlib
 from collections import Counter
+from dataclasses import dataclass
 
 from ._environment import CLUSTER_TIMEOUT
 from ._errors import BackendRegistryError, InconsistentRegistryError
@@ -25,55 +29,55 @@ if TYPE_CHECKING:
 
     from ._registry import Registry
 
+#: Where the check keeps its keys on the job's store, apart from PyTorch's own.
+KEYS = "torch_backend_registry/verify"
+#: The facts travel in pieces of at most this many bytes: PyTorch's store (libuv's, its
+#: default since 2.4) answers a message over 8 MiB by closing the connection that sent it,
+#: which is the job's own.
+PIECE = 1 << 20
+
 
 def verify_consistent(
     registry: Registry, group: Any = None, timeout: float | timedelta = CLUSTER_TIMEOUT
 ) -> str:
     import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _get_default_store  # no public name
 
     if not (dist.is_available() and dist.is_initialized()):
         _limit(timeout)  # a wrong time limit is said first, as where it is initialised
         raise BackendRegistryError(
             "verify_consistent() needs torch.distributed initialised (init_process_group) first"
         )
-    # In the order of the ranks inside the group, which its collectives number them by.
     if group is None:
         members = list(range(dist.get_world_size()))
     else:
         members = sorted(dist.get_process_group_ranks(group))
-    # Counted before anything can refuse the call: each rank's count of checks of these
-    # ranks pairs its call with the others', also after one of them was refused.
-    count = _CALLS[tuple(members)] = _CALLS.get(tuple(members), 0) + 1
-    limit = _limit(timeout)
-    seconds = limit.total_seconds()
     me = dist.get_rank()
-    default_gloo = dist.get_backend() == "gloo"
-    if me not in members:  # its collectives would do nothing: it would agree with no one
-        if not default_gloo:  # the members make a gloo group, which every rank enters
-            dist.new_group(ranks=members, backend="gloo", timeout=limit)
+    if me not in members:
         raise ValueError(
             f"rank {me} is not in the group of ranks {members}: it has no rank to compare with"
         )
-    # First every rank says on the store that it is here, so that the missing are named, and
-    # no collective waits for a rank that never comes: a gloo barrier that times out leaves
-    # the group it ran on unusable, which must never be the job's.
-    _arrive(members, me, limit, count)
-    if default_gloo and (group is None or dist.get_backend(group) == "gloo"):
-        # Gloo already: no group to make. A group made here would have to be made by every
-        # rank of the job (PyTorch names groups by a count each process keeps), where only
-        # the ranks of ``group`` call.
-        gloo = group
-    else:
-        # A gloo group of its own: the default group may be NCCL, and a CPU-only rank
-        # must take part too. Creating it is itself collective over the ranks.
-        try:
-            gloo = dist.new_group(ranks=members, backend="gloo", timeout=limit)
-        except RuntimeError as exc:
-            raise InconsistentRegistryError(
-                f"rank {me}: not every rank of {members} called verify_consistent() within"
-                f" {seconds:g} s ({exc})",
-            ) from exc
-    return _compare(registry, gloo, members, me, limit)
+    store = _get_default_store()
+    # The ranks' list named by its hash: a key sent with every request stays short at
+    # thousands of ranks.
+    ranks = f"{KEYS}/{hashlib.sha256(str(members).encode()).hexdigest()[:16]}"
+    try:
+        # Each rank's n-th check of these ranks pairs with the others' n-th, counted before
+        # anything can refuse it: a refused call pairs with the others', which time out, and
+        # the next calls pair up. On the store, a new process group counts from 1 again.
+        count = store.add(f"{ranks}/calls/{me}", 1)
+        if not store.check([ranks]):
+            store.set(ranks, str(members))  # read where another rank waits for it in vain
+        store.set(f"{KEYS}/last/{me}", ranks)
+        limit = _limit(timeout)
+        facts = registry.facts()
+        return _Call(store, ranks, count, members, me, limit).compare(facts)
+    except getattr(dist, "DistError", RuntimeError) as exc:  # timeouts are caught inside
+        raise InconsistentRegistryError(
+            f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
+            " the job's store has gone with rank 0 (which may have stopped waiting for this"
+            f" rank, and ended) ({type(exc).__name__}: {exc})",
+        ) from exc
 
 
 #: The longest time limit, in days: torch.distributed counts it in nanoseconds in 64 bits,
@@ -98,120 +102,155 @@ def _limit(timeout: float | timedelta) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def _compare(registry: Registry, gloo: Any, members: list[int], me: int, limit: timedelta) -> str:
-    """The fingerprint where every rank of ``gloo`` agrees, else the same error on each."""
-    import socket
-
-    import torch
+def _timed_out() -> type[Exception]:
+    """What a store raises when a wait runs out of time (PyTorch 2.2+; a RuntimeError before)."""
     import torch.distributed as dist
 
-    from ._lock import digest
-
-    seconds = limit.total_seconds()
-    started = time.monotonic()
-    try:
-        # Every rank reports to the first within the limit, which names those that did not.
-        dist.monitored_barrier(group=gloo, timeout=limit, wait_all_ranks=True)
-    except RuntimeError as exc:
-        raise _missing(exc, members, me, seconds, time.monotonic() - started) from exc
-    facts = registry.facts()
-    full = digest(facts)
-    mine = torch.tensor(list(bytes.fromhex(full)), dtype=torch.uint8)
-    gathered = [torch.zeros_like(mine) for _ in members]
-    dist.all_gather(gathered, mine, group=gloo)
-    hashes = [bytes(t.tolist()).hex() for t in gathered]
-    if len(set(hashes)) == 1:
-        return full[:16]
-    # Only now do the facts travel, and with them where each rank runs.
-    everyone: list[Any] = [None] * len(members)
-    dist.all_gather_object(everyone, (socket.gethostname(), facts), group=gloo)
-    raise mismatch(members, hashes, everyone)
+    return getattr(dist, "DistStoreError", RuntimeError)
 
 
-#: How many checks of each group of ranks this process made: the same on every rank.
-_CALLS: dict[tuple[int, ...], int] = {}
+@dataclass(frozen=True)
+class _Call:
+    """This rank's part in the ``count``-th check of ``members``, whose keys on the job's
+    store start with ``ranks``."""
 
+    store: Any
+    ranks: str
+    count: int
+    members: list[int]
+    me: int
+    limit: timedelta
 
-def _arrive(members: list[int], me: int, limit: timedelta, count: int) -> None:
-    """Say on the default group's store that this rank called (its ``count``-th check of
-    ``members``), and wait within ``limit`` for every rank of ``members`` to say so; the
-    first of them names the missing ones."""
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
+    @property
+    def name(self) -> str:
+        return f"{self.ranks}/{self.count}"
 
-        store = _get_default_store()
-    except Exception:  # no store to ask (another PyTorch): the group's creation times out
-        return
-    prefix = f"torch_backend_registry/verify/{','.join(map(str, members))}/{count}"
-    here = [f"{prefix}/{rank}" for rank in members]
-    # One key decides, set once: "go" by the last rank to arrive, or "stop N" by the first
-    # whose time ran out, N the ranks that had arrived by then. Whichever is set first is
-    # what every rank reads, so that no rank goes on to a collective while another gives up.
-    verdict = f"{prefix}/verdict"
-    seconds = limit.total_seconds()
-    try:
-        store.set(here[members.index(me)], "1")
-        arrived = store.add(f"{prefix}/arrived", 1)  # how many, this one included
-        if arrived == len(members):
-            store.compare_set(verdict, "", "go")
-        started = time.monotonic()
+    def compare(self, facts: dict[str, Any]) -> str:
+        """The fingerprint where every rank agrees, else the same error on each."""
+        from ._lock import digest
+
+        full = digest(facts)
+        if self.arrive(f"{self.me} {full} {socket.gethostname()}\n") == "go":
+            self.leave(len(self.members))
+            return full[:16]
+        said = self.said()
+        hashes = [said[rank][0] for rank in self.members]
+        known = self.facts(hashes, full, facts)
+        self.leave(len(self.members))
+        everyone = [(said[rank][1], known[said[rank][0]]) for rank in self.members]
+        raise mismatch(self.members, hashes, everyone)
+
+    def said(self) -> dict[int, list[str]]:
+        """What each rank that came said: its fingerprint and its host."""
+        lines = self.store.get(f"{self.name}/said").decode().splitlines()
+        return {int(rank): rest for rank, *rest in (line.split(" ") for line in lines)}
+
+    def arrive(self, line: str) -> str:
+        """Add this rank's ``line`` to what the ranks said; once every rank has, "go" where
+        all agree, "differ" where not, else the error that names the ranks absent."""
+        self.store.append(f"{self.name}/said", line)
+        # One key decides, set once: by the last rank to come, which alone reads what all
+        # said (so that agreeing ranks read nothing else), or by the first whose time ran
+        # out, the ranks still absent. Whichever is set first is what every rank reads, one
+        # that comes later too: none goes on while another gives up.
+        verdict = f"{self.name}/verdict"
+        if self.store.add(f"{self.name}/came", 1) == len(self.members):
+            self.store.compare_set(verdict, "", self.decide())
         try:
-            store.wait([verdict], limit)
-            try:
-                decided = store.get(verdict)
-            except RuntimeError:  # set, and its host gone since: rank 0 gave up and ended
-                decided = f"stop {arrived}".encode()
-        except RuntimeError:  # the limit ran out, or the store's host ended
-            if time.monotonic() - started < 0.9 * seconds:
-                raise  # it did not wait: said below
-            try:
-                so_far = store.add(f"{prefix}/arrived", 0)
-                decided = store.compare_set(verdict, "", f"stop {so_far}")
-            except RuntimeError:  # rank 0 gave up first, and ended
-                decided = f"stop {arrived}".encode()
-        if decided != b"go" and arrived <= int(decided.split()[1]):  # it waited in vain
-            missing: tuple[int, ...] = ()
-            # The first rank names the missing; where it is one of them, every rank does.
-            with contextlib.suppress(RuntimeError):  # rank 0 named them, and ended
-                if me == members[0] or not store.check([here[0]]):
-                    missing = tuple(
-                        rank
-                        for rank, key in zip(members, here, strict=True)
-                        if not store.check([key])
-                    )
-            raise _not_called(missing, seconds) if missing else _timed_out(me, members, seconds)
-    except RuntimeError as exc:  # the store's host (the default group's first rank) ended
-        raise InconsistentRegistryError(
-            f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
-            f" they may have stopped waiting after {seconds:g} s, and rank 0 ended"
-            f" ({type(exc).__name__}: {exc})",
-        ) from exc
-    if decided != b"go":  # the others had stopped waiting for this one
-        raise InconsistentRegistryError(
-            f"rank {me}: verify_consistent() found the other ranks of {members} no longer"
-            f" waiting: this rank called it after their {seconds:g} s had run out",
+            self.store.wait([verdict], self.limit)
+        except _timed_out():
+            self.store.compare_set(verdict, "", self.decide())
+        decided = str(self.store.get(verdict).decode())
+        if decided in ("go", "differ"):
+            return decided
+        absent, said = decided.split(" ", 1)
+        missing = tuple(int(rank) for rank in absent.split(","))
+        if self.me in missing:
+            # Counted past the checks the others gave up on without this rank, so that its
+            # next call pairs with their next: one it skipped costs one failed check, not all.
+            later = self.count
+            while self.store.check([f"{self.ranks}/{later + 1}/verdict"]):
+                later += 1
+            self.store.add(f"{self.ranks}/calls/{self.me}", later - self.count)
+            raise InconsistentRegistryError(
+                f"rank {self.me}: verify_consistent() found the other ranks of {self.members}"
+                " no longer waiting: this rank called it after their"
+                f" {self.limit.total_seconds():g} s had run out",
+            )
+        self.leave(len(self.members) - len(missing))
+        raise InconsistentRegistryError(said, missing)
+
+    def decide(self) -> str:
+        """The verdict on what the ranks said so far: "go" where every rank came and all
+        agree, "differ" where they came and do not, else the ranks absent and the error that
+        names them, with the ranks the first few last checked where those were others (a
+        group given differently, or a stage checked before)."""
+        came = self.said()  # this rank's own line among them
+        absent = [rank for rank in self.members if rank not in came]
+        if not absent:
+            return "go" if len({fingerprint for fingerprint, _ in came.values()}) == 1 else "differ"
+        elsewhere = [
+            f"rank {rank}'s last check was of ranks {self.store.get(last).decode()}"
+            for rank in absent[:5]
+            if self.store.check([f"{KEYS}/last/{rank}"])
+            and (last := self.store.get(f"{KEYS}/last/{rank}").decode()) != self.ranks
+        ]
+        return (
+            f"{','.join(map(str, absent))} ranks {absent} did not call verify_consistent()"
+            f" within {self.limit.total_seconds():g} s"
+            + (f" ({'; '.join(elsewhere)})" if elsewhere else "")
         )
 
+    def facts(self, hashes: list[str], full: str, facts: dict[str, Any]) -> dict[str, Any]:
+        """The facts of each fingerprint, sent by its first rank: every rank reads the same,
+        and ranks that agree with each other send them once."""
+        first: dict[str, int] = {}
+        for rank, fingerprint in zip(self.members, hashes, strict=True):
+            first.setdefault(fingerprint, rank)
+        known = {full: facts} if first[full] == self.me else {}
+        if known:
+            blob = zlib.compress(pickle.dumps(facts))
+            pieces = [blob[i : i + PIECE] for i in range(0, len(blob), PIECE)]
+            for i, piece in enumerate(pieces):
+                self.store.set(f"{self.name}/facts/{full}/{i}", piece)
+            self.store.set(f"{self.name}/facts/{full}", str(len(pieces)))  # all there
+        wanted = {f: f"{self.name}/facts/{f}" for f in first if f not in known}
+        try:
+            self.store.wait(list(wanted.values()), self.limit)
+        except _timed_out() as exc:
+            gone = [first[f] for f, key in wanted.items() if not self.store.check([key])]
+            self.leave(len(self.members) - len(gone))
+            raise InconsistentRegistryError(
+                f"ranks {gone} ended during verify_consistent(): their backends, which differ"
+                f" from other ranks', did not come within {self.limit.total_seconds():g} s",
+                tuple(gone),
+            ) from exc
+        for fingerprint, key in wanted.items():
+            count = int(self.store.get(key))
+            pieces = self.store.multi_get([f"{key}/{i}" for i in range(count)])
+            # Unpickled from the job's own store, as torch.distributed's object collectives do.
+            known[fingerprint] = pickle.loads(zlib.decompress(b"".join(pieces)))
+        return known
 
-def _not_called(missing: tuple[int, ...], timeout: float) -> InconsistentRegistryError:
-    return InconsistentRegistryError(
-        f"ranks {list(missing)} did not call verify_consistent() within {timeout:g} s",
-        missing,
-    )
-
-
-def _timed_out(me: int, members: list[int], timeout: float) -> InconsistentRegistryError:
-    return InconsistentRegistryError(
-        f"rank {me}: verify_consistent() timed out after {timeout:g} s waiting for the"
-        f" other ranks of {members} (rank {members[0]} names the missing ones)",
-    )
+    def leave(self, came: int) -> None:
+        """Say this rank has read all it needs. Rank 0 then waits for the ``came`` ranks that
+        came in time to say so: torch.distributed's rendezvous puts the store in its process,
+        and its ending (an error raised here ends most jobs) would cut them off mid-read."""
+        if self.store.add(f"{self.name}/read", 1) == came:
+            # Read by all: a job that checks often keeps no line a rank a call in rank 0.
+            self.store.delete_key(f"{self.name}/said")
+            self.store.set(f"{self.name}/all read", "")
+        if self.me == 0:
+            with contextlib.suppress(_timed_out()):
+                self.store.wait([f"{self.name}/all read"], self.limit)
 
 
 def mismatch(
     members: list[int], hashes: list[str], everyone: list[Any]
 ) -> InconsistentRegistryError:
     """The same error on every rank: the ranks outside the majority (in a tie, outside the
-    group of the lowest rank, said so), and where they differ."""
+    group of the lowest rank, said so), and where they differ, once a name; the first ten
+    ranks said, the differences of each fingerprint found once."""
     from ._lock import changes
 
     counted = Counter(hashes).most_common()  # in a tie, the group of the lowest rank first
@@ -219,15 +258,15 @@ def mismatch(
     tie = len(counted) > 1 and counted[1][1] == count
     reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
+    found = {hashes[i]: changes(reference, everyone[i][1]) for i in odd}
+    names = {name for each in found.values() for about, _said in each for name in about}
     lines = []
-    names: set[str] = set()
-    for index in odd:
-        host, facts = everyone[index]
-        found = changes(reference, facts)
-        names.update(name for about, _said in found for name in about)
-        said = "; ".join(said for _about, said in found[:5])
-        more = f"; and {len(found) - 5} more" if len(found) > 5 else ""
-        lines.append(f"rank {members[index]} on {host}: {said}{more}")
+    for index in odd[:10]:
+        said = _by_name([said for _about, said in found[hashes[index]]])
+        more = f"; and {len(said) - 5} more" if len(said) > 5 else ""
+        lines.append(f"rank {members[index]} on {everyone[index][0]}: {'; '.join(said[:5])}{more}")
+    if len(odd) > 10:
+        lines.append(f"and {len(odd) - 10} more ranks")
     odd_ranks = tuple(members[i] for i in odd)
     return InconsistentRegistryError(
         f"ranks {list(odd_ranks)} resolve backend names differently from the other"
@@ -238,37 +277,19 @@ def mismatch(
     )
 
 
-def _missing(
-    exc: RuntimeError, members: list[int], me: int, timeout: float, waited: float
-) -> InconsistentRegistryError:
-    # Well before the limit, the barrier failed because a rank's connection closed: it
-    # ended (or its host went away), which waiting longer would not have changed.
-    ended = waited < 0.9 * timeout
-    found = re.search(r"[Rr]anks? ([\d, ]+) failed to pass monitoredBarrier", str(exc))
-    if found:
-        # Numbered as the group numbers its ranks: from 0, in the order of the job's.
-        missing = tuple(members[int(r)] for r in re.findall(r"\d+", found.group(1)))
-        if not ended:
-            return _not_called(missing, timeout)
-        return InconsistentRegistryError(
-            f"ranks {list(missing)} ended, or lost their connection, during"
-            f" verify_consistent() ({waited:.1f} s into its {timeout:g} s)",
-            missing,
-        )
-    if "successfully reached monitoredBarrier" in str(exc) or me == members[0]:
-        if not ended:
-            return _timed_out(me, members, timeout)
-        return InconsistentRegistryError(
-            f"rank {me}: verify_consistent() failed {waited:.1f} s into its {timeout:g} s:"
-            f" a rank of {members} ended (rank {members[0]} names it)",
-        )
-    # It never waited: the first rank had stopped waiting (this one came late) or ended.
-    cause = (str(exc).strip().splitlines() or [""])[0]
-    return InconsistentRegistryError(
-        f"rank {me}: verify_consistent() found rank {members[0]} no longer waiting: this rank"
-        f" called it after the others' {timeout:g} s had run out, or rank {members[0]} ended"
-        f" ({cause})",
-    )
+def _by_name(differences: list[str]) -> list[str]:
+    """``changed backend 'x': a: 1 -> 2, b: 3 -> 4``: the name once, with each of its fields
+    (the lock says a field a line, and they come sorted by name)."""
+    lines: list[str] = []
+    previous = ""
+    for said in differences:
+        head, _, fields = said.partition(": ")
+        if head == previous and head.startswith("changed "):
+            lines[-1] += f", {fields}"
+        else:
+            lines.append(said)
+        previous = head
+    return lines
 
 
 def distributed_ready() -> bool:
