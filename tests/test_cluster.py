@@ -163,7 +163,7 @@ def test_each_kind_of_drift_is_named_field_by_field(
 ) -> None:
     info = make_dist("tbr-drift", "1.0", {"plugged": "tbr_drift:compile"})
     registry = project(tmp_path / "p")
-    locked = read_lock(write_lock(registry))
+    locked = read_lock(write_lock(registry, scope="all"))  # a plugin it never names
     project(
         tmp_path / "p",
         MANIFEST.replace("level = 2", "level = 3").replace('aliases = ["f"]', "")
@@ -171,7 +171,7 @@ def test_each_kind_of_drift_is_named_field_by_field(
     )
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tbr-drift\nVersion: 2.0\n")
     registry.refresh()
-    assert differences(locked, lock_facts(registry)) == [
+    assert differences(locked, lock_facts(registry, "all")) == [
         'added backend \'extra\': {"kind": "manifest", "target": "builtins:abs"}',
         'changed backend \'fast\': options: {"level": 2} -> {"level": 3}',
         'changed backend \'plugged\': version: "1.0" -> "2.0"',
