@@ -26,18 +26,18 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import multiprocessing
 import os
 import re
-import select
 import shlex
-import socket
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from . import _doctest_worker, _forked
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -238,86 +238,46 @@ def matches(expected: str, got: str) -> bool:
 # ------------------------------------------------------------------- Python sessions
 
 
-class Interpreters:
-    """Fresh interpreters for the pages' Python sessions: forked, one a page, from one
-    started once (see ``_doctest_worker.py``); for the pages that need PyTorch, from one that
-    imported it already."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.servers: dict[bool, tuple[str, subprocess.Popen[str]]] = {}
-
-    def open(self, folder: Path, environ: dict[str, str], *, torch: bool) -> Interpreter:
-        if torch not in self.servers:
-            self.servers[torch] = self._start(torch)
-        return Interpreter(self.servers[torch][0], folder, environ)
-
-    def _start(self, torch: bool) -> tuple[str, subprocess.Popen[str]]:
-        path = str(self.folder / f"{'torch' if torch else 'plain'}.sock")
-        worker = str(Path(__file__).with_name("_doctest_worker.py"))
-        process = subprocess.Popen(
-            [sys.executable, worker, path, *(["--torch"] if torch else [])],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stdout is not None
-        ready, _, _ = select.select([process.stdout], [], [], PATIENCE)
-        assert ready, f"the interpreter of the sessions did not start in {PATIENCE} s"
-        assert process.stdout.readline() == "ready\n"
-        return path, process
-
-    def close(self) -> None:
-        for _path, process in self.servers.values():
-            process.terminate()
-            process.wait(timeout=30)
-
-
 class Interpreter:
-    """One page's interpreter, running its sessions in turn."""
+    """One page's interpreter (see ``_doctest_worker.py``), running its sessions in turn: for
+    a page that needs PyTorch, forked from the server that imported it once."""
 
-    def __init__(self, socket_path: str, folder: Path, environ: dict[str, str]) -> None:
-        self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.connection.settimeout(PATIENCE)
-        self.connection.connect(socket_path)
-        self.stream = self.connection.makefile("rw", encoding="utf-8")
-        self._send({"folder": str(folder), "environ": environ})
-
-    def _send(self, message: dict[str, object]) -> None:
-        self.stream.write(json.dumps(message) + "\n")
-        self.stream.flush()
+    def __init__(self, folder: Path, environ: dict[str, str], *, torch: bool) -> None:
+        context = _forked.CONTEXT if torch else multiprocessing.get_context("spawn")
+        self.connection, theirs = context.Pipe()
+        self.process = context.Process(
+            target=_doctest_worker.serve, args=(theirs, folder, environ), daemon=True
+        )
+        self.process.start()
+        theirs.close()
 
     def run(self, block: Block) -> str:
         """The doctest report of ``block``: empty where it printed what the page shows."""
+        where = f"{block.page}:{block.line}"
         # doctest counts a block's lines from 0 and reports them one up.
-        self._send({"source": block.text, "page": block.page, "line": block.line - 1})
+        self.connection.send((block.text, block.page, block.line - 1))
+        if not self.connection.poll(PATIENCE):
+            raise AssertionError(f"{where}: no answer in {PATIENCE} s")
         try:
-            answer = self.stream.readline()
-        except TimeoutError:
-            raise AssertionError(f"{block.page}:{block.line}: no answer in {PATIENCE} s") from None
-        if not answer:
-            raise AssertionError(f"{block.page}:{block.line}: the interpreter died")
-        report: str = json.loads(answer)["report"]
+            report: str = self.connection.recv()
+        except EOFError:
+            self.process.join(PATIENCE)
+            raise AssertionError(
+                f"{where}: the interpreter ended ({self.process.exitcode})"
+            ) from None
         return report
 
     def close(self) -> None:
-        self.stream.close()
-        self.connection.close()
-
-
-@pytest.fixture(scope="module")
-def interpreters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Interpreters]:
-    started = Interpreters(tmp_path_factory.mktemp("sessions"))
-    yield started
-    started.close()
+        self.connection.close()  # the interpreter ends when it reads the end
+        self.process.join(PATIENCE)
+        self.process.kill()
 
 
 # ------------------------------------------------------------------------- the pages
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_session_of_the_page_prints_what_it_shows(
-    path: Path, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
+def test_every_session_of_the_page_prints_what_it_shows(path: Path, tmp_path: Path) -> None:
     page = read_page(path)
     missing = sorted(name for name in page.needs if importlib.util.find_spec(name) is None)
     if missing:
@@ -346,8 +306,7 @@ def test_every_session_of_the_page_prints_what_it_shows(
                         )
             elif is_python_session(block):
                 if interpreter is None:
-                    started: Interpreters = request.getfixturevalue("interpreters")
-                    interpreter = started.open(folder, environ, torch="torch" in page.needs)
+                    interpreter = Interpreter(folder, environ, torch="torch" in page.needs)
                 report = interpreter.run(block)
                 if report:
                     failures.append(normalised(report, folder))
