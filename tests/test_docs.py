@@ -34,8 +34,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from unittest import mock
 
 import pytest
+from markdown_it import MarkdownIt
 
 from . import _doctest_worker, _forked
 
@@ -50,7 +52,6 @@ PROJECT = "/path/to/project"
 #: Seconds one Python session may take (one that compiles included).
 PATIENCE = 300
 
-FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>.*)$")
 TITLE = re.compile(r'title="(?P<title>[^"]+)"')
 ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 #: How a session may call the command.
@@ -83,31 +84,18 @@ def read_page(path: Path) -> Page:
     """The page's code blocks, in order, and what it needs (``<!-- test: torch -->``)."""
     text = path.read_text(encoding="utf-8")
     page = Page(path, needs=set(re.findall(r"<!-- test: ([a-z]+) -->", text)))
-    lines = text.splitlines()
-    number = 0
-    while number < len(lines):
-        opening = FENCE.match(lines[number])
-        number += 1
-        if opening is None:
-            continue
-        indent, fence = opening["indent"], opening["fence"]
-        info = opening["info"].strip()
-        start, body = number, []
-        while number < len(lines) and lines[number].strip() != fence:
-            body.append(lines[number][len(indent) :])
-            number += 1
-        number += 1  # the closing fence
-        language = info.split(" ", 1)[0].strip("{}.") if info else ""
-        title = TITLE.search(info)
-        page.blocks.append(
-            Block(
-                page.name,
-                start + 1,
-                language,
-                title["title"] if title else None,
-                "\n".join(body) + "\n",
+    for token in MarkdownIt("commonmark").parse(text):
+        if token.type == "fence" and token.map is not None:
+            title = TITLE.search(token.info)
+            page.blocks.append(
+                Block(
+                    page.name,
+                    token.map[0] + 2,  # the first line inside the fence, counted from 1
+                    token.info.split(" ", 1)[0].strip("{}."),
+                    title["title"] if title else None,
+                    token.content,
+                )
             )
-        )
     return page
 
 
@@ -159,19 +147,6 @@ def sessions(block: Block) -> list[Session]:
 
 
 @contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` exactly ``values`` for a while."""
-    before = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
-
-
-@contextlib.contextmanager
 def fresh_modules(folder: Path) -> Iterator[None]:
     """Forget, after a command, the modules it imported from the page's folder: a command
     runs in a process of its own, where a module the page rewrites is read anew."""
@@ -205,7 +180,7 @@ def run_command(line: str, environ: dict[str, str], where: str) -> str:
         if command is None:
             raise AssertionError(f"{where}: the docs tests run only torch-backends, not {part!r}")
         with (
-            environment(env),
+            mock.patch.dict(os.environ, env, clear=True),
             fresh_modules(Path.cwd()),
             contextlib.redirect_stdout(out),
             contextlib.redirect_stderr(out),
