@@ -17,6 +17,15 @@ cache folder of the page's own, and no third-party plugin, so that pages read th
 every machine (the plugins installed here are denied, through ``TORCH_BACKENDS_DENY``).
 The folder a page runs in is shown as ``/path/to/project``. A page that needs a package says
 so (``<!-- test: torch -->``), and is skipped where that package is not installed.
+
+Why a runner of its own: pytest's doctest (``--doctest-glob``) and Sybil's evaluators run a
+page's Python in the test process, which has imported what the pages show a fresh
+interpreter has not; pytest's doctest writes no file and runs no console session; Sybil's
+pytest plugin makes each block a test of its own, which ``--dist=worksteal`` hands to another
+worker than the blocks it needs above it. Sybil used as a library, its fence reader feeding
+an evaluator of ours for each kind of block, took as many lines as this file's loop, and a
+dependency more. What a library answers whole is taken from one: markdown-it-py finds the
+blocks, doctest compares, multiprocessing starts the interpreters.
 """
 
 from __future__ import annotations
