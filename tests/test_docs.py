@@ -238,13 +238,13 @@ class Interpreter:
     def run(self, block: Block) -> str:
         """The doctest report of ``block``: empty where it printed what the page shows."""
         where = f"{block.page}:{block.line}"
-        # doctest counts a block's lines from 0 and reports them one up.
-        self.connection.send((block.text, block.page, block.line - 1))
-        if not self.connection.poll(PATIENCE):
-            raise AssertionError(f"{where}: no answer in {PATIENCE} s")
         try:
+            # doctest counts a block's lines from 0 and reports them one up.
+            self.connection.send((block.text, block.page, block.line - 1))
+            if not self.connection.poll(PATIENCE):
+                raise AssertionError(f"{where}: no answer in {PATIENCE} s")
             report: str = self.connection.recv()
-        except EOFError:
+        except (EOFError, ConnectionError):  # it ended, with the pipe's end read or not
             self.process.join(PATIENCE)
             raise AssertionError(
                 f"{where}: the interpreter ended ({self.process.exitcode})"
