@@ -17,6 +17,15 @@ cache folder of the page's own, and no third-party plugin, so that pages read th
 every machine (the plugins installed here are denied, through ``TORCH_BACKENDS_DENY``).
 The folder a page runs in is shown as ``/path/to/project``. A page that needs a package says
 so (``<!-- test: torch -->``), and is skipped where that package is not installed.
+
+Why a runner of its own: pytest's doctest (``--doctest-glob``) and Sybil's evaluators run a
+page's Python in the test process, which has imported what the pages show a fresh
+interpreter has not; pytest's doctest writes no file and runs no console session; Sybil's
+pytest plugin makes each block a test of its own, which ``--dist=worksteal`` hands to another
+worker than the blocks it needs above it. Sybil used as a library, its fence reader feeding
+an evaluator of ours for each kind of block, took as many lines as this file's loop, and a
+dependency more. What a library answers whole is taken from one: markdown-it-py finds the
+blocks, doctest compares, multiprocessing starts the interpreters.
 """
 
 from __future__ import annotations
@@ -26,18 +35,20 @@ import importlib.metadata
 import importlib.util
 import io
 import json
+import multiprocessing
 import os
 import re
-import select
 import shlex
-import socket
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+from unittest import mock
 
 import pytest
+from markdown_it import MarkdownIt
+
+from . import _doctest_worker, _forked
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -50,7 +61,6 @@ PROJECT = "/path/to/project"
 #: Seconds one Python session may take (one that compiles included).
 PATIENCE = 300
 
-FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>.*)$")
 TITLE = re.compile(r'title="(?P<title>[^"]+)"')
 ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 #: How a session may call the command.
@@ -83,31 +93,18 @@ def read_page(path: Path) -> Page:
     """The page's code blocks, in order, and what it needs (``<!-- test: torch -->``)."""
     text = path.read_text(encoding="utf-8")
     page = Page(path, needs=set(re.findall(r"<!-- test: ([a-z]+) -->", text)))
-    lines = text.splitlines()
-    number = 0
-    while number < len(lines):
-        opening = FENCE.match(lines[number])
-        number += 1
-        if opening is None:
-            continue
-        indent, fence = opening["indent"], opening["fence"]
-        info = opening["info"].strip()
-        start, body = number, []
-        while number < len(lines) and lines[number].strip() != fence:
-            body.append(lines[number][len(indent) :])
-            number += 1
-        number += 1  # the closing fence
-        language = info.split(" ", 1)[0].strip("{}.") if info else ""
-        title = TITLE.search(info)
-        page.blocks.append(
-            Block(
-                page.name,
-                start + 1,
-                language,
-                title["title"] if title else None,
-                "\n".join(body) + "\n",
+    for token in MarkdownIt("commonmark").parse(text):
+        if token.type == "fence" and token.map is not None:
+            title = TITLE.search(token.info)
+            page.blocks.append(
+                Block(
+                    page.name,
+                    token.map[0] + 2,  # the first line inside the fence, counted from 1
+                    token.info.split(" ", 1)[0].strip("{}."),
+                    title["title"] if title else None,
+                    token.content,
+                )
             )
-        )
     return page
 
 
@@ -159,19 +156,6 @@ def sessions(block: Block) -> list[Session]:
 
 
 @contextlib.contextmanager
-def environment(values: dict[str, str]) -> Iterator[None]:
-    """``os.environ`` exactly ``values`` for a while."""
-    before = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
-
-
-@contextlib.contextmanager
 def fresh_modules(folder: Path) -> Iterator[None]:
     """Forget, after a command, the modules it imported from the page's folder: a command
     runs in a process of its own, where a module the page rewrites is read anew."""
@@ -205,7 +189,7 @@ def run_command(line: str, environ: dict[str, str], where: str) -> str:
         if command is None:
             raise AssertionError(f"{where}: the docs tests run only torch-backends, not {part!r}")
         with (
-            environment(env),
+            mock.patch.dict(os.environ, env, clear=True),
             fresh_modules(Path.cwd()),
             contextlib.redirect_stdout(out),
             contextlib.redirect_stderr(out),
@@ -238,86 +222,46 @@ def matches(expected: str, got: str) -> bool:
 # ------------------------------------------------------------------- Python sessions
 
 
-class Interpreters:
-    """Fresh interpreters for the pages' Python sessions: forked, one a page, from one
-    started once (see ``_doctest_worker.py``); for the pages that need PyTorch, from one that
-    imported it already."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.servers: dict[bool, tuple[str, subprocess.Popen[str]]] = {}
-
-    def open(self, folder: Path, environ: dict[str, str], *, torch: bool) -> Interpreter:
-        if torch not in self.servers:
-            self.servers[torch] = self._start(torch)
-        return Interpreter(self.servers[torch][0], folder, environ)
-
-    def _start(self, torch: bool) -> tuple[str, subprocess.Popen[str]]:
-        path = str(self.folder / f"{'torch' if torch else 'plain'}.sock")
-        worker = str(Path(__file__).with_name("_doctest_worker.py"))
-        process = subprocess.Popen(
-            [sys.executable, worker, path, *(["--torch"] if torch else [])],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert process.stdout is not None
-        ready, _, _ = select.select([process.stdout], [], [], PATIENCE)
-        assert ready, f"the interpreter of the sessions did not start in {PATIENCE} s"
-        assert process.stdout.readline() == "ready\n"
-        return path, process
-
-    def close(self) -> None:
-        for _path, process in self.servers.values():
-            process.terminate()
-            process.wait(timeout=30)
-
-
 class Interpreter:
-    """One page's interpreter, running its sessions in turn."""
+    """One page's interpreter (see ``_doctest_worker.py``), running its sessions in turn: for
+    a page that needs PyTorch, forked from the server that imported it once."""
 
-    def __init__(self, socket_path: str, folder: Path, environ: dict[str, str]) -> None:
-        self.connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.connection.settimeout(PATIENCE)
-        self.connection.connect(socket_path)
-        self.stream = self.connection.makefile("rw", encoding="utf-8")
-        self._send({"folder": str(folder), "environ": environ})
-
-    def _send(self, message: dict[str, object]) -> None:
-        self.stream.write(json.dumps(message) + "\n")
-        self.stream.flush()
+    def __init__(self, folder: Path, environ: dict[str, str], *, torch: bool) -> None:
+        context = _forked.CONTEXT if torch else multiprocessing.get_context("spawn")
+        self.connection, theirs = context.Pipe()
+        self.process = context.Process(
+            target=_doctest_worker.serve, args=(theirs, folder, environ), daemon=True
+        )
+        self.process.start()
+        theirs.close()
 
     def run(self, block: Block) -> str:
         """The doctest report of ``block``: empty where it printed what the page shows."""
-        # doctest counts a block's lines from 0 and reports them one up.
-        self._send({"source": block.text, "page": block.page, "line": block.line - 1})
+        where = f"{block.page}:{block.line}"
         try:
-            answer = self.stream.readline()
-        except TimeoutError:
-            raise AssertionError(f"{block.page}:{block.line}: no answer in {PATIENCE} s") from None
-        if not answer:
-            raise AssertionError(f"{block.page}:{block.line}: the interpreter died")
-        report: str = json.loads(answer)["report"]
+            # doctest counts a block's lines from 0 and reports them one up.
+            self.connection.send((block.text, block.page, block.line - 1))
+            if not self.connection.poll(PATIENCE):
+                raise AssertionError(f"{where}: no answer in {PATIENCE} s")
+            report: str = self.connection.recv()
+        except (EOFError, ConnectionError):  # it ended, with the pipe's end read or not
+            self.process.join(PATIENCE)
+            raise AssertionError(
+                f"{where}: the interpreter ended ({self.process.exitcode})"
+            ) from None
         return report
 
     def close(self) -> None:
-        self.stream.close()
-        self.connection.close()
-
-
-@pytest.fixture(scope="module")
-def interpreters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Interpreters]:
-    started = Interpreters(tmp_path_factory.mktemp("sessions"))
-    yield started
-    started.close()
+        self.connection.close()  # the interpreter ends when it reads the end
+        self.process.join(PATIENCE)
+        self.process.kill()
 
 
 # ------------------------------------------------------------------------- the pages
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_session_of_the_page_prints_what_it_shows(
-    path: Path, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
+def test_every_session_of_the_page_prints_what_it_shows(path: Path, tmp_path: Path) -> None:
     page = read_page(path)
     missing = sorted(name for name in page.needs if importlib.util.find_spec(name) is None)
     if missing:
@@ -346,8 +290,7 @@ def test_every_session_of_the_page_prints_what_it_shows(
                         )
             elif is_python_session(block):
                 if interpreter is None:
-                    started: Interpreters = request.getfixturevalue("interpreters")
-                    interpreter = started.open(folder, environ, torch="torch" in page.needs)
+                    interpreter = Interpreter(folder, environ, torch="torch" in page.needs)
                 report = interpreter.run(block)
                 if report:
                     failures.append(normalised(report, folder))
