@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -609,3 +610,52 @@ except tbr.BackendLoadError as exc:
     path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     said = run_python(code, env={"PYTHONPATH": path}).stdout
     assert "built for another PyTorch than the one installed here (9.1.0)" in said, said
+
+
+def test_a_module_beside_the_manifest_that_another_shadows_is_said_alike_in_every_process(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("trace.py", "def tracer(gm, example_inputs):\n    return gm.forward\n")
+    write("backends.toml", '[backends.mine]\ntarget = "trace:tracer"\n')
+    said = "module 'trace' beside the manifest"
+    console = Path(sys.executable).with_name("torch-backends")
+    environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
+    ways = {
+        "console script": [str(console), "check", "--import", "--no-torch"],
+        "python -m": [
+            sys.executable,
+            "-m",
+            "torch_backend_registry",
+            "check",
+            "--import",
+            "--no-torch",
+        ],
+        "a script beside it": [sys.executable, str(write("run.py", SCRIPT_LOOKS_UP))],
+    }
+    for way, command in ways.items():
+        done = subprocess.run(command, cwd=tmp_path, env=environ, capture_output=True, text=True)
+        assert said in done.stdout + done.stderr, (way, done.stdout, done.stderr)
+        assert "is shadowed by" in done.stdout + done.stderr, way
+        assert "trace.py" in (done.stdout + done.stderr).split("shadowed by")[1], way
+
+
+SCRIPT_LOOKS_UP = """
+import torch_backend_registry as tbr
+try:
+    tbr.lookup_backend("mine")
+except tbr.BackendLoadError as exc:
+    print(exc)
+"""
+
+
+def test_a_src_layout_says_which_python_path_finds_it(tmp_path: Path, write: WriteFn) -> None:
+    write("src/tbr_src_pkg/__init__.py", "")
+    write("src/tbr_src_pkg/comp.py", "def f(gm, example_inputs):\n    return gm.forward\n")
+    write("backends.toml", '[backends.mine]\ntarget = "tbr_src_pkg.comp:f"\n')
+    registry = Registry(cwd=tmp_path, environ={}, sources=("project",))
+    with pytest.raises(BackendLoadError) as caught:
+        registry.lookup_backend("mine")
+    assert str(caught.value).endswith(
+        "No module named 'tbr_src_pkg'; src/tbr_src_pkg is beside the manifest:"
+        ' python-path = ["src"] would find it'
+    )

@@ -6,6 +6,7 @@ it is loaded for the rest of the process (see ``_sources.finding``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import inspect
@@ -16,7 +17,7 @@ import sys
 from ._definition import target_of
 from ._errors import BackendLoadError, ManifestError, closest, warn
 from ._sources.files import refused_folders
-from ._sources.finding import missing_requirements, python_path_finder, searching
+from ._sources.finding import missing_requirements, python_path_finder, searching, shadowed
 from ._sources.pytorch import inductor, torch_version
 
 TYPE_CHECKING = False
@@ -55,6 +56,17 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     check_requirements(definition)
     module_name, _, attr_path = target.partition(":")
     folders, refused = trusted_folders(definition)
+    # Beside the manifest is where a script or a working folder puts a module first on the
+    # path: one process would import one file, another the other.
+    clash = shadowed(module_name, definition.search_path[-1:])
+    if clash is not None:
+        mine, theirs = clash
+        raise _error(
+            definition,
+            f"module {module_name.split('.')[0]!r} beside the manifest ({mine}) is shadowed by"
+            f" {theirs}, which is imported first wherever the manifest's folder is not the"
+            " script's or working folder; rename yours",
+        )
     before = set(sys.modules)
     try:
         with searching(folders):
@@ -270,7 +282,22 @@ def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) 
         names = [m.name for m in pkgutil.iter_modules(places)]
     except Exception:  # an unreadable folder on the path: no hint, that is all
         return ""
-    return _did_you_mean(leaf, names)
+    return _did_you_mean(leaf, names) or ("" if parent else _one_below(leaf, folders))
+
+
+def _one_below(name: str, folders: Sequence[str]) -> str:
+    """A module ``name`` one folder below the manifest's (``src/pkg``, as a src layout puts
+    it): the python-path entry that would find it."""
+    for folder in folders[-1:]:  # the manifest's own, searched last
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+                inside = os.path.join(entry.path, name)
+                if entry.is_dir() and (os.path.isdir(inside) or os.path.isfile(inside + ".py")):
+                    return (
+                        f"; {entry.name}/{name} is beside the manifest: python-path ="
+                        f' ["{entry.name}"] would find it'
+                    )
+    return ""
 
 
 def _why(exc: BaseException) -> str:

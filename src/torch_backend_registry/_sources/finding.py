@@ -123,6 +123,32 @@ def find(module: str, folders: Sequence[str] = (), *, files: bool = False) -> Mo
     return spec
 
 
+def shadowed(module: str, folders: Sequence[str]) -> tuple[str, str] | None:
+    """Where the top-level package of ``module`` lies in one of ``folders`` (beside a
+    manifest) and a module of that name is imported from somewhere else first (the standard
+    library, an installed package): that file and the other.
+    ``sys.path`` entries naming one of ``folders`` (a script's folder, ``python -m``'s working
+    folder) are left out, so that every process finds the same answer."""
+    top = module.split(".")[0]
+    mine = next(
+        (s for f in folders if (s := importlib.machinery.FileFinder(f, *_LOADERS).find_spec(top))),
+        None,
+    )
+    origin = getattr(mine, "origin", None)
+    if not isinstance(origin, str):
+        return None
+    if top in sys.builtin_module_names:
+        return origin, "a module built into Python"
+    real = {os.path.realpath(folder) for folder in folders}
+    path = [e for e in sys.path if os.path.realpath(e or os.curdir) not in real]
+    loaded = sys.modules.get(top)
+    other = getattr(loaded, "__spec__", None) or importlib.machinery.PathFinder.find_spec(top, path)
+    theirs = getattr(other, "origin", None)
+    if not isinstance(theirs, str) or os.path.realpath(theirs) == os.path.realpath(origin):
+        return None
+    return origin, theirs
+
+
 def missing_requirements(definition: BackendDefinition) -> list[str]:
     """The ``requires`` modules that cannot be found; no code of any of them runs."""
     refused = refused_folders(definition.search_path) if definition.requires else {}
