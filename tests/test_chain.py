@@ -247,13 +247,14 @@ def test_a_table_that_gives_the_cpu_nothing_is_a_note_said_once(
     plain = torch_backends("check", "--no-torch", cwd=tmp_path)
     assert (plain.stdout, plain.stderr) == (
         note,
-        "no problems; 1 of 1 backend(s) usable, 1 note(s)\n",
+        "no problems; 1 of 1 backend(s) usable, 1 note(s); read backends.toml\n",
     )
     # Importing, it is unavailable here: the note says why, once.
     imported = torch_backends("check", "--import", "--no-torch", cwd=tmp_path)
     assert (imported.stdout, imported.stderr) == (
         note,
-        "no problems; 0 of 1 backend(s) imported and usable, 1 unavailable here, 1 note(s)\n",
+        "no problems; 0 of 1 backend(s) imported and usable, 1 unavailable here, 1 note(s);"
+        " read backends.toml\n",
     )
 
 
@@ -325,7 +326,8 @@ def test_check_judges_a_table_by_the_backend_it_gives_the_cpu(
     ]  # fmt: skip
     # A device type PyTorch does not name is a warning: printed, and no failure.
     assert done.stderr == (
-        "3 problem(s); 1 of 6 backend(s) imported and usable, 2 unavailable here, 1 warning(s)\n"
+        "3 problem(s); 1 of 6 backend(s) imported and usable, 2 unavailable here, 1 warning(s);"
+        " read backends.toml\n"
     )
 
 

@@ -520,7 +520,7 @@ def test_check_finds_chains_that_cannot_work(tmp_path: Path, write: WriteFn) -> 
             " which is not installed here; it skips it when it runs",
         ]
         assert done.stderr.startswith("2 problem(s); 3 of 4 backend(s) "), done.stderr
-        assert done.stderr.endswith(", 1 note(s)\n"), done.stderr
+        assert done.stderr.endswith(", 1 note(s); read backends.toml\n"), done.stderr
 
 
 def test_a_chain_member_not_installed_here_is_a_note_not_a_failure(
@@ -537,7 +537,7 @@ def test_a_chain_member_not_installed_here_is_a_note_not_a_failure(
         "backends.toml:4: note: backends.portable.chain: chain 'portable' names 'some_plugin',"
         " 'other_plugin', which are not installed here; it skips them when it runs\n"
     )
-    assert done.stderr == "no problems; 2 of 2 backend(s) usable, 1 note(s)\n"
+    assert done.stderr == "no problems; 2 of 2 backend(s) usable, 1 note(s); read backends.toml\n"
 
 
 def test_check_import_counts_what_it_checked(tmp_path: Path, write: WriteFn) -> None:
@@ -545,9 +545,12 @@ def test_check_import_counts_what_it_checked(tmp_path: Path, write: WriteFn) -> 
     bad = "".join(f'[backends.bad{i}]\ntarget = "tbr_missing_{i}:f"\n' for i in range(3))
     write("backends.toml", good + bad)
     done = run("check", "--import", "--no-torch", cwd=tmp_path, check=1)
-    assert done.stderr == "3 problem(s); 2 of 5 backend(s) imported and usable\n"
     assert (
-        run("check", "--no-torch", cwd=tmp_path).stderr == "no problems; 5 of 5 backend(s) usable\n"
+        done.stderr == "3 problem(s); 2 of 5 backend(s) imported and usable; read backends.toml\n"
+    )
+    assert (
+        run("check", "--no-torch", cwd=tmp_path).stderr
+        == "no problems; 5 of 5 backend(s) usable; read backends.toml\n"
     )
 
 
@@ -737,7 +740,7 @@ def test_check_passes_on_this_repositorys_own_manifest_without_torch() -> None:
     notes = _openvino_notes()
     assert done.stdout.splitlines() == notes
     said = ", 2 note(s)" if notes else ""
-    assert done.stderr == f"no problems; 5 of 5 backend(s) usable{said}\n"
+    assert done.stderr == f"no problems; 5 of 5 backend(s) usable{said}; read backends.toml\n"
 
 
 def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() -> None:
@@ -751,7 +754,8 @@ def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() 
         assert done.stdout.splitlines() == [tensorrt]
         # What the plugins it imports warn of comes first, in Python's own form.
         assert done.stderr.splitlines()[-1] == (
-            "no problems; 4 of 5 backend(s) imported and usable, 1 unavailable here"
+            "no problems; 4 of 5 backend(s) imported and usable, 1 unavailable here;"
+            " read backends.toml"
         )
         assert "torch-backends: warning" not in done.stderr
         return
@@ -759,7 +763,8 @@ def test_check_import_says_an_optional_backend_is_unavailable_here_and_passes() 
     # its note says (once: the note stands for its "unavailable here" line).
     assert done.stdout.splitlines() == [tensorrt, *notes]
     assert done.stderr == (
-        "no problems; 3 of 5 backend(s) imported and usable, 2 unavailable here, 2 note(s)\n"
+        "no problems; 3 of 5 backend(s) imported and usable, 2 unavailable here, 2 note(s);"
+        " read backends.toml\n"
     )
 
 
@@ -796,7 +801,7 @@ def test_check_counts_a_chain_that_can_never_work_as_unusable_and_sorts_by_line(
     lines = [line.split(": ", 1)[0] for line in done.stdout.splitlines()]
     # Each at the line of the key it names: the chain keys are on b.toml:5 and broken.toml:9.
     assert lines == ["b.toml:3", "b.toml:5", "broken.toml:3", "broken.toml:6", "broken.toml:9"]
-    assert done.stderr == "5 problem(s); 0 of 5 backend(s) usable\n"
+    assert done.stderr == "5 problem(s); 0 of 5 backend(s) usable; read broken.toml, b.toml\n"
 
 
 def test_list_says_when_no_backend_has_a_tag(tmp_path: Path, write: WriteFn) -> None:
@@ -866,7 +871,9 @@ def test_a_module_beside_the_manifest_is_found_from_any_folder(tmp_path: Path) -
         assert lines[1].endswith("has no attribute 'graph_printr'; did you mean 'graph_printer'?")
         # A module only somewhat like one that exists ('sre_compile') is no misspelling of it.
         assert lines[2].endswith("No module named 'our_compile'"), lines[2]
-        assert done.stderr.endswith("3 problem(s); 1 of 4 backend(s) imported and usable\n")
+        assert done.stderr.endswith(
+            "3 problem(s); 1 of 4 backend(s) imported and usable; read backends.toml\n"
+        )
 
 
 def test_pytorchs_name_under_no_torch_says_why_it_is_unknown(tmp_path: Path) -> None:
@@ -1166,4 +1173,24 @@ def test_check_import_refuses_a_compiler_that_needs_what_nothing_gives(
     assert "needs 'must', which torch.compile does not give" in lines[1]
     assert "import of 'stops' failed: Stop: at import" in lines[2]
     assert "Traceback" not in done.stderr
-    assert done.stderr.endswith("3 problem(s); 1 of 4 backend(s) imported and usable\n")
+    assert done.stderr.endswith(
+        "3 problem(s); 1 of 4 backend(s) imported and usable; read backends.toml\n"
+    )
+
+
+def test_check_names_what_it_read_and_a_manifest_above_the_repository(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    write("backends.toml", '[backends.unrelated]\ntarget = "m:f"\n')
+    (tmp_path / "repo" / ".git").mkdir(parents=True)  # this repository has no manifest here
+    done = run("check", "--no-torch", cwd=tmp_path / "repo")
+    manifest = str(tmp_path / "backends.toml")
+    assert done.stdout.splitlines() == [
+        f"{manifest}: warning: this manifest lies above the repository this command runs in"
+        f" ({tmp_path / 'repo'}): the project's manifest is the nearest one from here up; if"
+        " this repository has one, it is not where it is looked for"
+    ]
+    assert done.stderr.endswith(f"; read {manifest}\n")
+    write("repo/backends.toml", '[backends.mine]\ntarget = "m:f"\n')
+    done = run("check", "--no-torch", "--json", cwd=tmp_path / "repo")
+    assert json.loads(done.stdout)["manifests"] == [str(tmp_path / "repo" / "backends.toml")]

@@ -825,7 +825,7 @@ def test_check_import_imports_what_chains_and_tables_run(
     assert lines[2].endswith("'mixed' uses the next member")
     assert "it looks like a factory that returns the compiler" in lines[3]
     assert done.stderr.splitlines()[-1] == (
-        "3 problem(s); 1 of 4 backend(s) imported and usable, 1 warning(s)"
+        "3 problem(s); 1 of 4 backend(s) imported and usable, 1 warning(s); read backends.toml"
     )
 
 

@@ -60,10 +60,12 @@ def run_check(args: Arguments) -> int:
         with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems(with_torch=not args.no_torch)
         problems += _replaced_tables(registry)
+        read = _manifests_read(registry)
+        problems += _above_the_repository(registry, read)
         matched = None
         if args.locked:
             matched = _drift(registry_for(args.no_torch), problems, with_torch=not args.no_torch)
-        return _report(registry, problems, args, matched)
+        return _report(registry, problems, args, matched, read)
 
 
 def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
@@ -116,8 +118,53 @@ def _near_table_here() -> str:
     return ""
 
 
+def _manifests_read(registry: Registry) -> list[str]:
+    """The manifests a check reads: the files given, else TORCH_BACKENDS_PATH's and the
+    project's."""
+    from .._sources import env_paths, project_manifest
+
+    context = registry.context
+    if context.files is not None:
+        return list(context.files)
+    found = env_paths(context, [])
+    project = None if context.cwd is None else project_manifest(context.cwd)
+    return [*found, project] if project is not None else found
+
+
+def _above_the_repository(registry: Registry, read: list[str]) -> list[Problem]:
+    """A project manifest found above the repository the command runs in (the folder holding
+    ``.git``) belongs to something else: likely the project's own is not where it is looked
+    for. Said as a warning."""
+    from .._sources import project_manifest
+
+    here = registry.context.cwd
+    project = None if here is None else project_manifest(here)
+    if here is None or project is None or project not in read:
+        return []
+    folder = here
+    while not os.path.lexists(os.path.join(folder, ".git")):
+        folder, below = os.path.dirname(folder), folder
+        if folder == below:
+            return []  # in no repository
+    if os.path.dirname(project) == folder or project.startswith(os.path.join(folder, "")):
+        return []
+    return [
+        Problem(
+            f"this manifest lies above the repository this command runs in ({folder}): the"
+            " project's manifest is the nearest one from here up; if this repository has one,"
+            " it is not where it is looked for",
+            path=project,
+            severity="warning",
+        )
+    ]
+
+
 def _report(
-    registry: Registry, problems: list[Problem], args: Arguments, matched: str | None
+    registry: Registry,
+    problems: list[Problem],
+    args: Arguments,
+    matched: str | None,
+    read: list[str],
 ) -> int:
     """Print each problem and note (with ``--import``, each backend unavailable here too) by
     file and line, then a summary. Only problems fail."""
@@ -171,6 +218,7 @@ def _report(
                 "notes": len(notes),
                 "imported": args.import_targets,
                 "lock": matched,
+                "manifests": read,
                 "autoload": enabled(),
             }
         )
@@ -190,6 +238,7 @@ def _report(
         summary += f"; {matched}"
     if enabled():  # why these are torch.compile names in processes nobody changed
         summary += f"; autoload {state()}"
+    summary += f"; read {', '.join(map(relative, read)) or 'no manifest'}"
     verdict = f"{counted} problem(s)" if errors else "no problems"
     print(f"{verdict}; {summary}", file=sys.stderr)
     return code
