@@ -634,3 +634,39 @@ def test_every_refused_option_is_named_and_a_wrapper_is_read_as_it_is(
     assert written_for_torch_compile.value.message.endswith(
         "it takes its options as one table: options = { options = { fp16 = ... } }"
     )
+
+
+SILENT = """
+import torch
+
+class _Silent(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError()  # no message at all
+
+def silent_backward(gm, example_inputs):
+    def run(*args):
+        out = gm(*args)
+        if isinstance(out, (list, tuple)):
+            return type(out)(_Silent.apply(o) for o in out)
+        return _Silent.apply(out)
+    return run
+"""
+
+
+def test_an_error_without_a_message_is_said_not_turned_into_another(
+    write: WriteFn, make_module: MakeModule, module_name: str, logged: list[str]
+) -> None:
+    silent = make_module(module_name, SILENT)
+    _registry, uid = installed(
+        write,
+        '[backends.quiet_UID]\nchain = ["silent_UID", "eager"]\nverify = "backward"\n'
+        f'[backends.silent_UID]\ntarget = "{silent}:silent_backward"\n',
+    )
+    torch.compile(torch.nn.Linear(4, 2), backend=f"quiet{uid}")(torch.randn(3, 4)).sum().backward()
+    [skipped] = [r for r in logged if f"skipping 'silent{uid}'" in r]
+    assert skipped.endswith("verifying it failed: its backward raised RuntimeError")

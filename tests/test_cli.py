@@ -374,6 +374,10 @@ def test_init_writes_a_valid_starter_and_never_overwrites(tmp_path: Path) -> Non
     assert "wrote backends.toml" in done.stdout
     assert (tmp_path / "backends.toml").read_text(encoding="utf-8") == starter()
     assert run("check", cwd=tmp_path).returncode == 0
+    # What it says to do first is what check --import then asks for.
+    assert "point its target at your compiler function" in done.stdout
+    imported = run("check", "--import", "--no-torch", cwd=tmp_path, check=1)
+    assert "my_package" in imported.stdout
     (tmp_path / "backends.toml").write_text("# mine\n", encoding="utf-8")
     again = run("init", cwd=tmp_path, check=1)
     assert "already exists; not overwritten" in again.stderr

@@ -438,7 +438,6 @@ def test_chain_with_unmet_requirement_is_a_load_error(write: WriteFn) -> None:
     )
 
 
-@pytest.mark.skipif(sys.version_info < (3, 12), reason="warnings skip a package from 3.12")
 def test_warnings_point_at_the_callers_line(write: WriteFn) -> None:
     registry = manifest(write, "[backends.bad]\ntarget = 1\n")
     with pytest.warns(tbr.ManifestWarning) as caught:

@@ -335,11 +335,15 @@ def member_compiler(
         options = call_options(compiler, definition.name, kwargs)
     except TypeError as exc:
         given = ", ".join(f"{key}=..." for key in kwargs)
-        raise RefusedArguments(
-            f"backend {owner!r}: its member {definition.name!r} cannot take what"
-            f" torch.compile was given ({given}), as torch.compile(backend="
-            f"{definition.name!r}) could not: {exc}"
-        ) from None
+        if owner == definition.name:  # a plain backend: no member to speak of
+            said = f"backend {owner!r} cannot take what torch.compile was given ({given}): {exc}"
+        else:
+            said = (
+                f"backend {owner!r}: its member {definition.name!r} cannot take what"
+                f" torch.compile was given ({given}), as torch.compile(backend="
+                f"{definition.name!r}) could not: {exc}"
+            )
+        raise RefusedArguments(said) from None
     # A table of options torch.compile gave goes over the manifest's key by key, as
     # inductor's settings do above: openvino's model_caching stays with options={"device": ..}.
     declared = compiler.keywords.get("options") if isinstance(compiler, functools.partial) else None

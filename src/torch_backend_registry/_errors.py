@@ -151,15 +151,19 @@ class ManifestWarning(UserWarning):
 
 
 def warn(message: str) -> None:
-    """Issue a :class:`ManifestWarning` attributed to the first caller outside this package
-    (on Python 3.12+; before it, to the package's own line that warned)."""
+    """Issue a :class:`ManifestWarning` attributed to the first caller outside this package,
+    as ``warnings.warn(skip_file_prefixes=...)`` does from Python 3.12 (before it, found by
+    walking out of the package's frames: no fixed ``stacklevel`` serves every depth)."""
     import sys
     import warnings
 
     if sys.version_info >= (3, 12):
         warnings.warn(message, ManifestWarning, skip_file_prefixes=(_PACKAGE,))
-    else:
-        warnings.warn(message, ManifestWarning, stacklevel=2)
+        return
+    level, frame = 2, sys._getframe(1)  # 1 is this function
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    warnings.warn(message, ManifestWarning, stacklevel=level)
 
 
 #: This package's folder: its frames are skipped when a warning is attributed.

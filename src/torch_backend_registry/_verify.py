@@ -129,7 +129,7 @@ class Reference:
             with generators():  # from the state the eager run started from
                 out, passed, grads = self._run(compiled, self.backward)
         except Exception as exc:
-            return f"running it raised {type(exc).__name__}: {_first_line(exc)}"
+            return f"running it raised {_said(exc)}"
         try:
             got = leaves(out)
             why = differ(
@@ -144,7 +144,7 @@ class Reference:
             if why is None and self.gradients is not None:
                 why = self._same_gradients(out, grads, drew[2])
         except Exception as exc:  # what it gave cannot even be compared with eager's
-            return f"comparing it with eager raised {type(exc).__name__}: {_first_line(exc)}"
+            return f"comparing it with eager raised {_said(exc)}"
         if why is None:
             self._say(*drew)
         return why
@@ -211,7 +211,7 @@ class Reference:
             # An output requires grad: _same_requires_grad said so before this is asked.
             got = torch.autograd.grad(_loss(out), grads, allow_unused=True)
         except Exception as exc:
-            return f"its backward raised {type(exc).__name__}: {_first_line(exc)}"
+            return f"its backward raised {_said(exc)}"
         pairs = [(e, g) for e, g in zip(self.gradients, got, strict=True) if (e, g) != (None, None)]
         if any(e is None or g is None for e, g in pairs):
             return "its gradients reach other inputs than eager's"
@@ -395,6 +395,7 @@ def _double(value: Any) -> Any:
     return value.detach().double().requires_grad_(value.requires_grad)
 
 
-def _first_line(exc: BaseException) -> str:
-    """An exception's message's first line ("" for none): what a log line has room for."""
-    return (str(exc).strip().splitlines() or [""])[0]
+def _said(exc: BaseException) -> str:
+    """An exception as a log line has room for: its type and its message's first line."""
+    line = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__

@@ -81,6 +81,13 @@ def pyproject_starter() -> str:
     )
 
 
+#: What to do after ``init``: its target is a placeholder, which ``check --import`` refuses.
+NEXT_STEP = (
+    "point its target at your compiler function (my_package.compilers:my_compiler is a"
+    " placeholder), then check it with 'torch-backends check --import'"
+)
+
+
 def run_init(args: Arguments) -> int:
     from .._sources import PROJECT_FILES, project_manifest
 
@@ -103,7 +110,7 @@ def run_init(args: Arguments) -> int:
     create = functools.partial(os.open, mode=SHARED_FILE_MODE)
     with open(backends, "x", encoding="utf-8", opener=create) as handle:
         handle.write(starter())
-    print(f"wrote {PROJECT_FILES[0]}; check it with 'torch-backends check --import'")
+    print(f"wrote {PROJECT_FILES[0]}; {NEXT_STEP}")
     if os.path.isfile(pyproject):
         print("(to keep the backends in pyproject.toml instead: remove it, then run"
               " 'torch-backends init --pyproject')")  # fmt: skip
@@ -126,8 +133,5 @@ def _init_pyproject(pyproject: str) -> int:
     parse_toml(pyproject, text + addition, within=PYPROJECT_TABLE)
     with open(pyproject, "a", encoding="utf-8") as handle:
         handle.write(addition)
-    print(
-        "added [tool.torch-backends] to pyproject.toml;"
-        " check it with 'torch-backends check --import'"
-    )
+    print(f"added [tool.torch-backends] to pyproject.toml; {NEXT_STEP}")
     return EXIT_OK
