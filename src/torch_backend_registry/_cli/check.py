@@ -56,7 +56,9 @@ def run_check(args: Arguments) -> int:
         # are read too: chains name them, and PyTorch's names cannot be redefined.
         sources: list[SourceKind] = ["env"] if args.files else ["env", "project"]
         sources += ["entry-point"] if args.no_torch else ["entry-point", "torch"]
-        registry = Registry(files=args.files or None, sources=sources)
+        # Absolute, as --json gives every path; the lines printed show them relative to here.
+        files = [os.path.abspath(f) for f in args.files] or None
+        registry = Registry(files=files, sources=sources)
         with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems(with_torch=not args.no_torch)
         problems += _replaced_tables(registry)
