@@ -199,6 +199,19 @@ def dynamo_imported() -> bool:
     return module is not None and not getattr(spec, "_initializing", False)
 
 
+def registry_readable() -> bool:
+    """Whether PyTorch's registry can be read whole now: not while this thread is inside
+    ``torch._dynamo``'s own import (code that import runs, autoload's install() among it,
+    would read a registry half made, and importing its backends then imports modules not
+    yet whole). Another thread's import of it is waited for; where it is not imported yet,
+    reading imports it whole."""
+    if sys.modules.get("torch._dynamo") is None or dynamo_imported():
+        return True
+    import torch._dynamo  # noqa: F401 - another thread's import: this waits for it to end
+
+    return dynamo_imported()  # still not: the import under way is this thread's own
+
+
 #: Where PyTorch keeps its registry (see :func:`loaded_backends`).
 REGISTRY_MODULE = "torch._dynamo.backends.registry"
 
