@@ -155,7 +155,7 @@ def test_import_torch_never_fails_for_autoload(project: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_a_drifted_lock_fails_the_first_compile_with_installs_error(project: Path) -> None:
+def test_a_drifted_lock_fails_every_compile_with_installs_error(project: Path) -> None:
     # `torch-backends lock`, in a process of its own (this one's PyTorch registry is every
     # test's), after import torch as the command does.
     lock = "import runpy; runpy.run_module('torch_backend_registry', run_name='__main__')"
@@ -165,29 +165,39 @@ def test_a_drifted_lock_fails_the_first_compile_with_installs_error(project: Pat
     (project / "backends.toml").write_text(MANIFEST.replace('tag = "mine"', 'tag = "changed"'))
     code = """
     import torch, torch._dynamo
-    from torch_backend_registry import LockDriftError
     print("imported")
+
+    def compile(backend):
+        try:
+            torch.compile(torch.nn.Linear(4, 2), backend=backend)(torch.randn(3, 4))
+        except Exception as exc:
+            return f"{type(exc).__name__} {type(exc.__context__).__name__}"
+        return "compiled"
+
+    for backend in ("inductor", "eager", "mine", "inductor"):
+        print(backend, compile(backend))
     try:
         torch.compile(torch.nn.Linear(4, 2), backend="eager")(torch.randn(3, 4))
     except Exception as exc:
         print("refused:", str(exc).splitlines()[0])
-    # reset() clears dynamo's compile-start callbacks, as a fresh process has none: each
-    # backend of the registry still refuses to compile.
-    torch._dynamo.reset()
-    try:
-        torch.compile(torch.nn.Linear(4, 2), backend="mine")(torch.randn(3, 4))
-    except Exception as exc:
-        print("after reset:", type(exc).__name__, type(exc.__context__).__name__)
+    # reset() clears dynamo's compile-start callbacks, "as if a fresh process": a fresh
+    # process here refuses every compile, whatever its backend.
+    for reset in (torch._dynamo.reset, torch.compiler.reset):
+        reset()
+        for backend in ("inductor", "mine", "eager"):
+            print("after reset:", backend, compile(backend))
     """
     done = run(code, project, TORCH_BACKENDS_LOCKED="1")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "imported"  # importing never fails
-    assert lines[1].startswith("refused: ")
-    assert "the backends drifted from this lock (1 difference: changed backend 'mine':" in lines[1]
-    # As PyTorch raises whatever a backend raised: its own error, with the registry's as
-    # the exception it was raised during.
-    assert lines[2] == "after reset: BackendCompilerFailed LockDriftError", lines[2]
+    # As PyTorch raises whatever a compile-start callback raised: its own error, with the
+    # registry's as the exception it was raised during; the same for every compile.
+    refused = "InternalTorchDynamoError LockDriftError"
+    assert lines[1:5] == [f"{b} {refused}" for b in ("inductor", "eager", "mine", "inductor")]
+    assert lines[5].startswith("refused: ")
+    assert "the backends drifted from this lock (1 difference: changed backend 'mine':" in lines[5]
+    assert lines[6:] == [f"after reset: {b} {refused}" for b in ("inductor", "mine", "eager") * 2]
 
 
 PLUGIN = """

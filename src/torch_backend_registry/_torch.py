@@ -30,7 +30,6 @@ from ._sources.pytorch import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from ._definition import BackendDefinition
@@ -43,20 +42,6 @@ _INSTALLED: dict[str, _LazyBackend] = {}
 #: replaced it: put back when the stand-in goes.
 _LISTED: dict[str, Any] = {}
 _INSTALL_LOCK = ForkSafeLock()
-
-
-#: What autoload deferred to the first compile (the lock, the ranks), with the registry it
-#: is of, asked again by every compile through one of that registry's stand-ins:
-#: ``torch._dynamo.reset()`` clears the compile-start callback that asks it first, as a
-#: fresh process would be without it.
-_deferred: tuple[Registry, Callable[[], None]] | None = None
-
-
-def defer_check(registry: Registry, check: Callable[[], None]) -> None:
-    """Have every compile through a stand-in of ``registry`` call ``check`` first (it raises
-    to refuse)."""
-    global _deferred
-    _deferred = (registry, check)
 
 
 class _LazyBackend:
@@ -79,8 +64,6 @@ class _LazyBackend:
         from ._chain import member_compiler
         from ._loader import cannot_compile
 
-        if _deferred is not None and _deferred[0] is self.registry:
-            _deferred[1]()
         name = self.__name__
         fn = self.registry.lookup_backend(name)
         why = cannot_compile(fn, kwargs)
