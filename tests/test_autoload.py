@@ -466,6 +466,51 @@ def test_an_accelerate_plugin_sent_to_another_process_compiles_there(project: Pa
     assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)"]
 
 
+def test_an_accelerate_plugin_spawned_to_a_worker_never_runs_a_denied_plugin(
+    project: Path,
+) -> None:
+    pytest.importorskip("accelerate")
+    # A plugin declares the name the manifest takes for its own backend, and the manifest
+    # denies the plugin: its code must run nowhere, in a spawned worker neither, where
+    # PyTorch lists the plugin's entry point under that name.
+    path = plugin(project, "sketchy", ("sketchy",))
+    (project / "backends.toml").write_text(
+        MANIFEST.replace("[backends.mine]", "[backends.sketchy]").replace('default = "mine"', "")
+        + '\n[plugins]\ndeny = ["sketchy"]\n'
+    )
+    (project / "tbr_autoload_worker.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from accelerate import Accelerator
+
+            def work(plugin):
+                model = Accelerator(cpu=True, dynamo_plugin=plugin).prepare(torch.nn.Linear(4, 2))
+                print("compiled", tuple(model(torch.randn(3, 4)).shape), flush=True)
+            """
+        )
+    )
+    code = """
+    import multiprocessing
+    from torch_backend_registry.integrations.accelerate import dynamo_plugin
+    from tbr_autoload_worker import work
+
+    if __name__ == "__main__":
+        worker = multiprocessing.get_context("spawn").Process(
+            target=work, args=(dynamo_plugin("sketchy"),)  # pickled to the worker
+        )
+        worker.start()
+        worker.join()
+        print("worker exit", worker.exitcode)
+    """
+    done = run(code, project, autoload=None, PYTHONPATH=path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)", "worker exit 0"], (
+        done.stdout + done.stderr
+    )
+    assert not (project / "sketchy.imported").exists()
+
+
 def test_explain_and_check_say_whether_autoload_is_on(project: Path) -> None:
     def command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -42,6 +42,14 @@ _INSTALLED: dict[str, _LazyBackend] = {}
 #: replaced it: put back when the stand-in goes.
 _LISTED: dict[str, Any] = {}
 _INSTALL_LOCK = ForkSafeLock()
+#: The registry install() last put into PyTorch's registry in this process.
+_installed: Registry | None = None
+
+
+def installed() -> Registry | None:
+    """The registry whose backends torch.compile runs in this process (the one install()
+    was last given), or ``None`` where nothing was installed."""
+    return _installed
 
 
 class _LazyBackend:
@@ -95,7 +103,9 @@ def install(registry: Registry, *, early: bool = False) -> None:
         # PyTorch registers its own backends and reads its entry points now, so that a
         # later import of its backends cannot collide with ours.
         _dynamo().list_backends(exclude_tags=())
+    global _installed
     _let_plugins_register()
+    _installed = registry
     registry.on_change(_install_names)
     _install_names(registry)
     _apply_default(registry, early=early)
