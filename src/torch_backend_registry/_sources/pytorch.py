@@ -62,11 +62,20 @@ _REGISTERING = {"register_backend", "register_debug_backend", "register_experime
 def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
     """The names PyTorch's own backends take in the PyTorch installed here, which no other
     source may redefine: read from the files that register them, without importing torch,
-    and remembered in ``cache``."""
-    return _names_in(tuple(tuple(stamp(path)) for path in _registering_files()), cache)
+    remembered in ``cache`` and for the rest of the process while the files stay as read."""
+    global _read
+    stamps = tuple(tuple(stamp(path)) for path in _registering_files())
+    read = _read
+    if read is None or read[0] != stamps:
+        read = _read = (stamps, _names_in(stamps, cache))
+    return read[1]
 
 
-@functools.cache  # one reading per process and state of the files
+#: The last reading of PyTorch's files, with their stamps: one, whatever the number of
+#: refreshes and the caches they bring (an upgrade of PyTorch in place replaces it).
+_read: tuple[tuple[tuple[object, ...], ...], frozenset[str]] | None = None
+
+
 def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache) -> frozenset[str]:
     from .cache import code_key  # the reading is this package's code: another reads anew
 
