@@ -21,6 +21,10 @@ import os
 import sys
 import warnings
 
+# Loaded with every ``import torch`` here, set or not: so that a process forked from now on
+# knows what was being imported at the fork (an import no thread of it finishes).
+from . import _forksafe  # noqa: F401
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

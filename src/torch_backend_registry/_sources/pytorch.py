@@ -13,7 +13,7 @@ import sys
 
 from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
-from .._forksafe import ForkSafeLock
+from .._forksafe import ForkSafeLock, importing_at_fork
 from .cache import NO_CACHE
 from .finding import find, stamp
 
@@ -212,10 +212,17 @@ def registry_readable() -> bool:
     """Whether PyTorch's registry can be read whole now: not while this thread is inside
     ``torch._dynamo``'s own import (code that import runs, autoload's install() among it,
     would read a registry half made, and importing its backends then imports modules not
-    yet whole). Another thread's import of it is waited for; where it is not imported yet,
-    reading imports it whole."""
+    yet whole), nor ever in a process forked while another thread imported it (that import
+    never ends there: said once). Another thread's import of it is waited for; where it is
+    not imported yet, reading imports it whole."""
     if sys.modules.get("torch._dynamo") is None or dynamo_imported():
         return True
+    if importing_at_fork("torch._dynamo"):
+        warn(
+            "PyTorch's backends are left out: this process was forked while another thread"
+            " imported torch._dynamo, an import that cannot end in it"
+        )
+        return False
     import torch._dynamo  # noqa: F401 - another thread's import: this waits for it to end
 
     return dynamo_imported()  # still not: the import under way is this thread's own
