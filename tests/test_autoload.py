@@ -62,14 +62,24 @@ def run(
     """``code`` as a script of its own in ``cwd``, which calls no install()."""
     script = cwd / "script.py"
     script.write_text(textwrap.dedent(code))
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
     if autoload is not None:
-        environ["TORCH_BACKENDS_AUTOLOAD"] = autoload
-    environ.update(env)
+        env["TORCH_BACKENDS_AUTOLOAD"] = autoload
     return subprocess.run(
-        [sys.executable, *args, str(script)], cwd=cwd, env=environ, capture_output=True,
-        text=True, timeout=PATIENCE,
+        [sys.executable, *args, str(script)], cwd=cwd, env=environment(**env),
+        capture_output=True, text=True, timeout=PATIENCE,
     )  # fmt: skip
+
+
+def environment(**env: str) -> dict[str, str]:
+    """This process's environment less ``TORCH_BACKENDS_*``, with ``env``; the folders of
+    ``PYTHONPATH`` absolute (``PYTHONPATH=src pytest``: a process in another folder would
+    import another copy of this package)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+    environ.update(env)
+    path = [os.path.abspath(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if path:
+        environ["PYTHONPATH"] = os.pathsep.join(path)
+    return environ
 
 
 SCRIPT = """
@@ -145,7 +155,7 @@ def test_import_torch_never_fails_for_autoload(project: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_a_drifted_lock_fails_the_first_compile_with_installs_error(project: Path) -> None:
+def test_a_drifted_lock_fails_every_compile_with_installs_error(project: Path) -> None:
     # `torch-backends lock`, in a process of its own (this one's PyTorch registry is every
     # test's), after import torch as the command does.
     lock = "import runpy; runpy.run_module('torch_backend_registry', run_name='__main__')"
@@ -155,29 +165,120 @@ def test_a_drifted_lock_fails_the_first_compile_with_installs_error(project: Pat
     (project / "backends.toml").write_text(MANIFEST.replace('tag = "mine"', 'tag = "changed"'))
     code = """
     import torch, torch._dynamo
-    from torch_backend_registry import LockDriftError
     print("imported")
+
+    def compile(backend):
+        try:
+            torch.compile(torch.nn.Linear(4, 2), backend=backend)(torch.randn(3, 4))
+        except Exception as exc:
+            return f"{type(exc).__name__} {type(exc.__context__).__name__}"
+        return "compiled"
+
+    for backend in ("inductor", "eager", "mine", "inductor"):
+        print(backend, compile(backend))
     try:
         torch.compile(torch.nn.Linear(4, 2), backend="eager")(torch.randn(3, 4))
     except Exception as exc:
         print("refused:", str(exc).splitlines()[0])
-    # reset() clears dynamo's compile-start callbacks, as a fresh process has none: each
-    # backend of the registry still refuses to compile.
-    torch._dynamo.reset()
-    try:
-        torch.compile(torch.nn.Linear(4, 2), backend="mine")(torch.randn(3, 4))
-    except Exception as exc:
-        print("after reset:", type(exc).__name__, type(exc.__context__).__name__)
+    # reset() clears dynamo's compile-start callbacks, "as if a fresh process": a fresh
+    # process here refuses every compile, whatever its backend.
+    for reset in (torch._dynamo.reset, torch.compiler.reset):
+        reset()
+        for backend in ("inductor", "mine", "eager"):
+            print("after reset:", backend, compile(backend))
     """
     done = run(code, project, TORCH_BACKENDS_LOCKED="1")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "imported"  # importing never fails
-    assert lines[1].startswith("refused: ")
-    assert "the backends drifted from this lock (1 difference: changed backend 'mine':" in lines[1]
-    # As PyTorch raises whatever a backend raised: its own error, with the registry's as
-    # the exception it was raised during.
-    assert lines[2] == "after reset: BackendCompilerFailed LockDriftError", lines[2]
+    # As PyTorch raises whatever a compile-start callback raised: its own error, with the
+    # registry's as the exception it was raised during; the same for every compile.
+    refused = "InternalTorchDynamoError LockDriftError"
+    assert lines[1:5] == [f"{b} {refused}" for b in ("inductor", "eager", "mine", "inductor")]
+    assert lines[5].startswith("refused: ")
+    assert "the backends drifted from this lock (1 difference: changed backend 'mine':" in lines[5]
+    assert lines[6:] == [f"after reset: {b} {refused}" for b in ("inductor", "mine", "eager") * 2]
+
+
+PLUGIN = """
+import pathlib
+
+pathlib.Path({marker!r}).write_text("imported")  # what any import of this plugin leaves
+
+
+def backend(gm, example_inputs):
+    print("[{dist}]", flush=True)
+    return gm.forward
+"""
+
+
+def plugin(project: Path, dist: str, names: tuple[str, ...]) -> str:
+    """A real plugin: distribution ``dist`` installed as pip leaves it (a ``*.dist-info``
+    with ``torch_dynamo_backends`` entry points ``names``) in a folder of its own; its
+    module leaves ``DIST.imported`` in ``project`` when it is imported. The ``PYTHONPATH``
+    that has it on the import path."""
+    site = project.parent / "site"
+    module = f"tbr_plugin_{dist}"
+    (site / f"{dist}-1.0.dist-info").mkdir(parents=True)
+    (site / f"{dist}-1.0.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n"
+    )
+    points = "".join(f"{name} = {module}:backend\n" for name in names)
+    (site / f"{dist}-1.0.dist-info" / "entry_points.txt").write_text(
+        f"[torch_dynamo_backends]\n{points}"
+    )
+    marker = str(project / f"{dist}.imported")
+    (site / f"{module}.py").write_text(PLUGIN.format(marker=marker, dist=dist))
+    return os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+
+
+def torch_backends(project: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The console script, as a user types it in ``project``."""
+    script = Path(sys.executable).with_name("torch-backends")
+    if not script.exists():
+        pytest.skip("console script not installed next to this interpreter")
+    return subprocess.run(
+        [str(script), *args], cwd=project, env=environment(**env), capture_output=True,
+        text=True, timeout=PATIENCE,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("manifest", "deny", "allow"),
+    [('[plugins]\ndeny = ["sketchy"]\n', "", ""), ("", "sketchy", ""), ("", "", "tidy")],
+    ids=["[plugins] deny", "TORCH_BACKENDS_DENY", "TORCH_BACKENDS_ALLOW"],
+)
+def test_a_plugin_policy_under_autoload_keeps_the_lock_matching(
+    project: Path, manifest: str, deny: str, allow: str
+) -> None:
+    # Two plugins, one left out by the policy: the library's first read of PyTorch's
+    # registry imports torch._dynamo, and autoload installs inside that import.
+    path = plugin(project, "sketchy", ("sketchy",))
+    plugin(project, "tidy", ("tidy",))
+    (project / "backends.toml").write_text(MANIFEST + manifest)
+    env = {"PYTHONPATH": path, "TORCH_BACKENDS_DENY": deny, "TORCH_BACKENDS_ALLOW": allow}
+    locked = torch_backends(project, "lock", **env)
+    assert locked.returncode == 0, locked.stderr
+    code = """
+    import torch, torch_backend_registry as tbr
+    first = tbr.fingerprint(), tbr.list_backends(exclude_tags=())
+    try:
+        tbr.install(locked=True)
+        print("installed")
+    except Exception as exc:
+        print(type(exc).__name__, str(exc)[:300])
+    print("inductor", "inductor" in first[1], "sketchy", "sketchy" in first[1])
+    tbr.refresh()  # read again, PyTorch's registry whole
+    print("as read again", first == (tbr.fingerprint(), tbr.list_backends(exclude_tags=())))
+    """
+    done = run(code, project, PYTHONPATH=path, TORCH_BACKENDS_DENY=deny, TORCH_BACKENDS_ALLOW=allow)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "installed",
+        "inductor True sketchy False",
+        "as read again True",
+    ]
+    assert not (project / "sketchy.imported").exists()
 
 
 def _free_port() -> int:
@@ -210,9 +311,9 @@ def _torchrun(project: Path, *extra: str) -> list[str]:
     (project / "rank.py").write_text(RANK)
     for old in project.glob("rank*.said"):
         old.unlink()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
-    environ.update(TORCH_BACKENDS_AUTOLOAD="1", TORCH_BACKENDS_VERIFY="1")
-    environ["GLOO_SOCKET_IFNAME"] = "lo"
+    environ = environment(
+        TORCH_BACKENDS_AUTOLOAD="1", TORCH_BACKENDS_VERIFY="1", GLOO_SOCKET_IFNAME="lo"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
@@ -365,13 +466,56 @@ def test_an_accelerate_plugin_sent_to_another_process_compiles_there(project: Pa
     assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)"]
 
 
-def test_explain_and_check_say_whether_autoload_is_on(project: Path) -> None:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+def test_an_accelerate_plugin_spawned_to_a_worker_never_runs_a_denied_plugin(
+    project: Path,
+) -> None:
+    pytest.importorskip("accelerate")
+    # A plugin declares the name the manifest takes for its own backend, and the manifest
+    # denies the plugin: its code must run nowhere, in a spawned worker neither, where
+    # PyTorch lists the plugin's entry point under that name.
+    path = plugin(project, "sketchy", ("sketchy",))
+    (project / "backends.toml").write_text(
+        MANIFEST.replace("[backends.mine]", "[backends.sketchy]").replace('default = "mine"', "")
+        + '\n[plugins]\ndeny = ["sketchy"]\n'
+    )
+    (project / "tbr_autoload_worker.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from accelerate import Accelerator
 
+            def work(plugin):
+                model = Accelerator(cpu=True, dynamo_plugin=plugin).prepare(torch.nn.Linear(4, 2))
+                print("compiled", tuple(model(torch.randn(3, 4)).shape), flush=True)
+            """
+        )
+    )
+    code = """
+    import multiprocessing
+    from torch_backend_registry.integrations.accelerate import dynamo_plugin
+    from tbr_autoload_worker import work
+
+    if __name__ == "__main__":
+        worker = multiprocessing.get_context("spawn").Process(
+            target=work, args=(dynamo_plugin("sketchy"),)  # pickled to the worker
+        )
+        worker.start()
+        worker.join()
+        print("worker exit", worker.exitcode)
+    """
+    done = run(code, project, autoload=None, PYTHONPATH=path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)", "worker exit 0"], (
+        done.stdout + done.stderr
+    )
+    assert not (project / "sketchy.imported").exists()
+
+
+def test_explain_and_check_say_whether_autoload_is_on(project: Path) -> None:
     def command(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "torch_backend_registry", *args, "--no-torch"],
-            cwd=project, env={**environ, **env}, capture_output=True, text=True,
+            cwd=project, env=environment(**env), capture_output=True, text=True,
             timeout=PATIENCE,
         )  # fmt: skip
 

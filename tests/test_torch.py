@@ -477,7 +477,8 @@ def test_a_fork_while_another_thread_imports_pytorch_gives_the_child_its_backend
     tmp_path: Path, write: WriteFn
 ) -> None:
     # The default registry, which reads PyTorch's registry too; the child needs none of it
-    # for a name the project defines, and must not wait on an import no thread finishes.
+    # for a name the project defines, and must not wait on an import no thread finishes:
+    # nor when it lists, where PyTorch's backends are left out, and a warning says why.
     write("backends.toml", '[backends.proj]\ntarget = "json:dumps"\n')
     code = """
 import os, signal, sys, threading, time
@@ -489,13 +490,59 @@ while "torch._dynamo" not in sys.modules:
 pid = os.fork()
 if pid == 0:
     signal.alarm(60)  # a child that hangs is killed, and says so by its status
-    os._exit(0 if t.lookup_backend("proj").__name__ == "dumps" else 3)
+    listed = "proj" in t.list_backends()
+    os._exit(0 if t.lookup_backend("proj").__name__ == "dumps" and listed else 3)
 _, status = os.waitpid(pid, 0)
 importer.join()
 print(status)
 """
     for _ in range(2):  # the fork lands at another point of the import each time
         assert run_python(code, cwd=tmp_path).stdout == "0\n"
+
+
+def test_refreshes_keep_memory_flat_and_read_pytorchs_files_once(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # PyTorch's own names are read from its files, without importing it: once a process
+    # while the files stay as read, whatever refresh() and TORCH_BACKENDS_NO_CACHE say.
+    write("backends.toml", '[backends.proj]\ntarget = "json:dumps"\n')
+    code = """
+import gc, importlib.util, os, sys, tracemalloc
+import torch_backend_registry as tbr
+
+torch_dir = os.path.dirname(importlib.util.find_spec("torch").origin) + os.sep
+opened = []
+
+def hook(event, args):  # PyTorch's files, and the cache's entry of what they hold
+    if event == "open" and isinstance(args[0], str):
+        if args[0].startswith(torch_dir) or f"{os.sep}pytorch-names{os.sep}" in args[0]:
+            opened.append(args[0])
+
+sys.addaudithook(hook)
+for environ, times in (({}, 1000), ({"TORCH_BACKENDS_NO_CACHE": "1"}, 100)):
+    registry = tbr.Registry(environ=environ, sources=("runtime", "project"))
+    for _ in range(100):  # what the first refreshes make once
+        registry.refresh()
+        registry.list_backends()
+    opened.clear()
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(times):
+        registry.refresh()
+        assert registry.list_backends() == ["proj"]
+    gc.collect()
+    print(tracemalloc.get_traced_memory()[0] - before, len(opened))
+    tracemalloc.stop()
+"""
+    done = run_python(code, cwd=tmp_path)  # torch not imported: a refresh reads no plugin
+    (cached, cached_read), (uncached, uncached_read) = (
+        map(int, line.split()) for line in done.stdout.splitlines()
+    )
+    # Bytes over 1,000 refreshes and over 100 (a reading each refresh kept: 7.6 MB, 760 KB).
+    assert cached < 100_000, done.stdout
+    assert uncached < 100_000, done.stdout
+    assert cached_read == uncached_read == 0, done.stdout
 
 
 def test_the_registry_reads_pytorchs_own_layout_of_torch_2_0_and_2_1(tmp_path: Path) -> None:

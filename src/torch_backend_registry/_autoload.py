@@ -8,9 +8,9 @@ default registry, ``TORCH_BACKENDS_LOCKED`` and ``TORCH_BACKENDS_VERIFY`` honour
 
 Nothing here makes ``import torch`` or ``import torch._dynamo`` raise: a problem is a
 warning, and what ``install()`` would raise (a lock the backends drifted from, ranks that
-resolve names differently) is raised by the first ``torch.compile`` instead, through
-dynamo's compile-start callbacks, where the ranks are compared too; and by every compile
-with one of the registry's backends, which ``torch._dynamo.reset()`` cannot clear.
+resolve names differently) is raised instead by every compile, whatever its backend and
+after ``torch._dynamo.reset()`` too, through dynamo's compile-start callbacks; the first
+compile is where the ranks are compared.
 """
 
 from __future__ import annotations
@@ -21,9 +21,13 @@ import os
 import sys
 import warnings
 
+# Loaded with every ``import torch`` here, set or not: so that a process forked from now on
+# knows what was being imported at the fork (an import no thread of it finishes).
+from . import _forksafe  # noqa: F401
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
@@ -155,17 +159,33 @@ def _install_or_defer() -> None:
             return exc
         return None
 
-    def check() -> None:
+    def check(args: object) -> None:
         exc = failure()
         if exc is not None:  # the same error each time, without the last raise's frames
             raise exc.with_traceback(None)
 
+    _at_every_compile(check)
+
+
+def _at_every_compile(callback: Callable[[Any], None]) -> None:
+    """Have dynamo call ``callback`` at the start of every compile, whatever its backend.
+
+    ``torch._dynamo.reset()`` clears compile-start callbacks, "as if you had started a fresh
+    process": a fresh process here has this one, so it is registered again after each reset
+    (``torch.compiler.reset()`` and PyTorch's own callers go through the module's ``reset``).
+    """
     from torch._dynamo.callback import on_compile_start
 
-    from ._torch import defer_check
+    dynamo: Any = sys.modules[DYNAMO]
+    original = dynamo.reset
 
-    on_compile_start(lambda args: check())  # every compile, whatever its backend
-    defer_check(registry, check)  # and each of the registry's, after dynamo.reset() too
+    @functools.wraps(original)
+    def reset() -> None:
+        original()
+        on_compile_start(callback)
+
+    dynamo.reset = reset
+    on_compile_start(callback)
 
 
 def _say(message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from threading import RLock
 from weakref import WeakSet
 
@@ -30,11 +31,26 @@ class ForkSafeLock:
 
 #: Every lock alive, to be replaced in a forked child.
 _LOCKS: WeakSet[ForkSafeLock] = WeakSet()
+#: The modules being imported when this process was forked (see :func:`importing_at_fork`).
+_importing: frozenset[str] = frozenset()
+
+
+def importing_at_fork(name: str) -> bool:
+    """Whether module ``name`` was being imported when this process was forked: by another
+    thread, that import never ends here (only the forking thread came along, and waiting
+    for the import waits for ever); the forking thread's own goes on."""
+    return name in _importing
 
 
 def _after_fork_in_child() -> None:
+    global _importing
     for lock in list(_LOCKS):  # the child is the only thread that can hold them
         lock._lock = RLock()
+    _importing = frozenset(
+        name
+        for name, module in list(sys.modules.items())
+        if getattr(getattr(module, "__spec__", None), "_initializing", False)
+    )
 
 
 if hasattr(os, "register_at_fork"):

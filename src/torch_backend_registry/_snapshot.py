@@ -110,6 +110,10 @@ class Snapshot:
         index = self._indexes.get(with_torch)
         if index is not None:
             return index
+        if with_torch and not pytorch.registry_readable():
+            # Asked from inside PyTorch's own import of its registry (autoload installs
+            # there): what it holds then is not kept as if whole, and not read at all.
+            return self.index(with_torch=False)
         from ._merge import merge
 
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]

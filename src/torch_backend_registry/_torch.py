@@ -30,7 +30,6 @@ from ._sources.pytorch import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from ._definition import BackendDefinition
@@ -43,20 +42,14 @@ _INSTALLED: dict[str, _LazyBackend] = {}
 #: replaced it: put back when the stand-in goes.
 _LISTED: dict[str, Any] = {}
 _INSTALL_LOCK = ForkSafeLock()
+#: The registry install() last put into PyTorch's registry in this process.
+_installed: Registry | None = None
 
 
-#: What autoload deferred to the first compile (the lock, the ranks), with the registry it
-#: is of, asked again by every compile through one of that registry's stand-ins:
-#: ``torch._dynamo.reset()`` clears the compile-start callback that asks it first, as a
-#: fresh process would be without it.
-_deferred: tuple[Registry, Callable[[], None]] | None = None
-
-
-def defer_check(registry: Registry, check: Callable[[], None]) -> None:
-    """Have every compile through a stand-in of ``registry`` call ``check`` first (it raises
-    to refuse)."""
-    global _deferred
-    _deferred = (registry, check)
+def installed() -> Registry | None:
+    """The registry whose backends torch.compile runs in this process (the one install()
+    was last given), or ``None`` where nothing was installed."""
+    return _installed
 
 
 class _LazyBackend:
@@ -79,8 +72,6 @@ class _LazyBackend:
         from ._chain import member_compiler
         from ._loader import cannot_compile
 
-        if _deferred is not None and _deferred[0] is self.registry:
-            _deferred[1]()
         name = self.__name__
         fn = self.registry.lookup_backend(name)
         why = cannot_compile(fn, kwargs)
@@ -112,7 +103,9 @@ def install(registry: Registry, *, early: bool = False) -> None:
         # PyTorch registers its own backends and reads its entry points now, so that a
         # later import of its backends cannot collide with ours.
         _dynamo().list_backends(exclude_tags=())
+    global _installed
     _let_plugins_register()
+    _installed = registry
     registry.on_change(_install_names)
     _install_names(registry)
     _apply_default(registry, early=early)

@@ -13,7 +13,7 @@ import sys
 
 from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
-from .._forksafe import ForkSafeLock
+from .._forksafe import ForkSafeLock, importing_at_fork
 from .cache import NO_CACHE
 from .finding import find, stamp
 
@@ -62,11 +62,20 @@ _REGISTERING = {"register_backend", "register_debug_backend", "register_experime
 def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
     """The names PyTorch's own backends take in the PyTorch installed here, which no other
     source may redefine: read from the files that register them, without importing torch,
-    and remembered in ``cache``."""
-    return _names_in(tuple(tuple(stamp(path)) for path in _registering_files()), cache)
+    remembered in ``cache`` and for the rest of the process while the files stay as read."""
+    global _read
+    stamps = tuple(tuple(stamp(path)) for path in _registering_files())
+    read = _read
+    if read is None or read[0] != stamps:
+        read = _read = (stamps, _names_in(stamps, cache))
+    return read[1]
 
 
-@functools.cache  # one reading per process and state of the files
+#: The last reading of PyTorch's files, with their stamps: one, whatever the number of
+#: refreshes and the caches they bring (an upgrade of PyTorch in place replaces it).
+_read: tuple[tuple[tuple[object, ...], ...], frozenset[str]] | None = None
+
+
 def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache) -> frozenset[str]:
     from .cache import code_key  # the reading is this package's code: another reads anew
 
@@ -197,6 +206,26 @@ def dynamo_imported() -> bool:
     module = sys.modules.get("torch._dynamo")
     spec = getattr(module, "__spec__", None)
     return module is not None and not getattr(spec, "_initializing", False)
+
+
+def registry_readable() -> bool:
+    """Whether PyTorch's registry can be read whole now: not while this thread is inside
+    ``torch._dynamo``'s own import (code that import runs, autoload's install() among it,
+    would read a registry half made, and importing its backends then imports modules not
+    yet whole), nor ever in a process forked while another thread imported it (that import
+    never ends there: said once). Another thread's import of it is waited for; where it is
+    not imported yet, reading imports it whole."""
+    if sys.modules.get("torch._dynamo") is None or dynamo_imported():
+        return True
+    if importing_at_fork("torch._dynamo"):
+        warn(
+            "PyTorch's backends are left out: this process was forked while another thread"
+            " imported torch._dynamo, an import that cannot end in it"
+        )
+        return False
+    import torch._dynamo  # noqa: F401 - another thread's import: this waits for it to end
+
+    return dynamo_imported()  # still not: the import under way is this thread's own
 
 
 #: Where PyTorch keeps its registry (see :func:`loaded_backends`).

@@ -57,14 +57,17 @@ class RegistryDynamoPlugin(TorchDynamoPlugin):  # type: ignore[misc]
 
 
 def _ready(name: str) -> None:
-    """Make ``name`` a torch.compile name here, where it is not one yet (a registry given
-    to :func:`dynamo_plugin` in this process made it one already); an unknown name raises
-    :class:`~torch_backend_registry.UnknownBackendError` before anything compiles."""
-    import torch._dynamo
+    """Make ``name`` a torch.compile name here, as the registry resolves it; an unknown or
+    left-out name raises :class:`~torch_backend_registry.UnknownBackendError` before
+    anything compiles. Where nothing was installed (a process the plugin was sent to),
+    the default registry is: PyTorch alone would load a plugin's entry point of that name,
+    one the manifest shadows or denies among them."""
+    from .._torch import installed
 
-    if name not in torch._dynamo.list_backends(exclude_tags=()):
-        _api.default_registry.backend_info(name)
-        _api.install()
+    registry = installed() or _api.default_registry
+    registry.backend_info(name)
+    if installed() is None:
+        _api.install(registry)
 
 
 def dynamo_plugin(backend: str, *, registry: Any = None, **kwargs: Any) -> RegistryDynamoPlugin:
