@@ -20,7 +20,7 @@ import torch_backend_registry as tbr
 from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
 from torch_backend_registry._definition import distribution_key
 
-from .conftest import PLUGINS, Done, WriteFn, torch_backends
+from .conftest import PLUGINS, Done, WriteFn, run_python, torch_backends
 
 MakeDist = Callable[..., Path]
 
@@ -290,3 +290,44 @@ def test_an_allow_or_deny_list_of_commas_alone_is_unset(
         for value in (",", " , ,", ""):
             listed = registry(tmp_path, **{var: value}).list_backends()
             assert "from_commas" in listed, (var, value)
+
+
+SELF_REGISTERING = """
+import torch._dynamo
+
+@torch._dynamo.register_backend(name="tbr_self_registered")
+def compile(gm, example_inputs):
+    import pathlib, os
+    pathlib.Path(os.environ["TBR_MARKER"]).write_text("ran")
+    return gm.forward
+"""
+
+
+def test_a_denied_plugin_that_registers_itself_on_import_never_runs(
+    tmp_path: Path, write: WriteFn, make_dist: MakeDist
+) -> None:
+    pytest.importorskip("torch")
+    info = make_dist("tbr-self-reg", "1.0", {})
+    (info / "top_level.txt").write_text("tbr_self_reg_mod\n")
+    (info.parent / "tbr_self_reg_mod.py").write_text(SELF_REGISTERING)
+    marker = tmp_path / "ran"
+    write("backends.toml", '[plugins]\ndeny = ["tbr-self-reg"]\n[backends.mine]\ntarget = "m:f"\n')
+    code = """
+import torch, torch_backend_registry as tbr
+import tbr_self_reg_mod  # something imported it: it registered itself
+try:
+    tbr.lookup_backend("tbr_self_registered")
+except tbr.UnknownBackendError as exc:
+    print("lookup:", exc)
+tbr.install()
+try:
+    torch.compile(torch.nn.Linear(2, 2), backend="tbr_self_registered")(torch.randn(1, 2))
+except Exception as exc:
+    print("compile:", type(exc).__name__, "denied by" in str(exc))
+"""
+    environ = {"PYTHONPATH": str(info.parent), "TBR_MARKER": str(marker)}
+    said = run_python(code, cwd=tmp_path, env=environ).stdout.splitlines()
+    assert said[0].startswith("lookup: unknown backend 'tbr_self_registered' (distribution")
+    assert "denied by" in said[0]
+    assert said[1] == "compile: BackendCompilerFailed True"
+    assert not marker.exists()

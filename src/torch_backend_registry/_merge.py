@@ -192,7 +192,8 @@ def merge(
     for definition in found.definitions:
         kind = definition.source.kind
         name = definition.name
-        if kind == "entry-point":
+        # An entry point, or a plugin's own registration in PyTorch's registry.
+        if kind == "entry-point" or (kind == "torch" and definition.source.distribution):
             why = excluded(definition, found.rules, index)
             if why is not None:
                 index.excluded.setdefault(name, []).append((definition, why))

@@ -26,10 +26,12 @@ if TYPE_CHECKING:
 def rules_naming_nothing(found: Discovery) -> list[Problem]:
     """An allow or deny list naming a distribution that declares no backend here (a typo?),
     at the line of its list, with the closest name that does."""
-    declaring = sorted({_dist_of(d) for d in found.definitions if d.source.kind == "entry-point"})
+    declaring = sorted({_dist_of(d) for d in found.definitions if d.source.distribution})
     said = []
     for rule in found.rules:
         for name in sorted(rule.names - set(declaring)):
+            if _installed(name):  # one whose package registers itself when imported
+                continue
             close = closest(name, declaring)
             hint = f"did you mean {close[0]!r}?" if close else "check the name"
             if rule.kind == "allow" and declaring and not rule.names & set(declaring):
@@ -125,6 +127,16 @@ def _picked(
     return BackendDefinition(
         pick.name, pick.source, distribution=pick.distribution, problem=problem, lines=pick.lines
     )
+
+
+def _installed(name: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution(name)
+    except (PackageNotFoundError, ValueError):
+        return False
+    return True
 
 
 def _dist_of(point: BackendDefinition) -> str:

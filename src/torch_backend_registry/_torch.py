@@ -22,6 +22,7 @@ from ._sources.pytorch import (
     DISPLACED,
     REGISTRY_MODULE,
     STAND_IN,
+    dynamo_imported,
     loaded_backends,
     own,
     tags_of,
@@ -240,8 +241,10 @@ def stand_in_names(registry: Registry) -> list[str]:
     """
     index = registry.index(with_torch=False)
     names = [key for key, found in index.by_key.items() if _needs_stand_in(found)]
-    # PyTorch would load a plugin the policy left out: a stand-in refuses it there too.
-    names.extend(name for name in index.excluded if name not in index.by_key)
+    # PyTorch would load a plugin the policy left out, or run one that registered itself
+    # when imported (read where its registry is loaded): a stand-in refuses it there too.
+    excluded = registry.index().excluded if dynamo_imported() else index.excluded
+    names.extend(name for name in excluded if name not in index.by_key)
     # Where distributions disagree, PyTorch takes os.listdir's order: a stand-in
     # makes torch.compile run the one this registry resolves to.
     names.extend(index.conflicts)

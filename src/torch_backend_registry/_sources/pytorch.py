@@ -20,7 +20,7 @@ from .finding import find, stamp
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ast
-    from collections.abc import Collection
+    from collections.abc import Collection, Mapping
     from typing import Any
 
     from .cache import Cache
@@ -310,12 +310,18 @@ def torch_definitions(entry_points: Collection[str]) -> Discovery:
     except Exception as exc:  # a broken torch must not break manifest backends
         warn(f"PyTorch's backends are left out: torch._dynamo failed: {type(exc).__name__}: {exc}")
         return found
+    plugins = [fn for fn in held.values() if not own(fn)]
+    owners = _distributions() if plugins else {}
     for name, fn in sorted(held.items()):
         requires, description = _KNOWN.get(name, ((), None))
+        module = getattr(fn, "__module__", None)
+        # A plugin's own registration is of its distribution: the plugin policy holds for it.
+        top = module.split(".")[0] if isinstance(module, str) and not own(fn) else ""
+        distribution = next(iter(owners.get(top, ())), None)
         found.definitions.append(
             BackendDefinition(
                 name,
-                Source("torch", module=getattr(fn, "__module__", None)),
+                Source("torch", module=module, distribution=distribution),
                 target=_target(fn),
                 tags=tags_of(name, fn),
                 description=description,
@@ -324,6 +330,16 @@ def torch_definitions(entry_points: Collection[str]) -> Discovery:
             )
         )
     return found
+
+
+def _distributions() -> Mapping[str, list[str]]:
+    """The installed distributions of each top-level package (``importlib.metadata``'s)."""
+    from importlib.metadata import packages_distributions
+
+    try:
+        return packages_distributions()
+    except Exception:  # an unreadable distribution: none is known
+        return {}
 
 
 def _target(fn: object) -> str | None:
