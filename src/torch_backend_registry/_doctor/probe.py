@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from typing import Any
 
-#: The timed rounds of a backend, and of eager, with ``bench``.
-ROUNDS = 15
+#: The timed rounds of a backend, and of eager, with ``bench``, and the seconds of calls
+#: before them.
+ROUNDS, WARM = 15, 0.1
 #: What the reference says of gradients and of the backward pass (the rest is of the
 #: forward), and of a backward pass that is missing or raises rather than giving other values.
 _BACKWARD = re.compile(r"\bgrad|\bbackward")
@@ -51,6 +52,7 @@ def main(config: dict[str, Any], reports: Connection, output: Connection) -> Non
     for stream in (sys.stdout, sys.stderr):  # last words reach doctor before a crash
         stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     threading.Thread(target=_end_with_doctor, daemon=True).start()
+    reports.send({"level": 0})  # started: multiprocessing has prepared the process
     sys.path[:] = config["path"]  # the run's, less its working folder
     os.environ.clear()
     os.environ.update(config["environ"])
@@ -180,9 +182,10 @@ def _device(spec: str) -> Any:
 
 def _timed(call: Callable[[], Any], backward: bool) -> dict[str, Any]:
     """The median seconds a step takes (a call; with ``backward``, and its backward pass) over
-    :data:`ROUNDS` rounds after a warming one, and their ``spread``: the interquartile range
-    over the median, which one stalled round on a busy machine moves little. Each round is
-    the mean of a batch of steps long enough (some 10 ms) that the clock weighs little."""
+    :data:`ROUNDS` rounds, after warming up for :data:`WARM` seconds (a first call's caches,
+    the allocator), and their ``spread``: the interquartile range over the median, which one
+    stalled round on a busy machine moves little. Each round is the mean of a batch of steps
+    long enough (some 10 ms) that the clock weighs little."""
     import torch
 
     from .._verify import leaves
@@ -192,11 +195,12 @@ def _timed(call: Callable[[], Any], backward: bool) -> dict[str, Any]:
         if backward and out:
             torch.autograd.backward(out, [torch.ones_like(o) for o in out])
 
-    timer = timeit.Timer(step)
-    calls = min(10_000, max(5, int(0.01 / max(timer.timeit(1), 1e-7))))
+    timer, warming, started = timeit.Timer(step), 0, time.perf_counter()
+    while (took := time.perf_counter() - started) < WARM or warming < 2:
+        step()
+        warming += 1
+    calls = min(10_000, max(5, int(0.01 * warming / took)))
     times = [seconds / calls for seconds in timer.repeat(ROUNDS, calls)]
     low, middle, high = statistics.quantiles(times, n=4)
-    return {
-        "per_call_seconds": middle,
-        "spread": round((high - low) / middle, 3) if middle else 0.0,
-    }
+    spread = round((high - low) / middle, 3) if middle else 0.0
+    return {"per_call_seconds": middle, "spread": spread}

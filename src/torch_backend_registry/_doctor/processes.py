@@ -138,6 +138,9 @@ def run_probe(
     if "model_error" in report:
         raise ModelError(report["model_error"])
     crash = _crash_reason(code, watched.tail)
+    if watched.ended and not watched.started:  # multiprocessing's preparing it failed
+        said = f"the probe ended before it started ({crash}): {_UNGUARDED}"
+        return Verdict(name, "crashed", 0, said, seconds)
     waited = timeout if level else max(STARTUP, timeout)
     if not level and not report and config["model"] is not None and config["name"]:
         model = f"--model {config['model']!r}"
@@ -163,7 +166,7 @@ class _Watched:
     def __init__(self, reports: Any, output: Any) -> None:
         self.reports, self.output = reports, output
         self.open: list[Any] = [reports, output]
-        self.level, self.tail, self.ended = 0, bytearray(), False
+        self.level, self.tail, self.ended, self.started = 0, bytearray(), False, False
         self.report: dict[str, Any] = {}
 
     def read(self, sentinel: int, seconds: float) -> None:
@@ -186,11 +189,20 @@ class _Watched:
                     self.tail += data
                     del self.tail[:-TAIL]  # a backend may print without end: its last words
                 elif "level" in (said := end.recv()):
-                    self.level = said["level"]
+                    self.level, self.started = said["level"], True
                 else:
                     self.report = said
             except (EOFError, OSError):
                 self.open.remove(end)
+
+
+#: What a probe that ends before it starts most likely met: each imports the program's main
+#: module again, as multiprocessing does, and one that calls doctor() unguarded fails so.
+_UNGUARDED = (
+    "if doctor() is called from a script, guard the script's own code with"
+    ' `if __name__ == "__main__":` (each probe imports the script again, as'
+    " multiprocessing's processes do)"
+)
 
 
 def _kill(process: Any) -> int | None:
