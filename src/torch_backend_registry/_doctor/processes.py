@@ -13,11 +13,10 @@ autoload and, with Python 3.11 or later, without the working folder on its impor
 (``PYTHONSAFEPATH``; Python 3.10 has no such switch, and its forkserver's own start searches
 the folder it is started in).
 
-Each probe runs in a session of its own, killed when it ends: at the time limit, on an
-interruption of this run, or once it gave its verdict, with whatever it started. A process
-that starts a session of its own (a daemon) leaves it, as it leaves any process group, and
-is not found: only a subreaper or a PID namespace would find it (see
-docs/explanation/performance.md). Its output is read as it comes, its last
+Each probe leads a session and process group of its own, killed when it ends: at the time
+limit, on an interruption of this run, or once it gave its verdict, with whatever it
+started. A process that leaves that group (a daemon's ``setsid()``) is not found: only a
+subreaper or a PID namespace would find it (see docs/explanation/performance.md). Its output is read as it comes, its last
 :data:`TAIL` bytes kept: one printing without end costs neither memory nor disk.
 """
 
@@ -50,6 +49,7 @@ if TYPE_CHECKING:
 #: on a first compile whatever the backend, and what a probe runs of this package. No
 #: backend's code. (A module missing here is left out, and a probe imports what it needs.)
 PRELOAD = [
+    "torch_backend_registry._doctor.server",
     "torch",
     "torch._dynamo",
     "torch._functorch.aot_autograd",
