@@ -85,6 +85,10 @@ def read_stdin(gm, example_inputs):
     assert sys.stdin.read() == "" and os.read(0, 1) == b""
     return gm.forward
 
+def kill_the_server(gm, example_inputs):
+    os.kill(os.getppid(), signal.SIGKILL)  # doctor's forkserver: others start, and end, still
+    return gm.forward
+
 def move(gm, example_inputs):
     os.chdir("/")  # the probe's own working folder: nobody else's
     return gm.forward
@@ -135,6 +139,8 @@ target = "tbr_doctor_fakes:leak"
 target = "tbr_doctor_fakes:read_stdin"
 [backends.moves]
 target = "tbr_doctor_fakes:move"
+[backends.kills_the_server]
+target = "tbr_doctor_fakes:kill_the_server"
 [backends.leaves_a_helper]
 target = "tbr_doctor_fakes:helper"
 [backends.broken_import]
@@ -210,6 +216,7 @@ def test_every_failure_gets_its_own_status_and_spares_the_others(project: Regist
         "leaks": ("ok", "backward"),
         "reads_stdin": ("ok", "backward"),
         "moves": ("ok", "backward"),
+        "kills_the_server": ("ok", "backward"),
         "broken_import": ("import-error", "import"),
         "exits_on_import": ("import-error", "import"),
         "missing_module": ("import-error", "import"),
@@ -239,7 +246,7 @@ def test_every_failure_gets_its_own_status_and_spares_the_others(project: Regist
     assert by_name["fallback"].member == "fine"  # the member the chain would use
     assert by_name["fine"].reason == ""  # verified whole: nothing to add
     # Best first: the working ones lead, the timeout comes last.
-    assert [v.status for v in verdicts[:5]] == ["ok"] * 5
+    assert [v.status for v in verdicts[:6]] == ["ok"] * 6
     assert verdicts[-1].status == "timeout"
 
 

@@ -16,8 +16,9 @@ the folder it is started in).
 Each probe leads a session and process group of its own, killed when it ends: at the time
 limit, on an interruption of this run, or once it gave its verdict, with whatever it
 started. A process that leaves that group (a daemon's ``setsid()``) is not found: only a
-subreaper or a PID namespace would find it (see docs/explanation/performance.md). Its output is read as it comes, its last
-:data:`TAIL` bytes kept: one printing without end costs neither memory nor disk.
+subreaper or a PID namespace would find it (see docs/explanation/performance.md). Its
+output is read as it comes, its last :data:`TAIL` bytes kept: one printing without end
+costs neither memory nor disk.
 """
 
 from __future__ import annotations
@@ -110,12 +111,22 @@ def run_probe(
     output, writer = _CONTEXT.Pipe(duplex=False)
     process = _CONTEXT.Process(target=probe.main, args=(config, reporter, writer))
     try:
-        process.start()
-    except Exception as exc:  # the forkserver is gone: it could not import PyTorch, say
+        try:
+            process.start()
+        except OSError:  # the forkserver is gone (a probe killed it, say): once more
+            start_server()
+            process.start()
+    except Exception as exc:  # it could not import PyTorch, say
         return Verdict(name, "crashed", 0, f"the probe could not start: {exc!r}")
     finally:
         reporter.close()
         writer.close()
+    # Its end, as the kernel tells it where it can: the forkserver's word of it goes with
+    # the forkserver, and a probe can kill that (its parent).
+    pidfd = None
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or already gone
+        pidfd = os.pidfd_open(process.ident or 0)
+    ended = process.sentinel if pidfd is None else pidfd
     watched = _Watched(reports, output)
     deadline, told = started + max(STARTUP, timeout), 0.0
     try:
@@ -128,11 +139,13 @@ def run_probe(
             if now >= told:
                 progress(watched.level, False)
                 told = now + 0.25
-            watched.read(process.sentinel, min(0.25, deadline - now))
+            watched.read(ended, min(0.25, deadline - now))
     finally:
         code = _kill(process)
         reports.close()
         output.close()
+        if pidfd is not None:
+            os.close(pidfd)
     progress(watched.level, True)
     level, report, seconds = watched.level, watched.report, round(time.monotonic() - started, 3)
     if "model_error" in report:
