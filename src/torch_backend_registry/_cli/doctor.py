@@ -44,7 +44,7 @@ def run_doctor(args: Arguments) -> int:
     try:
         with waiting("importing PyTorch", not dynamo_imported()):
             names = names or (registry.list_backends(()) if args.all else None)
-            with shown as on_progress, _terminated_as_exit():
+            with shown as on_progress:
                 verdicts = run(registry, names, options, on_progress)
     except ModelError as exc:
         error(str(exc))
@@ -59,23 +59,6 @@ def run_doctor(args: Arguments) -> int:
             print(recommended_line(recommendation))
     failed = any(_fails(registry, v, set(args.names)) for v in verdicts)
     return EXIT_PROBLEMS if failed else EXIT_OK
-
-
-@contextlib.contextmanager
-def _terminated_as_exit() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, ``kill``) as an exit, so that doctor kills its probes,
-    which run in process groups of their own, instead of leaving them running."""
-    import signal
-
-    def terminated(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    with contextlib.ExitStack() as restore:
-        with contextlib.suppress(ValueError):  # not the main thread: the caller handles signals
-            previous = signal.signal(signal.SIGTERM, terminated)
-            if previous is not None:  # None: not a handler Python can put back
-                restore.callback(signal.signal, signal.SIGTERM, previous)
-        yield
 
 
 def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:

@@ -1,24 +1,10 @@
 """The probe processes, seen from doctor: forked by multiprocessing's forkserver, each watched.
 
-The forkserver is a process that imports PyTorch once (:data:`PRELOAD`) and forks a fresh
-child for each probe, so each backend is probed where no other backend's code has run. It
-is the standard library's, and so it is one for the whole process, for every start of a
-``"forkserver"`` process: it starts at the first run (or earlier, where this process used
-it first: then it imported what that caller asked, and probes import PyTorch themselves)
-and keeps the environment it started with. PyTorch reads some variables when it is
-imported (``TORCH_LOGS``, ``TORCHINDUCTOR_*`` and ``TORCHDYNAMO_*`` settings): a probe sees
-those as the process had them then; every other variable, the working folder and the
-import path are each run's own (the probe applies them). It starts without this package's
-autoload and, with Python 3.11 or later, without the working folder on its import path
-(``PYTHONSAFEPATH``; Python 3.10 has no such switch, and its forkserver's own start searches
-the folder it is started in).
-
-Each probe leads a session and process group of its own, killed when it ends: at the time
-limit, on an interruption of this run, or once it gave its verdict, with whatever it
-started. A process that leaves that group (a daemon's ``setsid()``) is not found: only a
-subreaper or a PID namespace would find it (see docs/explanation/performance.md). Its
-output is read as it comes, its last :data:`TAIL` bytes kept: one printing without end
-costs neither memory nor disk.
+The forkserver imports PyTorch once (:data:`PRELOAD`) and forks a fresh process for each
+probe. It is one for the whole process and keeps the environment it started with; each
+probe applies its run's import path, working folder and environment, leads a session of
+its own, killed when it ends, and prints to a pipe whose tail is kept. What that means and
+what it cannot do (a daemon that leaves the session): docs/explanation/performance.md.
 """
 
 from __future__ import annotations

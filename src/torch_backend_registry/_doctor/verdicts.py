@@ -7,7 +7,7 @@ from typing import Any
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
 #: Every status a verdict can have, best first (the order tables are sorted in).
 STATUSES = (
@@ -31,25 +31,19 @@ LEVELS = ("requirements", "import", "forward", "backward", "bench")
 WIDE = 0.5
 
 
-def causes(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the causes it wraps (torch's BackendCompilerFailed holds its own)."""
-    seen: set[int] = set()
+def one_line(exc: BaseException) -> str:
+    """The exception in one line, with the causes it wraps (torch's BackendCompilerFailed
+    holds its own) where they say more."""
+    said, seen = "", set()
     current: BaseException | None = exc
     while isinstance(current, BaseException) and id(current) not in seen:
         seen.add(id(current))
-        yield current
-        current = current.__cause__ or getattr(current, "inner_exception", None)
-
-
-def one_line(exc: BaseException) -> str:
-    """The exception in one line, with the causes it wraps where they say more."""
-    said = ""
-    for current in causes(exc):
         text = (str(current).strip().splitlines() or [""])[0]
         own = f"{type(current).__name__}: {text}".rstrip(": ")
         # A cause its wrapper already quotes says nothing new.
         if not (text and text in said) and own not in said:
             said = f"{said.rstrip(':')}: {own}" if said else own
+        current = current.__cause__ or getattr(current, "inner_exception", None)
     # Bounded; the innermost cause, which says most, comes last: keep the end.
     return said if len(said) <= 300 else f"{said[:99]}…{said[-200:]}"
 
