@@ -579,6 +579,8 @@ def test_a_bench_recommends_the_fastest_that_passed_or_says_why_not(
         " too small for compiling to pay off; pass --model MOD:FACTORY to time yours)"
     )
     assert line(broken) == "recommended for cpu: none (no backend passed and was timed)"
+    untimed = dataclasses.replace(fast, eager_seconds=None, speedup=None)
+    assert line(untimed) == "recommended for cpu: none (eager itself could not be timed)"
     # Rows by the speed-ups that rank; one that cannot be ranked shows none, and comes after.
     _print_verdicts(sorted([busy, broken, slow, fast], key=sort_key), True, False)
     header, *rows, reached = capsys.readouterr().out.splitlines()

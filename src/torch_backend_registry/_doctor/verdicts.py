@@ -111,6 +111,8 @@ def recommend(verdicts: Sequence[Verdict], device: str, builtin: bool) -> dict[s
     why = ""
     if not timed:
         why = "no backend passed and was timed"
+    elif any(v.eager_seconds is None for v in timed):  # its probe crashed, say
+        why = "eager itself could not be timed"
     elif len(ranked) < len(timed) or best is None:
         wide = ", ".join(v.name for v in timed if v.speedup is None)
         why = (
