@@ -54,11 +54,11 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
 class Model:
-    """The model on ``device``, called as a graph is: every input positional, its trainable
-    parameters first (so that verification takes their gradients, as a chain's does of a
-    graph's), then its positional and keyword inputs. Built, and run eagerly to be held to,
-    before any backend's code is imported: what a backend does to the process cannot be
-    taken for the model's fault."""
+    """The model on ``device``, called as a graph is (:attr:`called`): every input
+    positional, its trainable parameters first, so that verification takes their gradients
+    as a chain's does of a graph's. Built, and run eagerly to be held to, before any
+    backend's code is imported: what a backend does to the process cannot be taken for the
+    model's fault."""
 
     def __init__(self, spec: str | None, device: Any, level: str) -> None:
         def on(value: Any) -> Any:
@@ -68,31 +68,34 @@ class Model:
         what = "the built-in model" if spec is None else f"--model {spec!r}"
         try:
             self.module = module.to(device) if isinstance(module, torch.nn.Module) else module
-            self.args = tuple(on(x) for x in args)
-            self.kwargs = {key: on(x) for key, x in kwargs.items()}
-            self(self.module)  # its own error first, before verification words it
+            args, kwargs = tuple(on(x) for x in args), {k: on(x) for k, x in kwargs.items()}
+            self.module(*args, **kwargs)  # its own error first, before verification words it
         except (Exception, SystemExit) as exc:
             raise ModelError(f"{what} cannot be run: {one_line(exc)}") from exc
-        trainable = self.module.named_parameters() if isinstance(module, torch.nn.Module) else ()
-        names = [name for name, p in trainable if p.requires_grad]
-        self.called = _Called(self.module, names, len(self.args), list(self.kwargs))
-        params = dict(self.module.named_parameters()) if names else {}
-        self.inputs = [
-            *(params[n].detach().requires_grad_(level == "backward") for n in names),
-            *self.args,
-            *self.kwargs.values(),
-        ]
+        self._shape = (len(args), list(kwargs))
+        self._params = [p for p in getattr(module, "parameters", list)() if p.requires_grad]
+        training = level == "backward"
+        params = [p.detach().requires_grad_(training) for p in self._params]
+        self.inputs = [*params, *args, *kwargs.values()]
+        self.called = self._calling(self.module)
         self.reference = Reference(self.called, self.inputs, level, RTOL, ATOL)
         if self.reference.said.startswith("not verified"):  # its backward failed, say
             raise ModelError(f"{what} cannot be run: {self.reference.said}")
 
-    def __call__(self, fn: Any) -> Any:
-        """``fn`` (the model, uncompiled) called with the model's inputs, as a user calls it."""
-        return fn(*self.args, **self.kwargs)
+    def compiled(self, backend: str) -> Any:
+        """The model compiled as a user compiles it, ``torch.compile(model)``, called as
+        :attr:`called` is (the same cost on both sides of a timing)."""
+        return self._calling(torch.compile(self.module, backend=backend))
+
+    def _calling(self, model: Any) -> Any:
+        named = dict(getattr(model, "named_parameters", dict)())
+        by_id = {id(p): name for name, p in named.items()}
+        return _Called(model, [by_id[id(p)] for p in self._params], *self._shape)
 
 
 class _Called(torch.nn.Module):  # type: ignore[misc]
-    """``model`` called with its ``names`` parameters, then its inputs, all positional."""
+    """``model`` called with its ``names`` parameters, then its inputs, all positional.
+    Swapped in outside ``model``: a compiled one traces the model as a user's does."""
 
     def __init__(self, model: Any, names: list[str], positional: int, keywords: list[str]) -> None:
         super().__init__()
