@@ -223,9 +223,9 @@ def test_every_failure_gets_its_own_status_and_spares_the_others(project: Regist
         "fallback": ("ok", "backward"),
         "fine": ("ok", "backward"),
     }
-    # A time limit some four times what the slowest of the others takes on a loaded machine;
-    # three at once, one of them the hang.
-    verdicts = tbr.doctor(list(expected), registry=project, timeout=8, jobs=3)
+    # A time limit some four times what the slowest of the others takes on a loaded machine
+    # (from the model built, some 0.5 s quiet); three at once, one of them the hang.
+    verdicts = tbr.doctor(list(expected), registry=project, timeout=6, jobs=3)
     by_name = {v.name: v for v in verdicts}
     assert {name: (v.status, v.level_name) for name, v in by_name.items()} == expected
     assert "no GPU here" in by_name["explodes"].reason
@@ -236,7 +236,7 @@ def test_every_failure_gets_its_own_status_and_spares_the_others(project: Regist
     assert by_name["exits"].reason == (
         "exited with status 3 without a verdict; last words: giving up"
     )
-    assert by_name["hangs"].reason == "no verdict after 8 s at level 3 (forward); killed"
+    assert by_name["hangs"].reason == "no verdict after 6 s at level 3 (forward); killed"
     assert "a missing shared library" in by_name["broken_import"].reason
     assert "SystemExit: cannot load: no licence" in by_name["exits_on_import"].reason
     missing = "No module named 'tbr_doctor_no_such_module_zz'"
@@ -1025,6 +1025,6 @@ def test_a_model_beside_the_manifest_is_found_from_its_folder_and_a_loop_is_no_m
 
 def test_a_backend_that_kills_the_server_spares_the_probes_beside_it(project: Registry) -> None:
     # Last: the server starts again, and imports PyTorch again, for whatever comes after.
-    names = ["kills_the_server", "fine", "leaks", "moves"]
+    names = ["kills_the_server", "fine"]  # side by side
     verdicts = tbr.doctor(names, registry=project, level="forward", jobs=2)
     assert {v.name: v.status for v in verdicts} == dict.fromkeys(names, "ok")
