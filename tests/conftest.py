@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import getpass
 import importlib
 import importlib.util
 import io
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 import traceback
 import uuid
@@ -26,14 +24,6 @@ from torch_backend_registry._api import default_registry
 from torch_backend_registry._cli import main
 
 NO_TORCH = ("runtime", "env", "project", "entry-point")
-
-# PyTorch puts its default in the environment on a process's first inductor compile, and
-# doctor starts another probe server for another environment: set from the start, each test
-# process keeps one server for every doctor run of the same environment and import path.
-os.environ.setdefault(
-    "TORCHINDUCTOR_CACHE_DIR",
-    os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"),
-)
 
 
 def _installed_plugins() -> frozenset[str]:
@@ -130,9 +120,8 @@ def _in_process(args: list[str], cwd: Path, environ: dict[str, str]) -> Done:
         os.environ.update(environ)
         os.chdir(cwd)
         # As `python -m` does: the working folder first, then PYTHONPATH's folders, and
-        # __main__ has the spec of the module run. (So doctor finds the import path it
-        # would, less that folder: one run of the command and the next, and the tests'
-        # calls of the API, share a probe server.)
+        # __main__ has the spec of the module run (so doctor finds the import path it
+        # would, less that folder).
         extra = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.path[:] = [str(cwd), *extra, *sys.path]
         main_module.__spec__ = importlib.util.find_spec("torch_backend_registry.__main__")
@@ -197,7 +186,7 @@ def run_as_nobody(code: str) -> str:
 def _own_cache_folder(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each test (and the commands it runs) remembers doctor verdicts in a folder of its own."""
+    """Each test (and the commands it runs) keeps its cache in a folder of its own."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 

@@ -115,22 +115,27 @@ def doctor(
     jobs: int | None = None,
     on_progress: Callable[[str, int, float, bool], None] | None = None,
 ) -> list[Verdict]:
-    """Probe each backend (default: every listed one) in its own subprocess.
+    """Probe each backend in its own subprocess: by default those the project's manifests
+    (and ``TORCH_BACKENDS_PATH``'s) declare, and those they run (chain members, ``by-device``
+    entries), each of these with ``via`` the declared backend that reached it.
 
     Each goes as far as it can: requirements found, target imported,
-    ``torch.compile`` forward matching eager, backward gradients matching,
-    and with ``bench`` its compile time and speed against eager. ``level``
-    (``"forward"`` or ``"backward"``) is how far a backend must get to be ``ok``:
+    ``torch.compile`` forward matching eager, backward gradients matching (as a chain
+    verifies), and with ``bench`` its compile time and its speed against one eager baseline.
+    ``level`` (``"forward"`` or ``"backward"``) is how far a backend must get to be ``ok``:
     ``"forward"`` judges inference backends. One :class:`Verdict` a backend, best
     first; nothing is remembered between runs. ``on_progress(name, level, seconds, done)``
     hears of each step. ``timeout``: seconds or a :class:`datetime.timedelta`. A name
     no source declares raises :class:`UnknownBackendError` before any probe; one declared
     in a table that cannot be used as written gets an ``import-error`` verdict saying why.
+    Probes are forked by :mod:`multiprocessing`'s forkserver: as with any program that
+    starts processes so, a script calling this guards its own code with
+    ``if __name__ == "__main__":``, which each probe imports again.
     """
     from datetime import timedelta
 
     from ._doctor.options import Options
-    from ._doctor.parent import run
+    from ._doctor.run import run
 
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     options = Options(seconds, bench, model, device, level, jobs)

@@ -169,11 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
         doctor.run_doctor,
     )
     names = prober.add_argument(
-        "names", nargs="*", metavar="NAME", help="backends to probe (default: every listed one)"
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help="backends to probe (default: those the project's manifests declare, and what"
+        " their chains and by-device tables run)",
     )
     names.completer = _complete_names  # type: ignore[attr-defined]
-    switch(prober, "--all", "also debug and experimental ones")
-    switch(prober, "--bench", "also time compiling and a call, against eager")
+    switch(prober, "--all", "probe every listed backend, debug and experimental ones too")
+    switch(
+        prober,
+        "--bench",
+        "also time compiling and a call against one eager baseline, and recommend the fastest",
+    )
     prober.add_argument(
         "--timeout",
         type=_seconds,
@@ -186,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how far a backend must get to be ok: forward judges inference backends"
         " (default %(default)s)",
     )
-    switch(prober, "--json", "print a JSON array of verdicts")
+    switch(
+        prober, "--json", "print a JSON object: the verdicts, and with --bench what it recommends"
+    )
     prober.add_argument(
         "--model",
         metavar="MOD:FACTORY",

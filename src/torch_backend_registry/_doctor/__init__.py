@@ -1,1 +1,1 @@
-"""Which backends work here: each probed in a process of its own, its verdict remembered."""
+"""Which backends work here, each probed in a process of its own: a report, never a memory."""

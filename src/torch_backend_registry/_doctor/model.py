@@ -1,42 +1,16 @@
-"""The model doctor probes with: the built-in one or a ``--model`` factory's, run eagerly first."""
+"""The model doctor probes with, the built-in one or a ``--model`` factory's, held to eager."""
 
 from __future__ import annotations
 
-import copy
 import importlib
+from typing import Any
+
+import torch
 
 from .._definition import ATOL, RTOL
-from .._verify import differ, leaves
+from .._verify import Reference
 from .options import ModelError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from typing import Any
-
-
-def causes(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the causes it wraps (torch's BackendCompilerFailed holds its own)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while isinstance(current, BaseException) and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or getattr(current, "inner_exception", None)
-
-
-def one_line(exc: BaseException) -> str:
-    """The exception in one line, with the causes it wraps where they say more."""
-    said = ""
-    for current in causes(exc):
-        text = (str(current).strip().splitlines() or [""])[0]
-        own = f"{type(current).__name__}: {text}".rstrip(": ")
-        # A cause its wrapper already quotes says nothing new.
-        if not (text and text in said) and own not in said:
-            said = f"{said.rstrip(':')}: {own}" if said else own
-    # Bounded; the innermost cause, which says most, comes last: keep the end.
-    return said if len(said) <= 300 else f"{said[:99]}…{said[-200:]}"
-
+from .verdicts import one_line
 
 #: What a ``--model`` factory returns, said where it returns something else.
 FACTORY_SHAPE = (
@@ -49,8 +23,6 @@ FACTORY_SHAPE = (
 def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """The model ``spec`` (``module:factory``) names, with its positional and keyword inputs."""
     if spec is None:  # the built-in model: small, deterministic, with a backward pass
-        import torch
-
         torch.manual_seed(0)
         layers = (torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
         return torch.nn.Sequential(*layers), (torch.randn(4, 16),), {}
@@ -81,59 +53,58 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
     return model, tuple(args), dict(kwargs)
 
 
-class Eager:
-    """The model run eagerly, before any backend's code is imported: what it gives, and with
-    ``backward`` the gradients of its parameters. It runs on copies, so the model itself is
-    as it was built for the backend."""
+class Model:
+    """The model on ``device``, called as a graph is (:attr:`called`): every input
+    positional, its trainable parameters first, so that verification takes their gradients
+    as a chain's does of a graph's. Built, and run eagerly to be held to, before any
+    backend's code is imported: what a backend does to the process cannot be taken for the
+    model's fault."""
 
-    def __init__(self, spec: str | None, device: Any, backward: bool) -> None:
-        import torch
-
+    def __init__(self, spec: str | None, device: Any, level: str) -> None:
         def on(value: Any) -> Any:
             return value.to(device) if isinstance(value, torch.Tensor) else value
 
-        model, args, kwargs = build_model(spec)
+        module, args, kwargs = build_model(spec)
         what = "the built-in model" if spec is None else f"--model {spec!r}"
         try:
-            self.model = model.to(device)
-            self.args = tuple(on(x) for x in args)
-            self.kwargs = {key: on(x) for key, x in kwargs.items()}
-            reference = copy.deepcopy(self.model)
-            with torch.random.fork_rng(devices=[]):
-                self.expected = reference(*self.args, **self.kwargs)
-                again = copy.deepcopy(self.model)(*self.args, **self.kwargs)
+            self.module = module.to(device) if isinstance(module, torch.nn.Module) else module
+            args, kwargs = tuple(on(x) for x in args), {k: on(x) for k, x in kwargs.items()}
+            self.module(*args, **kwargs)  # its own error first, before verification words it
         except (Exception, SystemExit) as exc:
             raise ModelError(f"{what} cannot be run: {one_line(exc)}") from exc
-        # A model that gives other values on a second run (dropout in training mode) draws
-        # random numbers, which compilers draw their own way: compared in shapes and types only.
-        random = differ(leaves(self.expected), leaves(again), "", 0, 0) is not None
-        self.tolerance: tuple[float | None, float | None] = (None, None) if random else (RTOL, ATOL)
-        #: What a verdict on this model is worth saying.
-        self.said = _RANDOM if random else ""
-        self.grads: tuple[Any, ...] | None = None
-        params = [p for p in reference.parameters() if p.requires_grad]
-        total = loss(self.expected) if backward and params else None
-        if total is not None:
-            try:
-                self.grads = torch.autograd.grad(total, params, allow_unused=True)
-            except Exception as exc:
-                raise ModelError(
-                    f"{what} has no backward pass of its own: {one_line(exc)}"
-                ) from exc
+        self._shape = (len(args), list(kwargs))
+        self._params = [p for p in getattr(module, "parameters", list)() if p.requires_grad]
+        training = level == "backward"
+        params = [p.detach().requires_grad_(training) for p in self._params]
+        self.inputs = [*params, *args, *kwargs.values()]
+        self.called = self._calling(self.module)
+        self.reference = Reference(self.called, self.inputs, level, RTOL, ATOL)
+        if self.reference.said.startswith("not verified"):  # its backward failed, say
+            raise ModelError(f"{what} cannot be run: {self.reference.said}")
 
-    def __call__(self, fn: Any) -> Any:
-        return fn(*self.args, **self.kwargs)
+    def compiled(self, backend: str) -> Any:
+        """The model compiled as a user compiles it, ``torch.compile(model)``, called as
+        :attr:`called` is (the same cost on both sides of a timing)."""
+        return self._calling(torch.compile(self.module, backend=backend))
 
-
-_RANDOM = (
-    "verified in shapes and types only: the model draws random numbers (dropout in"
-    " training mode, say; call model.eval() in the factory to compare values)"
-)
+    def _calling(self, model: Any) -> Any:
+        named = dict(getattr(model, "named_parameters", dict)())
+        by_id = {id(p): name for name, p in named.items()}
+        return _Called(model, [by_id[id(p)] for p in self._params], *self._shape)
 
 
-def loss(out: Any) -> Any:
-    """The sum of a model's floating outputs that require gradients (``None``: none does)."""
-    found = [o for o in leaves(out) if getattr(o, "requires_grad", False)]
-    if not found:
-        return None
-    return sum(o.float().sum() for o in found if o.is_floating_point())
+class _Called(torch.nn.Module):  # type: ignore[misc]
+    """``model`` called with its ``names`` parameters, then its inputs, all positional.
+    Swapped in outside ``model``: a compiled one traces the model as a user's does."""
+
+    def __init__(self, model: Any, names: list[str], positional: int, keywords: list[str]) -> None:
+        super().__init__()
+        self.model, self.names, self.positional, self.keywords = model, names, positional, keywords
+
+    def forward(self, *inputs: Any) -> Any:
+        params, rest = dict(zip(self.names, inputs, strict=False)), inputs[len(self.names) :]
+        args = rest[: self.positional]
+        kwargs = dict(zip(self.keywords, rest[self.positional :], strict=True))
+        if not params:
+            return self.model(*args, **kwargs)
+        return torch.func.functional_call(self.model, params, args, kwargs)

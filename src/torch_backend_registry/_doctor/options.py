@@ -9,6 +9,8 @@ from .._errors import BackendRegistryError
 
 #: How far a backend must get to be ``ok``: forward (inference backends) or backward.
 GOALS = ("forward", "backward")
+#: The sources whose manifests are the project's: what doctor probes given no names.
+PROJECT = ("env", "project")
 
 
 class ModelError(BackendRegistryError, ValueError):

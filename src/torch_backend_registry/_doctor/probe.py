@@ -1,283 +1,166 @@
-"""The child side of ``doctor``: a server that forks a fresh process per backend, and the probe.
+"""A probe: one backend taken through the levels, in a process forked from doctor's forkserver.
 
-The server runs under ``python -I`` (no working folder on the import path, no ``PYTHON*``
-variables), its configuration on stdin, never on the command line (which every user can
-read). No backend's code is ever imported into it, so each probe starts where a fresh
-interpreter that imported PyTorch would. A probe reports each level as it reaches it:
-whatever kills it leaves the last level reported for the parent to tell.
+:func:`main` runs in that process, in a session of its own (what the backend starts is
+killed with it), with the import path, working folder and environment of its run, its
+output on a pipe doctor keeps the tail of. It reports each level as it reaches it, so
+whatever kills it leaves the last level for doctor to tell. The model is built and run
+eagerly before any code of the backend is imported, and held to that run by the reference
+chains verify with (:class:`~torch_backend_registry._verify.Reference`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
+import multiprocessing
+import multiprocessing.connection
 import os
-import select
+import re
 import signal
-import site
-import socket
 import statistics
 import sys
-import sysconfig
+import threading
 import time
 import timeit
 
 from .._errors import closest
 from .._registry import Registry
-from .._sources.finding import stamp
 from .._torch import install
-from .._verify import differ, leaves
-from .model import Eager, causes, loss, one_line
 from .options import ModelError
+from .verdicts import one_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from multiprocessing.connection import Connection
     from typing import Any
 
-#: What ``python -I -c`` runs: the import path the parent chose, then :func:`serve`.
-BOOT = (
-    "import json, sys; config = json.loads(sys.stdin.readline()); sys.path[:] = config['path'];"
-    " from torch_backend_registry._doctor.probe import serve; serve(config)"
-)
-#: The most a message on the server's socket holds (a request: a name and its number).
-MESSAGE = 64 * 1024
-#: The timed rounds of a backend, and of eager, with ``bench``.
-ROUNDS = 15
+#: The timed rounds of a backend, and of eager, with ``bench``, and the seconds of calls
+#: before them.
+ROUNDS, WARM = 15, 0.1
+#: What the reference says of gradients and of the backward pass (the rest is of the
+#: forward), and of a backward pass that is missing or raises rather than giving other values.
+_BACKWARD = re.compile(r"\bgrad|\bbackward")
+_NO_BACKWARD = re.compile(r"requires? grad|backward raised|no backward")
 
 
-def serve(config: dict[str, Any]) -> None:
-    """Import PyTorch, then fork a probe for each request on the socket until it closes.
-
-    A request is ``{"id": N, "name": NAME}`` with the probe's report pipe, stdout, stderr
-    and a pipe of its configuration attached; once that process ended, and whatever it
-    left was killed, the server answers ``{"ended": N, "code": CODE}`` (negative: killed by
-    that signal). ``{"kill": N}`` ends a probe and its session.
-    """
-    server = socket.socket(fileno=config["socket"])
-
-    def say(**fields: Any) -> None:
-        server.send(json.dumps(fields).encode())
-
+def main(config: dict[str, Any], reports: Connection, output: Connection) -> None:
+    """The probe process: report each level reached, then the verdict, on ``reports``."""
+    os.setsid()  # first: all it starts is in this session, which doctor kills when it ends
+    for fd in (1, 2):  # what it prints, C libraries' too, goes to doctor
+        os.dup2(output.fileno(), fd)
+    output.close()
+    for stream in (sys.stdout, sys.stderr):  # last words reach doctor before a crash
+        stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    threading.Thread(target=_end_with_doctor, daemon=True).start()
+    reports.send({"level": 0})  # started: multiprocessing has prepared the process
+    sys.path[:] = config["path"]  # the run's, less its working folder
+    os.environ.clear()
+    os.environ.update(config["environ"])
+    said: dict[str, Any]
     try:
-        # What every probe needs, and no backend's code: PyTorch, its registry with its
-        # own backends and the names of the entry points (none loaded), the validator.
-        import torch._dynamo
-
-        torch._dynamo.list_backends(exclude_tags=())
-        from .._sources import schema  # noqa: F401
-    except BaseException as exc:
-        say(broken=one_line(exc))
-        os._exit(0)
-
-    say(ready=True)
-    # What a probe leaves in a session of its own comes here once its parent is gone.
-    _adopt_orphans()
-    probes: dict[int, int] = {}  # pid -> request number, until it is reaped
-    while True:
-        while probes:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            if pid not in probes:  # a process a probe left, ended
-                continue
-            kill_session(pid)  # what the probe left behind
-            _kill_orphans(probes)  # and what it left elsewhere
-            say(ended=probes.pop(pid), code=os.waitstatus_to_exitcode(status))
-        if not select.select([server], [], [], 0.01)[0]:
-            continue
-        message, fds, _flags, _address = socket.recv_fds(server, MESSAGE, 4)
-        if not message:  # the parent is gone
-            break
-        request = json.loads(message)
-        if "kill" in request:
-            for pid, number in probes.items():
-                if number == request["kill"]:
-                    kill_session(pid)
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            os.setsid()  # its own session: a hang is killed with whatever it started
-            _adopt_orphans()  # and what leaves it, it keeps until it ends
-            server.close()
-            channel, output, errors, asked = fds
-            with os.fdopen(asked, "rb") as stream:
-                probe_config = json.loads(stream.read())
-            null = os.open(os.devnull, os.O_RDONLY)
-            for fd, std in ((null, 0), (output, 1), (errors, 2)):
-                os.dup2(fd, std)
-                os.close(fd)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            main({**config, **probe_config, **request, "channel": channel})
-        for fd in fds:
-            os.close(fd)
-        probes[pid] = request["id"]
-    for pid in probes:
-        kill_session(pid)
-    for pid in probes:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-    _kill_orphans({})
+        said = {"verdict": probe(config, lambda level: reports.send({"level": level}))}
+    except ModelError as exc:
+        said = {"model_error": str(exc)}
+    except BaseException as exc:  # the verdict must reach doctor whatever happens
+        said = {"verdict": {"status": "crashed", "level": 0, "reason": one_line(exc)}}
+    reports.send(said)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # At once: a thread the backend left running must not keep this process alive.
     os._exit(0)
 
 
-def kill_session(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+def _end_with_doctor() -> None:
+    """Kill this probe's session once doctor is gone (killed, say): it has no one to
+    report to, and nothing it started may outlive it."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os.killpg(0, signal.SIGKILL)
 
 
-def _adopt_orphans() -> None:
-    """Become the parent of every process below this one whose own parent ends (Linux's
-    child subreaper), rather than leave it to init: a backend's helper that starts a
-    session of its own (a daemon, ``start_new_session=True``) is then still found."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-
-
-def _kill_orphans(probes: dict[int, int]) -> None:
-    """Kill every child of this server that is no probe (what an ended probe left,
-    adopted), and what each leaves in turn, until none is left."""
-    for _ in range(1000):
-        left = [pid for pid in _children() if pid not in probes]
-        if not left:
-            return
-        for pid in left:
-            kill_session(pid)  # the group it leads, if it leads one
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in left:  # once it is gone, its own children are this server's
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-
-
-def _children() -> list[int]:
-    """The children of this process still running (Linux; none elsewhere)."""
-    me, found = os.getpid(), []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as stream:
-                    fields = stream.read().rpartition(b")")[2].split()
-            except OSError:  # ended meanwhile
-                continue
-            if len(fields) > 1 and int(fields[1]) == me and fields[0] != b"Z":
-                found.append(int(entry.name))
-    return found
-
-
-def probe(config: dict[str, Any], say: Callable[..., None]) -> dict[str, Any]:
-    """Go through the levels for ``config["name"]``; the verdict as a dict. The model is run
-    eagerly before any code of the backend is imported: what the backend does to this
-    process cannot be taken for the model's fault."""
+def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, Any]:
+    """Go through the levels for ``config["name"]`` (``None``: time eager, the baseline of a
+    bench); the verdict's facts as a dict."""
+    verdict = functools.partial(_verdict, time.perf_counter())
     name = config["name"]
-    verdict = functools.partial(_verdict, name, time.perf_counter())
     registry = Registry(**config["registry"])
-    try:
-        info = registry.backend_info(name)
-        # A chain that names itself cannot be loaded as written: not "unavailable here".
-        loop = registry.index(with_torch=False).chain_problems().get(info.definition.name)
-        if loop is not None:
-            return verdict("import-error", 2, loop.message)
-        why = registry.why_unavailable(info)
-    except Exception as exc:  # the manifest holds it, but not as something usable
-        return verdict("import-error", 2, one_line(exc))
-    if why is not None:
-        return verdict("unavailable", 1, why)
+    definition = None
+    if name is not None:
+        try:
+            info = registry.backend_info(name)
+            definition = info.definition
+            # A chain that names itself cannot be loaded as written: not "unavailable here".
+            loop = registry.index(with_torch=False).chain_problems().get(definition.name)
+            if loop is not None:
+                return verdict("import-error", 2, loop.message)
+            why = registry.why_unavailable(info)
+        except Exception as exc:  # the manifest holds it, but not as something usable
+            return verdict("import-error", 2, one_line(exc))
+        if why is not None:
+            return verdict("unavailable", 1, why)
     import torch
+
+    from .model import Model
 
     device = _device(config["device"] or "cpu")
     if device is None:
         return verdict("unavailable", 1, f"no {config['device']} device here")
     sys.path.extend(config["model_path"])  # last: as a python-path folder is
-    eager = Eager(config["model"], device, config["level"] == "backward")
-    # Eager is timed before any backend's code is loaded (a backend may start threads that
-    # slow every later call): each row's speed-up is against the same eager.
-    eager_times = _timed(eager, eager.model) if config["bench"] else []
-    # The first report: doctor counts the backend's time limit from here, past starting
-    # Python, importing PyTorch and running the model eagerly.
-    say(level=2)
+    training = config["level"] == "backward"
+    torch.set_grad_enabled(training)  # for inference, no_grad: as it would be compiled
+    model = Model(config["model"], device, config["level"])
+    if name is None:
+        return verdict("ok", 5, **_timed(lambda: model.called(*model.inputs), training))
+    reached(2)  # doctor counts the backend's time limit from here
     try:
         registry.lookup_backend(name)
     except Exception as exc:
-        return verdict("import-error", 2, one_line(exc), missing=_missing(exc))
-    say(level=3)
+        return verdict("import-error", 2, one_line(exc))
+    reached(3)
     install(registry)  # torch.compile(backend=name) is what is probed
-    try:
-        compiled = torch.compile(eager.model, backend=name)
+    compiled = model.compiled(name)
+    raised: list[BaseException] = []
+    took: list[float] = []
+
+    def call(*inputs: Any) -> Any:  # compiled, with what compiling it raised kept whole
         start = time.perf_counter()
-        out = eager(compiled)
-        compile_seconds = time.perf_counter() - start
-    except Exception as exc:
-        return verdict("compile-error", 3, one_line(exc), missing=_missing(exc))
+        try:
+            return compiled(*inputs)
+        except Exception as exc:
+            raised.append(exc)
+            raise
+        finally:
+            took.append(time.perf_counter() - start)
+
+    wrong = model.reference.check(call)
+    if raised:
+        return verdict("compile-error", 3, one_line(raised[0]))
     # The member a chain used; a backend of no members may have a `used` of its own.
     member = getattr(registry.lookup_backend(name), "used", None)
-    if member and info.definition.members:
+    if member and definition is not None and definition.members:
         verdict = functools.partial(verdict, member=member)
-    wrong = differ(leaves(eager.expected), leaves(out), "forward output", *eager.tolerance)
     if wrong is not None:
-        return verdict("wrong-result", 3, wrong)
-    reached = 3
-    if eager.grads is not None:  # with level backward, where the model has a backward pass
-        say(level=4)
-        params = [p for p in eager.model.parameters() if p.requires_grad]
-        total = loss(out)
-        if total is None:
-            said = "no output of the compiled model requires grad: it gives no backward pass"
-            return verdict("backward-error", 4, said)
-        try:
-            got = torch.autograd.grad(total, params, allow_unused=True)
-        except Exception as exc:
-            return verdict("backward-error", 4, one_line(exc))
-        pairs = [(e, g) for e, g in zip(eager.grads, got, strict=True) if e is not None]
-        if not pairs:
-            said = "no parameter gets a gradient run eagerly: there is no backward to compare"
-            return verdict("ok", 3, said)
-        if any(g is None for _e, g in pairs):
-            return verdict("wrong-result", 4, "some gradients eager gives are missing")
-        wrong = differ([e for e, _g in pairs], [g for _e, g in pairs], "gradient", *eager.tolerance)
-        if wrong is not None:
-            return verdict("wrong-result", 4, wrong)
-        reached = 4
+        level = 4 if training and _BACKWARD.search(wrong) else 3
+        status = "backward-error" if level == 4 and _NO_BACKWARD.search(wrong) else "wrong-result"
+        return verdict(status, level, wrong)
+    level = 4 if model.reference.said.startswith("backward") else 3
+    said = "" if model.reference.complete else model.reference.said
     if not config["bench"]:
-        return verdict("ok", reached, eager.said)
-    say(level=5)
+        return verdict("ok", level, said)
+    reached(5)
     try:
-        timed = _timed(eager, compiled)
+        timed = _timed(lambda: compiled(*model.inputs), training)
     except Exception as exc:  # the backend works; only timing it failed
-        return verdict("ok", reached, f"timing failed: {one_line(exc)}")
-    eager_call, per_call = statistics.median(eager_times), statistics.median(timed)
-    return verdict(
-        "ok",
-        5,
-        eager.said,
-        compile_seconds=round(compile_seconds, 4),
-        per_call_seconds=per_call,
-        eager_seconds=eager_call,
-        speedup=round(eager_call / per_call, 3) if per_call > 0 else None,
-        spread=round(max(_spread(eager_times), _spread(timed)), 3),
-    )
+        return verdict("ok", level, f"timing failed: {one_line(exc)}")
+    return verdict("ok", 5, said, compile_seconds=round(took[0], 4), **timed)
 
 
 def _verdict(
-    name: str | None, started: float, status: str, level: int, reason: str = "", **extra: Any
+    started: float, status: str, level: int, reason: str = "", **facts: Any
 ) -> dict[str, Any]:
-    return {
-        "name": name,
-        "status": status,
-        "level": level,
-        "reason": reason,
-        "seconds": round(time.perf_counter() - started, 3),
-        **extra,
-    }
+    seconds = round(time.perf_counter() - started, 3)
+    return {"status": status, "level": level, "reason": reason, "seconds": seconds, **facts}
 
 
 def _device(spec: str) -> Any:
@@ -297,76 +180,27 @@ def _device(spec: str) -> Any:
     return device
 
 
-def _missing(exc: BaseException) -> list[str]:
-    """The modules an exception says are not there (installing one changes the verdict)."""
-    return [c.name for c in causes(exc) if isinstance(c, ModuleNotFoundError) and c.name]
-
-
-def _code() -> list[list[object]] | None:
-    """The stamps of the files of the modules imported that are neither Python's nor
-    installed (a project's own code); ``None`` where it cannot be told: a verdict found
-    then holds for this probe only, and is not remembered."""
-    try:
-        paths = sysconfig.get_paths()
-        installed = [paths["stdlib"], paths["platstdlib"], *site.getsitepackages()]
-        installed.append(site.getusersitepackages())
-        installed.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ours
-        # As written and as resolved: most files are skipped before a path is resolved.
-        skipped = tuple({os.path.join(q, "") for p in installed for q in (p, os.path.realpath(p))})
-        found = []
-        for module in list(sys.modules.values()):
-            path = getattr(module, "__file__", None)
-            if not isinstance(path, str) or path.startswith(skipped):
-                continue
-            if not os.path.realpath(path).startswith(skipped):
-                found.append(stamp(path))
-        return sorted(f for f in found if len(f) == 3)[:10_000]
-    except Exception:
-        return None
-
-
-def _timed(eager: Eager, fn: Any) -> list[float]:
-    """Seconds a call of ``fn`` takes, for each of :data:`ROUNDS` after a warming call. Each
-    round is the mean of a batch of calls long enough (some 10 ms) that the clock and a
-    stray interruption weigh little in it."""
+def _timed(call: Callable[[], Any], backward: bool) -> dict[str, Any]:
+    """The median seconds a step takes (a call; with ``backward``, and its backward pass) over
+    :data:`ROUNDS` rounds, after warming up for :data:`WARM` seconds (a first call's caches,
+    the allocator), and their ``spread``: the interquartile range over the median, which one
+    stalled round on a busy machine moves little. Each round is the mean of a batch of steps
+    long enough (some 10 ms) that the clock weighs little."""
     import torch
 
-    timer = timeit.Timer(lambda: eager(fn))
-    with torch.no_grad():
-        calls = min(10_000, max(5, int(0.01 / max(timer.timeit(1), 1e-7))))
-        return [seconds / calls for seconds in timer.repeat(ROUNDS, calls)]
+    from .._verify import leaves
 
+    def step() -> None:
+        out = [o for o in leaves(call()) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if backward and out:
+            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
 
-def _spread(times: list[float]) -> float:
-    """The interquartile range of the rounds over their median: one stalled round on a busy
-    machine moves it little, where the range from fastest to slowest is decided by it."""
+    timer, warming, started = timeit.Timer(step), 0, time.perf_counter()
+    while (took := time.perf_counter() - started) < WARM or warming < 2:
+        step()
+        warming += 1
+    calls = min(10_000, max(5, int(0.01 * warming / took)))
+    times = [seconds / calls for seconds in timer.repeat(ROUNDS, calls)]
     low, middle, high = statistics.quantiles(times, n=4)
-    return (high - low) / middle if middle > 0 else 0.0
-
-
-def main(config: dict[str, Any]) -> None:
-    channel = config["channel"]
-    os.set_inheritable(channel, False)  # a backend's own children must not hold it open
-
-    def say(**fields: Any) -> None:
-        fields["code"] = _code()  # the code run so far: what a crash or a hang depends on
-        # One JSON object a line, nothing else on the pipe to the parent.
-        data = (json.dumps(fields) + "\n").encode()
-        while data:
-            data = data[os.write(channel, data) :]
-
-    started = time.perf_counter()
-    try:
-        os.chdir(config["workdir"])  # the folder and the environment doctor was run in
-        os.environ.clear()
-        os.environ.update(config["process_environ"])
-        result: dict[str, Any] = {"verdict": probe(config, say)}
-    except ModelError as exc:
-        result = {"model_error": str(exc)}
-    except BaseException as exc:  # the verdict must reach the parent whatever happens
-        result = {"verdict": _verdict(config["name"], started, "crashed", 0, one_line(exc))}
-    say(**result)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # At once: a thread the backend left running must not keep this process alive.
-    os._exit(0)
+    spread = round((high - low) / middle, 3) if middle else 0.0
+    return {"per_call_seconds": middle, "spread": spread}

@@ -1,29 +1,28 @@
-"""The probe processes, seen from doctor: one server that imports PyTorch once and forks a
-fresh process for each backend, each watched with a time limit.
+"""The probe processes, seen from doctor: forked by multiprocessing's forkserver, each watched.
 
-Doctor waits for a probe to end (the server tells it), never for its output, has its
-session killed at the time limit and keeps the tail of what it printed: a probe that
-crashes, hangs, prints without end or leaves processes behind affects only its verdict.
+The forkserver imports PyTorch once (:data:`PRELOAD`) and forks a fresh process for each
+probe. It is one for the whole process and keeps the environment it started with; each
+probe applies its run's import path, working folder and environment, leads a session of
+its own, killed when it ends, and prints to a pipe whose tail is kept. What that means and
+what it cannot do (a daemon that leaves the session): docs/explanation/performance.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import re
-import select
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
+from . import probe
 from .options import ModelError
-from .probe import BOOT, kill_session
 from .verdicts import FAILURES, Verdict, level_name
 
 TYPE_CHECKING = False
@@ -33,261 +32,192 @@ if TYPE_CHECKING:
 
     Progress = Callable[[str, int, float, bool], None]
 
-#: The most of a backend's own output kept, for the reason of a crash.
+#: What the forkserver imports once, for every probe: PyTorch, what its compiler imports
+#: on a first compile whatever the backend, and what a probe runs of this package. No
+#: backend's code. (A module missing here is left out, and a probe imports what it needs.)
+PRELOAD = [
+    "torch_backend_registry._doctor.server",
+    "torch",
+    "torch._dynamo",
+    "torch._functorch.aot_autograd",
+    "torch.distributed.tensor.experimental",
+    "torch.export",
+    "torch_backend_registry._doctor.model",
+    "torch_backend_registry._doctor.probe",
+    "torch_backend_registry._sources.schema",
+]
+#: The most of a probe's output kept, for the reason of a crash.
 TAIL = 64 * 1024
-#: The longest line on a probe's report channel that is read.
-REPORT = 16 * 2**20
-#: Seconds to wait, once a probe process ended, for its last report.
+#: Seconds to read what a probe said once it ended (a process it started may hold its
+#: output open without end).
 GRACE = 2.0
-#: Seconds the server may take to start (Python, PyTorch), and a probe to reach its first
-#: report (its registry read, the model run eagerly) before the backend's time begins.
+#: Seconds a probe may take to reach its first report (its registry read, the model built
+#: and run eagerly) before the backend's time begins.
 STARTUP = 60.0
+#: How the forkserver and its resource tracker are started: with this process's import path
+#: (less the working folder) and none else, so that it imports this package and PyTorch
+#: from where this process does; without this package's autoload (a probe installs its
+#: run's registry itself); and without the tracker's warning of the semaphores a killed
+#: probe left (a compiler's worker pool's): it removes them, and that is all there is to it.
+_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
+_CONTEXT = multiprocessing.get_context("forkserver")
+_STARTING = threading.Lock()
 
 
-class Server:
-    """The probe server, importing PyTorch with the import path ``path`` in ``environ`` from
-    the moment it is made; :meth:`probe` is called from a thread for each probe at once."""
-
-    def __init__(self, path: list[str], environ: dict[str, str]) -> None:
-        self._probes: dict[int, _Probe] = {}
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self.broken: str | None = None
-        #: How many runs use it (see :func:`.parent.start`).
-        self.users = 0
-        self._socket, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Only the server's own words go there (importing PyTorch): each probe has its own.
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
-        self._process = subprocess.Popen(
-            [sys.executable, "-I", "-c", BOOT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=self._stderr,
-            pass_fds=(theirs.fileno(),),
-            start_new_session=True,
-            env=environ,
-        )
-        boot = {"path": path, "socket": theirs.fileno()}
-        theirs.close()
-        stdin = self._process.stdin
-        assert stdin is not None
-        with contextlib.suppress(OSError), stdin:  # it died before reading: the socket says so
-            stdin.write(json.dumps(boot).encode() + b"\n")
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def alive(self) -> bool:
-        return self._process.poll() is None and self.broken is None
-
-    def _read(self) -> None:
-        with contextlib.suppress(OSError):
-            while message := self._socket.recv(65536):
-                said = json.loads(message)
-                if "ready" in said or "broken" in said:
-                    self.broken = said.get("broken")
-                    self._ready.set()
-                    continue
-                probe = self._probes[said["ended"]]  # each number is known before it is sent
-                probe.code = said["code"]
-                probe.ended.set()
-        # The server is gone: every probe with it (its session killed them).
-        self._process.wait()
-        if not self._ready.is_set():
-            self._stderr.seek(max(0, os.fstat(self._stderr.fileno()).st_size - TAIL))
-            self.broken = _crash_reason(self._process.returncode, self._stderr.read())
-            self._ready.set()
-        with self._lock:
-            for probe in self._probes.values():
-                if not probe.ended.is_set():
-                    probe.code = -9
-                    probe.ended.set()
-
-    def wait_ready(self) -> str | None:
-        """Wait for the server to have imported PyTorch: ``None``, or why it could not."""
-        if not self._ready.wait(STARTUP):
-            self.broken = f"PyTorch did not import within {STARTUP:g} s"
-        return self.broken
-
-    def probe(
-        self, name: str, config: dict[str, Any], on_progress: Progress, owner: object
-    ) -> tuple[Verdict, Any, list[str]]:
-        """Probe ``name`` as ``config`` says, in a process of its own: its verdict, the code it
-        ran, the modules it found missing."""
-        started, timeout = time.perf_counter(), config["timeout"]
-        ends = [os.pipe() for _ in range(3)]  # the report channel, stdout, stderr
-        # The configuration on a pipe of its own, never a command line: it holds the
-        # registry's environment, which may be large and private. A thread writes it: a
-        # pipe holds only so much until its reader reads, and a probe that never starts
-        # reads nothing.
-        config_end, config_in = os.pipe()
-        threading.Thread(target=_write, args=(config_in, json.dumps(config)), daemon=True).start()
-        probe = _Probe(owner, [r for r, _w in ends])
-        with self._lock:
-            number = len(self._probes)
-            self._probes[number] = probe
-
-        def progress(level: int, done: bool) -> None:
-            on_progress(name, level, time.perf_counter() - started, done)
-
+def start_server() -> None:
+    """Start the forkserver, where it is not running: it imports PyTorch from now on."""
+    _CONTEXT.set_forkserver_preload(PRELOAD)
+    warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), _QUIET]))
+    server = {
+        "PYTHONPATH": os.pathsep.join(import_path()),
+        "PYTHONSAFEPATH": "1",
+        "PYTHONWARNINGS": warnings,
+        "TORCH_BACKENDS_AUTOLOAD": "0",
+    }
+    with _STARTING:  # the variables are the process's: set for the moment it starts
+        saved = {key: os.environ.get(key) for key in server}
+        os.environ.update(server)
         try:
-            request = json.dumps({"id": number, "name": name}).encode()
-            socket.send_fds(self._socket, [request], [*(w for _r, w in ends), config_end])
-        except OSError:
-            probe.code = -9
-            probe.ended.set()
+            multiprocessing.forkserver.ensure_running()
         finally:
-            for _r, w in ends:
-                os.close(w)
-            os.close(config_end)
+            for key, value in saved.items():
+                if value is None:
+                    del os.environ[key]
+                else:
+                    os.environ[key] = value
+
+
+def run_probe(
+    config: dict[str, Any], timeout: float, progress: Callable[[int, bool], None], stop: Any
+) -> Verdict:
+    """Probe ``config["name"]`` in a process of its own, ``timeout`` seconds from its first
+    report, until ``stop`` (a :class:`threading.Event`) is set; its verdict."""
+    name, started = config["name"] or "eager", time.monotonic()
+    reports, reporter = _CONTEXT.Pipe(duplex=False)
+    output, writer = _CONTEXT.Pipe(duplex=False)
+    process = _CONTEXT.Process(target=probe.main, args=(config, reporter, writer))
+    try:
         try:
-            timed_out = not probe.wait(timeout, progress)
-        finally:
-            self._kill(number)  # at the time limit, on an interruption, or what it left behind
-            probe.ended.wait(GRACE)
-            until = time.monotonic() + GRACE  # a moment for the verdict
-            while not probe.report and probe.open and (left := until - time.monotonic()) > 0:
-                probe.read(left)
-            for r, _w in ends:
-                os.close(r)
-        progress(probe.level, True)
-        seconds = round(time.perf_counter() - started, 3)
-        if "model_error" in probe.report:
-            raise ModelError(probe.report["model_error"])
-        crash = _crash_reason(probe.code, probe.tail)
-        # Before its first report no code of the backend ran, only the model's.
-        waited = timeout if probe.level else max(STARTUP, timeout)
-        if not probe.level and not probe.report and config["model"] is not None:
-            model = f"--model {config['model']!r}"
-            if timed_out:
-                raise ModelError(
-                    f"{model} was not built and run within {waited:g} s, before any backend"
-                    " ran; a longer --timeout gives it longer"
-                )
-            raise ModelError(f"{model} ended its probe before any backend ran: {crash}")
-        if timed_out:
-            reason = f"no verdict after {waited:g} s at level {probe.level}"
-            reason = f"{reason} ({level_name(probe.level)}); killed"
-            # It depends on the code run until then: fixed, it is probed again.
-            return Verdict(name, "timeout", probe.level, reason, seconds), probe.ran, []
-        if probe.report:
-            data = {**probe.report["verdict"], "name": name}
-            if data.get("status") == "crashed" and not data.get("level"):
-                data["level"] = probe.level
-            with contextlib.suppress(TypeError):  # not a verdict: the probe crashed
-                verdict = _diagnosed(Verdict.from_json(data), probe.errors)
-                return verdict, probe.report.get("code"), data.get("missing", [])
-        return Verdict(name, "crashed", probe.level, crash, seconds), probe.ran, []
-
-    def kill(self, owner: object) -> None:
-        with self._lock:
-            numbers = [n for n, p in self._probes.items() if p.owner is owner]
-        for number in numbers:
-            self._kill(number)
-
-    def _kill(self, number: int) -> None:
-        if not self._probes[number].ended.is_set():
-            with contextlib.suppress(OSError):
-                self._socket.send(json.dumps({"kill": number}).encode())
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._socket.shutdown(socket.SHUT_RDWR)  # it kills its probes, and ends
-        try:
-            # Not ready: still importing PyTorch, with no probe to end.
-            self._process.wait(GRACE if self._ready.is_set() else 0)
-        except Exception:
-            kill_session(self._process.pid)
-            self._process.wait()
-        self._reader.join(GRACE)
-        self._socket.close()
-        self._stderr.close()
-
-
-def _write(fd: int, text: str) -> None:
-    with contextlib.suppress(OSError), open(fd, "wb") as stream:  # gone: nobody reads it
-        stream.write(text.encode())
-
-
-class _Probe:
-    """One probe process: the run it belongs to, its exit code once ended, and what it says
-    and prints, read by the thread that waits for it (not until its pipes close: a process
-    the backend started may keep them open)."""
-
-    def __init__(self, owner: object, fds: list[int]) -> None:
-        self.owner = owner
-        self.code: int | None = None
-        self.ended = threading.Event()
-        self.channel, _output, self.error_fd = fds
-        self.open = list(fds)
-        self.level = 0
-        #: The code the probe had run at the last level it reported (``None`` before the
-        #: first): what a verdict it gave no report of depends on.
-        self.ran: list[Any] | None = None
-        #: The probe's last report: its verdict (or why the model cannot be built), the code
-        #: it ran.
-        self.report: dict[str, Any] = {}
-        #: The last of what it printed, and of what it printed to stderr alone.
-        self.tail = bytearray()
-        self.errors = bytearray()
-        self._pending = bytearray()
-
-    def wait(self, timeout: float, progress: Callable[[int, bool], None]) -> bool:
-        """Read the pipes until the process ends, telling ``progress`` as it goes; ``False`` at
-        the time limit. The limit counts from the first report, past running the model
-        eagerly (given :data:`STARTUP` or the limit if longer): it is the backend's time."""
-        deadline = time.monotonic() + max(STARTUP, timeout)
-        told, next_tell = -1, 0.0
-        while not self.ended.is_set():
+            process.start()
+        except OSError:  # the forkserver is gone (a probe killed it, say): once more
+            start_server()
+            process.start()
+    except Exception as exc:  # it could not import PyTorch, say
+        return Verdict(name, "crashed", 0, f"the probe could not start: {exc!r}")
+    finally:
+        reporter.close()
+        writer.close()
+    # Its end, as the kernel tells it where it can: the forkserver's word of it goes with
+    # the forkserver, and a probe can kill that (its parent).
+    pidfd = None
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or already gone
+        pidfd = os.pidfd_open(process.ident or 0)
+    ended = process.sentinel if pidfd is None else pidfd
+    watched = _Watched(reports, output)
+    deadline, told = started + max(STARTUP, timeout), 0.0
+    try:
+        while not stop.is_set() and not watched.ended:
             now = time.monotonic()
-            if self.level and deadline - now > timeout:
-                deadline = now + timeout  # the backend's time starts now
+            if watched.level and deadline - now > timeout:
+                deadline = now + timeout  # the backend's time starts at the first report
             if now >= deadline:
-                return False
-            if self.level != told or now >= next_tell:
-                progress(self.level, False)
-                told, next_tell = self.level, now + 0.25
-            self.read(min(0.25, deadline - now))
-        return True
+                break
+            if now >= told:
+                progress(watched.level, False)
+                told = now + 0.25
+            watched.read(ended, min(0.25, deadline - now))
+    finally:
+        code = _kill(process)
+        reports.close()
+        output.close()
+        if pidfd is not None:
+            os.close(pidfd)
+    progress(watched.level, True)
+    level, report, seconds = watched.level, watched.report, round(time.monotonic() - started, 3)
+    if "model_error" in report:
+        raise ModelError(report["model_error"])
+    crash = _crash_reason(code, watched.tail)
+    if watched.ended and not watched.started:  # multiprocessing's preparing it failed
+        said = f"the probe ended before it started ({crash}): {_UNGUARDED}"
+        return Verdict(name, "crashed", 0, said, seconds)
+    waited = timeout if level else max(STARTUP, timeout)
+    if not level and not report and config["model"] is not None and config["name"]:
+        model = f"--model {config['model']!r}"
+        if not watched.ended:
+            raise ModelError(
+                f"{model} was not built and run within {waited:g} s, before any backend"
+                " ran; a longer --timeout gives it longer"
+            )
+        raise ModelError(f"{model} ended its probe before any backend ran: {crash}")
+    if not watched.ended:
+        said = f"no verdict after {waited:g} s at level {level} ({level_name(level)}); killed"
+        return Verdict(name, "timeout", level, said, seconds)
+    if not report:
+        return Verdict(name, "crashed", level, crash, seconds)
+    facts = report["verdict"]  # a crash the probe caught says no level: its last one
+    return _diagnosed(Verdict(name, **{**facts, "level": facts["level"] or level}), watched.tail)
 
-    def read(self, seconds: float) -> None:
-        if not self.open:
-            self.ended.wait(seconds)
-            return
-        for fd in select.select(self.open, [], [], seconds)[0]:
-            data = os.read(fd, 65536)
-            if not data:
-                self.open.remove(fd)
-            elif fd == self.channel:
-                self._report(data)
-            else:
-                self.tail += data
-                del self.tail[:-TAIL]  # a backend may print without end: keep its last words
-                if fd == self.error_fd:
-                    self.errors += data
-                    del self.errors[:-TAIL]
 
-    def _report(self, data: bytes) -> None:
-        self._pending += data
-        *lines, rest = bytes(self._pending).split(b"\n")
-        # A report runs as long as the code it lists (at most 10,000 files); past REPORT,
-        # what runs on without an end is no report.
-        self._pending = bytearray(rest[-REPORT:])
-        for line in lines:
+class _Watched:
+    """What a probe says (the last level it reached, its last report) and prints (the last
+    :data:`TAIL` bytes), read as it comes; ``ended`` once its process has."""
+
+    def __init__(self, reports: Any, output: Any) -> None:
+        self.reports, self.output = reports, output
+        self.open: list[Any] = [reports, output]
+        self.level, self.tail, self.ended, self.started = 0, bytearray(), False, False
+        self.report: dict[str, Any] = {}
+
+    def read(self, sentinel: int, seconds: float) -> None:
+        ready = multiprocessing.connection.wait([*self.open, sentinel], seconds)
+        self._take([end for end in ready if end in self.open])
+        if sentinel in ready:  # ended: what it said before is in the pipes
+            self.ended, until = True, time.monotonic() + GRACE
+            while self.open and time.monotonic() < until:
+                if not (ready := multiprocessing.connection.wait(self.open, 0)):
+                    break  # all read: a process it started may hold its output open
+                self._take(ready)
+
+    def _take(self, ready: list[Any]) -> None:
+        for end in ready:
             try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            if not isinstance(message, dict):
-                continue
-            if isinstance(message.get("level"), int):
-                self.level = message["level"]
-                self.ran = message.get("code") if isinstance(message.get("code"), list) else None
-            if isinstance(message.get("verdict"), dict) or "model_error" in message:
-                self.report = message
+                if end is self.output:
+                    data = os.read(end.fileno(), 65536)
+                    if not data:
+                        raise EOFError
+                    self.tail += data
+                    del self.tail[:-TAIL]  # a backend may print without end: its last words
+                elif "level" in (said := end.recv()):
+                    self.level, self.started = said["level"], True
+                else:
+                    self.report = said
+            except (EOFError, OSError):
+                self.open.remove(end)
+
+
+#: What a probe that ends before it starts most likely met: each imports the program's main
+#: module again, as multiprocessing does, and one that calls doctor() unguarded fails so.
+_UNGUARDED = (
+    "if doctor() is called from a script, guard the script's own code with"
+    ' `if __name__ == "__main__":` (each probe imports the script again, as'
+    " multiprocessing's processes do)"
+)
+
+
+def _kill(process: Any) -> int | None:
+    """End the probe's session (what it left behind too), and the probe; its exit code."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if process.exitcode is None:  # not reaped yet: its pid is still its own
+        process.kill()
+    process.join()
+    code: int | None = process.exitcode
+    process.close()
+    return code
 
 
 #: A reason that sends its reader elsewhere for the cause ("JIT compilation failed. See
-#: diagnostics."): the probe's last words on stderr are that elsewhere.
+#: diagnostics."): the probe's last words are that elsewhere.
 _ELSEWHERE = re.compile(
     r"\bsee (the )?(diagnostics|above|logs?|output|stderr|console|messages)\b"
     r"|for (more )?(details|information)\b|check the log",
@@ -299,8 +229,8 @@ _WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
 _ERROR = re.compile(r"\berror\b", re.IGNORECASE)
 
 
-def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
-    """``verdict`` with the last lines the probe wrote to stderr that say something new (not
+def _diagnosed(verdict: Verdict, printed: bytes | bytearray) -> Verdict:
+    """``verdict`` with the last lines the probe printed that say something new (not
     Python's warnings nor the reason itself), where that is the diagnosis: a reason that
     points elsewhere, or a failed import (a plugin that prints "needs PyTorch 2.8.*, but
     2.13.0 is found", and then fails on something else)."""
@@ -310,7 +240,7 @@ def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
         return verdict
     kept: list[str] = []
     after_warning = False
-    for line in errors.decode("utf-8", "replace").splitlines():
+    for line in printed.decode("utf-8", "replace").splitlines():
         if _WARNING.match(line):
             after_warning = True
         elif not (after_warning and line[:1].isspace()):
@@ -327,7 +257,7 @@ def _diagnosed(verdict: Verdict, errors: bytes | bytearray) -> Verdict:
     return dataclasses.replace(verdict, reason=f"{verdict.reason}; it printed: {said}")
 
 
-def _crash_reason(code: int | None, tail: bytes | bytearray) -> str:
+def _crash_reason(code: int | None, printed: bytes | bytearray) -> str:
     if code is not None and code < 0:
         try:
             what = f"killed by {signal.Signals(-code).name}"
@@ -335,5 +265,17 @@ def _crash_reason(code: int | None, tail: bytes | bytearray) -> str:
             what = f"killed by signal {-code}"
     else:
         what = f"exited with status {code} without a verdict"
-    words = [line for line in tail.decode("utf-8", "replace").splitlines() if line.strip()]
+    words = [line for line in printed.decode("utf-8", "replace").splitlines() if line.strip()]
     return what + (f"; last words: {words[-1].strip()[:200]}" if words else "")
+
+
+def import_path() -> list[str]:
+    """This process's import path, less the working folder ``python -m`` or ``-c`` put first:
+    a probe imports what the registry would here, and nothing a folder it runs in offers."""
+    path = list(sys.path)
+    main = sys.modules.get("__main__")
+    if path and getattr(main, "__spec__", None) is not None:  # python -m: path[0] is the cwd
+        with contextlib.suppress(OSError):  # no working folder: none to leave out
+            if os.path.realpath(path[0]) == os.path.realpath(os.getcwd()):
+                path = path[1:]
+    return [entry for entry in path if entry]  # "": the working folder, as -c puts it

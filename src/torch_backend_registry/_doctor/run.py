@@ -1,0 +1,172 @@
+"""A run of doctor: what to probe, the probes side by side, and a bench's one eager baseline."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from importlib.machinery import PathFinder
+
+from .._errors import BackendRegistryError, ManifestError, UnknownBackendError
+from .._sources.files import refused_folders
+from .._sources.finding import find
+from .._sources.pytorch import torch_available
+from .options import PROJECT, ModelError, Options
+from .processes import import_path, run_probe, start_server
+from .verdicts import WIDE, Verdict, one_line, sort_key
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._definition import BackendDefinition
+    from .._registry import Registry
+    from .processes import Progress
+
+
+def run(
+    registry: Registry,
+    names: Sequence[str] | None,
+    options: Options,
+    on_progress: Progress | None = None,
+) -> list[Verdict]:
+    """Probe ``names`` (default: what the project declares, and what that reaches), side by
+    side where cores allow; a name and its alias once. An interruption kills every probe of
+    this run. With ``bench``, eager is timed once, first, and every speed-up is against it."""
+    options = options.checked()
+    if not torch_available():
+        raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
+    start_server()  # PyTorch imports there while this process finds what to probe
+    if isinstance(names, str):  # doctor("inductor"): one name, not eight of one letter
+        names = [names]
+    via = {} if names is not None else project(registry)
+    names = list(dict.fromkeys(names if names is not None else via))
+    # Each name -> its definition (unknown names fail here). One a manifest declares but
+    # not as something usable has that as its verdict, and the others are probed.
+    defined: dict[str, BackendDefinition] = {}
+    results: dict[str, Verdict] = {}
+    for name in names:
+        try:
+            defined[name] = registry.backend_info(name).definition
+        except ManifestError as exc:
+            results[name] = Verdict(name, "import-error", 2, one_line(exc))
+        if name in defined and defined[name].source.kind == "runtime":
+            raise BackendRegistryError(
+                f"backend {name!r} is registered at runtime in this process, which no probe"
+                " shares: declare it in a manifest to probe it"
+            )
+    # Each name -> the first name asked of its backend, which is probed for both.
+    first = {name: next(n for n in defined if defined[n] == d) for name, d in defined.items()}
+    first.update((name, name) for name in results)
+    todo: list[str | None] = [name for name in defined if first[name] == name]
+    if options.bench and todo:
+        todo.insert(0, None)  # eager, the one baseline, timed first
+    context = registry.context
+    config = {  # how each probe of this run goes, on a pipe: never a command line
+        "path": import_path(),
+        "environ": dict(os.environ),
+        "registry": {  # what the probe builds the registry again from
+            "cwd": context.cwd,
+            "environ": dict(context.environ),
+            "files": context.files,
+            "sources": registry.sources,
+        },
+        "model_path": _find_model(registry, options.model),
+        **options._asdict(),
+    }
+    # Timing wants the machine alone; otherwise two at once, or one a core pair.
+    jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
+    stop = threading.Event()
+    said = on_progress or (lambda *_: None)
+
+    def probed(name: str | None) -> Verdict:
+        started = time.monotonic()
+
+        def progress(level: int, done: bool) -> None:
+            if name is not None:  # eager's time is the run's own
+                said(name, level, time.monotonic() - started, done)
+
+        return run_probe({**config, "name": name}, options.timeout, progress, stop)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo)))) as pool:
+        futures = [pool.submit(probed, name) for name in todo]
+        try:
+            done = [future.result() for future in futures]
+        except BaseException:  # a bad model, an interruption: nothing more is started or left
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    eager = done.pop(0) if options.bench and todo else None
+    results.update(zip([name for name in todo if name is not None], done, strict=True))
+    verdicts = [
+        _timed(dataclasses.replace(results[first[n]], name=n, via=via.get(n)), eager) for n in names
+    ]
+    return sorted(verdicts, key=sort_key)
+
+
+def _timed(verdict: Verdict, eager: Verdict | None) -> Verdict:
+    """``verdict`` against the run's eager baseline: its speed-up, where the wider of the two
+    spreads lets it rank."""
+    if eager is None or verdict.per_call_seconds is None or eager.per_call_seconds is None:
+        return verdict
+    spread = max(verdict.spread or 0.0, eager.spread or 0.0)
+    speedup = round(eager.per_call_seconds / verdict.per_call_seconds, 3)
+    return dataclasses.replace(
+        verdict,
+        eager_seconds=eager.per_call_seconds,
+        spread=spread,
+        speedup=speedup if spread <= WIDE else None,
+    )
+
+
+def project(registry: Registry) -> dict[str, str | None]:
+    """What doctor probes given no names: each backend the project's manifests declare
+    (``None``), then each backend those run, chain members and ``by-device`` entries, to the
+    last, with the first backend that reached it."""
+    declared = registry.definitions((), with_torch=False, broken=True)
+    found: dict[str, str | None] = {d.name: None for d in declared if d.source.kind in PROJECT}
+    todo = [(name, name) for name in found]
+    while todo:
+        name, root = todo.pop(0)
+        with contextlib.suppress(BackendRegistryError):  # its own verdict says why
+            for member in registry.backend_info(name).definition.members:
+                with contextlib.suppress(UnknownBackendError):  # its chain skips it
+                    registry.backend_info(member)
+                    if member not in found:
+                        found[member] = root
+                        todo.append((member, root))
+    return found
+
+
+def _find_model(registry: Registry, spec: str | None) -> list[str]:
+    """Where the model's module is: ``[]`` on the import path (less the working folder),
+    else the python-path folder of a manifest's backends that holds it."""
+    if spec is None:
+        return []
+    module, _, factory = spec.partition(":")
+    if not module or not factory:
+        raise ModelError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. my_models:make")
+    every = [
+        folder
+        for d in registry.definitions((), with_torch=False)
+        if d.source.path is not None
+        for folder in d.search_path
+    ]
+    refused = refused_folders(dict.fromkeys(every))  # as a lookup of its backend refuses them
+    top = module.split(".")[0]
+    try:  # on this import path alone, past any finder of this process's
+        if (sys.modules.get(top) or PathFinder.find_spec(top, import_path())) is not None:
+            return []
+    except (ImportError, ValueError):
+        pass
+    for folder in dict.fromkeys(f for f in every if f not in refused):
+        if find(top, [folder]) is not None and find(module, [folder]) is not None:
+            return [folder]
+    why = "".join(f" ({message})" for folder, message in refused.items() if find(top, [folder]))
+    raise ModelError(
+        f"--model {spec!r}: no module {module!r} on the import path or in a python-path folder{why}"
+    )
