@@ -19,8 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 
-from ._compare import differ as differ  # doctor compares with it too
-from ._compare import same_layout, varying
+from ._compare import differ, same_layout, varying
 from ._forksafe import ForkSafeLock
 
 TYPE_CHECKING = False
