@@ -790,8 +790,9 @@ def test_a_model_of_keyword_inputs_that_draws_random_numbers_is_judged_as_a_chai
     verdicts = _real(real_project, ["eager", "aot_eager"], model="tbr_doctor_models:keyword_inputs")
     for verdict in verdicts.values():  # eager itself included: never wrong against itself
         assert (verdict.status, verdict.level_name) == ("ok", "backward")
-        # As a chain says it of a graph that draws random numbers.
-        assert verdict.reason.startswith("backward verified in shapes and types only")
+        # Dropout draws the same random numbers as eager's from the same generator state, so
+        # the values are verified in full, as a chain verifies them: nothing left to say.
+        assert verdict.reason == ""
     with pytest.raises(ModelError, match=r"returned Linear; it must return \(model, inputs\)"):
         _real(real_project, ["eager"], model="tbr_doctor_models:module_alone")
 

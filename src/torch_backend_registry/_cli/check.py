@@ -130,7 +130,10 @@ def _manifests_read(registry: Registry) -> list[str]:
         return list(context.files)
     found = env_paths(context, [])
     project = None if context.cwd is None else project_manifest(context.cwd)
-    return [*found, project] if project is not None else found
+    real = {os.path.realpath(path) for path in found}
+    if project is None or os.path.realpath(project) in real:
+        return found  # the project's manifest named on TORCH_BACKENDS_PATH too is one file
+    return [*found, project]
 
 
 def _above_the_repository(registry: Registry, read: list[str]) -> list[Problem]:
