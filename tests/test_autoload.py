@@ -524,8 +524,10 @@ def test_explain_and_check_say_whether_autoload_is_on(project: Path) -> None:
     on = command("explain", "mine", TORCH_BACKENDS_AUTOLOAD="1").stdout
     assert "  autoload:    on: every process that imports torch here" in on
     checked = command("check", TORCH_BACKENDS_AUTOLOAD="1").stderr
-    assert checked.rstrip().endswith("; autoload on: every process that imports torch here"
-                                     " (TORCH_BACKENDS_AUTOLOAD is set); read backends.toml")  # fmt: skip
+    assert checked.rstrip().endswith(
+        "; autoload on: every process that imports torch here"
+        " (TORCH_BACKENDS_AUTOLOAD is set); read backends.toml"
+    )
     assert json.loads(command("check", "--json", TORCH_BACKENDS_AUTOLOAD="1").stdout)["autoload"]
     # A switch's words turn it off, as TORCH_BACKENDS_LOCKED's do.
     for word in ("false", "No", "off"):
