@@ -1059,3 +1059,29 @@ def test_a_member_that_wrote_into_the_inputs_and_failed_stops_the_chain_saying_s
     with pytest.raises(Exception, match="written into input"):
         torch.compile(step, backend=f"plain{uid}")(weight, torch.ones(3))
     assert torch.equal(weight, -torch.ones(3))  # once: the tracer's write, no second one
+
+
+@pytest.mark.parametrize("select", ["", 'select = "fastest"'])
+def test_a_member_whose_compile_leaves_guards_dynamo_cannot_check_is_skipped(
+    write: WriteFn, logged: list[str], select: str
+) -> None:
+    # OpenVINO traces a convolution again with dynamo's own fake mode, making sizes of its
+    # own that dynamo then cannot guard: alone, torch.compile fails after it returned.
+    pytest.importorskip("openvino")
+    registry, uid = installed(
+        write, f'[backends.chain_UID]\nchain = ["openvino", "eager"]\n{select}\n'
+    )
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU()
+    ).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        with pytest.raises(Exception, match="sources must not be empty"):
+            torch.compile(model, backend="openvino")(x)
+        torch._dynamo.reset()
+        out = torch.compile(model, backend=f"chain{uid}")(x)
+        assert close(out, model(x))
+    assert used(registry, f"chain{uid}") == "eager"
+    skipped = [r for r in logged if "skipping 'openvino'" in r]
+    assert skipped
+    assert "added guards on sizes no input of the graph has" in skipped[0]

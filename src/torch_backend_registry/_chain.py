@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import itertools
 import logging
@@ -16,11 +15,12 @@ from ._errors import (
     RefusedArguments,
     UnknownBackendError,
 )
+from ._isolate import Guards, Inputs, own_copy
 from ._loader import call_options
 from ._members import typo_of
 from ._sources.finding import missing_requirements
 from ._sources.pytorch import inductor
-from ._verify import Reference, compiling, fake, leaves
+from ._verify import Reference, compiling, leaves
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class Run:
         compile_fn = member_compiler(self.name, definition, compiler, self.kwargs)
         if self.reference is None and self.verify is not None:
             self.reference = Reference(self.gm, self.example_inputs, *self.verify)
+        guards = Guards()
         try:
             # Each member its own copy: one that rewrites what it is given and then
             # fails leaves the next, and dynamo, the graph and inputs as they came.
@@ -145,6 +146,13 @@ class Run:
             # A table's member not installed here is the note it is wherever it is named.
             severity = unusable(exc)[1] if isinstance(exc, UnknownBackendError) else "warning"
             return self.skip(member, f"compiling raised {type(exc).__name__}: {exc}", severity)
+        strays = guards.strays()
+        if strays:
+            said = (
+                f"compiling it added guards on sizes no input of the graph has ({strays}),"
+                " which dynamo cannot check; torch.compile with it alone fails so"
+            )
+            return self.skip(member, said, "warning")
         if not callable(compiled):  # dynamo could not run it: "did not return callable"
             kind = type(compiled).__name__
             said = f"compiling gave {kind}, not a function to run the graph"
@@ -170,70 +178,6 @@ class Run:
     def failed(self) -> BackendChainError:
         self.inputs.unchanged(self.name, self.failures)
         return BackendChainError(self.name, self.failures)
-
-
-class Inputs:
-    """The version counters of a graph's tensor inputs as they came to a chain. A member
-    that runs the graph on them while it compiles (``torch.jit.trace``, as tracing
-    compilers do) applies the graph's own writes (BatchNorm's running statistics, an
-    optimizer's step); if it then fails, the next member, its verification and dynamo would
-    run on top of them. Nothing is copied to put them back (an input may be a cache as large
-    as the model): the chain stops there, saying so. Fake and inference tensors are left out
-    (they cannot be written here)."""
-
-    def __init__(self, example_inputs: Any) -> None:
-        import torch
-
-        self.versions = [
-            (number, x, x._version)
-            for number, x in enumerate(example_inputs)
-            if isinstance(x, torch.Tensor)
-            and not fake(x)
-            and not x.is_inference()  # no version counter; dynamo compiles outside that mode
-        ]
-
-    def unchanged(self, chain: str, failures: list[tuple[str, str]]) -> None:
-        """A :class:`BackendChainError` where the member that failed last wrote into an input."""
-        written = [str(number) for number, x, version in self.versions if x._version != version]
-        if written:
-            member, said = failures[-1]
-            failures[-1] = (
-                member,
-                f"{said}; it had written into input {', '.join(written)} of the graph, so no"
-                " later member is tried on the changed values",
-            )
-            raise BackendChainError(chain, failures)
-
-
-def own_copy(gm: Any) -> Any:
-    """A graph module of its own for one member to compile and rewrite in place (as FX passes
-    and inductor do): its graph and the graph modules inside it copied, the parameters and
-    buffers shared. ``copy.deepcopy`` copies each node's ``meta`` only; what else dynamo set
-    (``_dynamo_source`` on each placeholder, which AOTAutograd cannot compile without; the
-    module's own sources of its parameters) is carried over, every attribute of each node,
-    where PyTorch's own passes carry the ones they know by hand (``propagate_dynamo_source``)."""
-    import torch.fx
-
-    if not isinstance(gm, torch.fx.GraphModule):
-        return gm
-    graph = copy.deepcopy(gm.graph)
-    for old, new in zip(gm.graph.nodes, graph.nodes, strict=True):
-        _carry_over(old, new)
-    copied = torch.fx.GraphModule(gm, graph, class_name=type(gm).__name__)
-    for name, child in list(copied.named_children()):
-        if isinstance(child, torch.fx.GraphModule):
-            setattr(copied, name, own_copy(child))
-    _carry_over(gm, copied)  # dynamo's own: _param_name_to_source, _source_to_user_stacks
-    copied.meta = dict(gm.meta)
-    copied.training = gm.training
-    return copied
-
-
-def _carry_over(old: object, new: object) -> None:
-    mine = vars(new)
-    for key, value in vars(old).items():
-        if key not in mine:
-            setattr(new, key, value)
 
 
 class DeviceBackend(_Composite):
