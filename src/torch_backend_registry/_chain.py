@@ -98,8 +98,10 @@ class Run:
         # A backward compiled at its first run, while torch.compile still compiles the
         # forward, would take that compile for its own: where a member's backward runs now
         # (to verify it, or to time a training step), it is compiled with the forward.
+        import torch
+
         level = self.verify[0] if self.verify is not None else None
-        training = chain.definition.select == "fastest" and _grad_enabled()
+        training = chain.definition.select == "fastest" and torch.is_grad_enabled()
         self.compile_level = "backward" if training else level
 
     def skip(self, member: str, reason: str, severity: Severity) -> None:
@@ -201,12 +203,6 @@ class Inputs:
                 " later member is tried on the changed values",
             )
             raise BackendChainError(chain, failures)
-
-
-def _grad_enabled() -> bool:
-    import torch
-
-    return bool(torch.is_grad_enabled())
 
 
 def own_copy(gm: Any) -> Any:
@@ -367,23 +363,12 @@ def device_type(gm: Any, example_inputs: Any) -> str:
     that is not the CPU); for a graph with none, its own parameters' and buffers'; for a
     graph with none of those either, that of the tensors it makes; else the CPU. A tensor
     the graph makes on the side (``device="meta"``) never outvotes its inputs."""
-    for types in (_input_devices(example_inputs), _held_devices(gm), _made_devices(gm)):
-        found = list(types)
+    inputs = [x.device.type for x in example_inputs if hasattr(x, "device") and hasattr(x, "dtype")]
+    held = itertools.chain(gm.parameters(), gm.buffers()) if hasattr(gm, "parameters") else ()
+    for found in (inputs, [t.device.type for t in held], list(_made_devices(gm))):
         if found:
             return next((t for t in found if t != "cpu"), "cpu")
     return "cpu"
-
-
-def _input_devices(example_inputs: Any) -> Iterator[str]:
-    for x in example_inputs:
-        if hasattr(x, "device") and hasattr(x, "dtype"):
-            yield x.device.type
-
-
-def _held_devices(gm: Any) -> Iterator[str]:
-    if hasattr(gm, "parameters"):
-        for t in itertools.chain(gm.parameters(), gm.buffers()):
-            yield t.device.type
 
 
 def _made_devices(gm: Any) -> Iterator[str]:

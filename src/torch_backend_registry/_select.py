@@ -41,8 +41,12 @@ logger = logging.getLogger("torch_backend_registry")
 KIND = "choices"
 #: Calls of each member before it is timed (an AOT member compiles its backward at the first).
 WARM_UP = 2
-#: The timed rounds; in each, every member runs once, the order turning round by one.
+#: The timed rounds; in each, every member takes a turn, the order turning round by one.
 ROUNDS = 9
+#: How long a member runs untimed at the start of its turn: one runtime's threads wake and
+#: its caches fill while another's settle (OpenVINO's first calls after PyTorch's eager ran
+#: take up to twice as long, for some 10 ms).
+SETTLE_SECONDS = 10e-3
 #: The least a timed sample lasts: short calls are timed in batches, so that the clock's
 #: resolution and a stray interruption weigh little.
 SAMPLE_SECONDS = 2e-3
@@ -158,6 +162,9 @@ def timed(run: Run, compiled: Mapping[str, Callable[..., Any]]) -> dict[str, flo
         for round_ in range(ROUNDS):
             turn = members[round_ % len(members) :] + members[: round_ % len(members)]
             for member in turn:
+                settled = time.perf_counter() + SETTLE_SECONDS
+                while time.perf_counter() < settled:
+                    step(compiled[member])
                 samples[member].append(seconds(compiled[member], calls[member]))
     return {member: statistics.median(found) for member, found in samples.items()}
 
