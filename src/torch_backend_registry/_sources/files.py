@@ -10,7 +10,7 @@ from .._errors import BackendRegistryError, ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
     from typing import Any
 
     from .positions import KeyLines
@@ -207,12 +207,16 @@ def parse_toml(
         data = tomli.loads(text)
         beyond = None
         if re.search(_LONG_NUMBER, text):  # only a long run of digits can write such an integer
-            beyond = _beyond_64_bits(table_at(data, within), within)
+            values = nested(table_at(data, within))
+            beyond = next(
+                (keys for value, _, keys in values if type(value) is int and value not in _INT64),
+                None,
+            )
         if beyond is None:
             return data, lines
         # TOML's integers are 64-bit, and must be refused past that: tomli lets a long
         # hexadecimal one through, which no printing, JSON or key of it could then write.
-        line = lines.line_of(beyond) or 1
+        line = lines.line_of((*within, *beyond)) or 1
         said = "invalid TOML: an integer beyond TOML's 64-bit range; write it as a string"
     except tomli.TOMLDecodeError as exc:
         # Past the last line is the end of the document: point at the last line.
@@ -243,6 +247,8 @@ def parse_toml(
 
 #: What any integer beyond 64 bits is written with: 16 or more digits, hexadecimal ones too.
 _LONG_NUMBER = r"[0-9][0-9A-Fa-f_xob]{15,}"
+#: The integers TOML can write.
+_INT64 = range(-(2**63), 2**63)
 
 
 def table_at(data: dict[str, Any], path: tuple[str, ...]) -> object:
@@ -253,19 +259,18 @@ def table_at(data: dict[str, Any], path: tuple[str, ...]) -> object:
     return value
 
 
-def _beyond_64_bits(value: object, where: tuple[str, ...] = ()) -> tuple[str, ...] | None:
-    """The key holding an integer outside TOML's 64-bit range, or ``None``."""
+def nested(value: object) -> Iterator[tuple[object, int, tuple[str, ...]]]:
+    """``value`` and each value inside it, depth first: how deep it is, and its key path
+    (an array's items have the array's)."""
     # A stack, not recursion: tomli nests as deep as the interpreter's recursion limit.
-    stack: list[tuple[object, tuple[str, ...]]] = [(value, where)]
+    stack: list[tuple[object, int, tuple[str, ...]]] = [(value, 0, ())]
     while stack:
-        item, key = stack.pop()
-        if type(item) is int and not -(2**63) <= item < 2**63:
-            return key
+        item, depth, keys = stack.pop()
+        yield item, depth, keys
         if isinstance(item, dict):
-            stack.extend((v, (*key, k)) for k, v in item.items())
+            stack.extend((v, depth + 1, (*keys, k)) for k, v in item.items())
         elif isinstance(item, list):
-            stack.extend((v, key) for v in item)
-    return None
+            stack.extend((v, depth + 1, keys) for v in item)
 
 
 #: Python's spellings that TOML does not read, and what TOML writes instead.
