@@ -29,7 +29,7 @@ MAX_KEY_PARTS = 100_000
 
 # A FIFO named like a manifest would block open() until a writer comes; with
 # O_NONBLOCK it opens at once and fstat tells it is not a regular file.
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 NO_SUCH_FILE = "no such file"
 
@@ -105,7 +105,7 @@ def may_hold(path: str, marker: bytes) -> bool:
     readable) may hold ``marker``: its bytes say, where they can be read; a regular file
     that cannot be read may. A missing file, a folder or a FIFO holds nothing."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         return False
     except OSError:
@@ -124,7 +124,7 @@ def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
     cannot be used, :class:`Untrusted` where it must not. The checks are made on the opened
     file, so the file judged is the file read (a link's target, and the folder holding it)."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         raise ManifestError(NO_SUCH_FILE, path=path) from None
     except OSError as exc:
