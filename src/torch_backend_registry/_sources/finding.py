@@ -21,7 +21,7 @@ from .files import refused_folders
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterable, Iterator, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
@@ -51,17 +51,19 @@ class PythonPathFinder:
     ) -> ModuleSpec | None:
         if path is not None:  # submodules: found through their package
             return None
-        for folder in _FOLDERS.get() + self.loaded:
-            # A new finder each time, not sys.path_importer_cache's: a folder missing at
-            # one lookup and created before the next must be seen then.
-            spec = importlib.machinery.FileFinder(folder, *_LOADERS).find_spec(fullname)
-            if spec is not None:
-                return spec
-        return None
+        return _found_in(_FOLDERS.get() + self.loaded, fullname)
 
     def keep(self, folders: Sequence[str]) -> None:
         """Keep ``folders`` searchable from now on (one tuple swap: readers need no lock)."""
         self.loaded += tuple(f for f in folders if f not in self.loaded)
+
+
+def _found_in(folders: Iterable[str], name: str) -> ModuleSpec | None:
+    """The top-level module ``name`` in the first of ``folders`` that holds it."""
+    # A new finder each time, not sys.path_importer_cache's: a folder missing at
+    # one lookup and created before the next must be seen then.
+    finders = (importlib.machinery.FileFinder(folder, *_LOADERS) for folder in folders)
+    return next((spec for f in finders if (spec := f.find_spec(name)) is not None), None)
 
 
 def python_path_finder() -> PythonPathFinder:
@@ -128,11 +130,7 @@ def shadowed(module: str, folders: Sequence[str]) -> tuple[str, str] | None:
     ``sys.path`` entries naming one of ``folders`` (a script's folder, ``python -m``'s working
     folder) are left out, so that every process finds the same answer."""
     top = module.split(".")[0]
-    mine = next(
-        (s for f in folders if (s := importlib.machinery.FileFinder(f, *_LOADERS).find_spec(top))),
-        None,
-    )
-    origin = getattr(mine, "origin", None)
+    origin = getattr(_found_in(folders, top), "origin", None)
     if not isinstance(origin, str):
         return None
     if top in sys.builtin_module_names:

@@ -243,11 +243,9 @@ class _Validation(NamedTuple):
             by_device = sorted((entry.by_device or {}).items(), key=lambda d: d[0] == "other")
             pairs = [(d, c if isinstance(c, str) else c.backend) for d, c in by_device]
             settings = {
-                device: MappingProxyType(
-                    choice.model_dump(exclude={"backend"}, exclude_defaults=True)
-                )
-                for device, choice in by_device
-                if not isinstance(choice, str)
+                d: MappingProxyType(c.model_dump(exclude={"backend"}, exclude_defaults=True))
+                for d, c in by_device
+                if not isinstance(c, str)
             }
             definition = BackendDefinition(
                 name,
