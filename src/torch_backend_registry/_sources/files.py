@@ -221,9 +221,8 @@ def parse_toml(
     except tomli.TOMLDecodeError as exc:
         # Past the last line is the end of the document: point at the last line.
         line = max(1, min(exc.lineno, len(written)))
-        # What the parser says in its own terms, with what it means.
         meant = next((m for start, m in _PARSER_WORDS if exc.msg.startswith(start)), None)
-        python = re.search(r"=\s*(True|False|None)\b", written[line - 1] if written else "")
+        python = re.search(r"=\s*(True|False|None)\b", written[line - 1])
         if python is not None and exc.msg.startswith("Invalid value"):  # a Python habit
             meant = _PYTHON_WORDS[python.group(1)]
         said = f"invalid TOML: {exc.msg}" + (f" ({meant})" if meant else "")
