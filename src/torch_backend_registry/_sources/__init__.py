@@ -54,19 +54,11 @@ class Context(NamedTuple):
     entry_point_names: Callable[[], Collection[str]] = frozenset
 
 
-def runtime_source(ctx: Context) -> Discovery:
-    found = Discovery()
-    found.definitions.extend(ctx.runtime)
-    return found
-
-
 def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
     """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first; what went wrong
     goes to ``problems``."""
     files: list[str] = []
-    for entry in ctx.environ.get(ENV_VAR, "").split(os.pathsep):
-        if not entry.strip():
-            continue
+    for entry in filter(str.strip, ctx.environ.get(ENV_VAR, "").split(os.pathsep)):
         path = os.path.join(ctx.cwd or "", os.path.expanduser(entry))
         if not os.path.isabs(path):
             said = (
@@ -187,13 +179,11 @@ def _declares_table(pyproject: str) -> bool:
 
 
 def project_source(ctx: Context) -> Discovery:
-    found = Discovery()
     if ctx.cwd is None:
         said = "the working directory no longer exists; no project manifest read"
-        found.problems.append(Problem(said, severity="warning"))
-        return found
+        return Discovery(problems=[Problem(said, severity="warning")])
     path = project_manifest(ctx.cwd)
-    return (read_manifest(path, "project", ctx.cache) if path else None) or found
+    return (read_manifest(path, "project", ctx.cache) if path else None) or Discovery()
 
 
 def replaced_table(manifest: str) -> Problem | None:
@@ -242,7 +232,7 @@ def entry_point_source(ctx: Context) -> Discovery:
 
 #: The reader of each source kind; SOURCE_KINDS gives their precedence.
 READERS: Mapping[SourceKind, Callable[[Context], Discovery]] = {
-    "runtime": runtime_source,
+    "runtime": lambda ctx: Discovery(list(ctx.runtime)),
     "env": env_source,
     "project": project_source,
     "entry-point": entry_point_source,

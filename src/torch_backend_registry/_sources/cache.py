@@ -22,7 +22,7 @@ from types import MappingProxyType
 
 from .._definition import EMPTY, canonical
 from .._environment import switched_on
-from .files import untrusted, untrusted_folder
+from .files import OPEN_FLAGS, untrusted, untrusted_folder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,8 +33,7 @@ NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
 LAYOUT = 6
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-# A FIFO at an entry's name opens at once, and fstat tells it is no entry.
-_OPEN = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW
+_OPEN = OPEN_FLAGS | _NOFOLLOW  # as a manifest is opened (a FIFO too), no link followed
 
 
 def cache_folder(environ: Mapping[str, str]) -> str | None:
@@ -148,7 +147,6 @@ class Cache:
         )
 
     def _entry(self, kind: str, key: object) -> tuple[str, str]:
-        """Where the entry of ``key`` lies, and its name: a digest of the key."""
         import hashlib
 
         assert self.folder is not None

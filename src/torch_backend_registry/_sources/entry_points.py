@@ -102,16 +102,11 @@ def read_entry_points() -> Discovery:
             else f"whose value {ep.value!r} is no module:attribute" if not targets.fullmatch(target)
             else None
         )  # fmt: skip
-        if wrong is not None:
-            found.problems.append(
-                Problem(
-                    f"{source.describe()} declares the entry point {ep.name!r}, {wrong}:"
-                    " it is left out",
-                    severity="warning",
-                )
-            )
+        if wrong is None:
+            found.definitions.append(BackendDefinition(ep.name, source, target=target))
             continue
-        found.definitions.append(BackendDefinition(ep.name, source, target=target))
+        said = f"{source.describe()} declares the entry point {ep.name!r}, {wrong}: it is left out"
+        found.problems.append(Problem(said, severity="warning"))
     return found
 
 
@@ -126,10 +121,9 @@ def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
     """The entry points of our group; a distribution that cannot be read goes to ``problems``."""
     from importlib.metadata import distributions, entry_points
 
-    try:
+    # A broken *.dist-info makes this raise: then they are read one by one to spare the others.
+    with contextlib.suppress(Exception):
         return entry_points(group=ENTRY_POINT_GROUP)
-    except Exception:  # a broken *.dist-info: read them one by one to spare the others
-        pass
     eps: list[EntryPoint] = []
     seen: set[str] = set()
     for dist in distributions():
@@ -144,12 +138,8 @@ def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
             eps.extend(dist.entry_points.select(group=ENTRY_POINT_GROUP))
         except Exception as exc:
             where = repr(name) if name is not None else f"in {dist.locate_file('')}"
-            problems.append(
-                Problem(
-                    f"the entry points of distribution {where} cannot be read"
-                    f" ({type(exc).__name__}: {exc}); reinstall it"
-                )
-            )
+            said = f"the entry points of distribution {where} cannot be read"
+            problems.append(Problem(f"{said} ({type(exc).__name__}: {exc}); reinstall it"))
     return eps
 
 

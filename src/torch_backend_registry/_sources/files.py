@@ -10,7 +10,7 @@ from .._errors import BackendRegistryError, ManifestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
     from typing import Any
 
     from .positions import KeyLines
@@ -29,7 +29,7 @@ MAX_KEY_PARTS = 100_000
 
 # A FIFO named like a manifest would block open() until a writer comes; with
 # O_NONBLOCK it opens at once and fstat tells it is not a regular file.
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 NO_SUCH_FILE = "no such file"
 
@@ -105,7 +105,7 @@ def may_hold(path: str, marker: bytes) -> bool:
     readable) may hold ``marker``: its bytes say, where they can be read; a regular file
     that cannot be read may. A missing file, a folder or a FIFO holds nothing."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         return False
     except OSError:
@@ -124,7 +124,7 @@ def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
     cannot be used, :class:`Untrusted` where it must not. The checks are made on the opened
     file, so the file judged is the file read (a link's target, and the folder holding it)."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
         raise ManifestError(NO_SUCH_FILE, path=path) from None
     except OSError as exc:
@@ -207,19 +207,22 @@ def parse_toml(
         data = tomli.loads(text)
         beyond = None
         if re.search(_LONG_NUMBER, text):  # only a long run of digits can write such an integer
-            beyond = _beyond_64_bits(table_at(data, within), within)
+            values = nested(table_at(data, within))
+            beyond = next(
+                (keys for value, _, keys in values if type(value) is int and value not in _INT64),
+                None,
+            )
         if beyond is None:
             return data, lines
         # TOML's integers are 64-bit, and must be refused past that: tomli lets a long
         # hexadecimal one through, which no printing, JSON or key of it could then write.
-        line = lines.line_of(beyond) or 1
+        line = lines.line_of((*within, *beyond)) or 1
         said = "invalid TOML: an integer beyond TOML's 64-bit range; write it as a string"
     except tomli.TOMLDecodeError as exc:
         # Past the last line is the end of the document: point at the last line.
         line = max(1, min(exc.lineno, len(written)))
-        # What the parser says in its own terms, with what it means.
         meant = next((m for start, m in _PARSER_WORDS if exc.msg.startswith(start)), None)
-        python = re.search(r"=\s*(True|False|None)\b", written[line - 1] if written else "")
+        python = re.search(r"=\s*(True|False|None)\b", written[line - 1])
         if python is not None and exc.msg.startswith("Invalid value"):  # a Python habit
             meant = _PYTHON_WORDS[python.group(1)]
         said = f"invalid TOML: {exc.msg}" + (f" ({meant})" if meant else "")
@@ -243,6 +246,8 @@ def parse_toml(
 
 #: What any integer beyond 64 bits is written with: 16 or more digits, hexadecimal ones too.
 _LONG_NUMBER = r"[0-9][0-9A-Fa-f_xob]{15,}"
+#: The integers TOML can write.
+_INT64 = range(-(2**63), 2**63)
 
 
 def table_at(data: dict[str, Any], path: tuple[str, ...]) -> object:
@@ -253,19 +258,18 @@ def table_at(data: dict[str, Any], path: tuple[str, ...]) -> object:
     return value
 
 
-def _beyond_64_bits(value: object, where: tuple[str, ...] = ()) -> tuple[str, ...] | None:
-    """The key holding an integer outside TOML's 64-bit range, or ``None``."""
+def nested(value: object) -> Iterator[tuple[object, int, tuple[str, ...]]]:
+    """``value`` and each value inside it, depth first: how deep it is, and its key path
+    (an array's items have the array's)."""
     # A stack, not recursion: tomli nests as deep as the interpreter's recursion limit.
-    stack: list[tuple[object, tuple[str, ...]]] = [(value, where)]
+    stack: list[tuple[object, int, tuple[str, ...]]] = [(value, 0, ())]
     while stack:
-        item, key = stack.pop()
-        if type(item) is int and not -(2**63) <= item < 2**63:
-            return key
+        item, depth, keys = stack.pop()
+        yield item, depth, keys
         if isinstance(item, dict):
-            stack.extend((v, (*key, k)) for k, v in item.items())
+            stack.extend((v, depth + 1, (*keys, k)) for k, v in item.items())
         elif isinstance(item, list):
-            stack.extend((v, key) for v in item)
-    return None
+            stack.extend((v, depth + 1, keys) for v in item)
 
 
 #: Python's spellings that TOML does not read, and what TOML writes instead.

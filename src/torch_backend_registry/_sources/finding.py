@@ -21,7 +21,7 @@ from .files import refused_folders
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterable, Iterator, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
 #: The python-path folders of the lookup running in this thread (or context).
 _FOLDERS: ContextVar[tuple[str, ...]] = ContextVar("torch_backend_registry_folders", default=())
-
 
 #: What a folder's modules are loaded with, as the standard path finder has it.
 _LOADERS = (
@@ -52,27 +51,28 @@ class PythonPathFinder:
     ) -> ModuleSpec | None:
         if path is not None:  # submodules: found through their package
             return None
-        for folder in _FOLDERS.get() + self.loaded:
-            # A new finder each time, not sys.path_importer_cache's: a folder missing at
-            # one lookup and created before the next must be seen then.
-            spec = importlib.machinery.FileFinder(folder, *_LOADERS).find_spec(fullname)
-            if spec is not None:
-                return spec
-        return None
+        return _found_in(_FOLDERS.get() + self.loaded, fullname)
 
     def keep(self, folders: Sequence[str]) -> None:
         """Keep ``folders`` searchable from now on (one tuple swap: readers need no lock)."""
         self.loaded += tuple(f for f in folders if f not in self.loaded)
 
 
+def _found_in(folders: Iterable[str], name: str) -> ModuleSpec | None:
+    """The top-level module ``name`` in the first of ``folders`` that holds it."""
+    # A new finder each time, not sys.path_importer_cache's: a folder missing at
+    # one lookup and created before the next must be seen then.
+    finders = (importlib.machinery.FileFinder(folder, *_LOADERS) for folder in folders)
+    return next((spec for f in finders if (spec := f.find_spec(name)) is not None), None)
+
+
 def python_path_finder() -> PythonPathFinder:
     """The finder of python-path folders, last on ``sys.meta_path`` (placed there once)."""
-    for finder in sys.meta_path:
-        if isinstance(finder, PythonPathFinder):
-            return finder
-    finder = PythonPathFinder()
-    sys.meta_path.append(finder)
-    return finder
+    found = next((f for f in sys.meta_path if isinstance(f, PythonPathFinder)), None)
+    if found is None:
+        found = PythonPathFinder()
+        sys.meta_path.append(found)
+    return found
 
 
 @contextmanager
@@ -130,11 +130,7 @@ def shadowed(module: str, folders: Sequence[str]) -> tuple[str, str] | None:
     ``sys.path`` entries naming one of ``folders`` (a script's folder, ``python -m``'s working
     folder) are left out, so that every process finds the same answer."""
     top = module.split(".")[0]
-    mine = next(
-        (s for f in folders if (s := importlib.machinery.FileFinder(f, *_LOADERS).find_spec(top))),
-        None,
-    )
-    origin = getattr(mine, "origin", None)
+    origin = getattr(_found_in(folders, top), "origin", None)
     if not isinstance(origin, str):
         return None
     if top in sys.builtin_module_names:
@@ -164,19 +160,22 @@ def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
     """What changes when the code of ``module`` is edited: the stamp of its file and, in a
     package that is not installed (a project's own), of every ``.py`` file of that package, so
     that an edit of a module it re-exports counts too; ``None`` where it is not found.
-    (Installed packages change by being installed again, which :func:`installed_stamp` sees.)
+    (Installed packages change by being installed again.)
     """
+    import site
+
     spec = find(module, folders, files=True)
     origin = getattr(spec, "origin", None)
     if not isinstance(origin, str):
         return None
     stamps: list[object] = [stamp(origin)]
     top = find(module.split(".")[0], folders, files=True)
-    installed = tuple(os.path.join(p, "") for p in _site_packages())
+    # The user's too, where this process skips it: a verdict may be read by one that does not.
+    site_packages = (*getattr(site, "getsitepackages", list)(), site.getusersitepackages())
+    installed = tuple(os.path.join(p, "") for p in site_packages)
     for folder in getattr(top, "submodule_search_locations", None) or ():
-        if os.path.join(folder, "").startswith(installed):
-            continue
-        stamps.extend(map(stamp, itertools.islice(python_files(folder), MAX_STAMPED_FILES)))
+        if not os.path.join(folder, "").startswith(installed):
+            stamps.extend(map(stamp, itertools.islice(python_files(folder), MAX_STAMPED_FILES)))
     return stamps
 
 
@@ -188,22 +187,9 @@ def python_files(folder: str) -> Iterator[str]:
 
 
 def stamp(path: str) -> list[object]:
-    """A file as a cache key knows it: ``[path, size, mtime_ns]``, or ``[path]`` when it
-    cannot be read."""
+    """A file as a cache key knows it; only its path where it cannot be read."""
     try:
         info = os.stat(path)
     except OSError:
         return [path]
     return [path, info.st_size, info.st_mtime_ns]
-
-
-def _site_packages() -> list[str]:
-    import site
-
-    # The user's too, where this process skips it: a verdict may be read by one that does not.
-    return [*getattr(site, "getsitepackages", list)(), site.getusersitepackages()]
-
-
-def installed_stamp() -> list[object]:
-    """What changes when anything is installed, upgraded or removed here."""
-    return [sys.prefix, *(stamp(folder) for folder in _site_packages())]

@@ -19,7 +19,7 @@ from .._definition import (
 from .._errors import ManifestError, closest
 from .._keys import table_prefix, toml_key
 from .cache import NO_CACHE
-from .files import Untrusted, parse_toml, read_text, table_at
+from .files import Untrusted, nested, parse_toml, read_text, table_at
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,12 +49,8 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache = NO_CACHE) -> Disco
     except (Untrusted, ManifestError) as exc:
         # Where one table's bytes are what cannot be read (not UTF-8), the file is still lost
         # whole: the warning must not say that only that backend is.
-        said = exc.problem.message
-        if exc.problem.line is not None:
-            said += "; no backend of this file is used until then"
-        found = Discovery()
-        found.problems.append(replace(exc.problem, message=said, whole_file=True))
-        return found
+        located = exc.problem.line is not None
+        return _lost(exc.problem, "; no backend of this file is used until then" if located else "")
     from .cache import code_key
 
     key = [code_key(), kind, path, os.path.realpath(path), text]
@@ -68,21 +64,25 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache = NO_CACHE) -> Disco
 
 def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     """What a manifest's text declares: parsed, validated, every problem located."""
-    found = Discovery()
     prefix = table_prefix(path)
     try:
         data, lines = parse_toml(path, text, within=prefix)
     except ManifestError as exc:
         # Located at the table it broke, but what it costs is the whole file: said so.
-        said = exc.message + "; no backend of this file is used until it parses"
-        found.problems.append(replace(exc.problem, message=said, whole_file=True))
-        return found
+        return _lost(exc.problem, "; no backend of this file is used until it parses")
     table = table_at(data, prefix)
     if table is None:  # a pyproject.toml's: a backends.toml is the table
         return None
     load_schema()
+    found = Discovery()
     _Validation(found, path, kind, prefix, lines).run(table)
     return found
+
+
+def _lost(problem: Problem, consequence: str) -> Discovery:
+    """What a file lost whole gives: its one problem, with what it costs."""
+    said = problem.message + consequence
+    return Discovery(problems=[replace(problem, message=said, whole_file=True)])
 
 
 def load_schema() -> None:
@@ -243,11 +243,9 @@ class _Validation(NamedTuple):
             by_device = sorted((entry.by_device or {}).items(), key=lambda d: d[0] == "other")
             pairs = [(d, c if isinstance(c, str) else c.backend) for d, c in by_device]
             settings = {
-                device: MappingProxyType(
-                    choice.model_dump(exclude={"backend"}, exclude_defaults=True)
-                )
-                for device, choice in by_device
-                if not isinstance(choice, str)
+                d: MappingProxyType(c.model_dump(exclude={"backend"}, exclude_defaults=True))
+                for d, c in by_device
+                if not isinstance(c, str)
             }
             definition = BackendDefinition(
                 name,
@@ -344,19 +342,7 @@ def _aliases_of_broken(
     return tuple(a for a in dict.fromkeys(declared) if a not in raw_backends and a not in seen)
 
 
-def _too_deep(value: object) -> tuple[str | int, ...] | None:
-    """The key path at which ``value`` nests beyond :data:`MAX_VALUE_DEPTH`, or ``None``
-    (iterative, so that the check itself cannot exhaust the stack)."""
-    stack: list[tuple[object, tuple[str | int, ...]]] = [(value, ())]
-    while stack:
-        current, loc = stack.pop()
-        if isinstance(current, dict):
-            items: Any = current.items()
-        elif isinstance(current, list):
-            items = enumerate(current)
-        else:
-            continue
-        if len(loc) >= MAX_VALUE_DEPTH:
-            return loc
-        stack.extend((child, (*loc, key)) for key, child in items)
-    return None
+def _too_deep(value: object) -> tuple[str, ...] | None:
+    """The key path at which ``value`` nests beyond :data:`MAX_VALUE_DEPTH`, or ``None``."""
+    deep = ((item, keys) for item, depth, keys in nested(value) if depth >= MAX_VALUE_DEPTH)
+    return next((keys for item, keys in deep if isinstance(item, (dict, list))), None)

@@ -310,19 +310,27 @@ def torch_definitions(entry_points: Collection[str]) -> Discovery:
     except Exception as exc:  # a broken torch must not break manifest backends
         warn(f"PyTorch's backends are left out: torch._dynamo failed: {type(exc).__name__}: {exc}")
         return found
-    plugins = [fn for fn in held.values() if not own(fn)]
-    owners = _distributions() if plugins else {}
+    owners: Mapping[str, list[str]] = {}
+    if not all(map(own, held.values())):  # a plugin's registration: whose is it?
+        from importlib.metadata import packages_distributions
+
+        with contextlib.suppress(Exception):  # an unreadable distribution: none is known
+            owners = packages_distributions()
     for name, fn in sorted(held.items()):
         requires, description = _KNOWN.get(name, ((), None))
         module = getattr(fn, "__module__", None)
         # A plugin's own registration is of its distribution: the plugin policy holds for it.
         top = module.split(".")[0] if isinstance(module, str) and not own(fn) else ""
         distribution = next(iter(owners.get(top, ())), None)
+        # For a wrapper object, what it wraps.
+        target = target_of(fn) or target_of(
+            getattr(fn, "func", None) or getattr(fn, "kwargs", {}).get("fw_compiler")
+        )
         found.definitions.append(
             BackendDefinition(
                 name,
                 Source("torch", module=module, distribution=distribution),
-                target=_target(fn),
+                target=target,
                 tags=tags_of(name, fn),
                 description=description,
                 requires=requires,
@@ -330,25 +338,6 @@ def torch_definitions(entry_points: Collection[str]) -> Discovery:
             )
         )
     return found
-
-
-def _distributions() -> Mapping[str, list[str]]:
-    """The installed distributions of each top-level package (``importlib.metadata``'s)."""
-    from importlib.metadata import packages_distributions
-
-    try:
-        return packages_distributions()
-    except Exception:  # an unreadable distribution: none is known
-        return {}
-
-
-def _target(fn: object) -> str | None:
-    """Where ``fn`` can be imported from; for a wrapper object, what it wraps."""
-    target = target_of(fn)
-    if target is not None:
-        return target
-    inner = getattr(fn, "func", None) or getattr(fn, "kwargs", {}).get("fw_compiler")
-    return target_of(inner)  # None where it wraps nothing
 
 
 def missing_device(name: str) -> str | None:
