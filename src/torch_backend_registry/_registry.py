@@ -89,7 +89,9 @@ class Registry:
 
     # ------------------------------------------------------------------ the snapshot
 
-    def _current(self) -> Snapshot:
+    def _current(self, live: bool = False) -> Snapshot:
+        """The snapshot, taken on first need; ``live``: PyTorch's registry read again where
+        it changed."""
         snapshot = self._snapshot
         if snapshot is None:
             from ._snapshot import Snapshot
@@ -105,12 +107,7 @@ class Registry:
                         runtime=tuple(self._runtime.values()),
                         fresh=self._fresh,
                     )
-        return snapshot
-
-    def _live(self, with_torch: bool = True) -> Snapshot:
-        """The snapshot, ``with_torch`` PyTorch's registry read again where it changed."""
-        snapshot = self._current()
-        if with_torch and snapshot.torch_changed():
+        if live and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
                     self._snapshot = snapshot.derive(torch=False)
@@ -138,10 +135,9 @@ class Registry:
 
         snapshot = self._current()
         index = snapshot.index(with_torch=False)
-
         if name in index.by_key and not (shadows and dynamo_imported()):
             return snapshot, index
-        snapshot = self._live()
+        snapshot = self._current(live=True)
         return snapshot, snapshot.index()
 
     # ------------------------------------------------------------------ registering
@@ -307,7 +303,7 @@ class Registry:
 
     def is_registered_backend(self, compiler_fn: CompilerFn) -> bool:
         """Whether ``compiler_fn`` is (or wraps) a backend of this registry, as PyTorch's check."""
-        snapshot = self._live()
+        snapshot = self._current(live=True)
         with self._lock:  # other threads may be adding to both
             known = [d.compiler_fn for d in self._runtime.values()]
             known.extend(snapshot.loaded.values())
@@ -326,7 +322,7 @@ class Registry:
 
     def index(self, *, with_torch: bool = True) -> Index:
         """The merge of what this registry read: every name with its candidates."""
-        return self._live(with_torch).index(with_torch)
+        return self._current(live=with_torch).index(with_torch)
 
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
