@@ -87,8 +87,6 @@ class Registry:
             if listener not in self._listeners:
                 self._listeners.append(listener)
 
-    # ------------------------------------------------------------------ the snapshot
-
     def _current(self, live: bool = False) -> Snapshot:
         """The snapshot, taken on first need; ``live``: PyTorch's registry read again where
         it changed."""
@@ -139,8 +137,6 @@ class Registry:
             return snapshot, index
         snapshot = self._current(live=True)
         return snapshot, snapshot.index()
-
-    # ------------------------------------------------------------------ registering
 
     if TYPE_CHECKING:
 
@@ -201,8 +197,6 @@ class Registry:
         (entry points too, not from the disk cache). Runtime registrations are kept."""
         self._fresh = True
         self._changed(registered=False)
-
-    # ------------------------------------------------------------------ looking up
 
     def lookup_backend(self, name_or_fn: str | CompilerFn) -> CompilerFn:
         """Return the callable for a backend name, importing it on first use.
@@ -317,8 +311,6 @@ class Registry:
                 return True
         inner = getattr(compiler_fn, "compiler_fn", None)
         return inner is not None and any(fn is inner for fn in known)
-
-    # ------------------------------------------------------------------ for tools and checks
 
     def index(self, *, with_torch: bool = True) -> Index:
         """The merge of what this registry read: every name with its candidates."""
