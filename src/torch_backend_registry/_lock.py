@@ -185,10 +185,8 @@ def read_lock(
             path=path,
         )
     backends, aliases = data.get("backends", {}), data.get("aliases", {})
-    if not (isinstance(backends, dict) and isinstance(aliases, dict)) or data.get("scope") not in (
-        "project",
-        "all",
-    ):
+    scoped = data.get("scope") in ("project", "all")
+    if not (isinstance(backends, dict) and isinstance(aliases, dict) and scoped):
         raise LockFileError("not a lock file; run 'torch-backends lock' again", path=path)
     facts: Facts = {"scope": data["scope"], "backends": backends, "aliases": aliases}
     if "default" in data:
@@ -275,9 +273,8 @@ def _show(value: Any) -> str:
     if value is None:
         return "(none)"
     if isinstance(value, dict):
-        return (
-            "{" + ", ".join(f"{json.dumps(k)}: {_show(v)}" for k, v in sorted(value.items())) + "}"
-        )
+        items = sorted(value.items())
+        return "{" + ", ".join(f"{json.dumps(k)}: {_show(v)}" for k, v in items) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(map(_show, value)) + "]"
     if isinstance(value, (str, int, float)):
@@ -291,9 +288,7 @@ def check_locked(registry: Registry, path: str, *, from_environment: bool = Fals
     locked = read_lock(path, command=command, from_environment=named)
     changes = differences(locked, lock_facts(registry, locked["scope"]))
     if changes:
-        raise LockDriftError(
-            path, changes, command + (" --all" if locked["scope"] == "all" else "")
-        )
+        raise LockDriftError(path, changes, command + " --all" * (locked["scope"] == "all"))
 
 
 def lock_from_environment(registry: Registry) -> str | None:
