@@ -89,11 +89,7 @@ def lock_text(facts: Facts) -> str:
 
 
 def write_lock(
-    registry: Registry,
-    path: str | None = None,
-    *,
-    scope: str = "project",
-    with_torch: bool = True,
+    registry: Registry, path: str | None = None, *, scope: str = "project", with_torch: bool = True
 ) -> str:
     """Write the lock of ``registry`` (see :func:`lock_facts`); return its path. A lock that
     :func:`read_lock` would refuse (larger than it reads, more keys than it parses) is refused
