@@ -208,8 +208,7 @@ def changes(
 ) -> list[tuple[tuple[str, ...], str]]:
     """Each difference from ``locked`` to ``now``, with the names it is about (a backend's
     or alias's; the old and the new default, what torch.compile uses unasked).
-    ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them).
-    """
+    ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them)."""
     if not with_torch:
         locked, now = _without_torch(locked), _without_torch(now)
     found: list[tuple[tuple[str, ...], str]] = []

@@ -54,12 +54,10 @@ def installed() -> Registry | None:
 
 
 class _LazyBackend:
-    """Stands in PyTorch's registry for a backend; imports its target on the first call.
-
-    It asks the registry on every call (a dict hit once loaded), so ``refresh()``
-    and later registrations take effect without installing again; a name the
-    registry refuses (disabled, say) is refused by torch.compile too.
-    """
+    """Stands in PyTorch's registry for a backend; imports its target on the first call. It
+    asks the registry on every call (a dict hit once loaded), so ``refresh()`` and later
+    registrations take effect without installing again; a name the registry refuses
+    (disabled, say) is refused by torch.compile too."""
 
     def __init__(self, registry: Registry, name: str) -> None:
         self.registry = registry
@@ -94,12 +92,10 @@ def _dynamo() -> Any:
 
 def install(registry: Registry, *, early: bool = False) -> None:
     """What :func:`torch_backend_registry.install` does once its checks pass; later refreshes
-    and registrations follow.
-
-    ``early`` (autoload, while ``torch._dynamo`` is still being imported and the modules that
-    import it are not whole): PyTorch's own backends are left for PyTorch to import when it
-    needs them. They cannot collide with a stand-in, which never takes one of their names.
-    """
+    and registrations follow. ``early`` (autoload, while ``torch._dynamo`` is still being
+    imported and the modules that import it are not whole): PyTorch's own backends are left
+    for PyTorch to import when it needs them. They cannot collide with a stand-in, which
+    never takes one of their names."""
     if not early:
         # PyTorch registers its own backends and reads its entry points now, so that a
         # later import of its backends cannot collide with ours.
@@ -233,11 +229,9 @@ def _let_plugins_register() -> None:
 
 def stand_in_names(registry: Registry) -> list[str]:
     """The names torch.compile needs a stand-in for, so that it runs what the registry does.
-
-    PyTorch reads the entry points itself (the same ones, in the same order): an
-    entry point's own name needs none, unless a higher definition hides it
-    (disabled, broken), the policy left it out, or two distributions declare it.
-    """
+    PyTorch reads the entry points itself (the same ones, in the same order): an entry point's
+    own name needs none, unless a higher definition hides it (disabled, broken), the policy
+    left it out, or two distributions declare it."""
     index = registry.index(with_torch=False)
     names = [key for key, found in index.by_key.items() if _needs_stand_in(found)]
     # PyTorch would load a plugin the policy left out, or run one that registered itself
