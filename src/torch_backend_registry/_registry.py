@@ -299,8 +299,7 @@ class Registry:
         """Whether ``compiler_fn`` is (or wraps) a backend of this registry, as PyTorch's check."""
         snapshot = self._current(live=True)
         with self._lock:  # other threads may be adding to both
-            known = [d.compiler_fn for d in self._runtime.values()]
-            known.extend(snapshot.loaded.values())
+            known = [*(d.compiler_fn for d in self._runtime.values()), *snapshot.loaded.values()]
         known.extend(snapshot.pytorch_callables())
         if any(fn is compiler_fn for fn in known):
             return True

@@ -140,9 +140,8 @@ class Snapshot:
         return pytorch.pytorch_names(self.context.cache) | own
 
     def _registered(self) -> dict[str, Any] | None:
-        if not pytorch.dynamo_imported():
-            return None
-        return pytorch.registered(self.entry_point_names())
+        # Entry points are read only where PyTorch's registry can hold something to compare.
+        return pytorch.registered(self.entry_point_names()) if pytorch.dynamo_imported() else None
 
     def pytorch_callables(self) -> list[Callable[..., Any]]:
         """The callables of PyTorch's own backends, where torch.compile's registry is loaded."""
