@@ -86,9 +86,8 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         _forget(before, module_name, folders)
         kind = type(obj).__name__
         article = "an" if kind[:1] in "aeiouAEIOU" else "a"
-        raise _error(definition, f"{target!r} is {article} {kind}, which is not callable") from (
-            TypeError(f"{kind} object is not callable")
-        )
+        said = f"{target!r} is {article} {kind}, which is not callable"
+        raise _error(definition, said) from TypeError(f"{kind} object is not callable")
     if folders:
         python_path_finder().keep(folders)
     if definition.options:
