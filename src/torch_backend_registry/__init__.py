@@ -42,37 +42,19 @@ if TYPE_CHECKING:  # what the names are, for type checkers (imported lazily belo
     from ._errors import UnknownBackendError as UnknownBackendError
     from ._registry import Registry as Registry
 
-#: Each public name, and the module that defines it: imported on its first use.
-_HOMES = {
-    "backend_info": "_api",
-    "doctor": "_api",
-    "fingerprint": "_api",
-    "install": "_api",
-    "is_registered_backend": "_api",
-    "list_backends": "_api",
-    "lookup_backend": "_api",
-    "refresh": "_api",
-    "register_backend": "_api",
-    "register_debug_backend": "_api",
-    "register_experimental_backend": "_api",
-    "verify_consistent": "_api",
-    "BackendDefinition": "_definition",
-    "BackendInfo": "_definition",
-    "Problem": "_definition",
-    "Source": "_definition",
-    "Verdict": "_doctor.verdicts",
-    "BackendChainError": "_errors",
-    "BackendLoadError": "_errors",
-    "BackendRegistryError": "_errors",
-    "DuplicateBackendError": "_errors",
-    "InconsistentRegistryError": "_errors",
-    "LockDriftError": "_errors",
-    "LockFileError": "_errors",
-    "ManifestError": "_errors",
-    "ManifestWarning": "_errors",
-    "UnknownBackendError": "_errors",
-    "Registry": "_registry",
+#: Each public name, by the module that defines it: imported on its first use.
+_MODULES = {
+    "_api": "backend_info doctor fingerprint install is_registered_backend list_backends"
+    " lookup_backend refresh register_backend register_debug_backend"
+    " register_experimental_backend verify_consistent",
+    "_definition": "BackendDefinition BackendInfo Problem Source",
+    "_doctor.verdicts": "Verdict",
+    "_errors": "BackendChainError BackendLoadError BackendRegistryError DuplicateBackendError"
+    " InconsistentRegistryError LockDriftError LockFileError ManifestError ManifestWarning"
+    " UnknownBackendError",
+    "_registry": "Registry",
 }
+_HOMES = {name: home for home, names in _MODULES.items() for name in names.split()}
 
 __all__ = sorted([*_HOMES, "__version__"])
 

@@ -169,11 +169,9 @@ def _install_or_defer() -> None:
 
 def _at_every_compile(callback: Callable[[Any], None]) -> None:
     """Have dynamo call ``callback`` at the start of every compile, whatever its backend.
-
     ``torch._dynamo.reset()`` clears compile-start callbacks, "as if you had started a fresh
     process": a fresh process here has this one, so it is registered again after each reset
-    (``torch.compiler.reset()`` and PyTorch's own callers go through the module's ``reset``).
-    """
+    (``torch.compiler.reset()`` and PyTorch's own callers go through the module's ``reset``)."""
     from torch._dynamo.callback import on_compile_start
 
     dynamo: Any = sys.modules[DYNAMO]

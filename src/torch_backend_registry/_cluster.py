@@ -69,9 +69,7 @@ def verify_consistent(
         if not store.check([ranks]):
             store.set(ranks, str(members))  # read where another rank waits for it in vain
         store.set(f"{KEYS}/last/{me}", ranks)
-        limit = _limit(timeout)
-        facts = registry.facts()
-        return _Call(store, ranks, count, members, me, limit).compare(facts)
+        return _Call(store, ranks, count, members, me, _limit(timeout)).compare(registry.facts())
     except getattr(dist, "DistError", RuntimeError) as exc:  # timeouts are caught inside
         raise InconsistentRegistryError(
             f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"

@@ -122,23 +122,19 @@ def project_facts(index: Index, torch_version: str | None) -> Facts:
             backends[name] = pytorch_facts(torch_version)
         else:
             backends[name] = {"kind": "missing"}
-    facts: Facts = {
-        "backends": dict(sorted(backends.items())),
-        "aliases": dict(sorted(aliases.items())),
-    }
-    if index.default is not None:
-        facts["default"] = index.default.name
-    return facts
+    return _facts(index, dict(sorted(backends.items())), dict(sorted(aliases.items())))
 
 
 def registry_facts(index: Index, torch_version: str | None) -> Facts:
     """``{"backends": {name: own facts}, "aliases": {alias: name}}`` for every usable name,
     and the ``"default"`` where one is set."""
     resolved = {key: d for key in sorted(index.by_key) if (d := index.get(key)) is not None}
-    facts: Facts = {
-        "backends": {k: own_facts(d, torch_version) for k, d in resolved.items() if k == d.name},
-        "aliases": {k: d.name for k, d in resolved.items() if k != d.name},
-    }
+    backends = {k: own_facts(d, torch_version) for k, d in resolved.items() if k == d.name}
+    return _facts(index, backends, {k: d.name for k, d in resolved.items() if k != d.name})
+
+
+def _facts(index: Index, backends: Facts, aliases: dict[str, str]) -> Facts:
+    facts: Facts = {"backends": backends, "aliases": aliases}
     if index.default is not None:
         facts["default"] = index.default.name
     return facts

@@ -32,19 +32,9 @@ def check_requirements(definition: BackendDefinition) -> None:
     """Raise :class:`BackendLoadError` if a ``requires`` module cannot be found."""
     missing = missing_requirements(definition)
     if missing:
-        names = ", ".join(repr(m) for m in missing)
-        said = f"requires {names}, which cannot be found; install it"
-        raise _error(definition, said, "requires") from (
-            ModuleNotFoundError(f"No module named {missing[0]!r}")
-        )
-
-
-def trusted_folders(definition: BackendDefinition) -> tuple[list[str], list[str]]:
-    """The python-path folders that may serve code, and why the others may not (warned)."""
-    refused = refused_folders(definition.search_path)
-    for message in refused.values():
-        warn(f"{definition.source.describe()}: backend {definition.name!r}: {message}")
-    return [f for f in definition.search_path if f not in refused], list(refused.values())
+        said = f"requires {', '.join(map(repr, missing))}, which cannot be found; install it"
+        cause = ModuleNotFoundError(f"No module named {missing[0]!r}")
+        raise _error(definition, said, "requires") from cause
 
 
 def load_target(definition: BackendDefinition) -> Callable[..., Any]:
@@ -55,7 +45,10 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     assert target is not None
     check_requirements(definition)
     module_name, _, attr_path = target.partition(":")
-    folders, refused = trusted_folders(definition)
+    refused = refused_folders(definition.search_path)
+    for message in refused.values():
+        warn(f"{definition.source.describe()}: backend {definition.name!r}: {message}")
+    folders = [f for f in definition.search_path if f not in refused]
     # Beside the manifest is where a script or a working folder puts a module first on the
     # path: one process would import one file, another the other.
     clash = shadowed(module_name, definition.search_path[-1:])
@@ -77,7 +70,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         if isinstance(exc, KeyboardInterrupt):
             raise
         _forget(before, module_name, folders)
-        note = f" ({'; '.join(refused)})" if refused else ""
+        note = f" ({'; '.join(refused.values())})" if refused else ""
         hint = _close_module(exc, module_name, folders)
         said = f"import of {module_name!r} failed: {_why(exc)}{hint}{note}"
         raise _error(definition, said) from exc
@@ -93,9 +86,8 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         _forget(before, module_name, folders)
         kind = type(obj).__name__
         article = "an" if kind[:1] in "aeiouAEIOU" else "a"
-        raise _error(definition, f"{target!r} is {article} {kind}, which is not callable") from (
-            TypeError(f"{kind} object is not callable")
-        )
+        said = f"{target!r} is {article} {kind}, which is not callable"
+        raise _error(definition, said) from TypeError(f"{kind} object is not callable")
     if folders:
         python_path_finder().keep(folders)
     if definition.options:
@@ -103,9 +95,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         if wrong is not None:  # said where it is written: at its key, in the manifest
             key, message = wrong
             raise ManifestError.of(definition.located(message, "options", key))
-        bound = functools.partial(obj, **definition.options)
-        functools.update_wrapper(bound, obj)
-        return bound
+        return functools.update_wrapper(functools.partial(obj, **definition.options), obj)
     return obj  # type: ignore[no-any-return]
 
 
@@ -274,8 +264,7 @@ def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) 
         return ""  # a module the target imports: installing it is the fix
     parent, _, leaf = missing.rpartition(".")
     if parent:
-        package = sys.modules.get(parent)
-        places = list(getattr(package, "__path__", None) or [])
+        places = list(getattr(sys.modules.get(parent), "__path__", None) or [])
     else:
         places = [*sys.path, *folders]
     try:

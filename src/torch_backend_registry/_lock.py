@@ -89,11 +89,7 @@ def lock_text(facts: Facts) -> str:
 
 
 def write_lock(
-    registry: Registry,
-    path: str | None = None,
-    *,
-    scope: str = "project",
-    with_torch: bool = True,
+    registry: Registry, path: str | None = None, *, scope: str = "project", with_torch: bool = True
 ) -> str:
     """Write the lock of ``registry`` (see :func:`lock_facts`); return its path. A lock that
     :func:`read_lock` would refuse (larger than it reads, more keys than it parses) is refused
@@ -185,10 +181,8 @@ def read_lock(
             path=path,
         )
     backends, aliases = data.get("backends", {}), data.get("aliases", {})
-    if not (isinstance(backends, dict) and isinstance(aliases, dict)) or data.get("scope") not in (
-        "project",
-        "all",
-    ):
+    scoped = data.get("scope") in ("project", "all")
+    if not (isinstance(backends, dict) and isinstance(aliases, dict) and scoped):
         raise LockFileError("not a lock file; run 'torch-backends lock' again", path=path)
     facts: Facts = {"scope": data["scope"], "backends": backends, "aliases": aliases}
     if "default" in data:
@@ -214,8 +208,7 @@ def changes(
 ) -> list[tuple[tuple[str, ...], str]]:
     """Each difference from ``locked`` to ``now``, with the names it is about (a backend's
     or alias's; the old and the new default, what torch.compile uses unasked).
-    ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them).
-    """
+    ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them)."""
     if not with_torch:
         locked, now = _without_torch(locked), _without_torch(now)
     found: list[tuple[tuple[str, ...], str]] = []
@@ -275,9 +268,8 @@ def _show(value: Any) -> str:
     if value is None:
         return "(none)"
     if isinstance(value, dict):
-        return (
-            "{" + ", ".join(f"{json.dumps(k)}: {_show(v)}" for k, v in sorted(value.items())) + "}"
-        )
+        items = sorted(value.items())
+        return "{" + ", ".join(f"{json.dumps(k)}: {_show(v)}" for k, v in items) + "}"
     if isinstance(value, list):
         return "[" + ", ".join(map(_show, value)) + "]"
     if isinstance(value, (str, int, float)):
@@ -291,9 +283,7 @@ def check_locked(registry: Registry, path: str, *, from_environment: bool = Fals
     locked = read_lock(path, command=command, from_environment=named)
     changes = differences(locked, lock_facts(registry, locked["scope"]))
     if changes:
-        raise LockDriftError(
-            path, changes, command + (" --all" if locked["scope"] == "all" else "")
-        )
+        raise LockDriftError(path, changes, command + " --all" * (locked["scope"] == "all"))
 
 
 def lock_from_environment(registry: Registry) -> str | None:

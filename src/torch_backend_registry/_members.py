@@ -19,15 +19,12 @@ MAX_CHAIN_DEPTH = 64
 
 def unknown_members(index: Index) -> dict[str, Problem]:
     """Each chain that names a backend that does not exist (here), by name, and each table
-    by device that gives the CPU no backend.
-
-    A portable chain names backends some machines lack (a plugin not installed
-    here) and skips them when it runs: that is a ``note``. A name close to one
-    that exists is likely a typo, and a chain none of whose members exists cannot
-    be used here: those are errors (the other missing members of a chain with a
-    typo are said as skipped). A member that may be one of PyTorch's is not
-    reported when PyTorch's registry was not read.
-    """
+    by device that gives the CPU no backend. A portable chain names backends some machines
+    lack (a plugin not installed here) and skips them when it runs: that is a ``note``. A name
+    close to one that exists is likely a typo, and a chain none of whose members exists cannot
+    be used here: those are errors (the other missing members of a chain with a typo are said
+    as skipped). A member that may be one of PyTorch's is not reported when PyTorch's registry
+    was not read."""
     problems: dict[str, Problem] = {}
     for definition in index.winners():
         unknown = index.missing_members(definition)

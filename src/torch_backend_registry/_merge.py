@@ -121,10 +121,8 @@ class Index:
 
     def unknown(self, name: str) -> UnknownBackendError:
         errors = sum(p.severity == "error" for p in self.problems)
-        note = ""
-        if errors:
-            # The name may live in a manifest that could not be read.
-            note = f"{errors} manifest problem{'s' if errors > 1 else ''} found"
+        # The name may live in a manifest that could not be read.
+        note = f"{errors} manifest problem{'s' if errors > 1 else ''} found" if errors else ""
         if not note and self.could_be_pytorch(name):
             # PyTorch is not installed, or the registry's sources leave it out.
             note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
@@ -273,11 +271,8 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
             " backends, which torch.compile keeps using; it is left out: remove it"
         )
         return definition.located(message, "aliases")
-    own = f"{where}{definition.name!r} is one of PyTorch's own backends"
     if not definition.enabled:
-        return definition.located(
-            f"{own} and cannot be disabled: torch.compile keeps using it; remove this entry"
-        )
-    return definition.located(
-        f"{own}, which torch.compile keeps using; this definition is left out: rename it"
-    )
+        said = " and cannot be disabled: torch.compile keeps using it; remove this entry"
+    else:
+        said = ", which torch.compile keeps using; this definition is left out: rename it"
+    return definition.located(f"{where}{definition.name!r} is one of PyTorch's own backends{said}")

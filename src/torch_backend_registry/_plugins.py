@@ -87,8 +87,7 @@ def resolve_picks(index: Index, definitions: Sequence[BackendDefinition]) -> Non
         if top.distribution is not None and top.usable:
             candidates[0] = _picked(top, points, index.excluded.get(key, []))
             continue
-        owners = {_dist_of(p) for p in points}
-        if len(owners) > 1 and top.source.kind == "entry-point":
+        if len({_dist_of(p) for p in points}) > 1 and top.source.kind == "entry-point":
             declared = " and ".join(_owner(p) for p in points)
             index.conflicts[key] = Problem(
                 f"entry point {key!r} is declared by {declared}: {_owner(points[0])} is used, the"

@@ -87,9 +87,9 @@ class Registry:
             if listener not in self._listeners:
                 self._listeners.append(listener)
 
-    # ------------------------------------------------------------------ the snapshot
-
-    def _current(self) -> Snapshot:
+    def _current(self, live: bool = False) -> Snapshot:
+        """The snapshot, taken on first need; ``live``: PyTorch's registry read again where
+        it changed."""
         snapshot = self._snapshot
         if snapshot is None:
             from ._snapshot import Snapshot
@@ -105,12 +105,7 @@ class Registry:
                         runtime=tuple(self._runtime.values()),
                         fresh=self._fresh,
                     )
-        return snapshot
-
-    def _live(self, with_torch: bool = True) -> Snapshot:
-        """The snapshot, ``with_torch`` PyTorch's registry read again where it changed."""
-        snapshot = self._current()
-        if with_torch and snapshot.torch_changed():
+        if live and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
                     self._snapshot = snapshot.derive(torch=False)
@@ -138,13 +133,10 @@ class Registry:
 
         snapshot = self._current()
         index = snapshot.index(with_torch=False)
-
         if name in index.by_key and not (shadows and dynamo_imported()):
             return snapshot, index
-        snapshot = self._live()
+        snapshot = self._current(live=True)
         return snapshot, snapshot.index()
-
-    # ------------------------------------------------------------------ registering
 
     if TYPE_CHECKING:
 
@@ -205,8 +197,6 @@ class Registry:
         (entry points too, not from the disk cache). Runtime registrations are kept."""
         self._fresh = True
         self._changed(registered=False)
-
-    # ------------------------------------------------------------------ looking up
 
     def lookup_backend(self, name_or_fn: str | CompilerFn) -> CompilerFn:
         """Return the callable for a backend name, importing it on first use.
@@ -307,10 +297,9 @@ class Registry:
 
     def is_registered_backend(self, compiler_fn: CompilerFn) -> bool:
         """Whether ``compiler_fn`` is (or wraps) a backend of this registry, as PyTorch's check."""
-        snapshot = self._live()
+        snapshot = self._current(live=True)
         with self._lock:  # other threads may be adding to both
-            known = [d.compiler_fn for d in self._runtime.values()]
-            known.extend(snapshot.loaded.values())
+            known = [*(d.compiler_fn for d in self._runtime.values()), *snapshot.loaded.values()]
         known.extend(snapshot.pytorch_callables())
         if any(fn is compiler_fn for fn in known):
             return True
@@ -322,11 +311,9 @@ class Registry:
         inner = getattr(compiler_fn, "compiler_fn", None)
         return inner is not None and any(fn is inner for fn in known)
 
-    # ------------------------------------------------------------------ for tools and checks
-
     def index(self, *, with_torch: bool = True) -> Index:
         """The merge of what this registry read: every name with its candidates."""
-        return self._live(with_torch).index(with_torch)
+        return self._current(live=with_torch).index(with_torch)
 
     def problems(self, *, with_torch: bool = True) -> list[Problem]:
         """Every problem of the discovered manifests: bad entries, chains, the default (a

@@ -82,8 +82,6 @@ class Snapshot:
         derived.by_definition = self.by_definition
         return derived
 
-    # ------------------------------------------------------------------ reading
-
     def found(self, kind: SourceKind) -> Discovery:
         found = self._found.get(kind)
         if found is None:
@@ -138,14 +136,12 @@ class Snapshot:
         """The names of PyTorch's own backends: those known without importing torch, and
         those in its registry now, where that is loaded."""
         live = self._registered() or {}
-        return pytorch.pytorch_names(self.context.cache) | {
-            n for n, fn in live.items() if pytorch.own(fn)
-        }
+        own = {name for name, fn in live.items() if pytorch.own(fn)}
+        return pytorch.pytorch_names(self.context.cache) | own
 
     def _registered(self) -> dict[str, Any] | None:
-        if not pytorch.dynamo_imported():
-            return None
-        return pytorch.registered(self.entry_point_names())
+        # Entry points are read only where PyTorch's registry can hold something to compare.
+        return pytorch.registered(self.entry_point_names()) if pytorch.dynamo_imported() else None
 
     def pytorch_callables(self) -> list[Callable[..., Any]]:
         """The callables of PyTorch's own backends, where torch.compile's registry is loaded."""
@@ -160,8 +156,6 @@ class Snapshot:
             return False
         live = self._registered()
         return live is not None and live.keys() != {d.name for d in found.definitions}
-
-    # ------------------------------------------------------------------ answers
 
     def why_unavailable(
         self, definition: BackendDefinition, visiting: frozenset[str] = frozenset()

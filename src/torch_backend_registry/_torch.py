@@ -54,12 +54,10 @@ def installed() -> Registry | None:
 
 
 class _LazyBackend:
-    """Stands in PyTorch's registry for a backend; imports its target on the first call.
-
-    It asks the registry on every call (a dict hit once loaded), so ``refresh()``
-    and later registrations take effect without installing again; a name the
-    registry refuses (disabled, say) is refused by torch.compile too.
-    """
+    """Stands in PyTorch's registry for a backend; imports its target on the first call. It
+    asks the registry on every call (a dict hit once loaded), so ``refresh()`` and later
+    registrations take effect without installing again; a name the registry refuses
+    (disabled, say) is refused by torch.compile too."""
 
     def __init__(self, registry: Registry, name: str) -> None:
         self.registry = registry
@@ -94,12 +92,10 @@ def _dynamo() -> Any:
 
 def install(registry: Registry, *, early: bool = False) -> None:
     """What :func:`torch_backend_registry.install` does once its checks pass; later refreshes
-    and registrations follow.
-
-    ``early`` (autoload, while ``torch._dynamo`` is still being imported and the modules that
-    import it are not whole): PyTorch's own backends are left for PyTorch to import when it
-    needs them. They cannot collide with a stand-in, which never takes one of their names.
-    """
+    and registrations follow. ``early`` (autoload, while ``torch._dynamo`` is still being
+    imported and the modules that import it are not whole): PyTorch's own backends are left
+    for PyTorch to import when it needs them. They cannot collide with a stand-in, which
+    never takes one of their names."""
     if not early:
         # PyTorch registers its own backends and reads its entry points now, so that a
         # later import of its backends cannot collide with ours.
@@ -166,18 +162,15 @@ def _remove_stale(registry: Registry, names: set[str]) -> None:
             continue
         listed = getattr(module, "_BACKENDS", None)  # the names PyTorch lists
         if listed is not loaded and isinstance(listed, dict) and listed.get(name, 0) is None:
-            if name in _LISTED:  # an entry point's, PyTorch loads it again when asked
-                listed[name] = _LISTED.pop(name)
-            else:  # the stand-in's registration made it
-                del listed[name]
+            # An entry point's goes back (PyTorch loads it again when asked); a name the
+            # stand-in's registration made goes.
+            _set(listed, name, _LISTED.pop(name, None))
 
 
 def _hold(name: str, proxy: _LazyBackend, tags: tuple[str, ...]) -> bool:
     """Put ``proxy`` under ``name`` in place of what a plugin registered there, kept aside (see
     the module's docstring); ``False`` where PyTorch's own backend holds the name."""
-    module: Any = sys.modules[REGISTRY_MODULE]
-    loaded = loaded_backends(module)
-    held = loaded.get(name) if loaded is not None else None
+    held = (loaded_backends(sys.modules[REGISTRY_MODULE]) or {}).get(name)
     if held is None or own(held):
         return False
     DISPLACED[name] = held
@@ -192,13 +185,16 @@ def _put(name: str, fn: Any, tags: tuple[str, ...]) -> None:
     """Put ``fn`` under ``name`` in PyTorch's dict of loaded backends (``None``: take the name
     out), its tags too where PyTorch keeps them by name (torch 2.14's ``_BACKEND_TAGS``)."""
     module: Any = sys.modules[REGISTRY_MODULE]
-    by_name = getattr(module, "_BACKEND_TAGS", None)
-    for table, value in ((loaded_backends(module), fn), (by_name, tags)):
-        if isinstance(table, dict):
-            if fn is None:
-                table.pop(name, None)
-            else:
-                table[name] = value
+    _set(loaded_backends(module), name, fn)
+    _set(getattr(module, "_BACKEND_TAGS", None), name, None if fn is None else tags)
+
+
+def _set(table: Any, name: str, value: Any) -> None:
+    """``table[name] = value`` in one of PyTorch's dicts (``None``: the name taken out)."""
+    if isinstance(table, dict) and value is None:
+        table.pop(name, None)
+    elif isinstance(table, dict):
+        table[name] = value
 
 
 def _let_plugins_register() -> None:
@@ -216,8 +212,7 @@ def _let_plugins_register() -> None:
         if compiler_fn is None:
             return functools.partial(register_backend, name=name, tags=tags)
         key = name or getattr(compiler_fn, "__name__", None)
-        loaded = loaded_backends(module) or {}
-        held = loaded.get(key) if isinstance(key, str) else None
+        held = (loaded_backends(module) or {}).get(key) if isinstance(key, str) else None
         if getattr(held, STAND_IN, False) is True and not getattr(compiler_fn, STAND_IN, False):
             compiler_fn._tags = tuple(tags)
             DISPLACED[key] = compiler_fn  # type: ignore[index]
@@ -234,11 +229,9 @@ def _let_plugins_register() -> None:
 
 def stand_in_names(registry: Registry) -> list[str]:
     """The names torch.compile needs a stand-in for, so that it runs what the registry does.
-
-    PyTorch reads the entry points itself (the same ones, in the same order): an
-    entry point's own name needs none, unless a higher definition hides it
-    (disabled, broken), the policy left it out, or two distributions declare it.
-    """
+    PyTorch reads the entry points itself (the same ones, in the same order): an entry point's
+    own name needs none, unless a higher definition hides it (disabled, broken), the policy
+    left it out, or two distributions declare it."""
     index = registry.index(with_torch=False)
     names = [key for key, found in index.by_key.items() if _needs_stand_in(found)]
     # PyTorch would load a plugin the policy left out, or run one that registered itself
