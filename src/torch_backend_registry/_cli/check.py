@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from argparse import Namespace as Arguments
     from collections.abc import Sequence
 
-    from .._definition import BackendDefinition, Severity, SourceKind
+    from .._definition import BackendDefinition, SourceKind
 
 
 def run_check(args: Arguments) -> int:
@@ -115,8 +115,7 @@ def _near_table_here() -> str:
 
 
 def _manifests_read(registry: Registry) -> list[str]:
-    """The manifests a check reads: the files given, else TORCH_BACKENDS_PATH's and the
-    project's."""
+    """The manifests read: the files given, else TORCH_BACKENDS_PATH's and the project's."""
     from .._sources import env_paths, project_manifest
 
     context = registry.context
@@ -244,14 +243,12 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
     from .._keys import table_prefix, toml_key
     from .._sources.files import refused_folders
 
-    said: list[Problem] = []
-    seen: set[tuple[str, str]] = set()  # each folder of a manifest judged once
+    said: dict[tuple[str, str], Problem] = {}  # each folder of a manifest said once
     for d in checked:
         path = d.source.path
         for written, folder in zip(d.written_path, d.python_path, strict=False):
-            if path is None or (path, folder) in seen:
+            if path is None or (path, folder) in said:
                 continue
-            seen.add((path, folder))
             if not os.path.isdir(folder):
                 what = "is not a folder" if os.path.lexists(folder) else "does not exist"
                 message = f"python-path folder {written!r} {what} ({folder})"
@@ -259,16 +256,14 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
                 message = refused[folder]
             else:
                 continue
-            said.append(
-                Problem(
-                    f"{message}; a target in it would not be found",
-                    path=path,
-                    line=d.line_of("python-path"),
-                    key=toml_key((*table_prefix(path), "python-path")),
-                    severity="warning",
-                )
+            said[path, folder] = Problem(
+                f"{message}; a target in it would not be found",
+                path=path,
+                line=d.line_of("python-path"),
+                key=toml_key((*table_prefix(path), "python-path")),
+                severity="warning",
             )
-    return said
+    return list(said.values())
 
 
 class _Imports:
@@ -292,18 +287,16 @@ class _Imports:
         fatal = self._judge(d.name) is not None
         problems = []
         what = "chain" if d.by_device is None else "by-device"
+        then = "uses the next member" if d.by_device is None else "fails on that device"
         for member in d.members:
             said = self.found.get(member)
             resolved = self.index.get(member)
             if said is None or not said[1] or (resolved and resolved.name in self.declared):
                 continue  # it loads; or is unavailable here (noted); or has its own report
-            severity: Severity = "error" if fatal else "warning"
             message = f"{what} member {member!r}: {said[0]}"
-            if not fatal:
-                message += f"; {d.name!r} " + (
-                    "uses the next member" if d.by_device is None else "fails on that device"
-                )
-            problems.append(d.located(message, what, severity=severity))
+            if not fatal:  # the chain or table still runs: only a warning
+                message += f"; {d.name!r} {then}"
+            problems.append(d.located(message, what, severity="error" if fatal else "warning"))
         return problems + self._settings(d)
 
     def _settings(self, d: BackendDefinition) -> list[Problem]:
