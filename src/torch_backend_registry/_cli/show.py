@@ -205,9 +205,8 @@ def _lines(fields: list[tuple[str, object]]) -> list[str]:
 def _fields(registry: Registry, d: BackendDefinition) -> list[tuple[str, object]]:
     from .._sources.finding import missing_requirements
 
-    fields: list[tuple[str, object]] = [
-        ("source", f"{d.source.kind}: {d.source.describe(working_folder())}")
-    ]
+    here = working_folder()
+    fields: list[tuple[str, object]] = [("source", f"{d.source.kind}: {d.source.describe(here)}")]
     if not d.enabled:
         fields.append(("enabled", "false (hides this name)"))
     if d.problem is not None:
