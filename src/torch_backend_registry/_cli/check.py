@@ -141,13 +141,14 @@ def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
         return []
     replaced = replaced_table(project)
     said = [] if replaced is None else [replaced]
+    if project not in read:
+        return said
     folder = here
     while not os.path.lexists(os.path.join(folder, ".git")):
         folder, below = os.path.dirname(folder), folder
         if folder == below:
             return said  # in no repository
-    inside = os.path.dirname(project) == folder or project.startswith(os.path.join(folder, ""))
-    if project not in read or inside:
+    if os.path.dirname(project) == folder or project.startswith(os.path.join(folder, "")):
         return said
     message = (
         f"this manifest lies above the repository this command runs in ({folder}): the"
@@ -245,12 +246,14 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
     from .._keys import table_prefix, toml_key
     from .._sources.files import refused_folders
 
-    said: dict[tuple[str, str], Problem] = {}  # each folder of a manifest said once
+    said: list[Problem] = []
+    seen: set[tuple[str, str]] = set()  # each folder of a manifest judged once
     for d in checked:
         path = d.source.path
         for written, folder in zip(d.written_path, d.python_path, strict=False):
-            if path is None or (path, folder) in said:
+            if path is None or (path, folder) in seen:
                 continue
+            seen.add((path, folder))
             if not os.path.isdir(folder):
                 what = "is not a folder" if os.path.lexists(folder) else "does not exist"
                 message = f"python-path folder {written!r} {what} ({folder})"
@@ -258,14 +261,16 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
                 message = refused[folder]
             else:
                 continue
-            said[path, folder] = Problem(
-                f"{message}; a target in it would not be found",
-                path=path,
-                line=d.line_of("python-path"),
-                key=toml_key((*table_prefix(path), "python-path")),
-                severity="warning",
+            said.append(
+                Problem(
+                    f"{message}; a target in it would not be found",
+                    path=path,
+                    line=d.line_of("python-path"),
+                    key=toml_key((*table_prefix(path), "python-path")),
+                    severity="warning",
+                )
             )
-    return list(said.values())
+    return said
 
 
 class _Imports:
