@@ -30,15 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .._errors import ManifestWarning
     from .arguments import parse
 
-    # A closed standard stream (``>&-``) is None to Python, and print() writes nowhere
-    # then: so does the command.
     for name in ("stdout", "stderr"):
+        # A closed standard stream (``>&-``) is None to Python, and print() writes nowhere
+        # then: so does the command.
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own
-    # A description may hold characters the terminal's encoding lacks (a C locale,
-    # PYTHONIOENCODING=ascii): print them escaped rather than fail.
-    for stream in (sys.stdout, sys.stderr):
-        reconfigure = getattr(stream, "reconfigure", None)
+        # A description may hold characters the terminal's encoding lacks (a C locale,
+        # PYTHONIOENCODING=ascii): print them escaped rather than fail.
+        reconfigure = getattr(getattr(sys, name), "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     args = parse(argv)

@@ -122,16 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     lister.add_argument("--exclude-tag", **tags, help="leave out tag T")
     switch(lister, "--available", "only backends whose requirements are met")
     switch(lister, "--json", "print a JSON array of objects")
-    switch(
-        lister,
-        "--no-torch",
-        "leave out PyTorch's own backends (skips importing torch, which takes seconds)",
-    )
+    no_torch = "leave out PyTorch's own backends"
+    switch(lister, "--no-torch", no_torch + " (skips importing torch, which takes seconds)")
 
     explain = command("explain", "where a backend is defined and what it shadows", show.run_explain)
     name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
     name.completer = _complete_names  # type: ignore[attr-defined]  # read by argcomplete
-    switch(explain, "--no-torch", "leave out PyTorch's own backends")
+    switch(explain, "--no-torch", no_torch)
     switch(explain, "--json", "print one JSON object (as list --json, and more)")
 
     checker = command(

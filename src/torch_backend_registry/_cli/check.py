@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from argparse import Namespace as Arguments
     from collections.abc import Sequence
 
-    from .._definition import BackendDefinition, Severity, SourceKind
+    from .._definition import BackendDefinition, SourceKind
 
 
 def run_check(args: Arguments) -> int:
@@ -61,13 +61,7 @@ def run_check(args: Arguments) -> int:
         registry = Registry(files=files, sources=sources)
         with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems(with_torch=not args.no_torch)
-        problems += _replaced_tables(registry)
-        read = _manifests_read(registry)
-        problems += _above_the_repository(registry, read)
-        matched = None
-        if args.locked:
-            matched = _drift(registry_for(args.no_torch), problems, with_torch=not args.no_torch)
-        return _report(registry, problems, args, matched, read)
+        return _report(registry, problems, args)
 
 
 def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
@@ -121,8 +115,7 @@ def _near_table_here() -> str:
 
 
 def _manifests_read(registry: Registry) -> list[str]:
-    """The manifests a check reads: the files given, else TORCH_BACKENDS_PATH's and the
-    project's."""
+    """The manifests read: the files given, else TORCH_BACKENDS_PATH's and the project's."""
     from .._sources import env_paths, project_manifest
 
     context = registry.context
@@ -136,45 +129,47 @@ def _manifests_read(registry: Registry) -> list[str]:
     return [*found, project]
 
 
-def _above_the_repository(registry: Registry, read: list[str]) -> list[Problem]:
-    """A project manifest found above the repository the command runs in (the folder holding
-    ``.git``) belongs to something else: likely the project's own is not where it is looked
-    for. Said as a warning."""
-    from .._sources import project_manifest
+def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
+    """The project's manifest where it misleads: a backends.toml that replaces a
+    pyproject.toml's table; or one found above the repository the command runs in (the folder
+    holding ``.git``), which belongs to something else: likely the project's own is not where
+    it is looked for. That one is said as a warning."""
+    from .._sources import project_manifest, replaced_table
 
-    here = registry.context.cwd
     project = None if here is None else project_manifest(here)
-    if here is None or project is None or project not in read:
+    if here is None or project is None:
         return []
+    replaced = replaced_table(project)
+    said = [] if replaced is None else [replaced]
+    if project not in read:
+        return said
     folder = here
     while not os.path.lexists(os.path.join(folder, ".git")):
         folder, below = os.path.dirname(folder), folder
         if folder == below:
-            return []  # in no repository
+            return said  # in no repository
     if os.path.dirname(project) == folder or project.startswith(os.path.join(folder, "")):
-        return []
-    return [
-        Problem(
-            f"this manifest lies above the repository this command runs in ({folder}): the"
-            " project's manifest is the nearest one from here up; if this repository has one,"
-            " it is not where it is looked for",
-            path=project,
-            severity="warning",
-        )
-    ]
+        return said
+    message = (
+        f"this manifest lies above the repository this command runs in ({folder}): the"
+        " project's manifest is the nearest one from here up; if this repository has one,"
+        " it is not where it is looked for"
+    )
+    return [*said, Problem(message, path=project, severity="warning")]
 
 
-def _report(
-    registry: Registry,
-    problems: list[Problem],
-    args: Arguments,
-    matched: str | None,
-    read: list[str],
-) -> int:
-    """Print each problem and note (with ``--import``, each backend unavailable here too) by
-    file and line, then a summary. Only problems fail."""
+def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int:
+    """Add what the registry cannot know (where the project's manifest lies, drift from the
+    lock, python-path folders, with ``--import`` what fails to import); print each problem and
+    note (with ``--import``, each backend unavailable here too) by file and line, then a
+    summary. Only problems fail."""
     from .._autoload import enabled, state
 
+    read = _manifests_read(registry)
+    problems = [*problems, *_misplaced(registry.context.cwd, read)]
+    matched = None
+    if args.locked:
+        matched = _drift(registry_for(args.no_torch), problems, with_torch=not args.no_torch)
     index = registry.index(with_torch=not args.no_torch)
     # The manifests' backends; entry points and PyTorch's only resolve chain members.
     every = registry.definitions((), with_torch=False, broken=True)
@@ -233,12 +228,8 @@ def _report(
         print(printable(line.shown(here)))
     what = "imported and usable" if args.import_targets else "usable"
     summary = f"{len(usable)} of {len(checked)} backend(s) {what}"
-    if unavailable:
-        summary += f", {len(unavailable)} unavailable here"
-    if warnings:
-        summary += f", {warnings} warning(s)"
-    if notes:
-        summary += f", {len(notes)} note(s)"
+    counts = {"unavailable here": len(unavailable), "warning(s)": warnings, "note(s)": len(notes)}
+    summary += "".join(f", {count} {noun}" for noun, count in counts.items() if count)
     if matched:
         summary += f"; {matched}"
     if enabled():  # why these are torch.compile names in processes nobody changed
@@ -247,15 +238,6 @@ def _report(
     verdict = f"{counted} problem(s)" if errors else "no problems"
     print(f"{verdict}; {summary}", file=sys.stderr)
     return code
-
-
-def _replaced_tables(registry: Registry) -> list[Problem]:
-    from .._sources import project_manifest, replaced_table
-
-    here = registry.context.cwd
-    manifest = project_manifest(here) if here is not None else None
-    found = replaced_table(manifest) if manifest is not None else None
-    return [] if found is None else [found]
 
 
 def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
@@ -312,18 +294,16 @@ class _Imports:
         fatal = self._judge(d.name) is not None
         problems = []
         what = "chain" if d.by_device is None else "by-device"
+        then = "uses the next member" if d.by_device is None else "fails on that device"
         for member in d.members:
             said = self.found.get(member)
             resolved = self.index.get(member)
             if said is None or not said[1] or (resolved and resolved.name in self.declared):
                 continue  # it loads; or is unavailable here (noted); or has its own report
-            severity: Severity = "error" if fatal else "warning"
             message = f"{what} member {member!r}: {said[0]}"
-            if not fatal:
-                message += f"; {d.name!r} " + (
-                    "uses the next member" if d.by_device is None else "fails on that device"
-                )
-            problems.append(d.located(message, what, severity=severity))
+            if not fatal:  # the chain or table still runs: only a warning
+                message += f"; {d.name!r} {then}"
+            problems.append(d.located(message, what, severity="error" if fatal else "warning"))
         return problems + self._settings(d)
 
     def _settings(self, d: BackendDefinition) -> list[Problem]:

@@ -28,11 +28,8 @@ class UsageError(CommandError):
 
 
 def printable(text: str) -> str:
-    """``text`` with what a terminal would act on escaped: one line, no control sequences.
-
-    A manifest may hold any character in a description or a file name; printed raw,
-    an escape sequence or a bidi override would be obeyed by the terminal.
-    """
+    """``text`` with what a terminal would act on escaped: one line, no control sequences (a
+    manifest's description or file name may hold an escape sequence or a bidi override)."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -109,14 +106,12 @@ def print_rows(
     rows = [tuple(printable(cell) for cell in row) for row in rows]
     limit = terminal_width()
     # A last column that spills is not one the others are cut to make room for.
-    fitting = [row[:-1] for row in rows] if spill_last else rows
-    widths = None if limit is None else _fitted(fitting, limit, shrinkable)
+    widths = _fitted([row[:-1] for row in rows] if spill_last else rows, limit, shrinkable)
     if widths is not None and spill_last:
         widths.append(max(len(row[-1]) for row in rows))
     if widths is None and optional_last:
         rows = [row[:-1] for row in rows]
-        if limit is not None:
-            widths = _fitted(rows, limit, [i for i in shrinkable if i < len(rows[0])])
+        widths = _fitted(rows, limit, shrinkable)
     if widths is None:  # piped, or too wide even cut: each column as wide as its cells
         widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
     for number, row in enumerate(rows):
@@ -146,14 +141,16 @@ def _cut(text: str, width: int) -> str:
 
 
 def _fitted(
-    rows: Sequence[tuple[str, ...]], limit: int, shrinkable: Sequence[int]
+    rows: Sequence[tuple[str, ...]], limit: int | None, shrinkable: Sequence[int]
 ) -> list[int] | None:
-    """The widths of ``rows``' columns, the ``shrinkable`` ones cut to fit ``limit``; ``None``
-    where even cut to :data:`NARROWEST` they do not."""
+    """The widths of ``rows``' columns, those of them ``shrinkable`` cut to fit ``limit``;
+    ``None`` piped (no limit), or where even cut to :data:`NARROWEST` they do not fit."""
+    if limit is None:
+        return None
     widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
     over = sum(widths) + 2 * (len(widths) - 1) - limit
     for column in shrinkable:
-        by = min(over, widths[column] - NARROWEST)
+        by = min(over, widths[column] - NARROWEST) if column < len(widths) else 0
         if by > 0:
             widths[column] -= by
             over -= by

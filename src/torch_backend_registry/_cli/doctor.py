@@ -39,11 +39,10 @@ def run_doctor(args: Arguments) -> int:
 
     registry = registry_for()
     options = Options(**{f: getattr(args, f) for f in Options._fields})  # argparse checked them
-    names = args.names or None
     shown = _progress() if sys.stderr.isatty() else contextlib.nullcontext()
     try:
         with waiting("importing PyTorch", not dynamo_imported()):
-            names = names or (registry.list_backends(()) if args.all else None)
+            names = args.names or (registry.list_backends(()) if args.all else None)
             with shown as on_progress:
                 verdicts = run(registry, names, options, on_progress)
     except ModelError as exc:
@@ -113,12 +112,11 @@ def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) ->
         row = [v.name + (f" -> {v.member}" if v.member else ""), v.status, v.level_name]
         row.append(f"{v.seconds:.1f}")
         if bench:
-            row += [
-                _duration(v.compile_seconds),
-                _duration(v.per_call_seconds),
-                _speedup(v.speedup, fastest, terminal),
-                "" if v.spread is None else f"±{v.spread * 50:.0f}%",
-            ]
+            speedup = "" if v.speedup is None else f"{v.speedup:.2f}x"
+            if v.speedup is not None and terminal and fastest > 0:
+                speedup = f"{speedup:>6} " + "█" * max(1, round(20 * v.speedup / fastest))
+            spread = "" if v.spread is None else f"±{v.spread * 50:.0f}%"
+            row += [_duration(v.compile_seconds), _duration(v.per_call_seconds), speedup, spread]
         table.append((*row, v.reason))
     print_rows(table, shrinkable=(0,), spill_last=True)
     reached = [v for v in verdicts if v.via is not None]
@@ -136,12 +134,3 @@ def _duration(seconds: float | None) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.0f} us"
-
-
-def _speedup(speedup: float | None, fastest: float, terminal: bool) -> str:
-    if speedup is None:
-        return ""
-    text = f"{speedup:.2f}x"
-    if terminal and fastest > 0:
-        text = f"{text:>6} " + "█" * max(1, round(20 * speedup / fastest))
-    return text

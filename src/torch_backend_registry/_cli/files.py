@@ -30,9 +30,8 @@ def run_lock(args: Arguments) -> int:
     registry = registry_for(args.no_torch)
     scope = "all" if args.all else "project"
     with waiting("loading PyTorch's backends", not args.no_torch):
-        errors = [
-            p for p in registry.problems(with_torch=not args.no_torch) if p.severity == "error"
-        ]
+        problems = registry.problems(with_torch=not args.no_torch)
+        errors = [p for p in problems if p.severity == "error"]
         if errors:  # a lock of what is broken pins it broken
             raise CommandError(
                 f"not written: the manifests have {len(errors)} error(s), the first"
@@ -89,7 +88,9 @@ NEXT_STEP = (
 
 
 def run_init(args: Arguments) -> int:
+    from .._keys import PYPROJECT_TABLE
     from .._sources import PROJECT_FILES, project_manifest
+    from .._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE, parse_toml, read_text
 
     here = os.getcwd()
     backends, pyproject = (os.path.join(here, name) for name in PROJECT_FILES)
@@ -104,9 +105,22 @@ def run_init(args: Arguments) -> int:
             " (a backends.toml here would replace it)"
         )
     if args.pyproject:
-        return _init_pyproject(pyproject)
-    from .._sources.files import SHARED_FILE_MODE
-
+        if not os.path.isfile(pyproject):
+            what = "is not a regular file" if os.path.lexists(pyproject) else NO_SUCH_FILE
+            raise CommandError(
+                f"pyproject.toml: {what}; run 'torch-backends init' for a backends.toml instead"
+            )
+        text = read_text(pyproject)
+        separator = (
+            "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
+        )
+        addition = separator + pyproject_starter()
+        # Refuses before writing if the table it adds would not parse (the others are theirs).
+        parse_toml(pyproject, text + addition, within=PYPROJECT_TABLE)
+        with open(pyproject, "a", encoding="utf-8") as handle:
+            handle.write(addition)
+        print(f"added [tool.torch-backends] to pyproject.toml; {NEXT_STEP}")
+        return EXIT_OK
     create = functools.partial(os.open, mode=SHARED_FILE_MODE)
     with open(backends, "x", encoding="utf-8", opener=create) as handle:
         handle.write(starter())
@@ -114,24 +128,4 @@ def run_init(args: Arguments) -> int:
     if os.path.isfile(pyproject):
         print("(to keep the backends in pyproject.toml instead: remove it, then run"
               " 'torch-backends init --pyproject')")  # fmt: skip
-    return EXIT_OK
-
-
-def _init_pyproject(pyproject: str) -> int:
-    from .._keys import PYPROJECT_TABLE
-    from .._sources.files import NO_SUCH_FILE, parse_toml, read_text
-
-    if not os.path.isfile(pyproject):
-        what = "is not a regular file" if os.path.lexists(pyproject) else NO_SUCH_FILE
-        raise CommandError(
-            f"pyproject.toml: {what}; run 'torch-backends init' for a backends.toml instead"
-        )
-    text = read_text(pyproject)
-    separator = "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
-    addition = separator + pyproject_starter()
-    # Refuses before writing if the table it adds would not parse (the others are theirs).
-    parse_toml(pyproject, text + addition, within=PYPROJECT_TABLE)
-    with open(pyproject, "a", encoding="utf-8") as handle:
-        handle.write(addition)
-    print(f"added [tool.torch-backends] to pyproject.toml; {NEXT_STEP}")
     return EXIT_OK

@@ -34,8 +34,7 @@ if TYPE_CHECKING:
 def run_list(args: Arguments) -> int:
     registry = registry_for(args.no_torch)
     wanted, unwanted = set(args.tag), set(args.exclude_tag)
-    both = sorted(wanted & unwanted)
-    if both:
+    if both := sorted(wanted & unwanted):
         raise UsageError(f"--tag and --exclude-tag both name {', '.join(map(repr, both))}")
     with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
         every = registry.definitions(())
@@ -52,7 +51,7 @@ def run_list(args: Arguments) -> int:
         rows = [d for d in rows if available[d.name]]
     default = registry.index(with_torch=False).default
     if args.json:
-        print_json([_as_json(d, available[d.name], default) for d in rows])
+        print_json([_as_json(registry, d, default) for d in rows])
         return EXIT_OK
     here = working_folder()
     table = [("NAME", "TAGS", "SOURCE", "TARGET", "DESCRIPTION")]
@@ -79,7 +78,7 @@ def _at(default: DefaultDeclaration) -> str:
 
 
 def _as_json(
-    d: BackendDefinition, available: bool, default: DefaultDeclaration | None = None
+    registry: Registry, d: BackendDefinition, default: DefaultDeclaration | None = None
 ) -> dict[str, Any]:
     """A backend as ``list --json`` and ``explain --json`` give it."""
     return {
@@ -99,7 +98,7 @@ def _as_json(
             key: getattr(d.source, key)
             for key in ("kind", "path", "line", "distribution", "version")
         },
-        "available": available,
+        "available": registry.why_unavailable(d) is None,
     }
 
 
@@ -107,18 +106,15 @@ def _what(d: BackendDefinition) -> tuple[str, str]:
     """What ``d`` runs, named by its key: a target, a chain or a by-device table."""
     if d.chain is not None:
         return "chain", " -> ".join(d.chain)
-    if d.by_device is not None:
-        said = [f"{device} -> {_device_entry(entry)}" for device, entry in by_device(d).items()]
-        return "by-device", ", ".join(said)
-    return "target", d.target or ""
-
-
-def _device_entry(entry: str | dict[str, Any]) -> str:
-    """A ``by-device`` entry: a backend's name, with the settings it gives that device."""
-    if isinstance(entry, str):
-        return entry
-    settings = [f"{key} {value!r}" for key, value in entry.items() if key != "backend"]
-    return f"{entry['backend']} ({', '.join(settings) or 'no settings'})"
+    if d.by_device is None:
+        return "target", d.target or ""
+    said = []
+    for device, entry in by_device(d).items():
+        if not isinstance(entry, str):  # a backend's name, with the settings it gives the device
+            settings = ", ".join(f"{k} {v!r}" for k, v in entry.items() if k != "backend")
+            entry = f"{entry['backend']} ({settings or 'no settings'})"
+        said.append(f"{device} -> {entry}")
+    return "by-device", ", ".join(said)
 
 
 def run_explain(args: Arguments) -> int:
@@ -132,66 +128,54 @@ def run_explain(args: Arguments) -> int:
         _explain_unusable(registry, args.name)
         raise
     name = info.definition.name
-    default = registry.index(with_torch=False).default
     # Entry points are admitted without PyTorch read: explaining needs no torch import.
-    policy = registry.index(with_torch=False).admitted.get(name)
-    choices = _choices(registry, info.definition)
+    index = registry.index(with_torch=False)
+    default, policy = index.default, index.admitted.get(name)
+    choices = []
+    if info.definition.select == "fastest":
+        from .._select import remembered, said
+
+        keys = ("graph", "member", "first", "speedup", "seconds", "when")
+        found = remembered(registry.context.cache, info.definition, registry.backend_info)
+        choices = [{key: choice.get(key) for key in keys} for choice in found]
     if args.json:
-        available = registry.why_unavailable(info.definition) is None
         print_json(
             {
-                **_as_json(info.definition, available, default),
+                **_as_json(registry, info.definition, default),
                 "alias": info.alias,
                 "policy": policy,
                 "autoload": enabled(),
                 "choices": choices,
-                "shadowed": [
-                    _as_json(lower, registry.why_unavailable(lower) is None)
-                    for lower in info.shadowed
-                ],
+                "shadowed": [_as_json(registry, lower) for lower in info.shadowed],
             }
         )
         return EXIT_OK
-    if info.alias is None:
-        out = [name]
-    else:
-        out = [f"{info.alias} (alias of {name}: resolves to whatever {name} does)"]
-    out.extend(_describe(registry, info.definition))
+    fields = _fields(registry, info.definition)
     if default is not None and default.name in (name, info.alias):
-        out.append(f"  {'default:':<13}yes: torch.compile uses it when given none ({_at(default)})")
+        fields.append(("default", f"yes: torch.compile uses it when given none ({_at(default)})"))
     if policy is not None:
-        out.append(f"  {'policy:':<13}{policy}")
+        fields.append(("policy", policy))
     if info.source.kind in ("torch", "entry-point") and info.distribution is None:
         # PyTorch's own and its entry points are torch.compile names in every process.
-        autoload = "not needed: PyTorch finds this backend itself"
+        fields.append(("autoload", "not needed: PyTorch finds this backend itself"))
     else:
-        autoload = state()
-    out.append(f"  {'autoload:':<13}{autoload}")
+        fields.append(("autoload", state()))
     if info.definition.select == "fastest":
-        from .._select import said
-
-        out.append(f"  {'choices:':<13}{len(choices) or 'none'} remembered here")
-        out.extend(f"    {c['graph']}: {c['member']} ({said(c)})" for c in choices)
+        fields.append(("choices", f"{len(choices) or 'none'} remembered here"))
+    if info.alias is None:
+        out = [name, *_lines(fields)]
+    else:
+        out = [f"{info.alias} (alias of {name}: resolves to whatever {name} does)", *_lines(fields)]
+    out.extend(f"    {c['graph']}: {c['member']} ({said(c)})" for c in choices)
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
             out.append(f"  {lower.name}")
-            out.extend("  " + line for line in _describe(registry, lower))
+            out.extend("  " + line for line in _lines(_fields(registry, lower)))
     else:
         out.append("shadows nothing")
     print("\n".join(printable(line) for line in out))
     return EXIT_OK
-
-
-def _choices(registry: Registry, definition: BackendDefinition) -> list[dict[str, Any]]:
-    """The choices a ``select = "fastest"`` chain remembered here, as it is now."""
-    if definition.select != "fastest":
-        return []
-    from .._select import remembered
-
-    keys = ("graph", "member", "first", "speedup", "seconds", "when")
-    found = remembered(registry.context.cache, definition, registry.backend_info)
-    return [{key: choice.get(key) for key in keys} for choice in found]
 
 
 def _explain_unusable(registry: Registry, name: str) -> None:
@@ -202,22 +186,27 @@ def _explain_unusable(registry: Registry, name: str) -> None:
     if not candidates and not excluded:
         return
     here = working_folder()
-    out = [f"{name} (no backend here)"]
+    fields: list[tuple[str, object]] = []
     lower = candidates
     if candidates and not candidates[0].enabled:
-        out.append(f"  {'disabled:':<13}by {candidates[0].source.describe(here)} (enabled = false)")
+        fields.append(("disabled", f"by {candidates[0].source.describe(here)} (enabled = false)"))
         lower = candidates[1:]
     # What the policy leaves out never enters the index: it hides nothing of ``lower``.
-    out.extend(f"  {'left out:':<13}{why}" for _definition, why in excluded)
-    for hidden in lower:
-        out.append(f"  {'hides:':<13}{hidden.source.kind}: {hidden.source.describe(here)}")
-    print("\n".join(printable(line) for line in out))
+    fields += [("left out", why) for _definition, why in excluded]
+    fields += [("hides", f"{h.source.kind}: {h.source.describe(here)}") for h in lower]
+    print("\n".join(printable(line) for line in [f"{name} (no backend here)", *_lines(fields)]))
 
 
-def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
+def _lines(fields: list[tuple[str, object]]) -> list[str]:
+    """``explain``'s layout: a line a field, each value where every other starts."""
+    return [f"  {key + ':':<13}{value}" for key, value in fields]
+
+
+def _fields(registry: Registry, d: BackendDefinition) -> list[tuple[str, object]]:
     from .._sources.finding import missing_requirements
 
-    fields = [("source", f"{d.source.kind}: {d.source.describe(working_folder())}")]
+    here = working_folder()
+    fields: list[tuple[str, object]] = [("source", f"{d.source.kind}: {d.source.describe(here)}")]
     if not d.enabled:
         fields.append(("enabled", "false (hides this name)"))
     if d.problem is not None:
@@ -245,4 +234,4 @@ def _describe(registry: Registry, d: BackendDefinition) -> list[str]:
     if d.usable:
         why = registry.why_unavailable(d)
         fields.append(("available", "yes" if why is None else f"no: {why}"))
-    return [f"  {key + ':':<13}{value}" for key, value in fields]
+    return fields
