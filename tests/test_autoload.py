@@ -232,17 +232,6 @@ def plugin(project: Path, dist: str, names: tuple[str, ...]) -> str:
     return os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
 
 
-def torch_backends(project: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """The console script, as a user types it in ``project``."""
-    script = Path(sys.executable).with_name("torch-backends")
-    if not script.exists():
-        pytest.skip("console script not installed next to this interpreter")
-    return subprocess.run(
-        [str(script), *args], cwd=project, env=environment(**env), capture_output=True,
-        text=True, timeout=PATIENCE,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("manifest", "deny", "allow"),
     [('[plugins]\ndeny = ["sketchy"]\n', "", ""), ("", "sketchy", ""), ("", "", "tidy")],
@@ -257,7 +246,10 @@ def test_a_plugin_policy_under_autoload_keeps_the_lock_matching(
     plugin(project, "tidy", ("tidy",))
     (project / "backends.toml").write_text(MANIFEST + manifest)
     env = {"PYTHONPATH": path, "TORCH_BACKENDS_DENY": deny, "TORCH_BACKENDS_ALLOW": allow}
-    locked = torch_backends(project, "lock", **env)
+    # `torch-backends lock` after import torch, as the command does, in a process of its own.
+    command = "import runpy; runpy.run_module('torch_backend_registry', run_name='__main__')"
+    blank = {k: "" for k in os.environ if k.startswith("TORCH_BACKENDS_")}
+    locked = run_forked(command, project, {**blank, **env}, args=("lock",))
     assert locked.returncode == 0, locked.stderr
     code = """
     import torch, torch_backend_registry as tbr
