@@ -169,8 +169,9 @@ def test_the_fastest_member_that_verifies_runs_the_graph_and_the_log_says_why(
 
 
 def test_a_near_tie_keeps_the_order_the_chain_gives(write: WriteFn, members: ModuleType) -> None:
-    # near is about 10% faster than slow: less than min-speedup 1.5 asks.
-    _registry, name = fastest(write, members, ["slow", "near"], "min-speedup = 1.5\n")
+    # near is about 10% faster than slow: far less than min-speedup 2 asks, even where a
+    # busy machine stretches one member's sleeps more than the other's.
+    _registry, name = fastest(write, members, ["slow", "near"], "min-speedup = 2\n")
     with torch.no_grad():
         torch.compile(model(), backend=name)(torch.randn(5, 8))
         members.RAN.clear()
