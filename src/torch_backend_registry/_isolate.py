@@ -52,7 +52,10 @@ class Guards:
         import torch._guards
 
         context = torch._guards.TracingContext.try_get()
-        self.shapes = getattr(getattr(context, "fake_mode", None), "shape_env", None)
+        shapes = getattr(getattr(context, "fake_mode", None), "shape_env", None)
+        # A release whose shape environment keeps these otherwise: nothing is checked there.
+        known = hasattr(shapes, "guards") and hasattr(shapes, "var_to_range")
+        self.shapes = shapes if known else None
         self.count = len(self.shapes.guards) if self.shapes is not None else 0
         self.known = set(self.shapes.var_to_range) if self.shapes is not None else set()
 
