@@ -186,7 +186,9 @@ def main() -> int:
                     f" ({first_ratio:.2f}x, <= 1.3); second process {float(warm['first']):.1f} s"
                     f" vs {chosen} alone {own:.1f} s ({second_ratio:.2f}x, <= 1.2);"
                     f" peak {float(cold['peak_mb']):.0f} MB vs {chosen} alone"
-                    f" {float(ok[chosen]['peak_mb']):.0f} MB; {'met' if good else 'NOT met'}",
+                    f" {float(ok[chosen]['peak_mb']):.0f} MB; each alone:"
+                    f" {', '.join(m + ' ' + _ms(r['step']) for m, r in ok.items())};"
+                    f" {'met' if good else 'NOT met'}",
                 )
             )
             skipped = {m: r["error"] for m, r in alone.items() if "error" in r}

@@ -63,8 +63,9 @@ class Guards:
         """The sizes that the guards the member added are on and that are not dynamo's own,
         named (``""``: none), those guards taken back. A compiler that traces the graph
         again with dynamo's fake mode (OpenVINO's does) makes sizes of its own, which no
-        input of the frame is the source of: dynamo, writing the frame's guards after the
-        chain returned, would fail the whole frame on them."""
+        input of the frame is the source of: they say nothing of the frame's inputs, and
+        dynamo, writing the frame's guards after the chain returned, would fail the whole
+        frame on them (``torch.compile(backend="openvino")`` of a convolution does)."""
         if self.shapes is None:
             return ""
         added = self.shapes.guards[self.count :]
