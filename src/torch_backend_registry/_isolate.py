@@ -71,8 +71,9 @@ class Guards:
         added = self.shapes.guards[self.count :]
         symbols = {symbol for guard in added for symbol in guard.expr.free_symbols}
         strays = ", ".join(sorted(str(symbol) for symbol in symbols - self.known))
-        if strays:
-            del self.shapes.guards[self.count :]
+        if strays:  # a guard on dynamo's own sizes alone stays: it says what the member needs
+            kept = [guard for guard in added if guard.expr.free_symbols <= self.known]
+            self.shapes.guards[self.count :] = kept
         return strays
 
 
