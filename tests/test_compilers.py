@@ -868,6 +868,19 @@ def traces_then_fails(gm, example_inputs):
         torch.jit.trace(gm, example_inputs, check_trace=False)
     raise RuntimeError("failed after tracing")
 
+def retraces_then_fails(gm, example_inputs):
+    # As OpenVINO's compiler does: the graph traced again in dynamo's own fake mode, from
+    # real tensors, which guards sizes of that trace's own; then it gives up.
+    from torch._dynamo.backends.common import fake_tensor_unsupported
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    @fake_tensor_unsupported
+    def trace(gm, example_inputs):
+        return make_fx(gm, tracing_mode="fake", _allow_non_fake_inputs=True)(*example_inputs)
+
+    trace(gm, example_inputs)
+    raise RuntimeError("failed after tracing again")
+
 def _ones_for_tangents(gm, example_inputs):
     for node in list(gm.graph.nodes):  # a lowering bug: every incoming gradient is 1
         if node.op == "placeholder" and node.name.startswith("tangents"):
@@ -1082,3 +1095,27 @@ def test_guards_a_members_compile_puts_on_sizes_of_its_own_are_taken_back(
         assert close(torch.compile(model, backend=f"chain{uid}")(x * 2), model(x * 2))
     assert used(registry, f"chain{uid}") == "openvino"
     assert any("compiling 'openvino' guarded sizes of its own" in r for r in logged)
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_what_a_member_that_then_failed_guarded_of_its_own_never_fails_the_frame(
+    write: WriteFn, meddlers: str, logged: list[str], training: bool
+) -> None:
+    registry, uid = installed(
+        write,
+        f'[backends.retraces_UID]\ntarget = "{meddlers}:retraces_then_fails"\n'
+        '[backends.chain_UID]\nchain = ["retraces_UID", "aot_eager"]\n',
+    )
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU()
+    ).train(training)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.set_grad_enabled(training):
+        out = torch.compile(model, backend=f"chain{uid}")(x)
+    if training:
+        out.sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+    else:
+        assert close(out, model(x))
+        assert any(f"compiling 'retraces{uid}' guarded sizes of its own" in r for r in logged)
+    assert used(registry, f"chain{uid}") == "aot_eager"

@@ -146,15 +146,8 @@ class Run:
             # A table's member not installed here is the note it is wherever it is named.
             severity = unusable(exc)[1] if isinstance(exc, UnknownBackendError) else "warning"
             return self.skip(member, f"compiling raised {type(exc).__name__}: {exc}", severity)
-        strays = guards.strays()
-        if strays:
-            logger.info(
-                "backend %r: compiling %r guarded sizes of its own (%s), which no input of the"
-                " graph has and dynamo cannot check: those guards are taken back",
-                self.name,
-                member,
-                strays,
-            )
+        finally:  # compiled or not: what it guarded of its own would fail the whole frame
+            guards.take_back(self.name, member)
         if not callable(compiled):  # dynamo could not run it: "did not return callable"
             kind = type(compiled).__name__
             said = f"compiling gave {kind}, not a function to run the graph"

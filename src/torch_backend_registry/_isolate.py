@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 from ._errors import BackendChainError
 from ._verify import fake
@@ -10,6 +11,8 @@ from ._verify import fake
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+logger = logging.getLogger("torch_backend_registry")
 
 
 class Inputs:
@@ -59,22 +62,29 @@ class Guards:
         self.count = len(self.shapes.guards) if self.shapes is not None else 0
         self.known = set(self.shapes.var_to_range) if self.shapes is not None else set()
 
-    def strays(self) -> str:
-        """The sizes that the guards the member added are on and that are not dynamo's own,
-        named (``""``: none), those guards taken back. A compiler that traces the graph
-        again with dynamo's fake mode (OpenVINO's does) makes sizes of its own, which no
-        input of the frame is the source of: they say nothing of the frame's inputs, and
-        dynamo, writing the frame's guards after the chain returned, would fail the whole
-        frame on them (``torch.compile(backend="openvino")`` of a convolution does)."""
+    def take_back(self, chain: str, member: str) -> None:
+        """Take back the guards ``member`` added on sizes that are not dynamo's own, saying
+        so. A compiler that traces the graph again with dynamo's fake mode (OpenVINO's does)
+        makes sizes of its own, which no input of the frame is the source of: they say
+        nothing of the frame's inputs, and dynamo, writing the frame's guards after the
+        chain returned, would fail the whole frame on them (``torch.compile(backend=
+        "openvino")`` of a convolution does). A guard on dynamo's own sizes alone stays: it
+        says what the member needs."""
         if self.shapes is None:
-            return ""
+            return
         added = self.shapes.guards[self.count :]
         symbols = {symbol for guard in added for symbol in guard.expr.free_symbols}
-        strays = ", ".join(sorted(str(symbol) for symbol in symbols - self.known))
-        if strays:  # a guard on dynamo's own sizes alone stays: it says what the member needs
+        strays = sorted(str(symbol) for symbol in symbols - self.known)
+        if strays:
             kept = [guard for guard in added if guard.expr.free_symbols <= self.known]
             self.shapes.guards[self.count :] = kept
-        return strays
+            logger.info(
+                "backend %r: compiling %r guarded sizes of its own (%s), which no input of the"
+                " graph has and dynamo cannot check: those guards are taken back",
+                chain,
+                member,
+                ", ".join(strays),
+            )
 
 
 def own_copy(gm: Any) -> Any:
