@@ -8,6 +8,7 @@ import itertools
 import logging
 from collections.abc import Mapping
 
+from ._definition import ATOL, RTOL
 from ._errors import (
     BackendChainError,
     BackendRegistryError,
@@ -16,11 +17,13 @@ from ._errors import (
     UnknownBackendError,
 )
 from ._isolate import Guards, Inputs, own_copy
+from ._key import words
 from ._loader import call_options
 from ._members import typo_of
+from ._runs import leaves
 from ._sources.finding import missing_requirements
 from ._sources.pytorch import inductor
-from ._verify import Reference, compiling, leaves
+from ._verify import Reference, compiling
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,12 +50,16 @@ class _Composite:
         context: Context | None = None,
     ) -> None:
         self.definition = definition
-        self._lookup = lookup
-        self._info = info
+        #: How a member is looked up, and what the registry knows of one.
+        self.lookup = lookup
+        self.info = info
         self.context = context
         self.__name__ = self.__qualname__ = definition.name
         #: The member the last compile used.
         self.used: str | None = None
+        #: Each graph this backend compiled in this process, in order: the graph in words,
+        #: and the member it runs with.
+        self.graphs: list[tuple[str, str]] = []
 
 
 class ChainBackend(_Composite):
@@ -61,8 +68,8 @@ class ChainBackend(_Composite):
 
     A member is skipped when its ``requires`` cannot be found, when it cannot be
     looked up or loaded, when compiling raises, or when it computes other than eager
-    (``verify``); each skip is logged with its reason. If every member is skipped,
-    :class:`BackendChainError` names them all.
+    (``verify``), or, where gradients are on, loses them; each skip is logged with its
+    reason. If every member is skipped, :class:`BackendChainError` names them all.
     """
 
     def __repr__(self) -> str:
@@ -86,8 +93,16 @@ class Run:
     def __init__(
         self, chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[str, Any]
     ) -> None:
+        import torch
+
         self.chain, self.gm, self.example_inputs, self.kwargs = chain, gm, example_inputs, kwargs
-        self.name, self.verify = chain.__name__, chain.definition.verify
+        self.name = chain.__name__
+        verify = chain.definition.verify
+        #: How far each member is held to eager: the chain's ``verify``; where gradients are on
+        #: and it verifies nothing, the reach of the gradients alone (``"none"``): a member that
+        #: loses them is never used.
+        self.level = verify[0] if verify else "none" if torch.is_grad_enabled() else None
+        self.tolerances = verify[1:] if verify else (RTOL, ATOL)
         #: ``(member, reason)`` of each member skipped, in order.
         self.failures: list[tuple[str, str]] = []
         #: The graph run eagerly, taken before any member runs (one may rewrite it in place).
@@ -95,35 +110,46 @@ class Run:
         #: How far each member that passed was verified, and whether that is all asked.
         self.verified: dict[str, tuple[str, bool]] = {}
         self.inputs = Inputs(example_inputs)
+        self.device = device_type(gm, example_inputs)
+        #: The graph in a few words, for the log.
+        self.words = words(gm, example_inputs)
+        #: Whether a member wrote into the graph's inputs beyond putting back: no later one is
+        #: tried on the changed values.
+        self.last = False
         # A backward compiled at its first run, while torch.compile still compiles the
         # forward, would take that compile for its own: where a member's backward runs now
         # (to verify it, or to time a training step), it is compiled with the forward.
-        import torch
-
-        level = self.verify[0] if self.verify is not None else None
         training = chain.definition.select == "fastest" and torch.is_grad_enabled()
-        self.compile_level = "backward" if training else level
+        self.compile_level = "backward" if training else verify[0] if verify else None
 
     def skip(self, member: str, reason: str, severity: Severity) -> None:
         self.failures.append((member, reason))
         # A compiler's own message may run to pages: the log line keeps its head and end.
         said = reason if len(reason) <= 600 else f"{reason[:400]} ... {reason[-150:]}"
-        level = LOG_LEVELS[severity]
-        logger.log(level, "backend %r: %s: skipping %r: %s", self.name, severity, member, said)
+        logger.log(
+            LOG_LEVELS[severity],
+            "backend %r: %s: %s: skipping %r: %s",
+            self.name,
+            self.words,
+            severity,
+            member,
+            said,
+        )
 
     def candidates(self, members: Sequence[str] | None = None) -> Iterator[tuple[str, Any]]:
         """Each of ``members`` (default: the chain's) that compiles and verifies, compiled."""
         for member in self.chain.members if members is None else members:
-            self.inputs.unchanged(self.name, self.failures)  # by the member tried last
+            if self.last:
+                return
             compiled = self._compiled(member)
             if compiled is not None:
                 yield member, compiled
 
     def _compiled(self, member: str) -> Any:
         try:
-            definition = self.chain._info(member).definition
+            definition = self.chain.info(member).definition
             missing = missing_requirements(definition)
-            compiler = None if missing else self.chain._lookup(member)
+            compiler = None if missing else self.chain.lookup(member)
         except BackendRegistryError as exc:
             return self.skip(member, *unusable(exc))
         if compiler is None:
@@ -132,9 +158,10 @@ class Run:
         # What torch.compile(backend=member, ...) would hand it; a member that takes no
         # such argument is the caller's mistake, said at once, not a member to skip.
         compile_fn = member_compiler(self.name, definition, compiler, self.kwargs)
-        if self.reference is None and self.verify is not None:
-            self.reference = Reference(self.gm, self.example_inputs, *self.verify)
+        if self.reference is None and self.level is not None:
+            self.reference = Reference(self.gm, self.example_inputs, self.level, *self.tolerances)
         guards = Guards()
+        failure: tuple[str, Severity] | None = None
         try:
             # Each member its own copy: one that rewrites what it is given and then
             # fails leaves the next, and dynamo, the graph and inputs as they came.
@@ -145,9 +172,12 @@ class Run:
         except Exception as exc:
             # A table's member not installed here is the note it is wherever it is named.
             severity = unusable(exc)[1] if isinstance(exc, UnknownBackendError) else "warning"
-            return self.skip(member, f"compiling raised {type(exc).__name__}: {exc}", severity)
+            failure = (f"compiling raised {type(exc).__name__}: {exc}", severity)
         finally:  # compiled or not: what it guarded of its own would fail the whole frame
             guards.take_back(self.name, member)
+        self._inputs_kept(member, failure)
+        if failure is not None:
+            return self.skip(member, *failure)
         if not callable(compiled):  # dynamo could not run it: "did not return callable"
             kind = type(compiled).__name__
             said = f"compiling gave {kind}, not a function to run the graph"
@@ -156,22 +186,55 @@ class Run:
             why = self.reference.check(compiled)
             if why is not None:
                 return self.skip(member, f"verifying it failed: {why}", "warning")
-            self.verified[member] = (f", {self.reference.said}", self.reference.complete)
+            said = f", {self.reference.said}" if self.reference.said else ""
+            self.verified[member] = (said, self.reference.complete)
         return compiled
+
+    def _inputs_kept(self, member: str, failure: tuple[str, Severity] | None) -> None:
+        """Where compiling ``member`` ran the graph on its inputs and wrote into them (as
+        tracing and calibrating compilers do), put them back as they came; where that cannot
+        be done (the eager run did not show the graph writing them), no later member is
+        tried on the changed values, and a member that failed so ends the chain."""
+        clean = {} if self.reference is None else self.reference.clean
+        written = self.inputs.written(clean)
+        if not written:
+            return
+        numbers = ("inputs " if len(written) > 1 else "input ") + ", ".join(map(str, written))
+        if self.inputs.put_back(written, clean):
+            logger.info(
+                "backend %r: %s: compiling %r ran the graph and wrote into %s: put back as it came",
+                self.name,
+                self.words,
+                member,
+                numbers,
+            )
+            return
+        self.last = True
+        said = (
+            f"compiling it ran the graph and wrote into {numbers}, which cannot be put"
+            " back, so no later member is tried on the changed values"
+        )
+        if failure is None:
+            logger.warning("backend %r: %s: warning: %r: %s", self.name, self.words, member, said)
+            return
+        self.skip(member, f"{failure[0]}; {said}", failure[1])
+        raise BackendChainError(self.name, self.failures)
 
     def use(self, member: str, compiled: Any, how: str = "") -> Any:
         """``compiled``, ``member``'s, as what the graph runs with (``how`` it was chosen)."""
         verified, complete = self.verified.get(member, ("", True))
         said = how + verified
         if complete:
-            logger.info("backend %r: compiled with %r%s", self.name, member, said)
+            logger.info("backend %r: %s: compiled with %r%s", self.name, self.words, member, said)
         else:  # less than asked is worth a warning
-            logger.warning("backend %r: warning: compiled with %r%s", self.name, member, said)
+            logger.warning(
+                "backend %r: %s: warning: compiled with %r%s", self.name, self.words, member, said
+            )
         self.chain.used = member
+        self.chain.graphs.append((self.words, member))
         return compiled
 
     def failed(self) -> BackendChainError:
-        self.inputs.unchanged(self.name, self.failures)
         return BackendChainError(self.name, self.failures)
 
 
@@ -209,8 +272,9 @@ class DeviceBackend(_Composite):
             "backend %r: device %s: compiling with %r%s", self.__name__, device, member, said
         )
         self.used = member
-        compiler = self._lookup(member)
-        definition = self._info(member).definition
+        self.graphs.append((words(gm, example_inputs), member))
+        compiler = self.lookup(member)
+        definition = self.info(member).definition
         given = kwargs if settings is None else settings
         return member_compiler(self.__name__, definition, compiler, given)(gm, example_inputs)
 

@@ -12,11 +12,15 @@ VERIFY_VAR = "TORCH_BACKENDS_VERIFY"
 CLUSTER_TIMEOUT = 60.0
 #: Seconds a backend's probe may take before doctor kills it.
 DOCTOR_TIMEOUT = 300.0
-#: ``fresh``: a ``select = "fastest"`` chain decides again, and remembers anew.
+#: ``fresh``: a ``select = "fastest"`` chain decides again, and remembers anew; ``shipped``:
+#: it takes only choices shipped in ``backends.choices``, and times nothing.
 SELECT_VAR = "TORCH_BACKENDS_SELECT"
 #: Seconds a rank waits for rank 0's choice before it takes the chain's first member.
 SELECT_TIMEOUT_VAR = "TORCH_BACKENDS_SELECT_TIMEOUT"
 SELECT_TIMEOUT = 600.0
+#: Set by ``torch-backends tune`` for the command it runs: the folder each process hands
+#: the choices it made to.
+TUNING_VAR = "TORCH_BACKENDS_TUNING"
 
 
 def switched_on(value: str | None) -> bool:

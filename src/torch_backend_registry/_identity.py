@@ -8,6 +8,10 @@ of every backend it may reach too.
 
 from __future__ import annotations
 
+import sys
+
+from ._definition import canonical
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -48,8 +52,10 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
     if source.kind == "torch":  # a plugin's registration in PyTorch's registry
         facts["torch"] = pytorch_facts(torch_version)["torch"]
     elif definition.compiler_fn is not None:
-        described = callable_facts(definition.compiler_fn)
-        if described != definition.target:  # a partial, a callable object: what it holds
+        described = portable(definition.compiler_fn)
+        if (
+            described.get("function", described.get("named")) != definition.target
+        ):  # what a partial, an object holds
             facts["callable"] = described
     return facts
 
@@ -140,52 +146,113 @@ def _facts(index: Index, backends: Facts, aliases: dict[str, str]) -> Facts:
     return facts
 
 
-def callable_facts(fn: Any, depth: int = 0) -> Any:
-    """What a registered callable runs, as plain facts that two processes running the same
-    code agree on: a function's ``module:qualname``; a ``functools.partial``'s function and
-    the arguments it binds; a callable object's class and its attributes. Never an address
-    (``repr`` of an object holds one)."""
+def portable(value: Any, unknown: list[str] | None = None, depth: int = 0) -> Any:
+    """``value`` as plain facts that every process running the same code writes alike: data as
+    it is; a function by its ``module:qualname`` and its code (and what its closure and
+    defaults hold); a ``functools.partial`` by its function and arguments; a class, a builtin
+    by name; an enum by its member; a dataclass or an object with attributes by its class and
+    state; a ``torch.device`` by its type (no index), a tensor by its type, shape and values.
+    Never an address, a path or a ``repr`` that holds one. What it cannot write so is
+    written by its kind alone and named in ``unknown``."""
+    import dataclasses
+    import enum
     import functools
     import inspect
 
-    from ._definition import target_of
+    def more(inner: Any) -> Any:
+        return portable(inner, unknown, depth + 1)
 
-    if depth > 8:  # objects that hold themselves, or each other
-        return "..."
-    if isinstance(fn, functools.partial):
-        return {
-            "partial": callable_facts(fn.func, depth + 1),
-            "args": [_held(a, depth) for a in fn.args],
-            "keywords": {str(k): _held(v, depth) for k, v in sorted(fn.keywords.items())},
-        }
-    named = inspect.isfunction(fn) or inspect.isbuiltin(fn) or isinstance(fn, type)
-    target = target_of(fn)
-    if named and target is not None:  # its name says what it runs
-        return target
-    cls = type(fn)
-    # What registering set on it (its tags, as PyTorch sets them) is not what it runs.
-    state = {k: v for k, v in getattr(fn, "__dict__", {}).items() if k != "_tags"}
-    return {
-        "instance of": f"{cls.__module__}:{cls.__qualname__}",
-        "state": {
-            str(k): _held(v, depth) for k, v in sorted(state.items(), key=lambda i: str(i[0]))
-        },
-    }
-
-
-def _held(value: Any, depth: int) -> Any:
-    """A value a callable holds, as plain facts: data as it is, a callable as what it runs,
-    anything else by its kind."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if depth > 12:  # objects that hold themselves, or each other
+        return _unknown("a value nested too deep", unknown)
     if isinstance(value, (list, tuple)):
-        return [_held(v, depth + 1) for v in value][:100]
-    if isinstance(value, dict):
-        items = sorted(value.items(), key=lambda i: str(i[0]))[:100]
-        return {str(k): _held(v, depth + 1) for k, v in items}
-    if callable(value):
-        return callable_facts(value, depth + 1)
-    return {"object of": f"{type(value).__module__}:{type(value).__qualname__}"}
+        return [more(v) for v in value]
+    if isinstance(value, dict) or (hasattr(value, "items") and hasattr(value, "keys")):
+        return {str(k): more(v) for k, v in sorted(value.items(), key=lambda i: str(i[0]))}
+    if isinstance(value, (set, frozenset)):
+        return {"set": sorted(map(canonical, map(more, value)))}
+    if isinstance(value, enum.Enum):
+        return {"enum": f"{_name(type(value))}.{value.name}"}
+    if isinstance(value, functools.partial):
+        return {
+            "partial": more(value.func),
+            "args": more(value.args),
+            "keywords": more(value.keywords),
+        }
+    if inspect.ismethod(value):
+        return {"method": more(value.__func__), "of": more(value.__self__)}
+    if inspect.isfunction(value):
+        cells = [cell.cell_contents for cell in value.__closure__ or ()]
+        return {
+            "function": _name(value),
+            "code": _code(value.__code__),
+            "closure": more(cells),
+            "defaults": more([value.__defaults__, value.__kwdefaults__]),
+        }
+    if isinstance(value, type) or inspect.isroutine(value):
+        return {"named": _name(value)}
+    torch = sys.modules.get("torch")  # what is not imported holds no value of its own types
+    if torch is not None and isinstance(value, torch.device):
+        return {"device": value.type}
+    if torch is not None and isinstance(value, torch.dtype):
+        return {"dtype": str(value)}
+    if torch is not None and isinstance(value, torch.Tensor):
+        return _tensor(value, unknown)
+    uuid = getattr(value, "uuid", None)  # inductor's custom passes say what they are so
+    if callable(uuid):
+        return {"object": _name(type(value)), "uuid": more(uuid())}
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return {"object": _name(type(value)), "state": more(fields)}
+    if hasattr(value, "__dict__"):
+        # What registering set on it (its tags, as PyTorch sets them) is not what it runs.
+        state = {k: v for k, v in vars(value).items() if k != "_tags"}
+        return {"object": _name(type(value)), "state": more(state)}
+    return _unknown(f"a {_name(type(value))}", unknown, {"object of": _name(type(value))})
+
+
+def _unknown(what: str, unknown: list[str] | None, written: Any = None) -> Any:
+    if unknown is not None:
+        unknown.append(what)
+    return written if written is not None else {"unknown": what}
+
+
+def _name(thing: Any) -> str:
+    return f"{getattr(thing, '__module__', None)}:{getattr(thing, '__qualname__', None)}"
+
+
+def _code(code: Any) -> str:
+    """A digest of what a function's code does: its bytecode, names and constants (code
+    inside it by the same digest), never its file or line."""
+    import hashlib
+
+    def constant(value: Any) -> Any:
+        if hasattr(value, "co_code"):
+            return _code(value)
+        if isinstance(value, (tuple, frozenset)):
+            items = [constant(v) for v in value]
+            return sorted(items, key=repr) if isinstance(value, frozenset) else items
+        return value
+
+    facts = [code.co_code.hex(), code.co_names, code.co_varnames, constant(code.co_consts)]
+    return hashlib.sha256(repr(facts).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+#: The most elements of a tensor written by its values: past them, by its type and shape.
+TENSOR_VALUES = 1 << 20
+
+
+def _tensor(value: Any, unknown: list[str] | None) -> Any:
+    import hashlib
+
+    import torch
+
+    facts = {"tensor": str(value.dtype), "shape": list(value.shape)}
+    if value.numel() > TENSOR_VALUES or value.is_sparse or value.device.type == "meta":
+        return _unknown(f"a tensor of {value.numel()} elements", unknown, facts)
+    data = value.detach().cpu().contiguous().view(-1).view(torch.uint8)
+    return {**facts, "values": hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]}
 
 
 def _plain(value: Any) -> Any:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import logging
 
-from ._errors import BackendChainError
-from ._verify import fake
+from ._compare import same
+from ._runs import fake, flat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -17,35 +17,46 @@ logger = logging.getLogger("torch_backend_registry")
 
 class Inputs:
     """The version counters of a graph's tensor inputs as they came to a chain. A member
-    that runs the graph on them while it compiles (``torch.jit.trace``, as tracing
-    compilers do) applies the graph's own writes (BatchNorm's running statistics, an
-    optimizer's step); if it then fails, the next member, its verification and dynamo would
-    run on top of them. Nothing is copied to put them back (an input may be a cache as large
-    as the model): the chain stops there, saying so. Fake and inference tensors are left out
-    (they cannot be written here)."""
+    that runs the graph on them while it compiles (``torch.jit.trace``, as tracing and
+    calibrating compilers do) applies the graph's own writes (BatchNorm's running
+    statistics, a cache's update); the next member, its verification and dynamo would run
+    on top of them. The chain puts them back from the clean copies the eager reference kept
+    of what the graph writes (nothing else is copied: an input may be as large as the
+    model). Fake and inference tensors are left out (they cannot be written here)."""
 
     def __init__(self, example_inputs: Any) -> None:
+        self.versions = {
+            number: (x, x._version)
+            for number, x in enumerate(flat(example_inputs))
+            # An inference tensor has no version counter; dynamo compiles outside that mode.
+            if not fake(x) and not x.is_inference()
+        }
+
+    def written(self, clean: dict[int, Any]) -> list[int]:
+        """The inputs written since last asked (by the member compiled last), by number: those
+        whose version counter moved, and of those ``clean`` holds as they were, those whose
+        values differ (an in-place kernel may write without counting)."""
+        found = {n for n, (x, version) in self.versions.items() if x._version != version}
+        found.update(
+            n for n in clean if n in self.versions and not same(self.versions[n][0], clean[n])
+        )
+        self.versions.update(
+            (n, (self.versions[n][0], self.versions[n][0]._version)) for n in found
+        )
+        return sorted(found)
+
+    def put_back(self, numbers: list[int], clean: dict[int, Any]) -> bool:
+        """Put the inputs ``numbers`` back as ``clean`` holds them; ``False``, and nothing
+        put back, where it does not hold each."""
         import torch
 
-        self.versions = [
-            (number, x, x._version)
-            for number, x in enumerate(example_inputs)
-            if isinstance(x, torch.Tensor)
-            and not fake(x)
-            and not x.is_inference()  # no version counter; dynamo compiles outside that mode
-        ]
-
-    def unchanged(self, chain: str, failures: list[tuple[str, str]]) -> None:
-        """A :class:`BackendChainError` where the member that failed last wrote into an input."""
-        written = [str(number) for number, x, version in self.versions if x._version != version]
-        if written:
-            member, said = failures[-1]
-            failures[-1] = (
-                member,
-                f"{said}; it had written into input {', '.join(written)} of the graph, so no"
-                " later member is tried on the changed values",
-            )
-            raise BackendChainError(chain, failures)
+        if not all(number in clean for number in numbers):
+            return False
+        with torch.no_grad():
+            for number in numbers:
+                self.versions[number][0].copy_(clean[number])
+        self.written({})  # the copy is a write too: counted from here
+        return True
 
 
 class Guards:

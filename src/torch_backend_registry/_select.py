@@ -1,35 +1,38 @@
 """``select = "fastest"``: each graph runs with the fastest member of a chain that verifies.
 
-For each graph the chain is handed, every available member is compiled and verified, then
-timed on one copy of the example inputs: warm-up calls first, then rounds in which the
-members take turns, the median of each kept. The choice is remembered in the user's cache
-folder by all that decides it (:func:`key`), so a later process compiles only the chosen
-member. Where torch.distributed is initialised, rank 0 decides and tells the other ranks
-through the default group's store; they time nothing, and none waits on a collective.
+For each graph the chain is handed, a choice is taken from where it is first found: one
+shipped in ``backends.choices`` (what ``torch-backends tune`` decided), else one remembered
+in the user's cache folder, else a decision: every available member is compiled and
+verified, then timed on one copy of the example inputs (warm-up calls first, then rounds in
+which the members take turns), and the fastest is chosen where it is ``min-speedup`` times
+faster than the chain's first beyond the spread of the samples. Choices are found by the
+portable key of what decides them (``_key``). Where torch.distributed is initialised, rank
+0 decides (or takes its remembered choice) and tells the other ranks through the default
+group's store; they time nothing, and none waits on a collective. A shipped choice needs no
+rank to wait on another.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import json
 import logging
 import os
 import statistics
-import sys
 import time
 
-from ._chain import ChainBackend, Run, device_type
-from ._definition import canonical
-from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR
-from ._identity import own_facts
+from . import _store
+from ._chain import ChainBackend, Run
+from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR, TUNING_VAR
+from ._key import differences, facts, identity, in_words, key, members
+from ._runs import copies, generators, leaves, restored, said
 from ._sources.cache import NO_CACHE
-from ._sources.finding import code_stamp
-from ._sources.pytorch import torch_version
-from ._verify import copies, generators, leaves, restored
+from ._sources.choices import shipped_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from datetime import timedelta
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo
@@ -51,6 +54,8 @@ SETTLE_SECONDS = 10e-3
 #: resolution and a stray interruption weigh little (with 2 ms, OpenVINO's 1.25x over
 #: eager on a small MLP was measured under the 1.1x of min-speedup one run in two).
 SAMPLE_SECONDS = 10e-3
+#: What was said once a process (a bad time limit, a value no process writes alike).
+_SAID: set[str] = set()
 
 
 class FastestChain(ChainBackend):
@@ -61,82 +66,147 @@ class FastestChain(ChainBackend):
 
 
 def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[str, Any]) -> Any:
-    """What ``chain`` compiles ``gm`` to: its fastest member's compiled graph."""
+    """What ``chain`` compiles ``gm`` to: the compiled graph of the member chosen for it."""
     run = Run(chain, gm, example_inputs, kwargs)
     environ = os.environ if chain.context is None else chain.context.environ
     cache = NO_CACHE if chain.context is None else chain.context.cache
-    decides = key(chain, gm, example_inputs, kwargs)
-    store = _store()
-    if store is not None and _rank() != 0:
-        return _as_rank_zero_chose(run, store, decides, environ)
-    fresh = environ.get(SELECT_VAR, "").strip().lower() == "fresh"
-    remembered = None if fresh else cache.get(KIND, decides["memory"])
+    mode = environ.get(SELECT_VAR, "").strip().lower()
+    unknown: list[str] = []
+    decided = facts(chain.definition, chain.info, gm, example_inputs, run.device, kwargs, unknown)
+    found = key(decided)
+    if unknown:  # remembered under it, the choice would be found by no other process
+        _once(
+            f"backend {run.name!r}: {run.words}: its choice is not remembered: torch.compile was"
+            f" given {', '.join(dict.fromkeys(unknown))}, which no other process writes alike"
+        )
+    if mode != "fresh":
+        shipped = shipped_for(chain.definition, chain.context)
+        at = shipped.find(found) if shipped is not None else None
+        if at is not None:
+            table, where = at
+            listed = _listed(run, [table.get("member")])
+            if not listed:
+                logger.warning(
+                    "backend %r: %s: warning: the choice shipped at %s names %r, which the"
+                    " chain does not list: not used",
+                    run.name, run.words, where, table.get("member"),
+                )  # fmt: skip
+            for member, compiled in run.candidates(listed):
+                return run.use(member, compiled, f", as shipped ({where})")
+        if mode == "shipped":
+            _warn_nearest(run, shipped, decided)
+            for member, compiled in run.candidates():
+                return run.use(member, compiled, ", the chain's first that verifies")
+            raise run.failed()
+    store = _store.default_store()
+    # What every rank compiling this graph writes alike, whatever machine it runs on.
+    rank_key = "torch_backend_registry/select/" + key(
+        {"graph": decided["graph"], "compile": decided["compile"], "identity": chain.__name__}
+    )
+    if store is not None and _store.rank() != 0:
+        return _as_rank_zero_chose(run, store, rank_key, environ)
+    remembered = None if mode == "fresh" or unknown else cache.get(KIND, found)
     if isinstance(remembered, dict) and remembered.get("member") in chain.members:
         for member, compiled in run.candidates([remembered["member"]]):
-            _publish(store, decides, member)
-            return run.use(member, compiled, f", as remembered ({said(remembered)})")
+            _publish(store, rank_key, member)
+            return run.use(member, compiled, f", as remembered ({said_of(remembered)})")
     passed = dict(run.candidates())
+    samples = timed(run, passed) if len(passed) > 1 and _timeable(run) else {}
     if not passed:
-        _publish(store, decides, "")
+        _publish(store, rank_key, "")
         raise run.failed()
-    if len(passed) == 1 or run.reference is None or run.reference.unverified is not None:
-        why = "no other member to time" if len(passed) == 1 else "it cannot be run to time it"
-        member = next(iter(passed))
-        _publish(store, decides, member)
-        return run.use(member, passed[member], f", not timed ({why})")
-    times = timed(run, passed)
-    member, speedup = choose(list(passed), times, chain.definition.min_speedup)
+    member, speedup, how = choose(list(passed), samples, chain.definition.min_speedup)
     choice = {
         "chain": chain.__name__,
-        "identity": decides["identity"],
         "member": member,
+        "graph": run.words,
+        "key": found,
+        "how": how,
         "first": next(iter(passed)),
-        "speedup": speedup,
-        "seconds": times,
-        "graph": decides["graph"],
+        "speedup": round(speedup, 3),
+        "seconds": {m: statistics.median(s) for m, s in samples.items()},
+        "spread": {m: spread(s) for m, s in samples.items()},
+        "skipped": dict(run.failures),
+        "members": {m: in_words(i) for m, i in members(chain.definition, chain.info).items()},
+        **decided,
         "when": time.time(),
     }
     logger.info(
-        "backend %r: %s: %s; chose %r (%s)",
-        chain.__name__,
-        decides["graph"],
-        ", ".join(f"{m} {_duration(s)}" for m, s in times.items()),
-        member,
-        said(choice),
+        "backend %r: %s: %s; chose %r (%s)", run.name, run.words, timings(choice), member, how
     )
-    cache.put(KIND, decides["memory"], choice)
-    _publish(store, decides, member)
+    if not unknown:
+        cache.put(KIND, found, choice)
+    _publish(store, rank_key, member)
+    _record(environ, choice)
     compiled = passed.pop(member)
     passed.clear()  # the members not chosen, and what they compiled, go now
-    return run.use(member, compiled, f", the fastest ({said(choice)})")
+    return run.use(member, compiled, f", {how}")
 
 
-def choose(order: list[str], times: Mapping[str, float], min_speedup: float) -> tuple[str, float]:
-    """The fastest of ``order`` (the chain's members that verified, in its order), unless it
-    is less than ``min_speedup`` times faster than the first, which then stays; and its
-    speed-up over the first."""
-    first, best = order[0], min(order, key=lambda member: times[member])
-    speedup = times[first] / times[best] if times[best] > 0 else 1.0
-    return (best, speedup) if speedup >= min_speedup else (first, 1.0)
+def _timeable(run: Run) -> bool:
+    return run.reference is not None and run.reference.unverified is None
 
 
-def timed(run: Run, compiled: Mapping[str, Callable[..., Any]]) -> dict[str, float]:
-    """The median seconds of a step with each member's compiled graph: the forward, and
-    where the graph is compiled for training and an output requires grad, the backward a
+def choose(
+    order: list[str], samples: Mapping[str, list[float]], min_speedup: float
+) -> tuple[str, float, str]:
+    """The member chosen of ``order`` (the chain's members that verified, in its order), its
+    speed-up over the first, and how it was chosen, in words: the fastest where it is at
+    least ``min_speedup`` times faster than the first beyond the spread of their samples
+    (the first's lower quartile over the fastest's upper one), else the first."""
+    first = order[0]
+    timed = [member for member in order if member in samples]
+    if len(order) == 1 or first not in samples or len(timed) < 2:
+        why = "no other member to time" if len(order) == 1 else "it cannot be run to time it"
+        return first, 1.0, f"the chain's first that verified, not timed ({why})"
+    medians = {member: statistics.median(samples[member]) for member in timed}
+    best = min(timed, key=medians.__getitem__)
+    speedup = medians[first] / medians[best] if medians[best] > 0 else 1.0
+    if best == first or speedup < min_speedup:
+        return first, 1.0, f"the chain's first that verified: none is {min_speedup:g}x faster"
+    low, high = _quartiles(samples[first])[0], _quartiles(samples[best])[2]
+    if high > 0 and low / high >= min_speedup:
+        return best, speedup, f"the fastest, {speedup:.2f}x over {first!r}"
+    return (
+        first,
+        1.0,
+        (
+            f"too close to call: {best!r} is {speedup:.2f}x faster than {first!r} by medians,"
+            f" within the spread of their samples (±{spread(samples[best]) / 2:.0%},"
+            f" ±{spread(samples[first]) / 2:.0%}); the chain's first is kept"
+        ),
+    )
+
+
+def spread(samples: list[float]) -> float:
+    """The middle half of ``samples`` over their median: how much one timing varies."""
+    low, middle, high = _quartiles(samples)
+    return round((high - low) / middle, 3) if middle > 0 else 0.0
+
+
+def _quartiles(samples: list[float]) -> list[float]:
+    if len(samples) < 2:
+        return [samples[0]] * 3 if samples else [0.0] * 3
+    return statistics.quantiles(samples, n=4)
+
+
+def timed(run: Run, compiled: dict[str, Callable[..., Any]]) -> dict[str, list[float]]:
+    """The seconds of a step with each member's compiled graph, a sample a round: the forward,
+    and where the graph is compiled for training and an output requires grad, the backward a
     training step runs with it. The members take turns, on one copy of the inputs; the
-    graph's state and every random number generator are as they were afterwards."""
+    graph's state and every random number generator are as they were afterwards. A member
+    that raises is skipped as one that fails to compile (and taken out of ``compiled``)."""
     import torch
 
     reference = run.reference
     assert reference is not None
     backward = reference.backward_runs
-    args, grads = copies(reference.inputs, backward)
-    grads += [p for p in getattr(run.gm, "parameters", list)() if p.requires_grad]
-    device = device_type(run.gm, run.example_inputs)
-    synchronize = getattr(getattr(torch, device, None), "synchronize", None)
+    copied = copies(reference.inputs, backward)
+    grads = copied.leaves + [p for p in getattr(run.gm, "parameters", list)() if p.requires_grad]
+    synchronize = getattr(getattr(torch, run.device, None), "synchronize", None)
 
     def step(fn: Callable[..., Any]) -> None:
-        out = fn(*args)
+        out = fn(*copied.inputs)
         if backward:
             outputs = [o for o in leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
             if outputs and grads:
@@ -147,213 +217,183 @@ def timed(run: Run, compiled: Mapping[str, Callable[..., Any]]) -> dict[str, flo
         started = time.perf_counter()
         for _ in range(calls):
             step(fn)
-        if device != "cpu" and synchronize is not None:
+        if run.device != "cpu" and synchronize is not None:
             synchronize()
         return (time.perf_counter() - started) / calls
 
-    samples: dict[str, list[float]] = {member: [] for member in compiled}
-    with torch.set_grad_enabled(reference.training), generators(), restored(run.gm):
-        calls = {}
-        for member, fn in compiled.items():
-            for _ in range(WARM_UP):
-                step(fn)
-            once = seconds(fn, 1)
-            calls[member] = max(1, min(1000, int(SAMPLE_SECONDS / max(once, 1e-7))))
-        members = list(compiled)
-        for round_ in range(ROUNDS):
-            turn = members[round_ % len(members) :] + members[: round_ % len(members)]
-            for member in turn:
-                settled = time.perf_counter() + SETTLE_SECONDS
-                while time.perf_counter() < settled:
+    samples: dict[str, list[float]] = {}
+    calls: dict[str, int] = {}
+
+    def turn(member: str, first: bool) -> None:
+        try:
+            if first:
+                for _ in range(WARM_UP):
                     step(compiled[member])
-                samples[member].append(seconds(compiled[member], calls[member]))
-    return {member: statistics.median(found) for member, found in samples.items()}
+                calls[member] = max(
+                    1, min(1000, int(SAMPLE_SECONDS / max(seconds(compiled[member], 1), 1e-7)))
+                )
+                samples[member] = []
+                return
+            settled = time.perf_counter() + SETTLE_SECONDS
+            while time.perf_counter() < settled:
+                step(compiled[member])
+            samples[member].append(seconds(compiled[member], calls[member]))
+        except Exception as exc:  # a member that raises on a later call: skipped, not fatal
+            run.skip(member, f"running it while timed raised {said(exc)}", "warning")
+            compiled.pop(member)
+            samples.pop(member, None)
+
+    with torch.set_grad_enabled(reference.training), generators(), restored(run.gm):
+        for member in list(compiled):
+            turn(member, first=True)
+        for round_ in range(ROUNDS):
+            order = list(compiled)
+            shift = round_ % max(len(order), 1)
+            for member in order[shift:] + order[:shift]:
+                if member in compiled:
+                    turn(member, first=False)
+    return samples
 
 
-def key(
-    chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[str, Any]
-) -> dict[str, Any]:
-    """What decides a choice: ``memory``, the key it is remembered by (the graph, the chain
-    and each member as they are here, what torch.compile was given, PyTorch's version and the
-    device's model); ``identity``, the digest of the chain and its members alone (which
-    ``explain`` matches); ``rank``, the name rank 0 tells the other ranks its choice by (the
-    same on every rank: no path, no device index); ``graph``, the graph in a few words."""
-    graph = graph_facts(gm, example_inputs)
-    identity = _digest(chain_facts(chain.definition, chain._info))
-    asked = canonical(dict(kwargs))
-    device = device_type(gm, example_inputs)
-    return {
-        "memory": [graph, identity, asked, torch_version(), device_model(device)],
-        "identity": identity,
-        "rank": "torch_backend_registry/select/" + _digest([chain.__name__, graph, asked]),
-        "graph": _described(gm, graph),
-    }
+def timings(choice: Mapping[str, Any]) -> str:
+    """Each member's median time and spread, or why it was not timed, in words."""
+    seconds, spreads = choice.get("seconds") or {}, choice.get("spread") or {}
+    said = [f"{m} {duration(s)} ±{float(spreads.get(m, 0)) / 2:.0%}" for m, s in seconds.items()]
+    said += [f"{m} not timed ({why})" for m, why in (choice.get("skipped") or {}).items()]
+    return ", ".join(said) or "nothing timed"
 
 
-def chain_facts(chain: BackendDefinition, info: Callable[[str], BackendInfo]) -> list[Any]:
-    """The chain's own facts, and each member's (``info`` finds them), with the files of its
-    code (a project's own: edited, it is another member), as the fingerprint states them."""
-    found: list[Any] = [own_facts(chain, torch_version())]
-    for member in chain.members:
-        with contextlib.suppress(Exception):  # a member not here: it is skipped, said so
-            definition = info(member).definition
-            code = None  # a plugin's or PyTorch's: its version says which code it is
-            if definition.target is not None and definition.source.kind in ("env", "project"):
-                module = definition.target.partition(":")[0]
-                code = code_stamp(module, definition.search_path)
-            found.append([member, own_facts(definition, torch_version()), code])
-    return found
+def duration(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
 
 
-def graph_facts(gm: Any, example_inputs: Any) -> list[Any]:
-    """The graph as a choice is keyed by: its code and, for each input, shape, strides,
-    dtype, device type and ``requires_grad``, as dynamo recorded them where it did (under
-    ``dynamic=True`` the sizes are symbols: one choice for every size), and grad mode."""
-    import torch
-
-    placeholders = [
-        n for n in getattr(getattr(gm, "graph", None), "nodes", ()) if n.op == "placeholder"
-    ]
-    recorded = [n.meta.get("example_value", n.meta.get("val")) for n in placeholders]
-    values = (
-        recorded
-        if len(recorded) == len(example_inputs) and all(v is not None for v in recorded)
-        else list(example_inputs)
-    )
-    inputs: list[Any] = []
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            strides = str(value.stride()) if value.layout == torch.strided else None
-            kind = [str(tuple(value.shape)), strides, str(value.dtype), value.device.type]
-            inputs.append([*kind, value.requires_grad])
-        else:
-            inputs.append(type(value).__name__ if isinstance(value, torch.SymInt) else repr(value))
-    return [str(getattr(gm, "code", type(gm).__name__)), inputs, torch.is_grad_enabled()]
-
-
-def device_model(device: str) -> list[Any]:
-    """Which model of device ``device`` names here: a CPU's architecture, instruction set and
-    cores; an accelerator's own name."""
-    import platform
-
-    import torch
-
-    if device == "cpu":
-        capability = torch.backends.cpu.get_cpu_capability()
-        return [platform.machine(), platform.processor(), capability, os.cpu_count()]
-    module = getattr(torch, device, None)
-    with contextlib.suppress(Exception):
-        return [device, module.get_device_name()]  # type: ignore[union-attr]
-    return [device]
+def said_of(choice: Mapping[str, Any]) -> str:
+    """How a choice was made, and when, in words."""
+    when = choice.get("when") or 0
+    if isinstance(when, (int, float)):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(when))
+    return f"{choice.get('how') or 'decided'}; decided {when}"
 
 
 def remembered(
     cache: Cache, chain: BackendDefinition, info: Callable[[str], BackendInfo]
 ) -> list[dict[str, Any]]:
     """The choices remembered here for ``chain`` as it is now, newest first."""
-    identity = _digest(chain_facts(chain, info))
-    found = [
-        entry
-        for entry in cache.entries(KIND)
-        if isinstance(entry, dict) and entry.get("identity") == identity
-    ]
+    now = identity(chain, info)
+    found = [e for e in cache.entries(KIND) if isinstance(e, dict) and e.get("identity") == now]
     return sorted(found, key=lambda entry: -float(entry.get("when", 0)))
+
+
+def _listed(run: Run, chosen: list[Any]) -> list[str]:
+    """Of ``chosen`` (a shipped or received choice), what this chain lists."""
+    return [member for member in chosen if member in run.chain.members]
+
+
+def _warn_nearest(run: Run, shipped: Any, decided: Mapping[str, Any]) -> None:
+    """``TORCH_BACKENDS_SELECT=shipped`` and no choice applies: one warning, naming what differs
+    from the nearest choice shipped for this chain (or that none was)."""
+    tables = (
+        [] if shipped is None else [t for t, _ in shipped.every() if t.get("chain") == run.name]
+    )
+    nearest = min((differences(decided, t) for t in tables), key=len, default=None)
+    why = (
+        f"none was shipped for chain {run.name!r}"
+        if nearest is None
+        else f"the nearest shipped choice differs: {'; '.join(nearest)}"
+    )
+    logger.warning(
+        "backend %r: %s: warning: no shipped choice applies (%s); TORCH_BACKENDS_SELECT=shipped"
+        " times nothing: it compiles with the chain's first member that verifies",
+        run.name,
+        run.words,
+        why,
+    )
 
 
 # ------------------------------------------------------------------ every rank one choice
 
 
-def _store() -> Any:
-    """The default group's store, where torch.distributed is initialised with more than one
-    rank (never imported here: a process that did not load it has no ranks)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not (dist.is_available() and dist.is_initialized()):
-        return None
-    if dist.get_world_size() < 2:
-        return None
-    from torch.distributed.distributed_c10d import _get_default_store
-
-    return _get_default_store()
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return int(dist.get_rank())
-
-
-def _publish(store: Any, decides: Mapping[str, Any], member: str) -> None:
+def _publish(store: Any, name: str, member: str) -> None:
     """Tell the other ranks rank 0's choice (``""``: no member compiled)."""
     if store is not None:
-        store.set(decides["rank"], member)
+        store.set(name, member)
 
 
-def _as_rank_zero_chose(
-    run: Run, store: Any, decides: Mapping[str, Any], environ: Mapping[str, str]
-) -> Any:
+def _as_rank_zero_chose(run: Run, store: Any, name: str, environ: Mapping[str, str]) -> Any:
     """On a rank other than 0: compile with the member rank 0 chose, timing nothing; where
-    none comes in time, with the chain's first member that verifies, said as a warning."""
-    from datetime import timedelta
-
-    limit = _seconds(environ.get(SELECT_TIMEOUT_VAR))
+    none comes in time, or this rank cannot run it, with the chain's first member that
+    verifies, said as a warning naming both."""
+    limit = _limit(environ.get(SELECT_TIMEOUT_VAR))
     chosen: str | None = None
     try:
-        store.wait([decides["rank"]], timedelta(seconds=limit))
-        chosen = store.get(decides["rank"]).decode()
-    except Exception as exc:  # the time limit, or rank 0's store gone
-        logger.warning(
-            "backend %r: warning: rank %d heard no choice from rank 0 within %g s (%s:"
-            " %s); it compiles with the chain's first member that verifies",
-            run.name,
-            _rank(),
-            limit,
-            type(exc).__name__,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else "no message",
-        )
+        if _store.wait(store, [name], limit):
+            chosen = store.get(name).decode()
+        else:
+            _rank_warns(run, f"heard no choice from rank 0 within {limit.total_seconds():g} s")
+    except Exception as exc:  # rank 0's store gone
+        _rank_warns(run, f"heard no choice from rank 0 ({said(exc)})")
     if chosen:
-        for member, compiled in run.candidates([chosen]):
+        listed = _listed(run, [chosen])
+        for member, compiled in run.candidates(listed):
             return run.use(member, compiled, ", rank 0's choice")
-    others = [member for member in run.chain.members if member != chosen]
-    for member, compiled in run.candidates(others):
+        why = "its chain does not list it" if not listed else "it cannot be used here"
+        others = [member for member in run.chain.members if member != chosen]
+        for member, compiled in run.candidates(others):
+            _rank_warns(run, f"cannot run rank 0's choice {chosen!r} ({why}): it runs {member!r}")
+            return run.use(member, compiled, ", not rank 0's choice")
+        raise run.failed()
+    for member, compiled in run.candidates():
         return run.use(member, compiled, ", the chain's first that verifies")
     raise run.failed()
 
 
-def _seconds(value: str | None) -> float:
-    with contextlib.suppress(TypeError, ValueError):
-        seconds = float(value)  # type: ignore[arg-type]
-        if 0 < seconds < float("inf"):
-            return seconds
-    return SELECT_TIMEOUT
+def _rank_warns(run: Run, what: str) -> None:
+    logger.warning(
+        "backend %r: %s: warning: rank %d %s; ranks may run different members",
+        run.name,
+        run.words,
+        _store.rank(),
+        what,
+    )
 
 
-# ------------------------------------------------------------------ words
+def _limit(value: str | None) -> timedelta:
+    """``TORCH_BACKENDS_SELECT_TIMEOUT`` as a time limit: a positive number of seconds (past
+    what the store can count, its longest); anything else is said once, and the default
+    used."""
+    from datetime import timedelta
+
+    seconds = SELECT_TIMEOUT
+    if value is not None and value.strip():
+        try:
+            number = float(value)
+            if not 0 < number < float("inf"):
+                raise ValueError(value)
+            seconds = min(number, _store.LONGEST_DAYS * 86400.0)
+        except ValueError:
+            _once(
+                f"{SELECT_TIMEOUT_VAR}={value!r} is not a positive number of seconds: a rank"
+                f" waits the default {SELECT_TIMEOUT:g} s for rank 0's choice"
+            )
+    return timedelta(seconds=seconds)
 
 
-def said(choice: Mapping[str, Any]) -> str:
-    """How a choice was made, in words: its speed-up over the first member that verified."""
-    member, first = choice.get("member"), choice.get("first")
-    speedup = float(choice.get("speedup") or 1.0)
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(choice.get("when") or 0)))
-    if member == first:
-        return f"the chain's first that verified; decided {when}"
-    return f"{speedup:.2f}x over {first!r}; decided {when}"
+def _once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        logger.warning("warning: %s", message)
 
 
-def _duration(seconds: float) -> str:
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
-
-
-def _described(gm: Any, graph: list[Any]) -> str:
-    """A graph in a few words: how many operations, and its inputs' shapes."""
-    nodes = getattr(getattr(gm, "graph", None), "nodes", ())
-    operations = sum(node.op in ("call_function", "call_method", "call_module") for node in nodes)
-    shapes = [entry[0] for entry in graph[1] if isinstance(entry, list)][:3]
-    more = ", ..." if len(graph[1]) > 3 else ""
-    return f"graph of {operations} operations on {', '.join(shapes)}{more}"
-
-
-def _digest(facts: object) -> str:
-    return hashlib.sha256(canonical(facts).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+def _record(environ: Mapping[str, str], choice: Mapping[str, Any]) -> None:
+    """Under ``torch-backends tune``, hand the choice to it: a file in the folder it names."""
+    folder = environ.get(TUNING_VAR)
+    if not folder:
+        return
+    name = f"choice-{os.getpid()}-{time.monotonic_ns()}.json"
+    with (
+        contextlib.suppress(OSError),
+        open(os.path.join(folder, name), "w", encoding="utf-8") as out,
+    ):
+        json.dump(dict(choice), out)

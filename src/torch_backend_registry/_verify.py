@@ -1,9 +1,13 @@
 """Checking a compiled graph against the same graph run eagerly, on copies of its inputs.
 
 The eager run is the reference, taken once a compile, before any member of a chain sees
-the graph (a compiler may rewrite it in place). Compared (see ``_compare``): the outputs,
-the inputs as the graph left them, and with ``backward`` the gradients of the inputs that
-require them.
+the graph (a compiler may rewrite it in place). Where the graph is compiled for training
+(gradients on), at every level, ``none`` included: each output must require grad where
+eager's does, and its gradient must reach every input (and parameter) eager's reaches, by a
+walk of the autograd graph, with no backward run: a member that loses gradients would train
+nothing, silently. With ``forward`` or ``backward``, compared too (see ``_compare``): the
+outputs, the inputs as the graph left them, and with ``backward`` the gradients of the
+inputs that require them.
 
 Nothing of the model changes: every run gets copies of the tensor inputs, the graph's
 parameters and buffers are put back after it, gradients are taken with
@@ -19,13 +23,16 @@ from __future__ import annotations
 import contextlib
 import copy
 
-from ._compare import differ, same_layout, varying
+from ._compare import differ, layouts, same, varying
 from ._forksafe import ForkSafeLock
+from ._runs import concrete, copies, fake, flat, generators, leaves, restored, said, tensor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
     from typing import Any
+
+    from ._runs import Copies
 
 #: Compiling for a backward check changes a setting of the whole process: one at a time.
 _SERIAL = ForkSafeLock()
@@ -48,7 +55,9 @@ def compiling(level: str | None) -> Iterator[None]:
 
 
 class Reference:
-    """The graph run eagerly on copies of ``example_inputs``, to hold compiled ones to.
+    """The graph run eagerly on copies of ``example_inputs``, to hold compiled ones to, at
+    ``level`` ``"none"`` (where gradients are on: their reach only), ``"forward"`` or
+    ``"backward"``.
 
     ``said`` tells how far a check goes: ``"forward verified against eager"``, or in
     shapes and types only, or ``"not verified: ..."`` where there is nothing to run
@@ -64,7 +73,7 @@ class Reference:
         self.gm = gm
         self.asked = level
         #: Whether the graph is compiled for training: its outputs must then require grad
-        #: where eager's do, whatever the level.
+        #: where eager's do, and reach what eager's reach, whatever the level.
         self.training = torch.is_grad_enabled()
         self.backward = level == "backward" and self.training
         self.close = (rtol, atol)
@@ -75,41 +84,56 @@ class Reference:
         self.said, self.complete = "", False
         self._fp64: tuple[list[Any] | None, list[Any] | None] | None = None
         self.gradients: tuple[Any, ...] | None = None
+        #: The inputs the graph writes in place, by number, as they were before anything
+        #: ran: what a member that ran the graph on them while compiling is put back from.
+        self.clean: dict[int, Any] = {}
         #: Why nothing is compared (then every member passes); what follows is set only where
         #: it is ``None``.
         self.unverified: str | None = None
         try:
             # Lists, tuples and dicts opened: compiled autograd hands its graph one list of
             # tensors.
-            flat, spec = tree_flatten(list(example_inputs))
-            if any(map(fake, flat)):
+            flat_inputs, spec = tree_flatten(list(example_inputs))
+            if any(map(fake, flat_inputs)):
                 raise ValueError("fake inputs have no values to run on")
             # Under dynamic=True, sizes come as symbols: each is run at the value it stands for.
-            self.inputs: list[Any] = tree_unflatten([_concrete(x) for x in flat], spec)
+            self.inputs: list[Any] = tree_unflatten([concrete(x) for x in flat_inputs], spec)
         except ValueError as exc:
             self.unverified = str(exc)
             return
         try:
             with generators():
-                out, passed, grads = self._run(gm, self.backward)
+                out, run = self._run(gm)
                 # Run on from where the first run left the generators: does it give other
                 # values then (it draws random numbers)?
-                again, written, _ = self._run(gm, False)
+                again, rerun = self._run(gm) if level != "none" else (out, run)
             # Other values from the same start, in what it gives or what it writes in place:
             # those draw random numbers (or leave memory unset), and so do the gradients.
-            self.varying = (varying(leaves(out), leaves(again)), varying(passed, written))
+            self.varying = (
+                varying(leaves(out), leaves(again)),
+                varying(run.tensors, rerun.tensors),
+            )
             loss = _loss(out) if self.backward else None
-            if loss is not None and grads:
-                self.gradients = torch.autograd.grad(loss, grads, allow_unused=True)
+            if loss is not None and run.leaves:
+                self.gradients = torch.autograd.grad(loss, run.leaves, allow_unused=True)
             else:
                 self.backward = False  # nothing to differentiate: the forward is all there is
         except Exception as exc:
             self.unverified = f"the graph run eagerly raised {type(exc).__name__}: {exc}"
             return
-        self.eager = [o.detach() if _tensor(o) else o for o in leaves(out)]
-        #: For each tensor output, whether eager's requires grad.
-        self.requires_grad = [o.requires_grad for o in leaves(out) if _tensor(o)]
-        self.written = [x.detach() for x in passed]
+        self.eager = [o.detach() if tensor(o) else o for o in leaves(out)]
+        #: For each tensor output, whether eager's requires grad, and what its gradient reaches.
+        self.requires_grad = [o.requires_grad for o in leaves(out) if tensor(o)]
+        self.reaches = _reaches(out, run, gm)
+        self.written = [x.detach() for x in run.tensors]
+        # What the graph writes: by the version counter, and by value (an in-place kernel
+        # may write without counting: BatchNorm's running statistics).
+        originals = flat(self.inputs)
+        self.clean = {
+            n: originals[n].detach().clone()
+            for n, x in enumerate(run.tensors)
+            if x._version or not same(x, originals[n])
+        }
 
     @property
     def backward_runs(self) -> bool:
@@ -126,32 +150,40 @@ class Reference:
         drew: tuple[set[int], set[int], set[int]] = (set(), set(), set())
         try:
             with generators():  # from the state the eager run started from
-                out, passed, grads = self._run(compiled, self.backward)
+                out, run = self._run(compiled)
         except Exception as exc:
-            return f"running it raised {_said(exc)}"
+            return f"running it raised {said(exc)}"
         try:
             got = leaves(out)
-            why = differ(
-                self.eager, got, "output", *self.close, self.varying[0],
-                fp64=lambda: self._float64()[0], drew=drew[0],
-            )  # fmt: skip
-            why = why or same_layout(self.eager, got)
-            why = why or self._same_requires_grad(got)
-            why = why or differ(
-                self.written, passed, "input", *self.close, self.varying[1], drew=drew[1]
-            )
-            if why is None and self.gradients is not None:
-                why = self._same_gradients(out, grads, drew[2])
+            why = self._same_requires_grad(got) or self._same_reach(out, run)
+            permuted: list[str] = []
+            if why is None and self.asked != "none":
+                why = differ(
+                    self.eager, got, "output", *self.close, self.varying[0],
+                    fp64=lambda: self._float64()[0], drew=drew[0],
+                )  # fmt: skip
+                why = why or layouts(self.eager, got, permuted)
+                why = why or differ(
+                    self.written, run.tensors, "input", *self.close, self.varying[1], drew=drew[1]
+                )
+                if why is None and self.gradients is not None:
+                    why = self._same_gradients(out, run.leaves, drew[2])
         except Exception as exc:  # what it gave cannot even be compared with eager's
-            return f"comparing it with eager raised {_said(exc)}"
+            return f"comparing it with eager raised {said(exc)}"
         if why is None:
-            self._say(*drew)
+            self._say(*drew, permuted)
         return why
 
-    def _say(self, outputs: set[int], inputs: set[int], gradients: set[int]) -> None:
+    def _say(
+        self, outputs: set[int], inputs: set[int], gradients: set[int], permuted: list[str]
+    ) -> None:
         """What :meth:`check` compared of a member that passed: ``outputs``, ``inputs`` and
         ``gradients`` vary between eager runs and differ from eager's too (the member draws
-        its own random numbers), so only their shapes and types were."""
+        its own random numbers), so only their shapes and types were; ``permuted``: outputs
+        laid out otherwise than eager's, in the same memory."""
+        if self.asked == "none":  # nothing asked: nothing to say of the gradients' reach
+            self.said, self.complete = "", True
+            return
         level = "backward" if self.backward else "forward"
         said = f"{level} verified against eager"
         if len(outputs) == len(self.eager):  # every output: the whole graph
@@ -166,6 +198,8 @@ class Reference:
             said += " and the gradients too" if gradients else ""
         elif any(self.varying):
             said += ", with the same random numbers as eager"
+        if permuted:
+            said += f" ({'; '.join(permuted)})"
         if level != self.asked:
             said += "; no backward to verify (gradients are off, or no output requires them)"
         whole = self.backward or self.asked != "backward"
@@ -174,10 +208,10 @@ class Reference:
     def _same_requires_grad(self, out: list[Any]) -> str | None:
         """Where the graph is compiled for training, an output that does not require grad
         where eager's does gives no backward pass: ``loss.backward()`` would fail far from
-        here."""
+        here, or train nothing."""
         if not self.training:
             return None
-        tensors = [o for o in out if _tensor(o)]
+        tensors = [o for o in out if tensor(o)]
         if any(self.requires_grad) and not any(o.requires_grad for o in tensors):
             return "no output requires grad, where eager's do: it gives no backward pass"
         for number, (eager, got) in enumerate(zip(self.requires_grad, tensors, strict=False)):
@@ -188,19 +222,30 @@ class Reference:
                 )
         return None
 
-    def _run(self, fn: Callable[..., Any], grad: bool) -> tuple[Any, list[Any], list[Any]]:
-        """``fn`` on fresh copies, the graph's own state put back. Returns what it gave,
-        the inputs as it left them, and the leaves to differentiate by."""
-        from torch.utils._pytree import tree_flatten
+    def _same_reach(self, out: Any, run: Copies) -> str | None:
+        """Where the graph is compiled for training, the gradient of each output must reach
+        every input and parameter eager's reaches (a member may reach more: AOTAutograd's
+        backward is one function of every input that requires grad)."""
+        if not self.training:
+            return None
+        mine = _reaches(out, run, self.gm)
+        for number, (eager, got) in enumerate(zip(self.reaches, mine, strict=False)):
+            lost = sorted(eager - got)
+            if lost:
+                more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+                return (
+                    f"the gradient of output {number} does not reach {', '.join(lost[:3])}{more},"
+                    f" where eager's does: {len(lost)} would get no gradient in training"
+                )
+        return None
 
-        passed, grads = copies(self.inputs, self.training)
-        grads = grads if grad else []
-        # Taken before the run: a graph given its inputs in a list (compiled autograd's) may
-        # empty it, as a boxed call does.
-        tensors = [x for x in tree_flatten(passed)[0] if _tensor(x)]
+    def _run(self, fn: Callable[..., Any]) -> tuple[Any, Copies]:
+        """``fn`` on fresh copies, the graph's own state put back: what it gave, and the
+        copies as it left them."""
+        run = copies(self.inputs, self.training)
         with restored(self.gm):
-            out = fn(*passed)
-        return out, tensors, grads
+            out = fn(*run.inputs)
+        return out, run
 
     def _same_gradients(self, out: Any, grads: list[Any], drew: set[int]) -> str | None:
         import torch
@@ -210,7 +255,7 @@ class Reference:
             # An output requires grad: _same_requires_grad said so before this is asked.
             got = torch.autograd.grad(_loss(out), grads, allow_unused=True)
         except Exception as exc:
-            return f"its backward raised {_said(exc)}"
+            return f"its backward raised {said(exc)}"
         pairs = [(e, g) for e, g in zip(self.gradients, got, strict=True) if (e, g) != (None, None)]
         if any(e is None or g is None for e, g in pairs):
             return "its gradients reach other inputs than eager's"
@@ -252,76 +297,46 @@ class Reference:
                 for kind in ("cuda", "xpu"):
                     if getattr(getattr(torch, kind, None), "is_available", lambda: False)():
                         stack.enter_context(torch.autocast(kind, enabled=False))
-                passed, leaves_ = copies(inputs, self.training)
+                run = copies(inputs, self.training)
                 with restored(gm):
-                    out = gm(*passed)
-                outputs = [o.detach() if _tensor(o) else None for o in leaves(out)]
+                    out = gm(*run.inputs)
+                outputs = [o.detach() if tensor(o) else None for o in leaves(out)]
                 gradients = None
                 loss = _loss(out) if self.gradients is not None else None
                 # Inputs that shared memory share none in float64: their gradients would
                 # not line up with eager's.
-                if loss is not None and len(leaves_) == len(self.gradients or ()):
-                    gradients = list(torch.autograd.grad(loss, leaves_, allow_unused=True))
+                if loss is not None and len(run.leaves) == len(self.gradients or ()):
+                    gradients = list(torch.autograd.grad(loss, run.leaves, allow_unused=True))
             self._fp64 = (outputs, gradients)
         except Exception:  # not runnable so: the plain comparison stands
             pass
         return self._fp64
 
 
-def _concrete(value: Any) -> Any:
-    """The value a symbolic size (``SymInt``, ``SymFloat``, ``SymBool``) stands for in this
-    compile, as dynamo recorded it; anything else as it is. A :class:`ValueError` where a
-    symbol has no such value."""
-    import torch
-
-    if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return value
-    hint = getattr(getattr(value, "node", None), "hint", None)
-    if hint is None:
-        raise ValueError(f"the symbolic input {value} has no concrete value to run on")
-    return hint
-
-
-def _tensor(x: object) -> bool:
-    import torch
-
-    return isinstance(x, torch.Tensor)
-
-
-def fake(x: object) -> bool:
-    """Whether ``x`` is one of dynamo's fake tensors: a shape with no values to run on."""
-    return type(x).__name__ == "FakeTensor"
-
-
-def copies(inputs: list[Any], grad: bool) -> tuple[list[Any], list[Any]]:
-    """Copies of the tensor inputs, parameters included, in one ``deepcopy`` so that inputs
-    sharing memory still do, each with its own strides and offset (compiled code holds the
-    strides it was compiled for); those inside a list or tuple too, in new ones. With
-    ``grad``, each storage of inputs that require grad gets one leaf, returned to
-    differentiate by; each such input is a view of one clone of it (a graph may write its
-    inputs in place, which a leaf may not be)."""
-    import torch
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
-    flat, spec = tree_flatten(inputs)
-    tensors = {i: x.detach() for i, x in enumerate(flat) if _tensor(x)}
-    copied = copy.deepcopy(tensors)
-    passed, leaves_ = list(flat), []
-    roots: dict[tuple[int, Any], Any] = {}
-    for i, y in copied.items():
-        if grad and flat[i].requires_grad and (y.is_floating_point() or y.is_complex()):
-            storage = y.untyped_storage()
-            key = (storage.data_ptr(), y.dtype)
-            through = roots.get(key)
-            if through is None:
-                size = storage.nbytes() // y.element_size()
-                whole = y.new_empty(0).set_(storage, 0, (size,), (1,))
-                leaf = whole.detach().requires_grad_(True)
-                leaves_.append(leaf)
-                through = roots[key] = leaf.clone()
-            y = torch.as_strided(through, y.size(), y.stride(), y.storage_offset())
-        passed[i] = y
-    return tree_unflatten(passed, spec), leaves_
+def _reaches(out: Any, run: Copies, gm: Any) -> list[frozenset[str]]:
+    """For each tensor output, the inputs and parameters of the graph its gradient reaches:
+    a walk of the autograd graph from it to the leaves it accumulates into."""
+    named = {id(leaf): f"input {n}" for leaf, n in zip(run.leaves, run.owners, strict=True)}
+    parameters = getattr(gm, "named_parameters", None)
+    if parameters is not None:
+        named.update((id(p), f"parameter {name!r}") for name, p in parameters())
+    found = []
+    for output in (o for o in leaves(out) if tensor(o)):
+        reached: set[str] = set()
+        if output.requires_grad and id(output) in named:  # an input returned as it is
+            reached.add(named[id(output)])
+        todo, seen = [output.grad_fn], set()
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            variable = getattr(node, "variable", None)  # an AccumulateGrad: a leaf
+            if variable is not None and id(variable) in named:
+                reached.add(named[id(variable)])
+            todo.extend(following for following, _ in node.next_functions)
+        found.append(frozenset(reached))
+    return found
 
 
 def _loss(out: Any) -> Any:
@@ -331,7 +346,7 @@ def _loss(out: Any) -> Any:
     eager's, as a plain sum, whose incoming gradients are all ones, would not show."""
     import torch
 
-    outputs = [o for o in leaves(out) if _tensor(o) and o.requires_grad]
+    outputs = [o for o in leaves(out) if tensor(o) and o.requires_grad]
     if not outputs:
         return None
     draws = torch.Generator().manual_seed(0x7B)
@@ -343,58 +358,8 @@ def _loss(out: Any) -> Any:
     return total
 
 
-@contextlib.contextmanager
-def generators() -> Iterator[None]:
-    """Every random number generator in use as it was, afterwards: the CPU's and each
-    accelerator's that is initialised (``torch.random.fork_rng`` for each kind)."""
-    import torch
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.random.fork_rng(devices=[]))
-        for kind in ("cuda", "xpu", "mps"):
-            module = getattr(torch, kind, None)
-            started = getattr(module, "is_initialized", getattr(module, "is_available", None))
-            if started is None or not started():
-                continue
-            count = getattr(module, "device_count", lambda: 1)()
-            stack.enter_context(torch.random.fork_rng(devices=range(count), device_type=kind))
-        yield
-
-
-def leaves(value: Any) -> list[Any]:
-    """The values a graph returned, flattened (tuples, lists and dicts of tensors)."""
-    if isinstance(value, (list, tuple)):
-        return [leaf for item in value for leaf in leaves(item)]
-    if isinstance(value, dict):
-        return [leaf for key in sorted(value, key=repr) for leaf in leaves(value[key])]
-    return [value]
-
-
-@contextlib.contextmanager
-def restored(gm: Any) -> Iterator[None]:
-    """The graph's own state (its parameters' and buffers' values: BatchNorm's running
-    statistics, say) as it was, after the block."""
-    import torch
-
-    state_dict = getattr(gm, "state_dict", None)
-    state = {} if state_dict is None else state_dict(keep_vars=True)
-    kept = {name: t.detach().clone() for name, t in state.items()}
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for name, t in state.items():
-                t.copy_(kept[name])
-
-
 def _double(value: Any) -> Any:
     """``value`` in float64 where it is a floating tensor (a leaf again where it was one)."""
-    if not (_tensor(value) and value.is_floating_point()):
+    if not (tensor(value) and value.is_floating_point()):
         return value
     return value.detach().double().requires_grad_(value.requires_grad)
-
-
-def _said(exc: BaseException) -> str:
-    """An exception as a log line has room for: its type and its message's first line."""
-    line = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__

@@ -188,7 +188,7 @@ def _timed(call: Callable[[], Any], backward: bool) -> dict[str, Any]:
     long enough (some 10 ms) that the clock weighs little."""
     import torch
 
-    from .._verify import leaves
+    from .._runs import leaves
 
     def step() -> None:
         out = [o for o in leaves(call()) if isinstance(o, torch.Tensor) and o.requires_grad]

@@ -1,0 +1,124 @@
+"""``backends.choices``: the choices ``torch-backends tune`` wrote, read where a select chain
+looks for one (each found by its key, without reading the others: a file of 10,000 choices
+costs a lookup what a file of ten does) and read whole for ``check`` and ``explain``.
+
+A choices file is configuration: the trust rule holds for it as for a manifest, and one
+that cannot be used is a warning, never an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+from .._errors import BackendRegistryError, warn
+from . import project_manifest
+from .files import MAX_KEY_PARTS, parse_toml, read_text
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .._definition import BackendDefinition
+    from . import Context
+
+#: The file ``tune`` writes beside the project manifest.
+CHOICES_FILE = "backends.choices"
+#: The largest choices file read: some 10,000 choices take 8 MiB.
+MAX_BYTES = 64 * 2**20
+#: Where each choice starts, as ``tune`` writes it (and as TOML allows it written by hand).
+_HEADER = re.compile(r"^[ \t]*\[\[[ \t]*choice[ \t]*\]\]", re.MULTILINE)
+
+
+class ChoicesFile:
+    """One ``backends.choices`` as read: its ``path`` and ``text``."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path, self.text = path, text
+
+    def find(self, key: str) -> tuple[dict[str, Any], int] | None:
+        """The choice of ``key`` and the line it starts on, parsed alone; ``None`` where there
+        is none (or it cannot be read: ``check`` says why)."""
+        import tomli
+
+        found = re.search(rf"^[ \t]*key[ \t]*=[ \t]*[\"']{re.escape(key)}[\"']", self.text, re.M)
+        if found is None:
+            return None
+        starts = [m.start() for m in _HEADER.finditer(self.text, 0, found.start())]
+        if not starts:
+            return None
+        following = _HEADER.search(self.text, found.end())
+        piece = self.text[starts[-1] : following.start() if following else len(self.text)]
+        try:
+            tables = tomli.loads(piece).get("choice")
+        except (tomli.TOMLDecodeError, ValueError, RecursionError):
+            return None
+        if not (isinstance(tables, list) and len(tables) == 1 and isinstance(tables[0], dict)):
+            return None
+        return tables[0], self.text.count("\n", 0, starts[-1]) + 1
+
+    def every(self) -> list[tuple[dict[str, Any], int]]:
+        """Every choice, with the line it starts on; a :class:`ManifestError` at its line
+        where the file is no TOML."""
+        data, _lines = parse_toml(self.path, self.text, 4 * MAX_KEY_PARTS)
+        tables = data.get("choice")
+        starts = [self.text.count("\n", 0, m.start()) + 1 for m in _HEADER.finditer(self.text)]
+        if not isinstance(tables, list):
+            return []
+        return [(t, line) for t, line in zip(tables, starts, strict=False) if isinstance(t, dict)]
+
+
+class Shipped:
+    """The choices files a chain's choices may be shipped in, in order: beside the manifest
+    that declares it, then beside the project manifest."""
+
+    def __init__(self, files: list[ChoicesFile]) -> None:
+        self.files = files
+
+    def find(self, key: str) -> tuple[dict[str, Any], str] | None:
+        """The choice of ``key``, and where it is (``PATH:LINE``)."""
+        for file in self.files:
+            found = file.find(key)
+            if found is not None:
+                return found[0], f"{file.path}:{found[1]}"
+        return None
+
+    def every(self) -> list[tuple[dict[str, Any], str]]:
+        """Every choice that can be read, and where it is."""
+        found = []
+        for file in self.files:
+            try:
+                found += [(table, f"{file.path}:{line}") for table, line in file.every()]
+            except BackendRegistryError:
+                continue  # check says why
+        return found
+
+
+def shipped_for(chain: BackendDefinition, context: Context | None) -> Shipped | None:
+    """The choices files of ``chain`` that can be read here (``None``: none)."""
+    folders = [] if chain.source.path is None else [os.path.dirname(chain.source.path)]
+    manifest = None if context is None or context.cwd is None else project_manifest(context.cwd)
+    folders += [os.path.dirname(manifest)] if manifest else []
+    paths = dict.fromkeys(os.path.realpath(os.path.join(f, CHOICES_FILE)) for f in folders)
+    files = [file for file in map(choices_file, paths) if file is not None]
+    return Shipped(files) if files else None
+
+
+def choices_file(path: str) -> ChoicesFile | None:
+    """``path`` read as a choices file (``None``: there is none); one that must not or cannot
+    be used is said as a warning, once a version of it."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return _read(path, info.st_mtime_ns, info.st_size, info.st_ino)
+
+
+@functools.lru_cache(maxsize=64)  # read once a version of the file (its time, size, inode)
+def _read(path: str, _mtime: int, _size: int, _inode: int) -> ChoicesFile | None:
+    try:
+        return ChoicesFile(path, read_text(path, MAX_BYTES, what="choices file"))
+    except BackendRegistryError as exc:
+        warn(f"{exc}; its choices are not used")
+        return None
