@@ -1047,7 +1047,7 @@ def test_what_a_member_wrote_into_the_inputs_while_compiling_is_put_back(
     # then the member's that runs it). The chain puts them back as they came, from what the
     # eager reference kept of what the graph writes, and goes on, whether the tracer failed
     # after tracing or passed and another member came after it.
-    registry, uid = installed(
+    _registry, uid = installed(
         write,
         f'[backends.tracer_UID]\ntarget = "{meddlers}:traces_then_fails"\n'
         f'[backends.passing_UID]\ntarget = "{meddlers}:traces_then_runs"\n'

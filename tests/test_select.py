@@ -10,6 +10,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -23,7 +24,7 @@ import pytest
 import torch_backend_registry as tbr
 from torch_backend_registry import BackendChainError, Registry
 
-from .conftest import WriteFn, torch_backends
+from .conftest import WriteFn, run_forked, torch_backends
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -46,9 +47,12 @@ class Compiled:
         out = self.gm(*args)
         return self.change(out) if self.change else out
 
+OPTIONS = []   # what each compile was given by torch.compile (options=...)
+
 def member(name, delay=0.0, change=None):
-    def compiler(gm, example_inputs):
+    def compiler(gm, example_inputs, **options):
         COMPILED.append(name)
+        OPTIONS.append(options)
         compiled = Compiled(name, gm, delay() if callable(delay) else delay, change)
         ALIVE[f"{name}-{len(COMPILED)}"] = compiled
         return compiled
@@ -75,6 +79,30 @@ slow = member("slow", 0.004)
 slower = member("slower", 0.008)
 wrong_and_fastest = member("wrong_and_fastest", 0.0, _plus(1.0))
 near = member("near", 0.0036)
+
+def detached(gm, example_inputs):
+    # Fast, and right in values, but its outputs start a graph of their own: the gradients
+    # reach no input, as an inference compiler's stub backward would give.
+    COMPILED.append("detached")
+    def run(*args):
+        RAN.append("detached")
+        out = gm(*args)
+        return type(out)(o.detach().requires_grad_(o.requires_grad) for o in out)
+    return run
+
+def flaky(after):
+    # Verifies (its first call is right), then raises at call ``after``.
+    def compiler(gm, example_inputs):
+        calls = []
+        def run(*args):
+            calls.append(1)
+            if len(calls) >= after:
+                raise RuntimeError(f"device lost at call {len(calls)}")
+            return gm(*args)
+        return run
+    return compiler
+
+flaky_2, flaky_3, flaky_4, flaky_5 = (flaky(n) for n in (2, 3, 4, 5))
 
 def fails(gm, example_inputs):
     COMPILED.append("fails")
@@ -267,6 +295,28 @@ def test_what_decides_a_choice_decides_it_again_and_nothing_else_does(
     assert compiles() == ["fast"]  # the same graph: remembered
     assert compiles(size=7) == ["fast", "slow"]  # another shape
     assert compiles(grad=True) == ["fast", "slow"]  # a training step
+    # The state that changes which member is fastest: autocast, matmul precision,
+    # deterministic algorithms, PyTorch's thread count.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert compiles() == ["fast", "slow"]
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        assert compiles() == ["fast", "slow"]
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert compiles() == ["fast", "slow"]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert compiles() == ["fast", "slow"]
+    finally:
+        torch.set_num_threads(threads)
+    assert compiles() == ["fast"]  # back as it was: remembered
     # A member's code edited: another member.
     path = Path(members.__file__ or "")
     path.write_text(path.read_text() + "\n# edited\n")
@@ -478,22 +528,45 @@ import torch_backend_registry as tbr
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+if rank == 1:  # a deployment's override on one rank: its chain 'solo' lists no 'b'
+    os.environ["TORCH_BACKENDS_PATH"] = os.path.abspath("override.toml")
 members = __import__(sys.argv[1])
 tbr.install()
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+
+def post_pass(graph):  # a function in what torch.compile is given: no address in the key
+    return graph
+
+def on_this_device(x):  # dynamo writes the device's index into the graph's code
+    return x.sum() + torch.arange(4, device=f"cpu:{rank}").float().sum()
+
+found = {}
 with torch.no_grad():
     torch.compile(model, backend="pick")(torch.randn(4, 8))
     members.RAN.clear()
     torch.compile(model, backend="pick")(torch.randn(4, 8))
-    first = list(members.RAN)
-    compiled_first = list(members.COMPILED)
+    found["ran"] = list(members.RAN)
+    found["compiled"] = list(members.COMPILED)
+    x = torch.randn(4, 8)
+    for case, compiled, given in (
+        ("options", torch.compile(model, backend="pick", options={"post": post_pass}), x),
+        ("index", torch.compile(on_this_device, backend="pick"), torch.randn(4)),
+        ("solo", torch.compile(model, backend="solo"), x),
+    ):
+        torch._dynamo.reset()
+        compiled(given)  # decided (on rank 0: every member timed)
+        members.RAN.clear()
+        compiled(given)  # what it runs with
+        found[case] = sorted(set(members.RAN))
     # A graph only this rank compiles: rank 0 never chooses for it.
     members.RAN.clear()
     if rank == 1:
+        os.environ["TORCH_BACKENDS_SELECT_TIMEOUT"] = "2"
+        tbr.refresh()
         torch.compile(torch.nn.Linear(8, 3), backend="pick")(torch.randn(4, 8))
-alone = sorted(set(members.RAN))
+found["alone"] = sorted(set(members.RAN))
 with open(f"rank{rank}.json", "w") as out:
-    json.dump({"ran": first, "compiled": compiled_first, "alone": alone}, out)
+    json.dump(found, out)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -503,19 +576,26 @@ def test_every_rank_runs_rank_zeros_choice_and_none_waits_for_ever(
     write: WriteFn, members: ModuleType, tmp_path: Path
 ) -> None:
     # by_rank_a is slow on rank 0 and by_rank_b on rank 1: deciding alone, the ranks would
-    # differ. Rank 0 decides; rank 1 times nothing and runs its choice.
+    # differ. Rank 0 decides; rank 1 times nothing and runs its choice, as soon as it hears
+    # it: the name it hears it by holds no address (a function in options) and no device
+    # index (a graph that makes a tensor on its own rank's device).
+    chains = (
+        '[backends.pick]\nchain = ["a", "b"]\nselect = "fastest"\n'
+        '[backends.solo]\nchain = ["a", "b"]\nselect = "fastest"\n'
+    )
     write(
         "backends.toml",
-        '[backends.pick]\nchain = ["a", "b"]\nselect = "fastest"\n'
-        f'[backends.a]\ntarget = "{members.__name__}:by_rank_a"\n'
-        f'[backends.b]\ntarget = "{members.__name__}:by_rank_b"\n',
+        chains + f'[backends.a]\ntarget = "{members.__name__}:by_rank_a"\n'
+        f'[backends.b]\ntarget = "{members.__name__}:by_rank_b"\n'
+        f'[backends.c]\ntarget = "{members.__name__}:fast"\n',
     )
+    write("override.toml", '[backends.solo]\nchain = ["c", "a"]\nselect = "fastest"\n')
     script = write("ranks.py", RANKS)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")},
         "PYTHONPATH": os.pathsep.join(sys.path),
         "TBR_SLOW_ON": "0",
-        "TORCH_BACKENDS_SELECT_TIMEOUT": "3",
+        "TORCH_BACKENDS_SELECT_TIMEOUT": "120",
     }
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
@@ -525,17 +605,23 @@ def test_every_rank_runs_rank_zeros_choice_and_none_waits_for_ever(
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
+    said = done.stdout + done.stderr
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     # On rank 0, a is slow: it chose b. Rank 1 runs b too, though a is faster there.
     assert zero["ran"] == one["ran"] == ["by_rank_b"]
     assert sorted(zero["compiled"]) == ["by_rank_a", "by_rank_b"]
     assert one["compiled"] == ["by_rank_b"]  # only rank 0's choice: nothing else compiled
+    assert zero["options"] == one["options"] == ["by_rank_b"]
+    assert zero["index"] == one["index"] == ["by_rank_b"]
+    # Rank 1's chain lists no b: it runs a member of its own, and says both.
+    assert (zero["solo"], one["solo"]) == (["by_rank_b"], ["fast"])
+    assert "rank 1 cannot run rank 0's choice 'b' (its chain does not list it): it runs 'c'" in said
     # What rank 0 never compiles: rank 1 waits its time limit, warns, and takes the first.
     assert one["alone"] == ["by_rank_a"]
-    assert "heard no choice from rank 0 within 3 s" in done.stdout + done.stderr
+    assert said.count("heard no choice from rank 0") == 1, said[-3000:]
 
 
 def _free_port() -> int:
@@ -558,3 +644,237 @@ def test_check_import_refuses_settings_the_devices_backend_cannot_take(
     assert done.stdout.startswith(
         "backends.toml:2: error: backends.t.by-device.cpu: Unrecognized mode=max-autotuen"
     )
+
+
+# ------------------------------------------------------------------ what an attack met
+
+
+def test_a_member_that_loses_gradients_is_never_run_for_training(
+    write: WriteFn, members: ModuleType, tmp_path: Path
+) -> None:
+    # The fastest member, right in values, whose outputs reach no parameter: refused at
+    # every verify level (a plain chain's "none" too), so that every parameter trains.
+    for chain, extra in (["detached", "slow"], ""), (["detached", "slow"], 'select = "first"\n'):
+        _registry, name = fastest(write, members, chain)
+        if extra:  # the same chain, plain and unverified
+            manifest = tmp_path / "backends.toml"
+            manifest.write_text(manifest.read_text().replace('select = "fastest"\n', ""))
+            tbr.install(Registry(cwd=tmp_path, environ={}))
+        net = model()
+        torch.compile(net, backend=name)(torch.randn(5, 8)).sum().backward()
+        assert all(p.grad is not None for p in net.parameters()), extra
+        members.RAN.clear()
+        with torch.no_grad():  # for inference, its gradients are nothing to lose
+            torch._dynamo.reset()
+            torch.compile(model(), backend=name)(torch.randn(5, 8))
+        assert "detached" in ran(members)
+        torch._dynamo.reset()
+
+
+def test_a_member_that_raises_while_timed_is_skipped_and_the_graph_compiles(
+    write: WriteFn, members: ModuleType, logged: list[str]
+) -> None:
+    for after in (2, 3, 4, 5):
+        torch._dynamo.reset()
+        logged.clear()
+        _registry, name = fastest(write, members, [f"flaky_{after}", "slow"])
+        net, x = model(), torch.randn(5, 8)
+        with torch.no_grad():
+            assert torch.allclose(torch.compile(net, backend=name)(x), net(x))
+        assert any(f"device lost at call {after}" in r and "skipping" in r for r in logged)
+        assert any("; chose 'slow_" in r for r in logged), after
+
+
+def test_a_gpt2_training_step_gets_every_gradient_through_a_fastest_chain(
+    write: WriteFn, tmp_path: Path
+) -> None:
+    # What a new user met: OpenVINO (no backward) chosen for GPT-2's training step.
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("openvino")
+    write("backends.toml", '[backends.gpt]\nchain = ["eager", "openvino"]\nselect = "fastest"\n')
+    tbr.install(Registry(cwd=tmp_path, environ={}))
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16)
+    torch.manual_seed(0)
+    gpt = transformers.GPT2LMHeadModel(config).train()
+    ids = torch.randint(0, 64, (2, 8))
+    loss = torch.compile(gpt, backend="gpt")(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert [n for n, p in gpt.named_parameters() if p.grad is None] == []
+
+
+def test_inductor_is_not_refused_for_a_cache_it_lays_out_otherwise(
+    write: WriteFn, tmp_path: Path, logged: list[str]
+) -> None:
+    # GPT-2's key/value cache: inductor gives the concatenation transposed, with the same
+    # values; PyTorch judges that right, and so does a chain that verifies.
+    write("backends.toml", '[backends.kv]\nchain = ["inductor", "eager"]\nverify = "forward"\n')
+    tbr.install(Registry(cwd=tmp_path, environ={}))
+    linear = torch.nn.Linear(128, 128)
+
+    def attend(x: Any, cache: Any) -> Any:
+        return torch.cat([cache, linear(x).view(2, 8, 4, 32).transpose(1, 2)], -2)
+
+    x, cache = torch.randn(2, 8, 128), torch.zeros(2, 4, 0, 32)
+    with torch.no_grad():
+        out = torch.compile(attend, backend="kv")(x, cache)
+        assert torch.allclose(out, attend(x, cache), atol=1e-5)
+    assert not any("skipping 'inductor'" in r for r in logged), logged
+    assert any("compiled with 'inductor', forward verified against eager" in r for r in logged)
+
+
+def test_a_choice_too_close_to_call_keeps_the_first_and_says_so() -> None:
+    from torch_backend_registry._select import choose
+
+    # By medians the second is 1.3x faster; their samples overlap: noise, not a speed-up.
+    first = [1.0, 1.4, 0.6, 1.3, 0.7, 1.2, 0.8, 1.0, 1.1]
+    second = [0.77, 1.2, 0.5, 1.1, 0.55, 0.9, 0.6, 0.8, 0.7]
+    member, speedup, how = choose(["a", "b"], {"a": first, "b": second}, 1.1)
+    assert (member, speedup) == ("a", 1.0)
+    assert how.startswith("too close to call: 'b' is 1.")
+    # Apart beyond their spread, the faster is chosen.
+    member, speedup, how = choose(["a", "b"], {"a": first, "b": [s / 3 for s in first]}, 1.1)
+    assert member == "b"
+    assert how == "the fastest, 3.00x over 'a'"
+
+
+def test_explain_says_each_choices_graph_mode_shapes_and_each_members_time(
+    write: WriteFn, members: ModuleType, tmp_path: Path
+) -> None:
+    _registry, name = fastest(write, members, ["slow", "detached", "fast"])
+    net = model()
+    with torch.no_grad():
+        torch.compile(net, backend=name)(torch.randn(5, 8))
+    torch.compile(net, backend=name)(torch.randn(5, 8)).sum().backward()
+    explained = torch_backends("explain", name, cwd=tmp_path).stdout
+    assert "(inference, static shapes): " in explained
+    assert "(training, static shapes): fast_" in explained  # detached is no choice there
+    assert "ms ±" in explained
+    # A member refused for training is said, with why, where it was not timed.
+    assert "not timed (verifying it failed: the gradient of output 0 does not reach" in explained
+    [inference, training] = sorted(
+        json.loads(torch_backends("explain", name, "--json", cwd=tmp_path).stdout)["choices"],
+        key=lambda c: c["grad"],
+    )
+    assert (inference["grad"], training["grad"], training["dynamic"]) == (False, True, False)
+    assert set(inference["seconds"]) == {
+        f"slow_{name[5:]}",
+        f"detached_{name[5:]}",
+        f"fast_{name[5:]}",
+    }
+    assert set(training["skipped"]) == {f"detached_{name[5:]}"}
+
+
+def test_each_graph_of_a_model_has_its_own_member_on_the_chain(
+    write: WriteFn, members: ModuleType
+) -> None:
+    registry, name = fastest(write, members, ["slow", "fast"])
+
+    def f(x: Any) -> Any:
+        y = torch.relu(x) * 2
+        torch._dynamo.graph_break()
+        return torch.tanh(y) + 1
+
+    with torch.no_grad():
+        torch.compile(f, backend=name)(torch.randn(5, 8))
+    chain: Any = registry.lookup_backend(name)  # a chain: its own attributes
+    graphs = chain.graphs
+    assert [member.split("_")[0] for _graph, member in graphs] == ["fast", "fast"]
+    assert all(graph.startswith("graph of ") for graph, _member in graphs)
+
+
+SIBLINGS = """
+import time
+import speeds_UID
+
+def slow(gm, example_inputs, options=None):
+    COMPILED.append("slow")
+    def run(*args):
+        time.sleep(speeds_UID.SLOW)
+        return gm(*args)
+    return run
+
+def fast(gm, example_inputs, options=None):
+    COMPILED.append("fast")
+    return gm.forward
+
+COMPILED = []
+"""
+
+CHECKOUT = """
+import dataclasses, enum, functools, json, threading, sys
+import torch
+import torch_backend_registry as tbr
+
+class Mode(enum.Enum):
+    FAST = 1
+
+@dataclasses.dataclass
+class Settings:
+    level: int
+
+def post_pass(graph):
+    return graph
+
+tbr.install()
+members = __import__(f"members_{sys.argv[1]}")
+options = {
+    "post_pass": post_pass,
+    "partial": functools.partial(max, key=abs),
+    "settings": Settings(2),
+    "mode": Mode.FAST,
+    "scale": torch.ones(3),
+    "device": torch.device("cpu", 0),
+    "lambda": lambda x: x + 1,
+}
+if sys.argv[2:] == ["lock"]:
+    options["lock"] = threading.Lock()  # nothing any other process writes alike
+with torch.no_grad():
+    torch.compile(torch.nn.Linear(8, 4), backend="pick", options=options)(torch.randn(5, 8))
+print(json.dumps(sorted(members.COMPILED)))
+"""
+
+
+def test_a_choice_is_found_by_another_process_in_another_checkout(tmp_path: Path) -> None:
+    # The key holds no path, no address: options holding functions, a partial, a dataclass,
+    # an enum, a tensor and a device are written by what identifies them. A checkout of
+    # the same project at another path finds the choice the first made.
+    uid = uuid.uuid4().hex[:8]
+    first = tmp_path / "checkout"
+    first.mkdir()
+    (first / f"members_{uid}.py").write_text(SIBLINGS.replace("UID", uid))
+    (first / f"speeds_{uid}.py").write_text("SLOW = 0.004\n")
+    (first / "backends.toml").write_text(
+        '[backends.pick]\nchain = ["slow", "fast"]\nselect = "fastest"\n'
+        f'[backends.slow]\ntarget = "members_{uid}:slow"\n'
+        f'[backends.fast]\ntarget = "members_{uid}:fast"\n'
+    )
+    decided = run_forked(CHECKOUT, cwd=first, args=(uid,))
+    assert json.loads(decided.stdout) == ["fast", "slow"], decided.stderr
+    second = tmp_path / "elsewhere" / "checkout"
+    shutil.copytree(first, second)
+    found = run_forked(CHECKOUT, cwd=second, args=(uid,))
+    assert json.loads(found.stdout) == ["fast"], found.stderr
+    # What no other process can write alike: decided again, and said why.
+    unknown = run_forked(CHECKOUT, cwd=second, args=(uid, "lock"))
+    assert json.loads(unknown.stdout) == ["fast", "slow"]
+    assert "its choice is not remembered: torch.compile was given a _thread:lock" in unknown.stderr
+    # A module the member imports, edited: its code changed, and the choice with it.
+    (second / f"speeds_{uid}.py").write_text("SLOW = 0.005\n")
+    edited = run_forked(CHECKOUT, cwd=second, args=(uid,))
+    assert json.loads(edited.stdout) == ["fast", "slow"], edited.stderr
+
+
+def test_a_select_time_limit_past_what_the_store_counts_waits_its_longest(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from torch_backend_registry._select import _limit
+
+    # 1e14 s overflows a timedelta: it was taken for a time-out, and a rank waited not at all.
+    assert _limit("1e14").days == 366
+    assert _limit("2.5").total_seconds() == 2.5
+    with caplog.at_level(logging.WARNING, logger="torch_backend_registry"):
+        for wrong in ("soon", "-1", "nan", "inf", "0", "soon"):
+            assert _limit(wrong).total_seconds() == 600
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "'soon' is not a positive number" in m]) == 1  # once
+    assert all("the default 600 s" in m for m in said)

@@ -350,6 +350,22 @@ def test_chain_that_names_itself_is_a_manifest_error(write: WriteFn) -> None:
     assert {p.line for p in registry.problems() if isinstance(p, Problem)} == {2, 5, 8}
 
 
+def test_compiling_a_declared_name_left_out_for_an_error_says_the_file_and_line(
+    write: WriteFn, uid: str
+) -> None:
+    # PyTorch alone would say "Invalid backend": the manifest says what is wrong, and where.
+    registry = project(
+        write, f'[backends.typo_{uid}]\nchain = ["eager", "inductor"]\nselct = "fastest"\n'
+    )
+    with pytest.warns(tbr.ManifestWarning, match="so backend .* is left out"):
+        tbr.install(registry)
+    with pytest.raises(Exception, match="backend=") as caught:
+        torch.compile(model(), backend=f"typo_{uid}")(torch.randn(2, 4))
+    said = str(caught.value)
+    assert f"backends.toml:3: backends.typo_{uid}.selct: unknown key 'selct'" in said
+    assert "did you mean 'select'?" in said
+
+
 def test_unknown_name_lists_close_torch_names(write: WriteFn) -> None:
     with pytest.raises(UnknownBackendError) as caught:
         project(write, "").lookup_backend("indctor")

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 #: The facts a key is made of, in the order ``backends.choices`` states them.
 DECIDING = (
-    "graph", "grad", "dynamic", "autocast", "matmul-precision", "deterministic", "threads",
+    "graph-digest", "grad", "dynamic", "autocast", "matmul-precision", "deterministic", "threads",
     "compile", "identity", "torch", "device",
 )  # fmt: skip
 #: A device's index as dynamo writes it into a graph's code: ``device(type='cuda', index=1)``
@@ -61,7 +61,7 @@ def facts(
         if torch.is_autocast_enabled(device):
             autocast = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
     return {
-        "graph": graph,
+        "graph-digest": graph,
         "grad": torch.is_grad_enabled(),
         "dynamic": dynamic,
         "autocast": autocast,
@@ -142,7 +142,7 @@ def differences(
         was, now = theirs.get(name), mine.get(name)
         if was == now:
             continue
-        if name == "graph":
+        if name == "graph-digest":
             said.append("another graph (its code, or its inputs' shapes, strides or types)")
         elif name == "identity":
             said.append("the chain or a member changed since")

@@ -101,7 +101,11 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
     store = _store.default_store()
     # What every rank compiling this graph writes alike, whatever machine it runs on.
     rank_key = "torch_backend_registry/select/" + key(
-        {"graph": decided["graph"], "compile": decided["compile"], "identity": chain.__name__}
+        {
+            "graph-digest": decided["graph-digest"],
+            "compile": decided["compile"],
+            "identity": chain.__name__,
+        }
     )
     if store is not None and _store.rank() != 0:
         return _as_rank_zero_chose(run, store, rank_key, environ)

@@ -248,7 +248,10 @@ def _needs_stand_in(candidates: list[BackendDefinition]) -> bool:
     top = candidates[0]
     if top.usable:  # the index holds no backend of PyTorch's, which needs none either
         return top.source.kind != "entry-point"
-    return any(lower.source.kind == "entry-point" for lower in candidates[1:])
+    # A declared name left out for a manifest error: its stand-in raises that error, at its
+    # file and line, where PyTorch would say only "Invalid backend".
+    broken = top.enabled and top.source.kind in ("env", "project")
+    return broken or any(lower.source.kind == "entry-point" for lower in candidates[1:])
 
 
 def _apply_default(registry: Registry, *, early: bool = False) -> None:
