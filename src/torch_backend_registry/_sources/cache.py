@@ -54,15 +54,25 @@ def cache_folder(environ: Mapping[str, str]) -> str | None:
 #: The most entries of one kind kept. Each edit of a manifest, change on ``sys.path`` or
 #: version of this package writes new ones; past this many, the oldest written go.
 MOST_ENTRIES = 1_000
+#: How many a trim leaves: a tenth of the bound free, so that the folder is scanned again
+#: only after that many more entries are written.
+TRIMMED_TO = MOST_ENTRIES - MOST_ENTRIES // 10
 
 
 class Cache:
-    """Entries in one folder; every failure quietly means "no entry" or "not written"."""
+    """Entries in one folder; every failure quietly means "no entry" or "not written".
+
+    The folder and each kind's folder are judged once: found this user's own and private,
+    they stay so for this object's life, as only this user or root can change that.
+    """
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
-        #: The kinds whose folder this object has trimmed: once each is enough.
-        self.trimmed: set[str] = set()
+        #: The folders found private: the cache's own, and those of kinds.
+        self.private: set[str] = set()
+        #: How many entries each kind's folder is known to hold, counted when first written:
+        #: a long process that writes many trims as often as the bound asks, no more.
+        self.counts: dict[str, int] = {}
 
     def get(self, kind: str, key: object) -> Any:
         if self.folder is None or not self._private(kind):
@@ -97,35 +107,30 @@ class Cache:
         if self.folder is None:
             return
         path, name = self._entry(kind, key)
-        # A read-only home, a full disk, a value pickle refuses: no cache.
-        with contextlib.suppress(Exception):
+        try:
             data = _dumps((name, value))
-            if self._private(kind, make=True):
-                write_atomically(path, data, 0o600)
-                if kind not in self.trimmed:
-                    self.trimmed.add(kind)
-                    _trim(os.path.dirname(path))
-
-    @contextlib.contextmanager
-    def locked(self, kind: str) -> Iterator[None]:
-        """Make a read, change and write of the entries of ``kind`` one step for every
-        process (``flock`` on ``KIND.lock``); without a cache or ``fcntl``, run unlocked."""
-        with contextlib.ExitStack() as stack:
-            if self.folder is not None and self._private(kind, make=True):
-                with contextlib.suppress(ImportError, OSError):
-                    lock = os.path.join(self.folder, f"{kind}.lock")
-                    fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
-                    stack.callback(os.close, fd)  # closing releases the lock
-                    import fcntl
-
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+        except Exception:  # a value pickle refuses: not kept
+            return
+        if not self._private(kind, make=True):
+            return
+        try:
+            write_atomically(path, data, 0o600)
+        except OSError:  # a read-only home, a full disk, a folder removed (made again next time)
+            self.private.discard(os.path.dirname(path))
+            return
+        count = self.counts.get(kind, MOST_ENTRIES) + 1  # unknown: counted by a trim
+        if count > MOST_ENTRIES:
+            with contextlib.suppress(OSError):
+                count = _trim(os.path.dirname(path))
+        self.counts[kind] = count
 
     def _private(self, kind: str, *, make: bool = False) -> bool:
         """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
         this user's own and private, below a trusted folder: nobody else can write there."""
         assert self.folder is not None
-        folders = (self.folder, os.path.join(self.folder, kind))
+        folder = os.path.join(self.folder, kind)
+        if folder in self.private:
+            return True
         parent = os.path.dirname(self.folder)
         try:
             if make:
@@ -137,14 +142,19 @@ class Cache:
                 if untrusted_folder(existing) is not None:
                     return False
                 os.makedirs(parent, exist_ok=True)  # ~/.cache, as it is
-                for folder in folders:
+                for made in (self.folder, folder):
                     with contextlib.suppress(FileExistsError):
-                        os.mkdir(folder, 0o700)
+                        os.mkdir(made, 0o700)
         except OSError:
             return False
-        return untrusted_folder(parent) is None and not any(
-            untrusted_folder(folder, private=True) for folder in folders
-        )
+        if self.folder not in self.private:
+            if untrusted_folder(parent) or untrusted_folder(self.folder, private=True):
+                return False
+            self.private.add(self.folder)
+        if untrusted_folder(folder, private=True):
+            return False
+        self.private.add(folder)
+        return True
 
     def _entry(self, kind: str, key: object) -> tuple[str, str]:
         import hashlib
@@ -159,19 +169,20 @@ class Cache:
 NO_CACHE = Cache(None)
 
 
-def _trim(folder: str) -> None:
-    """Remove the oldest entries past :data:`MOST_ENTRIES`, and those of an earlier layout."""
+def _trim(folder: str) -> int:
+    """Past :data:`MOST_ENTRIES` entries, remove the oldest written down to
+    :data:`TRIMMED_TO`; how many are left."""
     entries = []
     for entry in os.scandir(folder):
-        if entry.name.endswith(".json"):  # layout 4 and before
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-        elif entry.name.endswith(".pickle"):
+        if entry.name.endswith(".pickle"):
             with contextlib.suppress(OSError):
                 entries.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
-    for _written, path in sorted(entries)[: max(len(entries) - MOST_ENTRIES, 0)]:
+    if len(entries) <= MOST_ENTRIES:
+        return len(entries)
+    for _written, path in sorted(entries)[: len(entries) - TRIMMED_TO]:
         with contextlib.suppress(OSError):
             os.unlink(path)
+    return TRIMMED_TO
 
 
 def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
@@ -195,16 +206,14 @@ def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
 def code_key() -> str:
     """A digest of the code that reads manifests: this package's, byte by byte, pydantic's,
     tomli's and Python's; an upgrade or an edit of any of them starts afresh."""
+    import glob
     import hashlib
     import importlib.util
 
-    from .finding import python_files
-
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = hashlib.sha256(sys.version.encode())
-    for path in python_files(package):
-        with open(path, "rb") as handle:
-            relative = os.path.relpath(path, package)
+    for relative in sorted(glob.glob(os.path.join("**", "*.py"), root_dir=package, recursive=True)):
+        with open(os.path.join(package, relative), "rb") as handle:
             digest.update(relative.encode() + b"\0" + handle.read())
     for module in ("pydantic", "pydantic_core", "tomli"):  # found, not imported
         with contextlib.suppress(Exception):
