@@ -16,8 +16,7 @@ import sys
 
 from ._definition import target_of
 from ._errors import BackendLoadError, ManifestError, closest, warn
-from ._sources.files import refused_folders
-from ._sources.finding import missing_requirements, python_path_finder, searching, shadowed
+from ._sources.finding import keep, locate, missing_requirements, searching
 from ._sources.pytorch import inductor, torch_version
 
 TYPE_CHECKING = False
@@ -30,7 +29,10 @@ if TYPE_CHECKING:
 
 def check_requirements(definition: BackendDefinition) -> None:
     """Raise :class:`BackendLoadError` if a ``requires`` module cannot be found."""
-    missing = missing_requirements(definition)
+    _requires(definition, missing_requirements(definition))
+
+
+def _requires(definition: BackendDefinition, missing: Sequence[str]) -> None:
     if missing:
         said = f"requires {', '.join(map(repr, missing))}, which cannot be found; install it"
         cause = ModuleNotFoundError(f"No module named {missing[0]!r}")
@@ -43,17 +45,14 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     ``sys.modules`` the target's own modules, so that the next lookup imports the fixed code."""
     target = definition.target
     assert target is not None
-    check_requirements(definition)
     module_name, _, attr_path = target.partition(":")
-    refused = refused_folders(definition.search_path)
+    located = locate(definition)
+    _requires(definition, located.missing)
+    refused, folders = located.refused, located.folders
     for message in refused.values():
         warn(f"{definition.source.describe()}: backend {definition.name!r}: {message}")
-    folders = [f for f in definition.search_path if f not in refused]
-    # Beside the manifest is where a script or a working folder puts a module first on the
-    # path: one process would import one file, another the other.
-    clash = shadowed(module_name, definition.search_path[-1:])
-    if clash is not None:
-        mine, theirs = clash
+    if located.shadowed is not None:
+        mine, theirs = located.shadowed
         raise _error(
             definition,
             f"module {module_name.split('.')[0]!r} beside the manifest ({mine}) is shadowed by"
@@ -88,8 +87,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         article = "an" if kind[:1] in "aeiouAEIOU" else "a"
         said = f"{target!r} is {article} {kind}, which is not callable"
         raise _error(definition, said) from TypeError(f"{kind} object is not callable")
-    if folders:
-        python_path_finder().keep(folders)
+    keep(folders)
     if definition.options:
         wrong = refusal(accepted_options(obj), definition.options, target, manifest=True)
         if wrong is not None:  # said where it is written: at its key, in the manifest
