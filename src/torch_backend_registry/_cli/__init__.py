@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -66,8 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: Arguments) -> tuple[int, str | None]:
+    # A command's module is imported when it runs: a listing imports no tool's.
+    module, _, function = args.handler.partition(":")
+    handler = getattr(importlib.import_module(f"{__name__}.{module}"), function)
     try:
-        code = args.handler(args)
+        code = handler(args)
         sys.stdout.flush()  # a full disk is this command's error, not the interpreter's
         return code, None
     except UsageError as exc:
