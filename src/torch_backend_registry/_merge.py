@@ -222,7 +222,6 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
     higher source hides a lower backend of its very name (the precedence says so), and
     ``enabled = false`` for a name nothing lower defines hides nothing (likely a typo)."""
     aliases, disabled = [], []
-    known: list[str] | None = None  # the names a typo may be of: gathered where one is found
     for key, found in index.by_key.items():
         top = found[0]
         if top.source.path is None:
@@ -241,9 +240,7 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
                 )
         # An entry point the policy left out is hidden, and so may be one not read.
         elif plugins_read and not top.enabled and len(found) == 1 and key not in index.excluded:
-            if known is None:
-                known = [k for k, c in index.by_key.items() if c[0].usable] + sorted(index.pytorch)
-            close = closest(key, known, cutoff=0.75)
+            close = closest(key, index.known, cutoff=0.75)
             hint = f"did you mean {close[0]!r}?" if close else "remove the entry"
             disabled.append(
                 top.located(

@@ -92,27 +92,32 @@ class Registry:
         it changed."""
         snapshot = self._snapshot
         if snapshot is None:
-            from ._snapshot import Snapshot
-
             with self._lock:
                 snapshot = self._snapshot
                 if snapshot is None:
-                    snapshot = self._snapshot = Snapshot.taken(
-                        self.sources,
-                        cwd=self._cwd,
-                        environ=self._environ,
-                        files=self._files,
-                        runtime=tuple(self._runtime.values()),
-                        fresh=self._fresh,
-                        lookup=self.lookup_backend,
-                        info=self.backend_info,
-                    )
+                    snapshot = self._snapshot = self._taken()
         if live and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
                     self._snapshot = snapshot.derive(torch=False)
             return self._current()
         return snapshot
+
+    def _taken(self) -> Snapshot:
+        """A snapshot of the working directory and the environment as they are now."""
+        from ._snapshot import Snapshot
+        from ._sources import Context
+        from ._sources.cache import Cache, cache_folder
+
+        try:
+            here: str | None = os.path.abspath(self._cwd or os.getcwd())
+        except OSError:  # the working directory was removed under the process
+            here = None
+        environ = dict(os.environ if self._environ is None else self._environ)
+        runtime = tuple(self._runtime.values())
+        cache = Cache(cache_folder(environ))
+        context = Context(here, environ, runtime, cache, self._files, self._fresh)
+        return Snapshot(self.sources, context, self.lookup_backend, self.backend_info)
 
     def _changed(self, registered: bool) -> None:
         """Forget what the runtime registrations decided (or everything); tell the listeners."""
@@ -125,12 +130,6 @@ class Registry:
             listeners = list(self._listeners)
         for listener in listeners:  # outside the lock: the torch bridge takes its own first
             listener(self)
-
-    def _resolving(self, name: str, *, shadows: bool = False) -> Snapshot:
-        """The snapshot to resolve ``name`` in: where that reads PyTorch's registry, one
-        that holds what it gained since it was read."""
-        snapshot = self._current()
-        return self._current(live=True) if snapshot.needs_torch(name, shadows=shadows) else snapshot
 
     if TYPE_CHECKING:
 
@@ -204,7 +203,7 @@ class Registry:
         except (KeyError, TypeError, AttributeError):
             pass
         if isinstance(name_or_fn, str):
-            return self._resolving(name_or_fn).load(name_or_fn)
+            return self._current(live=True).load(name_or_fn)
         if callable(name_or_fn):
             return name_or_fn
         raise TypeError(
@@ -238,7 +237,7 @@ class Registry:
     def backend_info(self, name: str) -> BackendInfo:
         """What ``name`` resolves to: its definition, the lower definitions of that name
         it shadows, and the alias asked for. Imports nothing."""
-        return self._resolving(name, shadows=True).info(name)
+        return self._current(live=True).info(name)
 
     def why_unavailable(self, definition: BackendDefinition | BackendInfo) -> str | None:
         """Why ``definition`` cannot be used here, or ``None`` when it can, without importing.

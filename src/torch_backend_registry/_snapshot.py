@@ -11,13 +11,12 @@ what was read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
-import os
 
 from ._errors import BackendRegistryError, ManifestError, UnknownBackendError, warn_problem
 from ._forksafe import ForkSafeLock
 from ._sources import READERS, Context, pytorch
-from ._sources.cache import Cache, cache_folder
 from ._sources.entry_points import read_entry_points
 from ._sources.finding import missing_requirements
 
@@ -43,20 +42,19 @@ class Snapshot:
         self,
         kinds: tuple[SourceKind, ...],
         context: Context,
-        *,
         lookup: Callable[[str], CompilerFn],
         info: Callable[[str], BackendInfo],
+        *,
         found: Mapping[SourceKind, Discovery] | None = None,
         warned: set[str] | None = None,
         by_definition: dict[BackendDefinition, CompilerFn] | None = None,
     ) -> None:
         self.kinds = kinds
-        self.context = context._replace(entry_point_names=self.entry_point_names)
+        self.context = context._replace(entry_point_names=lambda: self.entry_point_names)
         self.lock = ForkSafeLock()
         self._lookup, self._info = lookup, info
         self._found: dict[SourceKind, Discovery] = dict(found or {})
         self._indexes: dict[bool, Index] = {}
-        self._entry_point_names: frozenset[str] | None = None
         # Why each definition cannot be used here (None: it can); filled on demand.
         self._available: dict[BackendDefinition, str | None] = {}
         #: The callables looked up, by name (the hot path) and by definition (a name
@@ -65,29 +63,6 @@ class Snapshot:
         self._by_definition = {} if by_definition is None else by_definition
         #: What was said as a warning, so that each problem is said once a reading.
         self._warned = set() if warned is None else warned
-
-    @classmethod
-    def taken(
-        cls,
-        kinds: tuple[SourceKind, ...],
-        *,
-        cwd: str | None,
-        environ: Mapping[str, str] | None,
-        files: Sequence[str] | None,
-        runtime: Sequence[BackendDefinition],
-        fresh: bool,
-        lookup: Callable[[str], CompilerFn],
-        info: Callable[[str], BackendInfo],
-    ) -> Snapshot:
-        """A snapshot of the working directory and the environment as they are now."""
-        try:
-            here: str | None = os.path.abspath(cwd or os.getcwd())
-        except OSError:  # the working directory was removed under the process
-            here = None
-        environ = dict(os.environ if environ is None else environ)
-        cache = Cache(cache_folder(environ))
-        context = Context(here, environ, runtime, cache, files, fresh)
-        return cls(kinds, context, lookup=lookup, info=info)
 
     def derive(
         self, *, runtime: Sequence[BackendDefinition] | None = None, torch: bool = True
@@ -99,8 +74,8 @@ class Snapshot:
         return Snapshot(
             self.kinds,
             context,
-            lookup=self._lookup,
-            info=self._info,
+            self._lookup,
+            self._info,
             found={k: v for k, v in self._found.items() if k not in read_again},
             warned=self._warned,
             # A definition read alike gives the callable it gave: a registration of another
@@ -108,7 +83,7 @@ class Snapshot:
             by_definition=self._by_definition,
         )
 
-    def needs_torch(self, name: str, *, shadows: bool = False) -> bool:
+    def _needs_torch(self, name: str, *, shadows: bool = False) -> bool:
         """Whether resolving ``name`` reads PyTorch's registry (importing torch): a name
         another source defines needs nothing of it (the lowest source), unless what it
         ``shadows`` is asked for where torch.compile's registry is loaded."""
@@ -117,7 +92,7 @@ class Snapshot:
 
     def info(self, name: str) -> BackendInfo:
         """See the registry's ``backend_info``."""
-        return self.index(self.needs_torch(name, shadows=True)).info(name)
+        return self.index(self._needs_torch(name, shadows=True)).info(name)
 
     def load(self, name: str) -> CompilerFn:
         """The callable ``name`` resolves to, imported now (see the registry's lookup)."""
@@ -125,7 +100,7 @@ class Snapshot:
         # of other names, listing, or refresh(). Python's own per-module import lock makes
         # threads that import one target wait for each other, so it runs once; the first
         # callable stored is what all get.
-        index = self.index(self.needs_torch(name))
+        index = self.index(self._needs_torch(name))
         definition = index.resolve(name)
         if definition.compiler_fn is not None:
             fn = definition.compiler_fn
@@ -149,7 +124,7 @@ class Snapshot:
         problem = index.chain_problems().get(definition.name)
         if problem is not None:
             raise ManifestError.of(problem)
-        check_requirements(definition)
+        check_requirements(definition, missing_requirements(definition))
         composite: type[ChainBackend | DeviceBackend] = ChainBackend
         if definition.by_device is not None:
             composite = DeviceBackend
@@ -177,13 +152,11 @@ class Snapshot:
             found = self._found.setdefault(kind, read)  # one step: no lock needed
         return found
 
+    @functools.cached_property
     def entry_point_names(self) -> frozenset[str]:
-        if self._entry_point_names is None:
-            found = (
-                self.found("entry-point") if "entry-point" in self.kinds else read_entry_points()
-            )
-            self._entry_point_names = frozenset(d.name for d in found.definitions)
-        return self._entry_point_names
+        """The names installed distributions declare (PyTorch's registry holds them too)."""
+        found = self.found("entry-point") if "entry-point" in self.kinds else read_entry_points()
+        return frozenset(d.name for d in found.definitions)
 
     def index(self, with_torch: bool = True) -> Index:
         """The merge of every source read (PyTorch's too with ``with_torch``)."""
@@ -224,7 +197,7 @@ class Snapshot:
 
     def _registered(self) -> dict[str, Any] | None:
         # Entry points are read only where PyTorch's registry can hold something to compare.
-        return pytorch.registered(self.entry_point_names()) if pytorch.dynamo_imported() else None
+        return pytorch.registered(self.entry_point_names) if pytorch.dynamo_imported() else None
 
     def torch_changed(self) -> bool:
         """Whether PyTorch's registry now holds other names than this snapshot read."""

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import os
+import pkgutil
 import sys
 
 from .._errors import BackendRegistryError, UnknownBackendError
@@ -68,8 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: Arguments) -> tuple[int, str | None]:
     # A command's module is imported when it runs: a listing imports no tool's.
-    module, _, function = args.handler.partition(":")
-    handler = getattr(importlib.import_module(f"{__name__}.{module}"), function)
+    handler = pkgutil.resolve_name(f"{__name__}.{args.module}:run_{args.command}")
     try:
         code = handler(args)
         sys.stdout.flush()  # a full disk is this command's error, not the interpreter's

@@ -111,16 +111,16 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(name: str, help: str, handler: str) -> argparse.ArgumentParser:
-        """``handler``: the ``MODULE:FUNCTION`` of this package's that runs the command,
-        imported when it runs."""
+    def command(name: str, help: str, module: str) -> argparse.ArgumentParser:
+        """``module``: the module of ``_cli`` whose ``run_NAME`` runs the command, imported
+        when it runs."""
         parser = commands.add_parser(
             name, help=help, description=help, parents=[common], formatter_class=_FORMAT
         )
-        parser.set_defaults(handler=handler)
+        parser.set_defaults(module=module)
         return parser
 
-    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET", "show:run_list")
+    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET", "show")
     _switch(lister, "--all", "include debug and experimental")
     tags: dict[str, Any] = {"action": "append", "default": [], "metavar": "T"}
     lister.add_argument("--tag", **tags, help="only backends tagged T")
@@ -130,17 +130,13 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
     no_torch = "leave out PyTorch's own backends"
     _switch(lister, "--no-torch", no_torch + " (skips importing torch, which takes seconds)")
 
-    explain = command(
-        "explain", "where a backend is defined and what it shadows", "show:run_explain"
-    )
+    explain = command("explain", "where a backend is defined and what it shadows", "show")
     name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
     name.completer = _complete_names  # type: ignore[attr-defined]  # read by argcomplete
     _switch(explain, "--no-torch", no_torch)
     _switch(explain, "--json", "print one JSON object (as list --json, and more)")
 
-    checker = command(
-        "check", "validate manifests (the discovered ones, or those given)", "check:run_check"
-    )
+    checker = command("check", "validate manifests (the discovered ones, or those given)", "check")
     checker.add_argument(
         "files",
         nargs="*",
@@ -170,7 +166,7 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
     prober = command(
         "doctor",
         "probe backends in subprocesses: which work here, and how fast",
-        "doctor:run_doctor",
+        "doctor",
     )
     if doctor:
         _doctor_options(prober)
@@ -179,7 +175,7 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
         "lock",
         "write backends.lock beside the manifest: what the backends the manifests declare,"
         " and every backend they name, resolve to",
-        "files:run_lock",
+        "files",
     )
     lock.add_argument("--output", metavar="PATH", help="write the lock there instead")
     _switch(lock, "--all", "pin every listed backend, plugins' and PyTorch's included")
@@ -189,10 +185,8 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
         "leave PyTorch's own backends unread (those the manifests name are pinned by release)",
     )
 
-    command("schema", "print the JSON Schema of a manifest", "files:run_schema")
-    init = command(
-        "init", "write a starter backends.toml here (never overwrites)", "files:run_init"
-    )
+    command("schema", "print the JSON Schema of a manifest", "files")
+    init = command("init", "write a starter backends.toml here (never overwrites)", "files")
     _switch(init, "--pyproject", "add a [tool.torch-backends] table to pyproject.toml here instead")
     return parser
 

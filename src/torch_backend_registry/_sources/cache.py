@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
 LAYOUT = 6
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_OPEN = OPEN_FLAGS | _NOFOLLOW  # as a manifest is opened (a FIFO too), no link followed
+_OPEN = OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0)  # as a manifest is opened, no link followed
 
 
 def cache_folder(environ: Mapping[str, str]) -> str | None:
@@ -54,8 +53,8 @@ def cache_folder(environ: Mapping[str, str]) -> str | None:
 #: The most entries of one kind kept. Each edit of a manifest, change on ``sys.path`` or
 #: version of this package writes new ones; past this many, the oldest written go.
 MOST_ENTRIES = 1_000
-#: How many a trim leaves: a tenth of the bound free, so that the folder is scanned again
-#: only after that many more entries are written.
+#: How many a trim leaves, the oldest written gone: a tenth of the bound free, so that a
+#: process writing many scans the folder again only after that many more.
 TRIMMED_TO = MOST_ENTRIES - MOST_ENTRIES // 10
 
 
@@ -68,8 +67,9 @@ class Cache:
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
-        #: The folders found private: the cache's own, and those of kinds.
-        self.private: set[str] = set()
+        #: The folders judged: the one holding the cache's (trusted), the cache's own and
+        #: those of kinds (private).
+        self.judged: set[str] = set()
         #: How many entries each kind's folder is known to hold, counted when first written:
         #: a long process that writes many trims as often as the bound asks, no more.
         self.counts: dict[str, int] = {}
@@ -104,19 +104,13 @@ class Cache:
             return None
 
     def put(self, kind: str, key: object, value: object) -> None:
-        if self.folder is None:
+        if self.folder is None or not self._private(kind, make=True):
             return
         path, name = self._entry(kind, key)
         try:
-            data = _dumps((name, value))
-        except Exception:  # a value pickle refuses: not kept
-            return
-        if not self._private(kind, make=True):
-            return
-        try:
-            write_atomically(path, data, 0o600)
-        except OSError:  # a read-only home, a full disk, a folder removed (made again next time)
-            self.private.discard(os.path.dirname(path))
+            write_atomically(path, _dumps((name, value)), 0o600)
+        except Exception:  # a value pickle refuses, a read-only home, a full disk: not kept
+            self.judged.discard(os.path.dirname(path))  # a folder removed is made again
             return
         count = self.counts.get(kind, MOST_ENTRIES) + 1  # unknown: counted by a trim
         if count > MOST_ENTRIES:
@@ -129,7 +123,7 @@ class Cache:
         this user's own and private, below a trusted folder: nobody else can write there."""
         assert self.folder is not None
         folder = os.path.join(self.folder, kind)
-        if folder in self.private:
+        if folder in self.judged:
             return True
         parent = os.path.dirname(self.folder)
         try:
@@ -147,13 +141,10 @@ class Cache:
                         os.mkdir(made, 0o700)
         except OSError:
             return False
-        if self.folder not in self.private:
-            if untrusted_folder(parent) or untrusted_folder(self.folder, private=True):
-                return False
-            self.private.add(self.folder)
-        if untrusted_folder(folder, private=True):
+        judging = ((parent, False), (self.folder, True), (folder, True))
+        if any(f not in self.judged and untrusted_folder(f, private=p) for f, p in judging):
             return False
-        self.private.add(folder)
+        self.judged.update(f for f, _ in judging)
         return True
 
     def _entry(self, kind: str, key: object) -> tuple[str, str]:
@@ -170,19 +161,16 @@ NO_CACHE = Cache(None)
 
 
 def _trim(folder: str) -> int:
-    """Past :data:`MOST_ENTRIES` entries, remove the oldest written down to
-    :data:`TRIMMED_TO`; how many are left."""
+    """Remove the oldest entries past :data:`TRIMMED_TO`; how many are left."""
     entries = []
     for entry in os.scandir(folder):
         if entry.name.endswith(".pickle"):
             with contextlib.suppress(OSError):
                 entries.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
-    if len(entries) <= MOST_ENTRIES:
-        return len(entries)
-    for _written, path in sorted(entries)[: len(entries) - TRIMMED_TO]:
+    for _written, path in sorted(entries)[: max(len(entries) - TRIMMED_TO, 0)]:
         with contextlib.suppress(OSError):
             os.unlink(path)
-    return TRIMMED_TO
+    return min(len(entries), TRIMMED_TO)
 
 
 def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:

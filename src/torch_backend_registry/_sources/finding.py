@@ -54,10 +54,6 @@ class PythonPathFinder:
             return None
         return _found_in(_FOLDERS.get() + self.loaded, fullname)
 
-    def keep(self, folders: Sequence[str]) -> None:
-        """Keep ``folders`` searchable from now on (one tuple swap: readers need no lock)."""
-        self.loaded += tuple(f for f in folders if f not in self.loaded)
-
 
 def _found_in(folders: Iterable[str], name: str) -> ModuleSpec | None:
     """The top-level module ``name`` in the first of ``folders`` that holds it."""
@@ -155,10 +151,8 @@ def missing_requirements(definition: BackendDefinition) -> list[str]:
 
 class Located(NamedTuple):
     """All that loading a target needs to know, found without running any of its code, as
-    importlib's ``ModuleSpec`` is for a module."""
+    importlib's ``ModuleSpec`` is for a module (see :func:`locate`)."""
 
-    #: The target's module, to import.
-    module: str
     #: The ``requires`` modules that cannot be found.
     missing: list[str]
     #: Each python-path folder the trust rule refuses, with why: it serves nothing.
@@ -171,26 +165,23 @@ class Located(NamedTuple):
     shadowed: tuple[str, str] | None
 
 
-def locate(definition: BackendDefinition) -> Located:
-    """What loading ``definition``'s target needs, in one answer: its folders judged once."""
+def locate(definition: BackendDefinition, module: str) -> Located:
+    """What loading ``module``, ``definition``'s target's, needs, in one answer: its folders
+    judged once."""
     refused = refused_folders(definition.search_path)
     folders = tuple(f for f in definition.search_path if f not in refused)
-    module = (definition.target or "").partition(":")[0]
-    return Located(
-        module,
-        [m for m in definition.requires if find(m, folders) is None],
-        refused,
-        folders,
-        # Beside the manifest is where a script or a working folder puts a module first on
-        # the path: one process would import one file, another the other.
-        shadowed(module, definition.search_path[-1:]),
-    )
+    missing = [m for m in definition.requires if find(m, folders) is None]
+    # Beside the manifest is where a script or a working folder puts a module first on the
+    # path: one process would import one file, another the other.
+    return Located(missing, refused, folders, shadowed(module, definition.search_path[-1:]))
 
 
 def keep(folders: Sequence[str]) -> None:
-    """Keep ``folders`` searchable, last, for the rest of the process (a target loaded)."""
+    """Keep ``folders`` searchable, last, for the rest of the process (a target loaded from
+    them): one tuple swap, so that the finder's readers need no lock."""
     if folders:
-        python_path_finder().keep(folders)
+        finder = python_path_finder()
+        finder.loaded += tuple(f for f in folders if f not in finder.loaded)
 
 
 #: The most files of a package stamped for its code; past them, its folder stands for it.
