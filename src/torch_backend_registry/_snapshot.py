@@ -51,7 +51,7 @@ class Snapshot:
     ) -> None:
         self.kinds = kinds
         self.context = context._replace(entry_point_names=lambda: self.entry_point_names)
-        self.lock = ForkSafeLock()
+        self._lock = ForkSafeLock()
         self._lookup, self._info = lookup, info
         self._found: dict[SourceKind, Discovery] = dict(found or {})
         self._indexes: dict[bool, Index] = {}
@@ -110,7 +110,7 @@ class Snapshot:
             fn = load_target(definition)
         else:  # a chain, or a table by device
             fn = self._composite(definition, index)
-        with self.lock:
+        with self._lock:
             # One callable a definition, whichever of its names was asked for first.
             fn = self.loaded[name] = self._by_definition.setdefault(definition, fn)
         return fn
@@ -135,7 +135,7 @@ class Snapshot:
     def callables(self) -> list[CompilerFn]:
         """Every callable this reading gives: the runtime registrations', those loaded, and
         PyTorch's own where torch.compile's registry is loaded."""
-        with self.lock:  # other threads may be loading
+        with self._lock:  # other threads may be loading
             known = [*(d.compiler_fn for d in self.context.runtime), *self.loaded.values()]
         if "torch" in self.kinds and pytorch.dynamo_imported():
             known += [d.compiler_fn for d in self.found("torch").definitions]
@@ -172,7 +172,7 @@ class Snapshot:
 
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         own = self.pytorch_names()  # after reading PyTorch's registry, where that is asked
-        with self.lock:
+        with self._lock:
             index = self._indexes.get(with_torch)
             if index is None:  # else another thread merged while this one waited
                 index = self._indexes[with_torch] = merge(
