@@ -28,6 +28,10 @@ class ForkSafeLock:
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
 
+    def renew(self) -> None:
+        """Replace the lock by a free one (in a forked child, where no other thread is)."""
+        self._lock = RLock()
+
 
 #: Every lock alive, to be replaced in a forked child.
 _LOCKS: WeakSet[ForkSafeLock] = WeakSet()
@@ -45,7 +49,7 @@ def importing_at_fork(name: str) -> bool:
 def _after_fork_in_child() -> None:
     global _importing
     for lock in list(_LOCKS):  # the child is the only thread that can hold them
-        lock._lock = RLock()
+        lock.renew()
     _importing = frozenset(
         name
         for name, module in list(sys.modules.items())

@@ -16,8 +16,7 @@ import sys
 
 from ._definition import target_of
 from ._errors import BackendLoadError, ManifestError, closest, warn
-from ._sources.files import refused_folders
-from ._sources.finding import missing_requirements, python_path_finder, searching, shadowed
+from ._sources.finding import keep, locate, searching
 from ._sources.pytorch import inductor, torch_version
 
 TYPE_CHECKING = False
@@ -28,9 +27,9 @@ if TYPE_CHECKING:
     from ._definition import BackendDefinition
 
 
-def check_requirements(definition: BackendDefinition) -> None:
-    """Raise :class:`BackendLoadError` if a ``requires`` module cannot be found."""
-    missing = missing_requirements(definition)
+def check_requirements(definition: BackendDefinition, missing: Sequence[str]) -> None:
+    """Raise :class:`BackendLoadError` where ``missing`` names ``requires`` modules of
+    ``definition`` that cannot be found."""
     if missing:
         said = f"requires {', '.join(map(repr, missing))}, which cannot be found; install it"
         cause = ModuleNotFoundError(f"No module named {missing[0]!r}")
@@ -43,17 +42,13 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
     ``sys.modules`` the target's own modules, so that the next lookup imports the fixed code."""
     target = definition.target
     assert target is not None
-    check_requirements(definition)
     module_name, _, attr_path = target.partition(":")
-    refused = refused_folders(definition.search_path)
-    for message in refused.values():
+    located = locate(definition, module_name)
+    check_requirements(definition, located.missing)
+    for message in located.refused.values():
         warn(f"{definition.source.describe()}: backend {definition.name!r}: {message}")
-    folders = [f for f in definition.search_path if f not in refused]
-    # Beside the manifest is where a script or a working folder puts a module first on the
-    # path: one process would import one file, another the other.
-    clash = shadowed(module_name, definition.search_path[-1:])
-    if clash is not None:
-        mine, theirs = clash
+    if located.shadowed is not None:
+        mine, theirs = located.shadowed
         raise _error(
             definition,
             f"module {module_name.split('.')[0]!r} beside the manifest ({mine}) is shadowed by"
@@ -62,34 +57,33 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         )
     before = set(sys.modules)
     try:
-        with searching(folders):
+        with searching(located.folders):
             obj: Any = importlib.import_module(module_name)
     # SystemExit and the like too: a backend module that exits while imported must not end
     # the process that merely looked the backend up. Only an interruption goes through.
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        _forget(before, module_name, folders)
-        note = f" ({'; '.join(refused.values())})" if refused else ""
-        hint = _close_module(exc, module_name, folders)
+        _forget(before, module_name, located.folders)
+        note = f" ({'; '.join(located.refused.values())})" if located.refused else ""
+        hint = _close_module(exc, module_name, located.folders)
         said = f"import of {module_name!r} failed: {_why(exc)}{hint}{note}"
         raise _error(definition, said) from exc
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError as exc:
-            _forget(before, module_name, folders)
+            _forget(before, module_name, located.folders)
             what = f"{type(obj).__name__} {getattr(obj, '__name__', obj)!r}"
             said = f"{what} has no attribute {part!r}{_did_you_mean(part, dir(obj))}"
             raise _error(definition, said) from exc
     if not callable(obj):
-        _forget(before, module_name, folders)
+        _forget(before, module_name, located.folders)
         kind = type(obj).__name__
         article = "an" if kind[:1] in "aeiouAEIOU" else "a"
         said = f"{target!r} is {article} {kind}, which is not callable"
         raise _error(definition, said) from TypeError(f"{kind} object is not callable")
-    if folders:
-        python_path_finder().keep(folders)
+    keep(located.folders)
     if definition.options:
         wrong = refusal(accepted_options(obj), definition.options, target, manifest=True)
         if wrong is not None:  # said where it is written: at its key, in the manifest

@@ -190,8 +190,10 @@ def merge(
     for definition in found.definitions:
         kind = definition.source.kind
         name = definition.name
-        # An entry point, or a plugin's own registration in PyTorch's registry.
-        if kind == "entry-point" or (kind == "torch" and definition.source.distribution):
+        # An entry point, or a plugin's own registration in PyTorch's registry: without
+        # allow and deny lists, every one counts.
+        plugin = kind == "entry-point" or (kind == "torch" and definition.source.distribution)
+        if plugin and found.rules:
             why = excluded(definition, found.rules, index)
             if why is not None:
                 index.excluded.setdefault(name, []).append((definition, why))
@@ -209,7 +211,7 @@ def merge(
                 if alias not in reserved or kind == "torch":
                     by_key.setdefault(alias, []).append(definition)
     resolve_picks(index, found.definitions)
-    if plugins_read:
+    if plugins_read and found.rules:
         index.problems.extend(rules_naming_nothing(found))
     index.problems.extend(_hiding(index, plugins_read))
     return index
@@ -220,7 +222,6 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
     higher source hides a lower backend of its very name (the precedence says so), and
     ``enabled = false`` for a name nothing lower defines hides nothing (likely a typo)."""
     aliases, disabled = [], []
-    known = [k for k, c in index.by_key.items() if c[0].usable] + sorted(index.pytorch)
     for key, found in index.by_key.items():
         top = found[0]
         if top.source.path is None:
@@ -239,7 +240,7 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
                 )
         # An entry point the policy left out is hidden, and so may be one not read.
         elif plugins_read and not top.enabled and len(found) == 1 and key not in index.excluded:
-            close = closest(key, known, cutoff=0.75)
+            close = closest(key, index.known, cutoff=0.75)
             hint = f"did you mean {close[0]!r}?" if close else "remove the entry"
             disabled.append(
                 top.located(

@@ -1,4 +1,4 @@
-"""The registry: resolves names from a snapshot of its sources, loads each backend on first use."""
+"""The registry: runtime registrations, listeners, and the snapshot of its sources it asks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import functools
 import os
 
 from ._definition import SOURCE_KINDS, BackendDefinition, BackendInfo, Source, target_of
-from ._errors import BackendRegistryError, DuplicateBackendError, ManifestError, UnknownBackendError
+from ._errors import BackendRegistryError, DuplicateBackendError, UnknownBackendError
 from ._forksafe import ForkSafeLock
 
 TYPE_CHECKING = False
@@ -92,25 +92,32 @@ class Registry:
         it changed."""
         snapshot = self._snapshot
         if snapshot is None:
-            from ._snapshot import Snapshot
-
             with self._lock:
                 snapshot = self._snapshot
                 if snapshot is None:
-                    snapshot = self._snapshot = Snapshot.taken(
-                        self.sources,
-                        cwd=self._cwd,
-                        environ=self._environ,
-                        files=self._files,
-                        runtime=tuple(self._runtime.values()),
-                        fresh=self._fresh,
-                    )
+                    snapshot = self._snapshot = self._taken()
         if live and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
                     self._snapshot = snapshot.derive(torch=False)
             return self._current()
         return snapshot
+
+    def _taken(self) -> Snapshot:
+        """A snapshot of the working directory and the environment as they are now."""
+        from ._snapshot import Snapshot
+        from ._sources import Context
+        from ._sources.cache import Cache, cache_folder
+
+        try:
+            here: str | None = os.path.abspath(self._cwd or os.getcwd())
+        except OSError:  # the working directory was removed under the process
+            here = None
+        environ = dict(os.environ if self._environ is None else self._environ)
+        runtime = tuple(self._runtime.values())
+        cache = Cache(cache_folder(environ))
+        context = Context(here, environ, runtime, cache, self._files, self._fresh)
+        return Snapshot(self.sources, context, self.lookup_backend, self.backend_info)
 
     def _changed(self, registered: bool) -> None:
         """Forget what the runtime registrations decided (or everything); tell the listeners."""
@@ -123,20 +130,6 @@ class Registry:
             listeners = list(self._listeners)
         for listener in listeners:  # outside the lock: the torch bridge takes its own first
             listener(self)
-
-    def _resolving(self, name: str, *, shadows: bool = False) -> tuple[Snapshot, Index]:
-        """The snapshot and index to resolve ``name`` in. A name another source defines needs
-        nothing of PyTorch's registry (the lowest source), unless what it ``shadows`` is
-        asked for; PyTorch's backends are read (importing torch) on a miss, and a name its
-        registry gained since is found at once."""
-        from ._sources.pytorch import dynamo_imported
-
-        snapshot = self._current()
-        index = snapshot.index(with_torch=False)
-        if name in index.by_key and not (shadows and dynamo_imported()):
-            return snapshot, index
-        snapshot = self._current(live=True)
-        return snapshot, snapshot.index()
 
     if TYPE_CHECKING:
 
@@ -210,51 +203,12 @@ class Registry:
         except (KeyError, TypeError, AttributeError):
             pass
         if isinstance(name_or_fn, str):
-            return self._load(name_or_fn)
+            return self._current(live=True).load(name_or_fn)
         if callable(name_or_fn):
             return name_or_fn
         raise TypeError(
             f"expected a backend name or a callable, got {type(name_or_fn).__name__} {name_or_fn!r}"
         )
-
-    def _load(self, name: str) -> CompilerFn:
-        # No registry lock is held while importing: a slow or hanging import must
-        # not stall lookups of other names, listing, or refresh(). Python's own
-        # per-module import lock makes threads that import one target wait for
-        # each other, so it runs once; the first callable stored is what all get.
-        snapshot, index = self._resolving(name)
-        definition = index.resolve(name)
-        if definition.compiler_fn is not None:
-            fn = definition.compiler_fn
-        elif definition.members:
-            from ._chain import ChainBackend, DeviceBackend
-            from ._loader import check_requirements
-
-            problem = index.chain_problems().get(definition.name)
-            if problem is not None:
-                raise ManifestError.of(problem)
-            check_requirements(definition)
-            from ._select import FastestChain
-
-            composite: type[ChainBackend | DeviceBackend] = ChainBackend
-            if definition.by_device is not None:
-                composite = DeviceBackend
-            elif definition.select == "fastest":
-                composite = FastestChain
-            fn = composite(
-                definition,
-                lookup=self.lookup_backend,
-                info=self.backend_info,
-                context=snapshot.context,
-            )
-        else:
-            from ._loader import load_target
-
-            fn = load_target(definition)
-        with snapshot.lock:
-            # One callable a definition, whichever of its names was asked for first.
-            fn = snapshot.loaded[name] = snapshot.by_definition.setdefault(definition, fn)
-        return fn
 
     def list_backends(self, exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
         """Sorted backend names, leaving out those with a tag in ``exclude_tags``.
@@ -283,7 +237,7 @@ class Registry:
     def backend_info(self, name: str) -> BackendInfo:
         """What ``name`` resolves to: its definition, the lower definitions of that name
         it shadows, and the alias asked for. Imports nothing."""
-        return self._resolving(name, shadows=True)[1].info(name)
+        return self._current(live=True).info(name)
 
     def why_unavailable(self, definition: BackendDefinition | BackendInfo) -> str | None:
         """Why ``definition`` cannot be used here, or ``None`` when it can, without importing.
@@ -297,10 +251,7 @@ class Registry:
 
     def is_registered_backend(self, compiler_fn: CompilerFn) -> bool:
         """Whether ``compiler_fn`` is (or wraps) a backend of this registry, as PyTorch's check."""
-        snapshot = self._current(live=True)
-        with self._lock:  # other threads may be adding to both
-            known = [*(d.compiler_fn for d in self._runtime.values()), *snapshot.loaded.values()]
-        known.extend(snapshot.pytorch_callables())
+        known = self._current(live=True).callables()
         if any(fn is compiler_fn for fn in known):
             return True
         compiler_name = getattr(compiler_fn, "compiler_name", None)

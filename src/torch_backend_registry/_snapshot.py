@@ -1,21 +1,22 @@
-"""One reading of a registry's sources: taken on first need, then answered from until refresh().
+"""One reading of a registry's sources, taken on first need, and the names resolved and loaded
+from it until refresh().
 
 A snapshot fixes the working directory and the environment when it is made, reads each
 source at most once (PyTorch's only when asked, as it imports torch), and holds what was
-derived from that reading. PyTorch's registry is a dict that plugins may add to at any
-time: :meth:`Snapshot.torch_changed` compares its names with what was read.
+derived from that reading: the merge, and the callables loaded. PyTorch's registry is a dict
+that plugins may add to at any time: :meth:`Snapshot.torch_changed` compares its names with
+what was read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
-import os
 
-from ._errors import BackendRegistryError, UnknownBackendError, warn_problem
+from ._errors import BackendRegistryError, ManifestError, UnknownBackendError, warn_problem
 from ._forksafe import ForkSafeLock
 from ._sources import READERS, Context, pytorch
-from ._sources.cache import Cache, cache_folder
 from ._sources.entry_points import read_entry_points
 from ._sources.finding import missing_requirements
 
@@ -24,48 +25,44 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
     from typing import Any
 
-    from ._definition import BackendDefinition, Discovery, SourceKind
+    from ._definition import BackendDefinition, BackendInfo, Discovery, SourceKind
     from ._merge import Index
+
+    CompilerFn = Callable[..., Any]
 
 
 class Snapshot:
-    """What one registry read, and what it derived from that; see the module's docstring."""
+    """What one registry read, and what it derived from that; see the module's docstring.
 
-    def __init__(self, kinds: tuple[SourceKind, ...], context: Context) -> None:
+    ``lookup`` and ``info`` are the registry's own, which a chain compiles with: its members
+    are looked up where the registry is then, after registrations and refreshes.
+    """
+
+    def __init__(
+        self,
+        kinds: tuple[SourceKind, ...],
+        context: Context,
+        lookup: Callable[[str], CompilerFn],
+        info: Callable[[str], BackendInfo],
+        *,
+        found: Mapping[SourceKind, Discovery] | None = None,
+        warned: set[str] | None = None,
+        by_definition: dict[BackendDefinition, CompilerFn] | None = None,
+    ) -> None:
         self.kinds = kinds
-        self.context = context._replace(entry_point_names=self.entry_point_names)
-        self.lock = ForkSafeLock()
-        self._found: dict[SourceKind, Discovery] = {}
+        self.context = context._replace(entry_point_names=lambda: self.entry_point_names)
+        self._lock = ForkSafeLock()
+        self._lookup, self._info = lookup, info
+        self._found: dict[SourceKind, Discovery] = dict(found or {})
         self._indexes: dict[bool, Index] = {}
-        self._entry_point_names: frozenset[str] | None = None
         # Why each definition cannot be used here (None: it can); filled on demand.
         self._available: dict[BackendDefinition, str | None] = {}
         #: The callables looked up, by name (the hot path) and by definition (a name
         #: and its aliases give one object).
-        self.loaded: dict[str, Callable[..., Any]] = {}
-        self.by_definition: dict[BackendDefinition, Callable[..., Any]] = {}
+        self.loaded: dict[str, CompilerFn] = {}
+        self._by_definition = {} if by_definition is None else by_definition
         #: What was said as a warning, so that each problem is said once a reading.
-        self._warned: set[str] = set()
-
-    @classmethod
-    def taken(
-        cls,
-        kinds: tuple[SourceKind, ...],
-        *,
-        cwd: str | None,
-        environ: Mapping[str, str] | None,
-        files: Sequence[str] | None,
-        runtime: Sequence[BackendDefinition],
-        fresh: bool,
-    ) -> Snapshot:
-        """A snapshot of the working directory and the environment as they are now."""
-        try:
-            here: str | None = os.path.abspath(cwd or os.getcwd())
-        except OSError:  # the working directory was removed under the process
-            here = None
-        environ = dict(os.environ if environ is None else environ)
-        cache = Cache(cache_folder(environ))
-        return cls(kinds, Context(here, environ, runtime, cache, files, fresh))
+        self._warned = set() if warned is None else warned
 
     def derive(
         self, *, runtime: Sequence[BackendDefinition] | None = None, torch: bool = True
@@ -73,14 +70,76 @@ class Snapshot:
         """The same reading with other runtime registrations (``torch=False``: PyTorch's
         registry read again too). Nothing else is read again."""
         context = self.context if runtime is None else self.context._replace(runtime=runtime)
-        derived = Snapshot(self.kinds, context)
         read_again = ("runtime",) if torch else ("runtime", "torch")
-        derived._found = {k: v for k, v in self._found.items() if k not in read_again}
-        derived._warned = self._warned
-        # A definition read alike gives the callable it gave: a registration of another name
-        # must not make torch.compile's cached backends look new.
-        derived.by_definition = self.by_definition
-        return derived
+        return Snapshot(
+            self.kinds,
+            context,
+            self._lookup,
+            self._info,
+            found={k: v for k, v in self._found.items() if k not in read_again},
+            warned=self._warned,
+            # A definition read alike gives the callable it gave: a registration of another
+            # name must not make torch.compile's cached backends look new.
+            by_definition=self._by_definition,
+        )
+
+    def _needs_torch(self, name: str, *, shadows: bool = False) -> bool:
+        """Whether resolving ``name`` reads PyTorch's registry (importing torch): a name
+        another source defines needs nothing of it (the lowest source), unless what it
+        ``shadows`` is asked for where torch.compile's registry is loaded."""
+        defined = name in self.index(with_torch=False).by_key
+        return not defined or (shadows and pytorch.dynamo_imported())
+
+    def info(self, name: str) -> BackendInfo:
+        """See the registry's ``backend_info``."""
+        return self.index(self._needs_torch(name, shadows=True)).info(name)
+
+    def load(self, name: str) -> CompilerFn:
+        """The callable ``name`` resolves to, imported now (see the registry's lookup)."""
+        # No lock is held while importing: a slow or hanging import must not stall lookups
+        # of other names, listing, or refresh(). Python's own per-module import lock makes
+        # threads that import one target wait for each other, so it runs once; the first
+        # callable stored is what all get.
+        index = self.index(self._needs_torch(name))
+        definition = index.resolve(name)
+        if definition.compiler_fn is not None:
+            fn = definition.compiler_fn
+        elif definition.target is not None:
+            from ._loader import load_target
+
+            fn = load_target(definition)
+        else:  # a chain, or a table by device
+            fn = self._composite(definition, index)
+        with self._lock:
+            # One callable a definition, whichever of its names was asked for first.
+            fn = self.loaded[name] = self._by_definition.setdefault(definition, fn)
+        return fn
+
+    def _composite(self, definition: BackendDefinition, index: Index) -> CompilerFn:
+        """What compiles with the members ``definition`` names."""
+        from ._chain import ChainBackend, DeviceBackend
+        from ._loader import check_requirements
+        from ._select import FastestChain
+
+        problem = index.chain_problems().get(definition.name)
+        if problem is not None:
+            raise ManifestError.of(problem)
+        check_requirements(definition, missing_requirements(definition))
+        composite: type[ChainBackend | DeviceBackend] = ChainBackend
+        if definition.by_device is not None:
+            composite = DeviceBackend
+        elif definition.select == "fastest":
+            composite = FastestChain
+        return composite(definition, lookup=self._lookup, info=self._info, context=self.context)
+
+    def callables(self) -> list[CompilerFn]:
+        """Every callable this reading gives: the runtime registrations', those loaded, and
+        PyTorch's own where torch.compile's registry is loaded."""
+        with self._lock:  # other threads may be loading
+            known = [*(d.compiler_fn for d in self.context.runtime), *self.loaded.values()]
+        if "torch" in self.kinds and pytorch.dynamo_imported():
+            known += [d.compiler_fn for d in self.found("torch").definitions]
+        return [fn for fn in known if fn is not None]
 
     def found(self, kind: SourceKind) -> Discovery:
         found = self._found.get(kind)
@@ -90,17 +149,14 @@ class Snapshot:
             # Collection stays on while torch is imported: it makes cycles of its own.
             with contextlib.nullcontext() if kind == "torch" else _no_cycle_collection():
                 read = READERS[kind](self.context)
-            with self.lock:
-                found = self._found.setdefault(kind, read)
+            found = self._found.setdefault(kind, read)  # one step: no lock needed
         return found
 
+    @functools.cached_property
     def entry_point_names(self) -> frozenset[str]:
-        if self._entry_point_names is None:
-            found = (
-                self.found("entry-point") if "entry-point" in self.kinds else read_entry_points()
-            )
-            self._entry_point_names = frozenset(d.name for d in found.definitions)
-        return self._entry_point_names
+        """The names installed distributions declare (PyTorch's registry holds them too)."""
+        found = self.found("entry-point") if "entry-point" in self.kinds else read_entry_points()
+        return frozenset(d.name for d in found.definitions)
 
     def index(self, with_torch: bool = True) -> Index:
         """The merge of every source read (PyTorch's too with ``with_torch``)."""
@@ -116,7 +172,7 @@ class Snapshot:
 
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         own = self.pytorch_names()  # after reading PyTorch's registry, where that is asked
-        with self.lock:
+        with self._lock:
             index = self._indexes.get(with_torch)
             if index is None:  # else another thread merged while this one waited
                 index = self._indexes[with_torch] = merge(
@@ -141,13 +197,7 @@ class Snapshot:
 
     def _registered(self) -> dict[str, Any] | None:
         # Entry points are read only where PyTorch's registry can hold something to compare.
-        return pytorch.registered(self.entry_point_names()) if pytorch.dynamo_imported() else None
-
-    def pytorch_callables(self) -> list[Callable[..., Any]]:
-        """The callables of PyTorch's own backends, where torch.compile's registry is loaded."""
-        if "torch" not in self.kinds or not pytorch.dynamo_imported():
-            return []
-        return [d.compiler_fn for d in self.found("torch").definitions if d.compiler_fn]
+        return pytorch.registered(self.entry_point_names) if pytorch.dynamo_imported() else None
 
     def torch_changed(self) -> bool:
         """Whether PyTorch's registry now holds other names than this snapshot read."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pkgutil
 import sys
 
 from .._errors import BackendRegistryError, UnknownBackendError
@@ -66,8 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: Arguments) -> tuple[int, str | None]:
+    # A command's module is imported when it runs: a listing imports no tool's.
+    handler = pkgutil.resolve_name(f"{__name__}.{args.module}:run_{args.command}")
     try:
-        code = args.handler(args)
+        code = handler(args)
         sys.stdout.flush()  # a full disk is this command's error, not the interpreter's
         return code, None
     except UsageError as exc:

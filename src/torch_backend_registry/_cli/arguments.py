@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from .._doctor.options import GOALS, Options
-from . import check, doctor, files, show
 from .common import PROG, registry_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
-
-    #: What runs a command: its arguments in, its exit code out.
-    Handler = Callable[[argparse.Namespace], int]
 
 #: Help texts as written: the examples keep their lines.
 _FORMAT = argparse.RawDescriptionHelpFormatter
@@ -61,8 +57,13 @@ _count = _above_zero(int, "a whole number", "1 or more")
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = build_parser()
-    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions
+    argv = sys.argv[1:] if argv is None else argv
+    completing = "_ARGCOMPLETE" in os.environ  # the shell asks for completions
+    # Doctor's options take their defaults from doctor's own module, which a command line
+    # that cannot run doctor leaves unimported (no global option takes a value: a command
+    # is a word of the line).
+    parser = build_parser(doctor=completing or "doctor" in argv)
+    if completing:
         try:
             import argcomplete  # the ``completion`` extra
         except ImportError:
@@ -83,7 +84,12 @@ def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
     return sorted(n for n in names if n.startswith(prefix))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _switch(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs: Any) -> None:
+    parser.add_argument(flag, action="store_true", help=help, **kwargs)
+
+
+def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
+    """The whole grammar (``doctor=False``: without doctor's options)."""
     # Global options are accepted before and after the command, as users type them;
     # SUPPRESS keeps a subcommand's absent option from resetting one given before it.
     common = argparse.ArgumentParser(add_help=False, formatter_class=_FORMAT)
@@ -105,66 +111,90 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
+    def command(name: str, help: str, module: str) -> argparse.ArgumentParser:
+        """``module``: the module of ``_cli`` whose ``run_NAME`` runs the command, imported
+        when it runs."""
         parser = commands.add_parser(
             name, help=help, description=help, parents=[common], formatter_class=_FORMAT
         )
-        parser.set_defaults(handler=handler)
+        parser.set_defaults(module=module)
         return parser
 
-    def switch(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs: Any) -> None:
-        parser.add_argument(flag, action="store_true", help=help, **kwargs)
-
-    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET", show.run_list)
-    switch(lister, "--all", "include debug and experimental")
+    lister = command("list", "list backends: NAME, TAGS, SOURCE, TARGET", "show")
+    _switch(lister, "--all", "include debug and experimental")
     tags: dict[str, Any] = {"action": "append", "default": [], "metavar": "T"}
     lister.add_argument("--tag", **tags, help="only backends tagged T")
     lister.add_argument("--exclude-tag", **tags, help="leave out tag T")
-    switch(lister, "--available", "only backends whose requirements are met")
-    switch(lister, "--json", "print a JSON array of objects")
+    _switch(lister, "--available", "only backends whose requirements are met")
+    _switch(lister, "--json", "print a JSON array of objects")
     no_torch = "leave out PyTorch's own backends"
-    switch(lister, "--no-torch", no_torch + " (skips importing torch, which takes seconds)")
+    _switch(lister, "--no-torch", no_torch + " (skips importing torch, which takes seconds)")
 
-    explain = command("explain", "where a backend is defined and what it shadows", show.run_explain)
+    explain = command("explain", "where a backend is defined and what it shadows", "show")
     name = explain.add_argument("name", metavar="NAME", help="a backend name or alias")
     name.completer = _complete_names  # type: ignore[attr-defined]  # read by argcomplete
-    switch(explain, "--no-torch", no_torch)
-    switch(explain, "--json", "print one JSON object (as list --json, and more)")
+    _switch(explain, "--no-torch", no_torch)
+    _switch(explain, "--json", "print one JSON object (as list --json, and more)")
 
-    checker = command(
-        "check", "validate manifests (the discovered ones, or those given)", check.run_check
-    )
+    checker = command("check", "validate manifests (the discovered ones, or those given)", "check")
     checker.add_argument(
         "files",
         nargs="*",
         metavar="FILE",
         help="manifests to check instead of the project's and TORCH_BACKENDS_PATH's",
     )
-    switch(
+    _switch(
         checker,
         "--no-torch",
         "skip PyTorch's own backends (then a name of theirs is not checked against them)",
     )
-    switch(
+    _switch(
         checker,
         "--locked",
         "also compare what every name resolves to with backends.lock (or the lock"
         " TORCH_BACKENDS_LOCKED names, as install() does); print each drift",
     )
-    switch(
+    _switch(
         checker,
         "--import",
         "also import every target, and what chains and tables run, and check that each"
         " can be called as a compiler",
         dest="import_targets",
     )
-    switch(checker, "--json", "print one JSON object: every problem, and counts")
+    _switch(checker, "--json", "print one JSON object: every problem, and counts")
 
     prober = command(
         "doctor",
         "probe backends in subprocesses: which work here, and how fast",
-        doctor.run_doctor,
+        "doctor",
     )
+    if doctor:
+        _doctor_options(prober)
+
+    lock = command(
+        "lock",
+        "write backends.lock beside the manifest: what the backends the manifests declare,"
+        " and every backend they name, resolve to",
+        "files",
+    )
+    lock.add_argument("--output", metavar="PATH", help="write the lock there instead")
+    _switch(lock, "--all", "pin every listed backend, plugins' and PyTorch's included")
+    _switch(
+        lock,
+        "--no-torch",
+        "leave PyTorch's own backends unread (those the manifests name are pinned by release)",
+    )
+
+    command("schema", "print the JSON Schema of a manifest", "files")
+    init = command("init", "write a starter backends.toml here (never overwrites)", "files")
+    _switch(init, "--pyproject", "add a [tool.torch-backends] table to pyproject.toml here instead")
+    return parser
+
+
+def _doctor_options(prober: argparse.ArgumentParser) -> None:
+    """Doctor's arguments, with the levels and defaults its own module holds."""
+    from .._doctor.options import GOALS, Options
+
     names = prober.add_argument(
         "names",
         nargs="*",
@@ -173,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
         " their chains and by-device tables run)",
     )
     names.completer = _complete_names  # type: ignore[attr-defined]
-    switch(prober, "--all", "probe every listed backend, debug and experimental ones too")
-    switch(
+    _switch(prober, "--all", "probe every listed backend, debug and experimental ones too")
+    _switch(
         prober,
         "--bench",
         "also time compiling and a call against one eager baseline, and recommend the fastest",
@@ -191,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how far a backend must get to be ok: forward judges inference backends"
         " (default %(default)s)",
     )
-    switch(
+    _switch(
         prober, "--json", "print a JSON object: the verdicts, and with --bench what it recommends"
     )
     prober.add_argument(
@@ -204,22 +234,3 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs", type=_count, metavar="N", help="backends probed at once (default: half the cores)"
     )
     prober.set_defaults(**Options()._asdict())  # each default as doctor() has it
-
-    lock = command(
-        "lock",
-        "write backends.lock beside the manifest: what the backends the manifests declare,"
-        " and every backend they name, resolve to",
-        files.run_lock,
-    )
-    lock.add_argument("--output", metavar="PATH", help="write the lock there instead")
-    switch(lock, "--all", "pin every listed backend, plugins' and PyTorch's included")
-    switch(
-        lock,
-        "--no-torch",
-        "leave PyTorch's own backends unread (those the manifests name are pinned by release)",
-    )
-
-    command("schema", "print the JSON Schema of a manifest", files.run_schema)
-    init = command("init", "write a starter backends.toml here (never overwrites)", files.run_init)
-    switch(init, "--pyproject", "add a [tool.torch-backends] table to pyproject.toml here instead")
-    return parser

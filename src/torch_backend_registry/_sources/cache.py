@@ -32,8 +32,7 @@ if TYPE_CHECKING:
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
 LAYOUT = 6
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_OPEN = OPEN_FLAGS | _NOFOLLOW  # as a manifest is opened (a FIFO too), no link followed
+_OPEN = OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0)  # as a manifest is opened, no link followed
 
 
 def cache_folder(environ: Mapping[str, str]) -> str | None:
@@ -54,15 +53,26 @@ def cache_folder(environ: Mapping[str, str]) -> str | None:
 #: The most entries of one kind kept. Each edit of a manifest, change on ``sys.path`` or
 #: version of this package writes new ones; past this many, the oldest written go.
 MOST_ENTRIES = 1_000
+#: How many a trim leaves, the oldest written gone: a tenth of the bound free, so that a
+#: process writing many scans the folder again only after that many more.
+TRIMMED_TO = MOST_ENTRIES - MOST_ENTRIES // 10
 
 
 class Cache:
-    """Entries in one folder; every failure quietly means "no entry" or "not written"."""
+    """Entries in one folder; every failure quietly means "no entry" or "not written".
+
+    The folder and each kind's folder are judged once: found this user's own and private,
+    they stay so for this object's life, as only this user or root can change that.
+    """
 
     def __init__(self, folder: str | None) -> None:
         self.folder = folder
-        #: The kinds whose folder this object has trimmed: once each is enough.
-        self.trimmed: set[str] = set()
+        #: The folders judged: the one holding the cache's (trusted), the cache's own and
+        #: those of kinds (private).
+        self.judged: set[str] = set()
+        #: How many entries each kind's folder is known to hold, counted when first written:
+        #: a long process that writes many trims as often as the bound asks, no more.
+        self.counts: dict[str, int] = {}
 
     def get(self, kind: str, key: object) -> Any:
         if self.folder is None or not self._private(kind):
@@ -94,38 +104,27 @@ class Cache:
             return None
 
     def put(self, kind: str, key: object, value: object) -> None:
-        if self.folder is None:
+        if self.folder is None or not self._private(kind, make=True):
             return
         path, name = self._entry(kind, key)
-        # A read-only home, a full disk, a value pickle refuses: no cache.
-        with contextlib.suppress(Exception):
-            data = _dumps((name, value))
-            if self._private(kind, make=True):
-                write_atomically(path, data, 0o600)
-                if kind not in self.trimmed:
-                    self.trimmed.add(kind)
-                    _trim(os.path.dirname(path))
-
-    @contextlib.contextmanager
-    def locked(self, kind: str) -> Iterator[None]:
-        """Make a read, change and write of the entries of ``kind`` one step for every
-        process (``flock`` on ``KIND.lock``); without a cache or ``fcntl``, run unlocked."""
-        with contextlib.ExitStack() as stack:
-            if self.folder is not None and self._private(kind, make=True):
-                with contextlib.suppress(ImportError, OSError):
-                    lock = os.path.join(self.folder, f"{kind}.lock")
-                    fd = os.open(lock, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
-                    stack.callback(os.close, fd)  # closing releases the lock
-                    import fcntl
-
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+        try:
+            write_atomically(path, _dumps((name, value)), 0o600)
+        except Exception:  # a value pickle refuses, a read-only home, a full disk: not kept
+            self.judged.discard(os.path.dirname(path))  # a folder removed is made again
+            return
+        count = self.counts.get(kind, MOST_ENTRIES) + 1  # unknown: counted by a trim
+        if count > MOST_ENTRIES:
+            with contextlib.suppress(OSError):
+                count = _trim(os.path.dirname(path))
+        self.counts[kind] = count
 
     def _private(self, kind: str, *, make: bool = False) -> bool:
         """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
         this user's own and private, below a trusted folder: nobody else can write there."""
         assert self.folder is not None
-        folders = (self.folder, os.path.join(self.folder, kind))
+        folder = os.path.join(self.folder, kind)
+        if folder in self.judged:
+            return True
         parent = os.path.dirname(self.folder)
         try:
             if make:
@@ -137,14 +136,16 @@ class Cache:
                 if untrusted_folder(existing) is not None:
                     return False
                 os.makedirs(parent, exist_ok=True)  # ~/.cache, as it is
-                for folder in folders:
+                for made in (self.folder, folder):
                     with contextlib.suppress(FileExistsError):
-                        os.mkdir(folder, 0o700)
+                        os.mkdir(made, 0o700)
         except OSError:
             return False
-        return untrusted_folder(parent) is None and not any(
-            untrusted_folder(folder, private=True) for folder in folders
-        )
+        judging = ((parent, False), (self.folder, True), (folder, True))
+        if any(f not in self.judged and untrusted_folder(f, private=p) for f, p in judging):
+            return False
+        self.judged.update(f for f, _ in judging)
+        return True
 
     def _entry(self, kind: str, key: object) -> tuple[str, str]:
         import hashlib
@@ -159,19 +160,17 @@ class Cache:
 NO_CACHE = Cache(None)
 
 
-def _trim(folder: str) -> None:
-    """Remove the oldest entries past :data:`MOST_ENTRIES`, and those of an earlier layout."""
+def _trim(folder: str) -> int:
+    """Remove the oldest entries past :data:`TRIMMED_TO`; how many are left."""
     entries = []
     for entry in os.scandir(folder):
-        if entry.name.endswith(".json"):  # layout 4 and before
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-        elif entry.name.endswith(".pickle"):
+        if entry.name.endswith(".pickle"):
             with contextlib.suppress(OSError):
                 entries.append((entry.stat(follow_symlinks=False).st_mtime_ns, entry.path))
-    for _written, path in sorted(entries)[: max(len(entries) - MOST_ENTRIES, 0)]:
+    for _written, path in sorted(entries)[: max(len(entries) - TRIMMED_TO, 0)]:
         with contextlib.suppress(OSError):
             os.unlink(path)
+    return min(len(entries), TRIMMED_TO)
 
 
 def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
@@ -195,16 +194,14 @@ def write_atomically(path: str, data: bytes, mode: int = 0o666) -> None:
 def code_key() -> str:
     """A digest of the code that reads manifests: this package's, byte by byte, pydantic's,
     tomli's and Python's; an upgrade or an edit of any of them starts afresh."""
+    import glob
     import hashlib
     import importlib.util
 
-    from .finding import python_files
-
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     digest = hashlib.sha256(sys.version.encode())
-    for path in python_files(package):
-        with open(path, "rb") as handle:
-            relative = os.path.relpath(path, package)
+    for relative in sorted(glob.glob(os.path.join("**", "*.py"), root_dir=package, recursive=True)):
+        with open(os.path.join(package, relative), "rb") as handle:
             digest.update(relative.encode() + b"\0" + handle.read())
     for module in ("pydantic", "pydantic_core", "tomli"):  # found, not imported
         with contextlib.suppress(Exception):

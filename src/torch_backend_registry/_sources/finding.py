@@ -16,6 +16,7 @@ import os
 import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import NamedTuple
 
 from .files import refused_folders
 
@@ -52,10 +53,6 @@ class PythonPathFinder:
         if path is not None:  # submodules: found through their package
             return None
         return _found_in(_FOLDERS.get() + self.loaded, fullname)
-
-    def keep(self, folders: Sequence[str]) -> None:
-        """Keep ``folders`` searchable from now on (one tuple swap: readers need no lock)."""
-        self.loaded += tuple(f for f in folders if f not in self.loaded)
 
 
 def _found_in(folders: Iterable[str], name: str) -> ModuleSpec | None:
@@ -150,6 +147,41 @@ def missing_requirements(definition: BackendDefinition) -> list[str]:
     refused = refused_folders(definition.search_path) if definition.requires else {}
     folders = [f for f in definition.search_path if f not in refused]
     return [m for m in definition.requires if find(m, folders) is None]
+
+
+class Located(NamedTuple):
+    """All that loading a target needs to know, found without running any of its code, as
+    importlib's ``ModuleSpec`` is for a module (see :func:`locate`)."""
+
+    #: The ``requires`` modules that cannot be found.
+    missing: list[str]
+    #: Each python-path folder the trust rule refuses, with why: it serves nothing.
+    refused: dict[str, str]
+    #: The python-path folders to search while importing, in order, and to keep searchable
+    #: once the target is loaded (the refused ones left out).
+    folders: tuple[str, ...]
+    #: The module's file beside the manifest and another of its name imported first, where
+    #: there is one (see :func:`shadowed`).
+    shadowed: tuple[str, str] | None
+
+
+def locate(definition: BackendDefinition, module: str) -> Located:
+    """What loading ``module``, ``definition``'s target's, needs, in one answer: its folders
+    judged once."""
+    refused = refused_folders(definition.search_path)
+    folders = tuple(f for f in definition.search_path if f not in refused)
+    missing = [m for m in definition.requires if find(m, folders) is None]
+    # Beside the manifest is where a script or a working folder puts a module first on the
+    # path: one process would import one file, another the other.
+    return Located(missing, refused, folders, shadowed(module, definition.search_path[-1:]))
+
+
+def keep(folders: Sequence[str]) -> None:
+    """Keep ``folders`` searchable, last, for the rest of the process (a target loaded from
+    them): one tuple swap, so that the finder's readers need no lock."""
+    if folders:
+        finder = python_path_finder()
+        finder.loaded += tuple(f for f in folders if f not in finder.loaded)
 
 
 #: The most files of a package stamped for its code; past them, its folder stands for it.
