@@ -1,8 +1,9 @@
 """Zero code: declared backends in every process that imports torch, with
-TORCH_BACKENDS_AUTOLOAD=1 and no install() call; and in frameworks that take a backend name.
+TORCH_BACKENDS_AUTOLOAD=1 and no install() call; and in frameworks that take a backend name
+(accelerate and transformers' Trainer: test_integrations.py).
 
 Every test runs real processes (a script, torchrun ranks on the loopback address,
-DataLoader workers under spawn, accelerate) with time limits; nothing is mocked.
+DataLoader workers under spawn) with time limits; nothing is mocked.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def test_a_chain_that_verifies_trains_in_a_process_nobody_changed(project: Path)
     )
     assert done.returncode == 0, done.stderr
     assert "trained True" in done.stdout
-    assert "static shapes): compiled with 'aot_eager', backward verified against eager" in (
+    assert "backend 'careful': compiled with 'aot_eager', backward verified against eager" in (
         done.stderr
     )
 
@@ -373,134 +374,6 @@ def test_a_framework_that_passes_a_configured_name_on(project: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)"]
-
-
-def test_accelerate_compiles_with_a_declared_backend_it_does_not_know(project: Path) -> None:
-    pytest.importorskip("accelerate")
-    done = run(
-        """
-        import logging, torch
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-        logging.getLogger("torch").setLevel(logging.WARNING)
-        from accelerate import Accelerator
-        from accelerate.utils import TorchDynamoPlugin
-        from torch_backend_registry.integrations.accelerate import dynamo_plugin
-
-        try:
-            TorchDynamoPlugin(backend="careful")
-        except ValueError as exc:
-            print("accelerate alone:", exc)
-        plugin = dynamo_plugin("careful", mode="max-autotune-no-cudagraphs", dynamic=False)
-        accelerator = Accelerator(cpu=True, dynamo_plugin=plugin)
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        loss = model(torch.randn(6, 4)).pow(2).mean()
-        accelerator.backward(loss)
-        optimizer.step()
-        print("kwargs", sorted(plugin.to_kwargs().items()))
-        print("stepped", all(p.grad is not None for p in model.parameters()))
-        """,
-        project,
-        autoload=None,  # dynamo_plugin installs the registry's backends itself
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "accelerate alone: 'CAREFUL' is not a valid DynamoBackend"
-    assert lines[1] == (
-        "kwargs [('backend', 'careful'), ('dynamic', False),"
-        " ('mode', 'max-autotune-no-cudagraphs')]"
-    )
-    assert lines[2] == "stepped True"
-    assert "static shapes): compiled with 'aot_eager', backward verified against eager" in (
-        done.stderr
-    )
-
-
-def test_an_accelerate_plugin_sent_to_another_process_compiles_there(project: Path) -> None:
-    pytest.importorskip("accelerate")
-    made = run_forked(
-        textwrap.dedent(
-            """
-        import pickle
-        from torch_backend_registry.integrations.accelerate import RegistryDynamoPlugin
-        from torch_backend_registry.integrations.accelerate import dynamo_plugin
-
-        with open("plugin.pkl", "wb") as file:
-            pickle.dump(dynamo_plugin("mine"), file)  # as mp.spawn sends it to a worker
-        try:
-            RegistryDynamoPlugin(registry_backend="nosuch").to_kwargs()
-        except LookupError as exc:
-            print(type(exc).__name__, str(exc).split(";")[0])
-        """
-        ),
-        project,
-    )
-    assert made.returncode == 0, made.stderr
-    assert made.stdout.startswith("UnknownBackendError unknown backend 'nosuch'"), made.stdout
-    # A process of its own, into which nothing was installed (nor autoloaded).
-    done = run_forked(
-        textwrap.dedent(
-            """
-        import pickle, torch
-        from accelerate import Accelerator
-
-        with open("plugin.pkl", "rb") as file:
-            plugin = pickle.load(file)
-        model = Accelerator(cpu=True, dynamo_plugin=plugin).prepare(torch.nn.Linear(4, 2))
-        print("compiled", tuple(model(torch.randn(3, 4)).shape))
-        """
-        ),
-        project,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)"]
-
-
-def test_an_accelerate_plugin_spawned_to_a_worker_never_runs_a_denied_plugin(
-    project: Path,
-) -> None:
-    pytest.importorskip("accelerate")
-    # A plugin declares the name the manifest takes for its own backend, and the manifest
-    # denies the plugin: its code must run nowhere, in a spawned worker neither, where
-    # PyTorch lists the plugin's entry point under that name.
-    path = plugin(project, "sketchy", ("sketchy",))
-    (project / "backends.toml").write_text(
-        MANIFEST.replace("[backends.mine]", "[backends.sketchy]").replace('default = "mine"', "")
-        + '\n[plugins]\ndeny = ["sketchy"]\n'
-    )
-    (project / "tbr_autoload_worker.py").write_text(
-        textwrap.dedent(
-            """
-            import torch
-            from accelerate import Accelerator
-
-            def work(plugin):
-                model = Accelerator(cpu=True, dynamo_plugin=plugin).prepare(torch.nn.Linear(4, 2))
-                print("compiled", tuple(model(torch.randn(3, 4)).shape), flush=True)
-            """
-        )
-    )
-    code = """
-    import multiprocessing
-    from torch_backend_registry.integrations.accelerate import dynamo_plugin
-    from tbr_autoload_worker import work
-
-    if __name__ == "__main__":
-        worker = multiprocessing.get_context("spawn").Process(
-            target=work, args=(dynamo_plugin("sketchy"),)  # pickled to the worker
-        )
-        worker.start()
-        worker.join()
-        print("worker exit", worker.exitcode)
-    """
-    done = run(code, project, autoload=None, PYTHONPATH=path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["[mine] 5 nodes", "compiled (3, 2)", "worker exit 0"], (
-        done.stdout + done.stderr
-    )
-    assert not (project / "sketchy.imported").exists()
 
 
 def test_explain_and_check_say_whether_autoload_is_on(project: Path) -> None:

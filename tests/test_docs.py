@@ -5,7 +5,8 @@ Each page is read top to bottom, as a reader follows it, in a fresh folder of it
 - a code block with a title (```` ```toml title="backends.toml" ````) is a file the page sets
   up: it is written there, under that name (a later block of the same name replaces it);
 - a ```` ```console ```` block holds sessions: each ``$ torch-backends ...`` line is run in
-  this process (``torch_backend_registry._cli.main``), its stdout and stderr compared with
+  this process (``torch_backend_registry._cli.main``), each ``$ python SCRIPT ...`` line (a
+  script the page wrote) in an interpreter of its own, its stdout and stderr compared with
   the lines below it. ``VAR=value`` before the command sets the environment, ``&&`` chains
   commands as a shell does and ``; echo $?`` prints the exit code;
 - a ```` ```pycon ```` block (or a ``python`` one holding ``>>>``) is a Python session: the
@@ -39,6 +40,7 @@ import multiprocessing
 import os
 import re
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,6 +128,9 @@ def plain_environment(cache: Path) -> dict[str, str]:
     """The environment the pages are read in (see the module's docstring)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
     environ["XDG_CACHE_HOME"] = str(cache)
+    # Absolute (``PYTHONPATH=src pytest``): a script runs in the page's folder.
+    path = environ.get("PYTHONPATH", "").split(os.pathsep)
+    environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path if p)
     plugins = _installed_plugins()
     if plugins:
         environ["TORCH_BACKENDS_DENY"] = ",".join(plugins)
@@ -172,7 +177,8 @@ def fresh_modules(folder: Path) -> Iterator[None]:
 
 
 def run_command(line: str, environ: dict[str, str], where: str) -> str:
-    """What a shell would print for ``line``: the commands it chains, each run in-process."""
+    """What a shell would print for ``line``: the commands it chains, each run in-process
+    (a script: in an interpreter of its own)."""
     from torch_backend_registry._cli import main
 
     echo_code = line.endswith("; echo $?")
@@ -186,18 +192,27 @@ def run_command(line: str, environ: dict[str, str], where: str) -> str:
             key, value = words.pop(0).split("=", 1)
             env[key] = value
         command = next((c for c in COMMANDS if tuple(words[: len(c)]) == c), None)
-        if command is None:
-            raise AssertionError(f"{where}: the docs tests run only torch-backends, not {part!r}")
-        with (
-            mock.patch.dict(os.environ, env, clear=True),
-            fresh_modules(Path.cwd()),
-            contextlib.redirect_stdout(out),
-            contextlib.redirect_stderr(out),
-        ):
-            try:
-                code = main(words[len(command) :])
-            except SystemExit as exit:  # argparse: --help, --version, a usage error
-                code = exit.code if isinstance(exit.code, int) else 1
+        if command is not None:
+            with (
+                mock.patch.dict(os.environ, env, clear=True),
+                fresh_modules(Path.cwd()),
+                contextlib.redirect_stdout(out),
+                contextlib.redirect_stderr(out),
+            ):
+                try:
+                    code = main(words[len(command) :])
+                except SystemExit as exit:  # argparse: --help, --version, a usage error
+                    code = exit.code if isinstance(exit.code, int) else 1
+        elif words[:1] == ["python"]:
+            # A script the page wrote, in an interpreter of its own, as a shell runs it.
+            ran = subprocess.run(
+                [sys.executable, *words[1:]], env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, timeout=PATIENCE,
+            )  # fmt: skip
+            out.write(ran.stdout)
+            code = ran.returncode
+        else:
+            raise AssertionError(f"{where}: the docs tests run only torch-backends and scripts")
         if code != 0:
             break
     shown = out.getvalue()

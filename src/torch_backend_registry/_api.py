@@ -81,6 +81,22 @@ def install(
     install_into_torch(registry)
 
 
+def manifests_read(registry: Registry) -> list[str]:
+    """The manifests ``registry`` reads: the files given, else TORCH_BACKENDS_PATH's and the
+    project's (what a message about a name says was looked in)."""
+    from ._sources import env_paths, project_manifest
+
+    context = registry.context
+    if context.files is not None:
+        return list(context.files)
+    found = env_paths(context, [])
+    project = None if context.cwd is None else project_manifest(context.cwd)
+    real = {os.path.realpath(path) for path in found}
+    if project is None or os.path.realpath(project) in real:
+        return found  # the project's manifest named on TORCH_BACKENDS_PATH too is one file
+    return [*found, project]
+
+
 def verify_asked(registry: Registry) -> bool:
     return switched_on(registry.context.environ.get(VERIFY_VAR))
 

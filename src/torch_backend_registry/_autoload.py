@@ -4,7 +4,11 @@ behaves as if it had called ``install()``.
 PyTorch calls :func:`autoload` at ``import torch`` (this package's entry point in its
 ``torch.backends`` group). Set, it imports nothing: a finder first on ``sys.meta_path``
 waits for ``torch._dynamo`` to be imported, and once that module has run, installs the
-default registry, ``TORCH_BACKENDS_LOCKED`` and ``TORCH_BACKENDS_VERIFY`` honoured.
+default registry, ``TORCH_BACKENDS_LOCKED`` and ``TORCH_BACKENDS_VERIFY`` honoured. It waits
+for accelerate's ``accelerate.utils.dataclasses`` too, where accelerate checks backend names
+against its own enum, and once that has run, imports ``integrations.accelerate``, which makes
+the enum take the registry's names: accelerate imports torch before that module, so a
+script that imports accelerate first is caught as well.
 
 Nothing here makes ``import torch`` or ``import torch._dynamo`` raise: a problem is a
 warning, and what ``install()`` would raise (a lock the backends drifted from, ranks that
@@ -27,7 +31,7 @@ from . import _forksafe  # noqa: F401
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from importlib.machinery import ModuleSpec
     from types import ModuleType
     from typing import Any
@@ -36,8 +40,9 @@ if TYPE_CHECKING:
 AUTOLOAD_VAR = "TORCH_BACKENDS_AUTOLOAD"
 #: PyTorch's variable that turns its whole ``torch.backends`` group off.
 PYTORCH_VAR = "TORCH_DEVICE_BACKEND_AUTOLOAD"
-#: The module whose import autoload waits for.
+#: The modules whose import autoload waits for.
 DYNAMO = "torch._dynamo"
+ACCELERATE = "accelerate.utils.dataclasses"
 
 
 def enabled() -> bool:
@@ -72,58 +77,73 @@ def state() -> str:
 
 def autoload() -> None:
     """PyTorch's ``torch.backends`` entry point: arrange install() for when torch._dynamo
-    is imported, where ``TORCH_BACKENDS_AUTOLOAD`` asks for it. Never raises."""
+    is imported, and accelerate's adaptation for when accelerate is, where
+    ``TORCH_BACKENDS_AUTOLOAD`` asks for it. Never raises."""
     if not enabled():
         return
     try:
-        if DYNAMO in sys.modules:  # imported already (a process that imported torch twice)
-            _install()
-        elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-            sys.meta_path.insert(0, _AfterImport())
+        waiting = {
+            DYNAMO: functools.partial(_quietly, "install()", _install_or_defer),
+            ACCELERATE: functools.partial(_quietly, "adapting accelerate", _adapt_accelerate),
+        }
+        for module in [name for name in waiting if name in sys.modules]:
+            waiting.pop(module)()  # imported already (a process that imported torch twice)
+        if waiting and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+            sys.meta_path.insert(0, _AfterImport(waiting))
     except Exception as exc:  # pragma: no cover - import torch must not fail for us
         _say(f"{AUTOLOAD_VAR} is set, but autoload could not start: {type(exc).__name__}: {exc}")
 
 
 class _AfterImport:
-    """A finder that finds ``torch._dynamo`` as the others do, and installs once it has run."""
+    """A finder that finds each module it waits for as the others do, and has what is to be
+    done then (``waiting``, by the module's name) done once that module has run."""
+
+    def __init__(self, waiting: Mapping[str, Callable[[], None]]) -> None:
+        self.waiting = dict(waiting)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname != DYNAMO:
+        # Once a module: and the finders asked below must not come back here for it.
+        then = self.waiting.pop(fullname, None)
+        if then is None:
             return None
-        # Once: and the finders asked below must not come back here.
-        if self in sys.meta_path:
+        if not self.waiting and self in sys.meta_path:
             sys.meta_path.remove(self)
         spec = importlib.util.find_spec(fullname)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Then(spec.loader)  # type: ignore[assignment]
+            spec.loader = _Then(spec.loader, then)  # type: ignore[assignment]
         return spec
 
 
 class _Then:
-    """A loader that runs a module as its own loader does, then installs; anything else
+    """A loader that runs a module as its own loader does, then ``then``; anything else
     asked of it (``create_module``, its source, its code) is its own loader's answer."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
         self.loader = loader
+        self.then = then
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
-        _install()
+        self.then()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
 
 
-def _install() -> None:
-    """install() of the default registry, as a process would call it; never raises."""
+def _adapt_accelerate() -> None:
+    from .integrations import accelerate  # noqa: F401  # adapts accelerate as it is imported
+
+
+def _quietly(what: str, action: Callable[[], None]) -> None:
+    """``action``, as a process would call it (``what`` it is, in words); never raises."""
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            _install_or_defer()
+            action()
     except Exception as exc:
-        _say(f"{AUTOLOAD_VAR}: install() failed: {type(exc).__name__}: {exc}")
+        _say(f"{AUTOLOAD_VAR}: {what} failed: {type(exc).__name__}: {exc}")
         return
     for warning in said:  # said again outside: the filters of the process decide
         try:

@@ -114,21 +114,6 @@ def _near_table_here() -> str:
     return ""
 
 
-def _manifests_read(registry: Registry) -> list[str]:
-    """The manifests read: the files given, else TORCH_BACKENDS_PATH's and the project's."""
-    from .._sources import env_paths, project_manifest
-
-    context = registry.context
-    if context.files is not None:
-        return list(context.files)
-    found = env_paths(context, [])
-    project = None if context.cwd is None else project_manifest(context.cwd)
-    real = {os.path.realpath(path) for path in found}
-    if project is None or os.path.realpath(project) in real:
-        return found  # the project's manifest named on TORCH_BACKENDS_PATH too is one file
-    return [*found, project]
-
-
 def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
     """The project's manifest where it misleads: a backends.toml that replaces a
     pyproject.toml's table; or one found above the repository the command runs in (the folder
@@ -163,9 +148,10 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     lock, python-path folders, with ``--import`` what fails to import); print each problem and
     note (with ``--import``, each backend unavailable here too) by file and line, then a
     summary. Only problems fail."""
+    from .._api import manifests_read
     from .._autoload import enabled, state
 
-    read = _manifests_read(registry)
+    read = manifests_read(registry)
     problems = [*problems, *_misplaced(registry.context.cwd, read)]
     matched = None
     if args.locked:

@@ -1,11 +1,17 @@
-"""Hugging Face accelerate: a ``TorchDynamoPlugin`` that compiles with any backend the registry
-resolves.
+"""Hugging Face accelerate: its ``DynamoBackend`` takes any name the registry resolves.
 
-accelerate takes a backend only from its own ``DynamoBackend`` enum (``'IND_FWD' is not a
-valid DynamoBackend``). :func:`dynamo_plugin` gives its ``TorchDynamoPlugin`` with the enum at
-``INDUCTOR`` (so that accelerate compiles at all), and the registry's name where accelerate
-hands the plugin's settings to ``torch.compile``; accelerate's own ``mode``, ``fullgraph``,
-``dynamic``, ``options`` and ``use_regional_compilation`` are kept as given::
+accelerate checks every backend name against its own enum, ``DynamoBackend`` (``'FAST' is not
+a valid DynamoBackend``), wherever it reads one: ``TorchDynamoPlugin(backend=...)``,
+``ACCELERATE_DYNAMO_BACKEND`` (which transformers' ``TrainingArguments(torch_compile_backend=...)``
+sets for its Trainer), an accelerate config file's ``dynamo_config``. Importing this module
+gives the enum a ``_missing_`` hook, Python's own for a value that is no member: a name the
+registry resolves, in any case (accelerate upper-cases what it is given), becomes a member of
+its own, whose value accelerate hands to ``torch.compile`` as the registry spells it, with
+accelerate's ``mode``, ``fullgraph``, ``dynamic`` and ``options``. accelerate's own names are
+members already and never reach the hook.
+
+With ``TORCH_BACKENDS_AUTOLOAD=1``, this module is imported as soon as accelerate has defined
+the enum: no code is needed. Without, :func:`dynamo_plugin` imports it::
 
     from accelerate import Accelerator
     from torch_backend_registry.integrations.accelerate import dynamo_plugin
@@ -15,69 +21,90 @@ hands the plugin's settings to ``torch.compile``; accelerate's own ``mode``, ``f
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from accelerate.utils import TorchDynamoPlugin
+from accelerate.utils.dataclasses import DynamoBackend, TorchDynamoPlugin
 
 from .. import _api
+from .._errors import UnknownBackendError
 
-__all__ = ["RegistryDynamoPlugin", "dynamo_plugin"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .._registry import Registry
 
-
-@dataclasses.dataclass
-class RegistryDynamoPlugin(TorchDynamoPlugin):  # type: ignore[misc]
-    """accelerate's ``TorchDynamoPlugin``, compiling with the registry's backend
-    ``registry_backend`` (any name the registry resolves)."""
-
-    registry_backend: str = ""
-
-    def __post_init__(self) -> None:
-        if self.registry_backend:
-            # accelerate checks its enum and compiles only where it is not NO: INDUCTOR says
-            # "compile"; which backend is the registry's, below.
-            self.backend = "inductor"
-        super().__post_init__()
-
-    def to_dict(self) -> dict[str, Any]:
-        # What accelerate records and hands torch.compile: the registry's name as the backend.
-        settings: dict[str, Any] = super().to_dict()
-        name = settings.pop("registry_backend", "")
-        if name:
-            settings["backend"] = name
-        return settings
-
-    def to_kwargs(self) -> dict[str, Any]:
-        # What accelerate hands torch.compile, in whatever process compiles: one the plugin
-        # was pickled to (a spawned worker) has not installed the registry's backends.
-        if self.registry_backend:
-            _ready(self.registry_backend)
-        kwargs: dict[str, Any] = super().to_kwargs()
-        return kwargs
+__all__ = ["UnknownDynamoBackendError", "dynamo_plugin"]
 
 
-def _ready(name: str) -> None:
-    """Make ``name`` a torch.compile name here, as the registry resolves it; an unknown or
-    left-out name raises :class:`~torch_backend_registry.UnknownBackendError` before
-    anything compiles. Where nothing was installed (a process the plugin was sent to),
-    the default registry is: PyTorch alone would load a plugin's entry point of that name,
-    one the manifest shadows or denies among them."""
+class UnknownDynamoBackendError(UnknownBackendError, ValueError):
+    """accelerate was given a name that is neither its own nor the registry's. A
+    ``ValueError`` as accelerate's own refusal is: ``name in DynamoBackend`` is ``False``, and
+    ``accelerate launch`` says it its way. Its note names the manifests read."""
+
+
+class _Exact(str):
+    """A registry's name as a member's value. accelerate lower-cases the value it hands to
+    ``torch.compile``; this one stays as the registry spells it. Pickled (a plugin sent to a
+    spawned worker), it imports this module where it is unpickled, so that the name is a
+    member there too."""
+
+    def lower(self) -> str:
+        return str(self)
+
+
+def _missing(cls: Any, value: object) -> Any:
+    """The member for ``value``, a name accelerate does not know (see the module's docstring)."""
+    if not isinstance(value, str):
+        return None  # accelerate's own error
+    name = _ready(value)
+    # A pseudo-member, as the enum module makes for a Flag's combinations: no member is
+    # added to the enum, whose list of names stays accelerate's.
+    member = str.__new__(cls, name)
+    member._name_ = name.upper()
+    member._value_ = _Exact(name)
+    return member
+
+
+def _ready(value: str) -> str:
+    """The registry's name for ``value`` (case aside), made a torch.compile name in this
+    process: the registry installed there (autoload's, or the one given to
+    :func:`dynamo_plugin`), else the default one is installed. An unknown name raises
+    :class:`UnknownDynamoBackendError` before anything compiles."""
+    import torch._dynamo  # noqa: F401  # where autoload is on, it installs its registry here
+
     from .._torch import installed
 
     registry = installed() or _api.default_registry
-    registry.backend_info(name)
+    spelt = [known for known in registry.index().known if known.upper() == value.upper()]
+    # Two names that differ only in case: the lower-case one, as accelerate would spell it.
+    name = value if value in spelt else spelt[0] if len(spelt) == 1 else value.lower()
+    try:
+        registry.backend_info(name)
+    except UnknownBackendError as exc:
+        read = ", ".join(_api.manifests_read(registry)) or "no manifest"
+        note = "; ".join(filter(None, (exc.note, f"read {read}")))
+        raise UnknownDynamoBackendError(
+            exc.name, exc.suggestions, note=note, left_out=exc.left_out
+        ) from None
     if installed() is None:
         _api.install(registry)
+    return name
 
 
-def dynamo_plugin(backend: str, *, registry: Any = None, **kwargs: Any) -> RegistryDynamoPlugin:
-    """A ``TorchDynamoPlugin`` that compiles with ``backend`` (see the module's docstring).
+DynamoBackend._missing_ = classmethod(_missing)
 
-    An unknown name raises :class:`~torch_backend_registry.UnknownBackendError` here; the
-    registry's backends are installed into torch.compile (``install()``) so that
-    accelerate's ``torch.compile(model, backend=name)`` finds it.
+
+def dynamo_plugin(
+    backend: str, *, registry: Registry | None = None, **kwargs: Any
+) -> TorchDynamoPlugin:
+    """accelerate's ``TorchDynamoPlugin``, compiling with ``backend``: any name ``registry``
+    (the default one) resolves. ``kwargs`` are accelerate's own (``mode``, ``fullgraph``,
+    ``dynamic``, ``options``, ``use_regional_compilation``).
+
+    The registry's backends are installed into torch.compile (``install()``), so that
+    accelerate's ``torch.compile(model, backend=name)`` finds the name; an unknown one raises
+    :class:`UnknownDynamoBackendError` here. Sent to another process (a spawned worker, a
+    pickle), the plugin installs the default registry there when it is unpickled, unless that
+    process installed one already (autoload, its own ``install()``).
     """
-    target = registry or _api.default_registry
-    target.backend_info(backend)
-    _api.install(target)
-    return RegistryDynamoPlugin(registry_backend=backend, **kwargs)
+    _api.install(registry)
+    return TorchDynamoPlugin(backend=backend, **kwargs)
