@@ -135,7 +135,7 @@ def test_a_chain_that_verifies_trains_in_a_process_nobody_changed(project: Path)
     )
     assert done.returncode == 0, done.stderr
     assert "trained True" in done.stdout
-    assert "backend 'careful': compiled with 'aot_eager', backward verified against eager" in (
+    assert "static shapes): compiled with 'aot_eager', backward verified against eager" in (
         done.stderr
     )
 

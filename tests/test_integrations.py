@@ -244,7 +244,7 @@ def test_without_autoload_accelerate_is_as_it_was_and_dynamo_plugin_compiles(
         "worker compiled (3, 2)",
         "worker exit 0",
     ]
-    assert "backend 'careful': compiled with 'aot_eager', backward verified against eager" in (
+    assert "static shapes): compiled with 'aot_eager', backward verified against eager" in (
         done.stderr
     )
     assert not (project / "sketchy.imported").exists()
