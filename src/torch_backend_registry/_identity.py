@@ -53,9 +53,8 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         facts["torch"] = pytorch_facts(torch_version)["torch"]
     elif definition.compiler_fn is not None:
         described = portable(definition.compiler_fn)
-        if (
-            described.get("function", described.get("named")) != definition.target
-        ):  # what a partial, an object holds
+        named = described.get("function") or described.get("named")
+        if named is None or named != definition.target:  # what a partial, an object holds
             facts["callable"] = described
     return facts
 
