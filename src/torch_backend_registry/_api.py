@@ -92,12 +92,12 @@ def check_before_install(
     ``TORCH_BACKENDS_LOCKED`` names, ``from_environment``), then, with ``verify``, that
     every rank resolves names alike (a warning ``unready`` says what torch.distributed
     was, where it was not initialised)."""
-    from ._cluster import distributed_ready
     from ._lock import check_locked
+    from ._store import initialised
 
     if lock is not None:
         check_locked(registry, lock, from_environment=from_environment)
-    if verify and distributed_ready():
+    if verify and initialised():
         verify_consistent(registry=registry)
     elif verify:
         warn(f"{VERIFY_VAR} is set but torch.distributed {unready}")
