@@ -527,6 +527,41 @@ def test_check_finds_chains_that_cannot_work(tmp_path: Path, write: WriteFn) -> 
         assert done.stderr.endswith(", 1 note(s); read backends.toml\n"), done.stderr
 
 
+def test_check_counts_as_usable_only_what_the_registry_can_use_here(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # A table whose CPU entry is a typo, a chain whose one member can never be used: both
+    # were counted usable below the error that says why they cannot be.
+    write(
+        "backends.toml",
+        '[backends.auto]\nby-device = { cpu = "eagr", other = "nope", cuda = "inductor" }\n'
+        '[backends.outer]\nchain = ["inner"]\n'
+        '[backends.inner]\nchain = ["nope1", "nope2"]\n'
+        '[backends.one]\nchain = ["eager"]\nselect = "fastest"\n',
+    )
+    for extra, imported in (((), ""), (("--import",), "; not imported")):
+        done = run("check", "--no-torch", *extra, cwd=tmp_path, check=1)
+        assert done.stdout.splitlines() == [
+            "backends.toml:2: error: backends.auto.by-device.cpu: by-device 'auto' names 'eagr',"
+            " which is no usable backend (did you mean 'eagr' -> 'eager'?); fix the name or"
+            " remove it; on other it fails",
+            "backends.toml:3: note: backends.outer: unavailable here (no member can be used"
+            " (inner: no member can be used (nope1: not installed here; nope2: not installed"
+            f" here))){imported}",
+            "backends.toml:6: error: backends.inner.chain: chain 'inner' names 'nope1', 'nope2',"
+            " which are no usable backend; no member can be used here; fix the name or remove"
+            " it",
+            # Nothing to choose between: said at the key, and no fault.
+            "backends.toml:9: note: backends.one.select: chain 'one' has one member ('eager'):"
+            ' select = "fastest" has nothing to choose between',
+        ]
+        usable = "imported and usable" if extra else "usable"
+        assert done.stderr == (
+            f"2 problem(s); 1 of 4 backend(s) {usable}, 1 unavailable here, 1 note(s);"
+            " read backends.toml\n"
+        )
+
+
 def test_a_chain_member_not_installed_here_is_a_note_not_a_failure(
     tmp_path: Path, write: WriteFn
 ) -> None:

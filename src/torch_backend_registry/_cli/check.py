@@ -346,18 +346,23 @@ class _Imports:
         if not definition.members:
             problem = self._load(definition)
             return None if problem is None else (problem.message, True)
-        # Every member is judged (imported), to be reported at its own line; the chain or
-        # table is then what the registry makes of the members that can be used.
-        kept = [m for m in definition.members if self._judge(m) is None]
+        # Every member is judged (imported), to be reported at its own line. Whether the
+        # chain or table runs here is then the registry's rule, each member that cannot be
+        # used put as one the rule refuses: the chain itself, a loop.
+        broken = {m for m in definition.members if self._judge(m) is not None}
+
+        def or_loop(member: str) -> str:
+            return definition.name if member in broken else member
+
         runs = dataclasses.replace(
             definition,
-            chain=definition.chain and tuple(m for m in definition.chain if m in kept),
+            chain=definition.chain and tuple(map(or_loop, definition.chain)),
             by_device=definition.by_device
-            and tuple(e for e in definition.by_device if e[1] in kept),
+            and tuple((device, or_loop(member)) for device, member in definition.by_device),
         )
-        if kept and self.registry.why_unavailable(runs) is None:
+        if self.registry.why_unavailable(runs) is None:
             return None
-        return "no member can be used", True
+        return "no member it would run here can be used", True
 
     def _load(self, d: BackendDefinition) -> Problem | None:
         """Look ``d`` up; its failure as a problem at its ``target``, like the manifest's own."""
