@@ -149,8 +149,8 @@ def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
 def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int:
     """Add what the registry cannot know (where the project's manifest lies, drift from the
     lock, python-path folders, with ``--import`` what fails to import); print each problem and
-    note (with ``--import``, each backend unavailable here too) by file and line, then a
-    summary. Only problems fail."""
+    note (each backend unavailable here too) by file and line, then a summary. Only problems
+    fail."""
     from .._autoload import enabled, state
 
     read = _manifests_read(registry)
