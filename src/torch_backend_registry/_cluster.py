@@ -133,9 +133,10 @@ class _Check:
         return {int(rank): rest for rank, *rest in (line.split(" ") for line in lines)}
 
     def _decide(self) -> str:
-        """ "go" where every rank came and all agree, "differ" where they came and do not, else
-        the ranks absent and the error that names them, with the ranks the first few last
-        checked where those were others (a group given differently, or a stage checked before)."""
+        """The verdict: "go" where every rank came and all agree, "differ" where they came and
+        do not, else the ranks absent and the error that names them, with the ranks the first
+        few last checked where those were others (a group given differently, or a stage
+        checked before)."""
         came = self._said()
         absent = [rank for rank in self.members if rank not in came]
         if not absent:
