@@ -1,8 +1,8 @@
-"""What ``doctor --bench`` of this repository's backends costs (SPEC 7), side by side in one run.
+"""What ``doctor`` of this repository's backends costs (SPEC 7), side by side in one run.
 
 Run by hand:  python benchmarks/bench_doctor.py [--quick]
 
-Runs, in turn: ``python -c "import torch"``, then ``torch-backends doctor --bench`` in the
+Runs, in turn: ``python -c "import torch"``, then ``torch-backends doctor`` in the
 repository's folder: the backends its manifest declares and what they run (op_counts,
 trace_shapes, tensorrt, portable, auto, and openvino, inductor, eager through them), with an
 empty cache folder each time. The last thing printed is the table; the exit status is 0
@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one run, for a first look")
     runs = 1 if parser.parse_args().quick else 3
     base = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
-    doctor = [PY, "-m", "torch_backend_registry", "doctor", "--bench"]
+    doctor = [PY, "-m", "torch_backend_registry", "doctor"]
     imports, doctors = [], []
     for _run in range(runs):
         imports.append(_seconds([PY, "-c", "import torch"], base))
@@ -50,7 +50,7 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- |")
     print(f"| `python -c 'import torch'` | {imported:.2f} |  |  |  |")
     print(
-        f"| `doctor --bench` of this repository's backends | {probed:.2f} | {ratio:.1f}x"
+        f"| `doctor` of this repository's backends | {probed:.2f} | {ratio:.1f}x"
         f" | <= {TARGET:g}x | {'yes' if met else '**no**'} |"
     )
     return 0 if met else 1

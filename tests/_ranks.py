@@ -270,9 +270,9 @@ def dies(me: Rank) -> dict[str, Any]:
 
 def differ(me: Rank) -> dict[str, Any]:
     """A check where ranks differ, the facts sent in pieces of 100 bytes."""
-    from torch_backend_registry import _cluster
+    from torch_backend_registry import _store
 
-    _cluster.PIECE = 100
+    _store.PIECE = 100
     return me.check()
 
 

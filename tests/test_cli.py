@@ -82,7 +82,7 @@ def test_the_shell_completes_commands_and_backend_names(tmp_path: Path, write: W
 
     assert complete("torch-backends l") == ["list", "lock"]
     assert complete("torch-backends explain f") == ["f", "fast"]  # aliases too
-    assert complete("torch-backends doctor --bench p") == ["portable"]
+    assert complete("torch-backends doctor --json p") == ["portable"]
 
 
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
@@ -527,6 +527,41 @@ def test_check_finds_chains_that_cannot_work(tmp_path: Path, write: WriteFn) -> 
         assert done.stderr.endswith(", 1 note(s); read backends.toml\n"), done.stderr
 
 
+def test_check_counts_as_usable_only_what_the_registry_can_use_here(
+    tmp_path: Path, write: WriteFn
+) -> None:
+    # A table whose CPU entry is a typo, a chain whose one member can never be used: both
+    # were counted usable below the error that says why they cannot be.
+    write(
+        "backends.toml",
+        '[backends.auto]\nby-device = { cpu = "eagr", other = "nope", cuda = "inductor" }\n'
+        '[backends.outer]\nchain = ["inner"]\n'
+        '[backends.inner]\nchain = ["nope1", "nope2"]\n'
+        '[backends.one]\nchain = ["eager"]\nselect = "fastest"\n',
+    )
+    for extra, imported in (((), ""), (("--import",), "; not imported")):
+        done = run("check", "--no-torch", *extra, cwd=tmp_path, check=1)
+        assert done.stdout.splitlines() == [
+            "backends.toml:2: error: backends.auto.by-device.cpu: by-device 'auto' names 'eagr',"
+            " which is no usable backend (did you mean 'eagr' -> 'eager'?); fix the name or"
+            " remove it; on other it fails",
+            "backends.toml:3: note: backends.outer: unavailable here (no member can be used"
+            " (inner: no member can be used (nope1: not installed here; nope2: not installed"
+            f" here))){imported}",
+            "backends.toml:6: error: backends.inner.chain: chain 'inner' names 'nope1', 'nope2',"
+            " which are no usable backend; no member can be used here; fix the name or remove"
+            " it",
+            # Nothing to choose between: said at the key, and no fault.
+            "backends.toml:9: note: backends.one.select: chain 'one' has one member ('eager'):"
+            ' select = "fastest" has nothing to choose between',
+        ]
+        usable = "imported and usable" if extra else "usable"
+        assert done.stderr == (
+            f"2 problem(s); 1 of 4 backend(s) {usable}, 1 unavailable here, 1 note(s);"
+            " read backends.toml\n"
+        )
+
+
 def test_a_chain_member_not_installed_here_is_a_note_not_a_failure(
     tmp_path: Path, write: WriteFn
 ) -> None:
@@ -704,19 +739,21 @@ def test_doctors_progress_fits_the_terminal_and_is_gone_before_the_table(
     assert missing in " ".join(line.strip() for line in reason)
 
 
-def test_doctor_shows_timings_only_where_it_timed(capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_says_how_each_chain_ran(capsys: pytest.CaptureFixture[str]) -> None:
     from torch_backend_registry._cli.doctor import _print_verdicts
 
-    busy = Verdict("inductor", "ok", 5, seconds=2.6, per_call_seconds=1e-4, spread=0.94)
-    _print_verdicts([busy], False, False)
+    chain = Verdict("portable", "ok", 3, "", 2.6, "openvino", select="fastest", verify="forward")
+    broken = Verdict(
+        "strict", "compile-error", 3, "no member compiled", 1.0, select="first", verify="none"
+    )
+    _print_verdicts([chain, Verdict("inductor", "ok", 4, seconds=1.2), broken])
     assert capsys.readouterr().out.splitlines() == [
-        "NAME      STATUS  LEVEL  SECONDS  REASON",
-        "inductor  ok      bench  2.6",
+        "NAME                  STATUS         LEVEL     SECONDS  REASON",
+        "portable -> openvino  ok             forward   2.6      select fastest, verify forward",
+        "inductor              ok             backward  1.2",
+        "strict                compile-error  forward   1.0      select first, verify none;"
+        " no member compiled",
     ]
-    _print_verdicts([busy], True, False)
-    assert capsys.readouterr().out.splitlines()[1].split() == [
-        "inductor", "ok", "bench", "2.6", "100", "us", "±47%",
-    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------ on this repository

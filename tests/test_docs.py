@@ -357,7 +357,7 @@ def test_the_reference_is_generated_from_the_schema_and_the_parser() -> None:
     cli = hooks.cli_reference()
     for command in ("list", "explain", "check", "doctor", "lock", "schema", "init"):
         assert f"## `torch-backends {command}`" in cli
-    for option in ("--no-torch", "--locked", "--import", "--bench", "--pyproject"):
+    for option in ("--no-torch", "--locked", "--import", "--model", "--pyproject"):
         assert f"`{option}" in cli
     layers = hooks.layers_reference()
     for module in ("_api.py", "_registry.py", "_sources/", "_definition.py"):

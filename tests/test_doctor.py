@@ -25,7 +25,6 @@ import pytest
 import torch_backend_registry as tbr
 from torch_backend_registry import Registry, UnknownBackendError, Verdict
 from torch_backend_registry._doctor.options import ModelError
-from torch_backend_registry._doctor.verdicts import recommend, recommended_line, sort_key
 
 from .conftest import Done, WriteFn, torch_backends
 
@@ -307,20 +306,16 @@ def test_a_model_that_cannot_run_is_the_users_error_not_the_backends(
     assert "no backward to verify" in plain.reason
 
 
-def test_a_verdict_is_an_immutable_value_that_survives_json() -> None:
-    verdict = Verdict("fast", "ok", 5, seconds=1.5, speedup=2.0)
-    again = Verdict.from_json(json.loads(json.dumps(verdict.as_json())))
-    assert again == verdict
-    assert hash(again) == hash(verdict)
-    assert list(verdict.as_json()) == [
-        "name", "status", "level", "reason", "seconds", "member", "via", "compile_seconds",
-        "per_call_seconds", "eager_seconds", "speedup", "spread", "level_name",
-    ]  # fmt: skip
-    assert verdict.as_json()["level_name"] == verdict.level_name == "bench"
+def test_a_verdict_is_an_immutable_value_that_json_carries_whole() -> None:
+    verdict = Verdict("fast", "ok", 4, seconds=1.5, member="inductor", select="first")
+    assert json.loads(json.dumps(verdict.as_json())) == {
+        "name": "fast", "status": "ok", "level": 4, "reason": "", "seconds": 1.5,
+        "member": "inductor", "via": None, "select": "first", "verify": None,
+        "level_name": "backward",
+    }  # fmt: skip
+    assert hash(dataclasses.replace(verdict)) == hash(verdict)
     with pytest.raises(dataclasses.FrozenInstanceError):
         verdict.status = "crashed"  # type: ignore[misc]
-    with pytest.raises(TypeError):
-        Verdict.from_json({"name": "fast"})  # a record missing its status
 
 
 # ------------------------------------------------------------------ running code safely
@@ -507,12 +502,15 @@ def test_without_names_it_probes_what_the_project_declares_and_what_that_runs(
         '[backends.fine]\ntarget = "tbr_doctor_fakes:fine"\n'
         # A chain that verifies the backward skips the member that has none: training works.
         '[backends.train]\nchain = ["forward_only_ep", "fine"]\nverify = "backward"\n'
-        '[backends.serve]\nby-device = { cpu = "eager", other = "aot_eager" }\n',
+        '[backends.serve]\nby-device = { cpu = "eager", other = "aot_eager" }\n'
+        # Named after serve, which is then the one that reaches eager first.
+        '[backends.speedy]\nchain = ["eager", "fine"]\nselect = "fastest"\n',
     )
     done = _command(tmp_path)("doctor", "--json")
     rows = json.loads(done.stdout)["verdicts"]
     seen = {row["name"]: (row["status"], row["member"], row["via"]) for row in rows}
     # No other plugin, and none of PyTorch's backends but those the table runs.
+    speedy = seen.pop("speedy")
     assert seen == {
         "fine": ("ok", None, None),
         "train": ("ok", "fine", None),
@@ -521,6 +519,11 @@ def test_without_names_it_probes_what_the_project_declares_and_what_that_runs(
         "aot_eager": ("ok", None, "serve"),
         "forward_only_ep": ("backward-error", None, "train"),
     }
+    assert speedy[0] == "ok"
+    assert speedy[1] in ("eager", "fine")  # whichever was faster here
+    # Each chain as it runs: select = "fastest" verifies the forward at least.
+    how = {row["name"]: (row["select"], row["verify"]) for row in rows if row["select"]}
+    assert how == {"train": ("first", "backward"), "speedy": ("fastest", "forward")}
     # The member that fails is reported; the chain that skips it decides: it works.
     assert done.returncode == 0, done.stdout
 
@@ -550,90 +553,6 @@ def test_one_name_and_a_timedelta_are_taken_as_verify_consistent_takes_them(
     assert (one.name, one.status) == ("fine", "ok")
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
         tbr.doctor(["fine"], registry=project, timeout="soon")  # type: ignore[arg-type]
-
-
-def test_a_bench_recommends_the_fastest_that_passed_or_says_why_not(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from torch_backend_registry._cli.doctor import _print_verdicts
-
-    def timed(name: str, per_call: float, spread: float) -> Verdict:
-        speedup = round(1e-3 / per_call, 3) if spread <= 0.5 else None
-        return Verdict(name, "ok", 5, per_call_seconds=per_call, eager_seconds=1e-3,
-                       speedup=speedup, spread=spread)  # fmt: skip
-
-    fast, slow, busy = timed("fast", 4e-4, 0.1), timed("slow", 2e-3, 0.1), timed("busy", 1e-4, 0.9)
-    broken = Verdict("broken", "compile-error", 3, "no", via="fast")
-
-    def line(*verdicts: Verdict, builtin: bool = False) -> str:
-        return recommended_line(recommend(verdicts, "cpu", builtin))
-
-    assert line(slow, fast, broken) == "recommended for cpu: fast (2.50x eager)"
-    assert line(slow, fast, busy) == (
-        "recommended for cpu: none (the timings of busy spread too wide to rank: the machine"
-        " was busy; run again with nothing else running)"
-    )
-    assert line(slow, builtin=True) == (
-        "recommended for cpu: none (no backend is faster than eager on this model, which is"
-        " too small for compiling to pay off; pass --model MOD:FACTORY to time yours)"
-    )
-    assert line(broken) == "recommended for cpu: none (no backend passed and was timed)"
-    untimed = dataclasses.replace(fast, eager_seconds=None, speedup=None)
-    assert line(untimed) == "recommended for cpu: none (eager itself could not be timed)"
-    # Rows by the speed-ups that rank; one that cannot be ranked shows none, and comes after.
-    _print_verdicts(sorted([busy, broken, slow, fast], key=sort_key), True, False)
-    header, *rows, reached = capsys.readouterr().out.splitlines()
-    assert header.split() == [
-        "NAME", "STATUS", "LEVEL", "SECONDS", "COMPILE", "PER", "CALL", "SPEED-UP", "SPREAD",
-        "REASON",
-    ]  # fmt: skip
-    assert [row.split()[:2] for row in rows] == [
-        ["fast", "ok"], ["slow", "ok"], ["busy", "ok"], ["broken", "compile-error"],
-    ]  # fmt: skip
-    assert rows[0].split()[4:] == ["400", "us", "2.50x", "±5%"]
-    assert rows[2].split()[4:] == ["100", "us", "±45%"]  # no speed-up: too wide to tell
-    assert reached == "(broken: probed as members of fast, whose verdicts decide the exit status)"
-
-
-def test_one_stalled_round_does_not_decide_the_spread() -> None:
-    from torch_backend_registry._doctor.probe import _timed
-
-    started = time.perf_counter()
-    stalled: list[float] = []
-
-    def call() -> None:  # some 20 us a call; once, 0.2 s: as a busy machine stalls a round
-        if not stalled and time.perf_counter() - started > 0.15:
-            stalled.append(time.perf_counter())
-            time.sleep(0.2)
-        until = time.perf_counter() + 2e-5
-        while time.perf_counter() < until:
-            pass
-
-    timed = _timed(call, backward=False)
-    assert stalled
-    # 20 times a round (10 ms): the range from fastest to slowest would say near 20; the
-    # middle half of the rounds moves little, even on a busy machine.
-    assert timed["spread"] < 2
-
-
-def test_bench_times_every_backend_against_one_eager_and_recommends(real_project: Path) -> None:
-    names = ["slows_eager", "eager"]
-    done = torch_backends("doctor", "--bench", "--json", *names, cwd=real_project)
-    report = json.loads(done.stdout)
-    rows = {row["name"]: row for row in report["verdicts"]}
-    assert {row["level_name"] for row in rows.values()} == {"bench"}
-    # One eager baseline for all, timed in a process of its own: a backend that slows
-    # eager's Linear once imported is timed against eager as it is, not some 50x slower.
-    assert len({row["eager_seconds"] for row in rows.values()}) == 1
-    for row in rows.values():
-        assert row["compile_seconds"] > 0
-        if row["speedup"] is not None:
-            expected = row["eager_seconds"] / row["per_call_seconds"]
-            assert row["speedup"] == pytest.approx(expected, rel=1e-2, abs=1e-3)
-    assert (rows["slows_eager"]["speedup"] or 0) < 1
-    [recommended] = report["recommended"]
-    assert recommended["device"] == "cpu"
-    assert recommended["name"] in (None, *names)
 
 
 # ------------------------------------------------------------------ real models, real reasons
@@ -668,21 +587,6 @@ def points_elsewhere(gm, example_inputs):
     raise RuntimeError("JIT compilation failed. See diagnostics.")
 """
 
-SLOWS_EAGER = """
-import time
-import torch
-
-# Importing it slows every later call of an eager Linear (as a plugin's threads may).
-_forward = torch.nn.Linear.forward
-def _slow(self, x):
-    time.sleep(0.002)
-    return _forward(self, x)
-torch.nn.Linear.forward = _slow
-
-def compile(gm, example_inputs):
-    return gm.forward
-"""
-
 MODELS = """
 import torch
 
@@ -711,8 +615,6 @@ target = "tbr_doctor_real:doubles_gradients"
 target = "tbr_doctor_real:raises_in_backward"
 [backends.points_elsewhere]
 target = "tbr_doctor_real:points_elsewhere"
-[backends.slows_eager]
-target = "tbr_doctor_slows:compile"
 [backends.needs_other_torch]
 target = "tbr_doctor_built_elsewhere:compile"
 [backends.prints_why]
@@ -726,7 +628,6 @@ def real_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fakes = root / "fakes"
     fakes.mkdir(parents=True)
     (fakes / "tbr_doctor_real.py").write_text(REAL)
-    (fakes / "tbr_doctor_slows.py").write_text(SLOWS_EAGER)
     (fakes / "tbr_doctor_models.py").write_text(MODELS)
     (fakes / "tbr_doctor_built_elsewhere.py").write_text(
         "raise ImportError('_C.so: undefined symbol: _ZN3c104impl8GPUTrace13gpuTraceStateE')\n"
@@ -879,22 +780,39 @@ def test_the_command_prints_a_table_or_json_and_exits_1_on_any_failure(
     project: Registry, tmp_path: Path
 ) -> None:
     command = _command(tmp_path)
-    good = command("doctor", "fine", "--bench")
+    good = command("doctor", "fine", "fallback")
     assert good.returncode == 0, good.stderr
-    header, row, recommended = good.stdout.splitlines()
-    assert header.split()[:4] == ["NAME", "STATUS", "LEVEL", "SECONDS"]
-    assert row.split()[:3] == ["fine", "ok", "bench"]
-    assert recommended.startswith("recommended for cpu: ")
-    bad = command("doctor", "fine", "explodes", "--json")
+    header, *rows = good.stdout.splitlines()
+    assert header.split() == ["NAME", "STATUS", "LEVEL", "SECONDS", "REASON"]
+    # A chain as it ran: the member it compiled with, its select and its verify.
+    assert sorted(row.split()[:3] for row in rows) == [
+        ["fallback", "->", "fine"],
+        ["fine", "ok", "backward"],
+    ]
+    [chain] = [row for row in rows if row.startswith("fallback")]
+    assert chain.endswith("select first, verify none")
+    bad = command("doctor", "fine", "explodes", "fallback", "--json")
     assert bad.returncode == 1
     report = json.loads(bad.stdout)
-    assert report["recommended"] == []  # no --bench, nothing to recommend
+    assert list(report) == ["verdicts"]
     rows = report["verdicts"]
-    assert [(r["name"], r["status"], r["level"]) for r in rows] == [
-        ("fine", "ok", 4),
-        ("explodes", "compile-error", 3),
+    assert [(r["name"], r["status"], r["level"], r["member"]) for r in rows] == [
+        ("fallback", "ok", 4, "fine"),
+        ("fine", "ok", 4, None),
+        ("explodes", "compile-error", 3, None),
     ]
+    how = [(r["select"], r["verify"]) for r in rows]
+    assert how == [("first", "none"), (None, None), (None, None)]
     assert {"name", "status", "level", "reason", "seconds"} <= set(rows[0])
+    # Timing is tune's: --bench is a usage error that says so, and probes nothing.
+    bench = command("doctor", "fine", "--bench")
+    assert (bench.returncode, bench.stdout) == (2, "")
+    assert bench.stderr == (
+        "torch-backends: error: --bench is retired: doctor no longer times backends;"
+        " 'torch-backends tune -- COMMAND' times a select = \"fastest\" chain's members on"
+        " your own graphs\n"
+    )
+    assert "--bench" not in command("doctor", "--help").stdout
     # A report, not a memory: nothing of it shows in a listing.
     listed = command("list", "--no-torch", "--json").stdout
     assert all("doctor" not in row for row in json.loads(listed))

@@ -143,12 +143,6 @@ BROKEN = {
         "backends.a.zzz",
         "unknown key 'zzz'; expected one of target, chain, tags",
     ),
-    "a key of an earlier release": (
-        '[backends.a]\nchain = ["eager"]\nskip-known-failures = true\n',
-        3,
-        "backends.a.skip-known-failures",
-        "'skip-known-failures' was removed: a chain skips a member that fails to compile",
-    ),
     "a Python boolean": (
         '[backends.a]\ntarget = "m:f"\noptions = { log = True }\n',
         3,

@@ -108,12 +108,12 @@ def check_before_install(
     ``TORCH_BACKENDS_LOCKED`` names, ``from_environment``), then, with ``verify``, that
     every rank resolves names alike (a warning ``unready`` says what torch.distributed
     was, where it was not initialised)."""
-    from ._cluster import distributed_ready
     from ._lock import check_locked
+    from ._store import initialised
 
     if lock is not None:
         check_locked(registry, lock, from_environment=from_environment)
-    if verify and distributed_ready():
+    if verify and initialised():
         verify_consistent(registry=registry)
     elif verify:
         warn(f"{VERIFY_VAR} is set but torch.distributed {unready}")
@@ -123,7 +123,6 @@ def doctor(
     names: Sequence[str] | None = None,
     *,
     registry: Registry | None = None,
-    bench: bool = False,
     timeout: float | timedelta = DOCTOR_TIMEOUT,
     model: str | None = None,
     device: str = "cpu",
@@ -137,11 +136,12 @@ def doctor(
 
     Each goes as far as it can: requirements found, target imported,
     ``torch.compile`` forward matching eager, backward gradients matching (as a chain
-    verifies), and with ``bench`` its compile time and its speed against one eager baseline.
-    ``level`` (``"forward"`` or ``"backward"``) is how far a backend must get to be ``ok``:
-    ``"forward"`` judges inference backends. One :class:`Verdict` a backend, best
-    first; nothing is remembered between runs. ``on_progress(name, level, seconds, done)``
-    hears of each step. ``timeout``: seconds or a :class:`datetime.timedelta`. A name
+    verifies); a chain as it runs, with its ``select`` and ``verify``, and the member it
+    compiled with said. ``level`` (``"forward"`` or ``"backward"``) is how far a backend
+    must get to be ``ok``: ``"forward"`` judges inference backends. One :class:`Verdict` a
+    backend, best first; nothing is remembered between runs (``torch-backends tune`` times
+    a chain's members on the user's own graphs). ``on_progress(name, level, seconds,
+    done)`` hears of each step. ``timeout``: seconds or a :class:`datetime.timedelta`. A name
     no source declares raises :class:`UnknownBackendError` before any probe; one declared
     in a table that cannot be used as written gets an ``import-error`` verdict saying why.
     Probes are forked by :mod:`multiprocessing`'s forkserver: as with any program that
@@ -154,7 +154,7 @@ def doctor(
     from ._doctor.run import run
 
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    options = Options(seconds, bench, model, device, level, jobs)
+    options = Options(seconds, model, device, level, jobs)
     return run(registry or default_registry, names, options, on_progress)
 
 

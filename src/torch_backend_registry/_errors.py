@@ -126,6 +126,8 @@ class LockDriftError(BackendRegistryError):
     def __init__(self, lock: str, changes: list[str], command: str = "torch-backends lock") -> None:
         self.lock = lock
         self.changes = tuple(changes)
+        #: What accepts them: writes this lock again.
+        self.command = command
         shown = "; ".join(changes[:5]) + ("; ..." if len(changes) > 5 else "")
         super().__init__(
             f"{lock}: the backends drifted from this lock ({len(changes)} difference"

@@ -277,13 +277,23 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def check_locked(registry: Registry, path: str, *, from_environment: bool = False) -> None:
+def check_locked(
+    registry: Registry, path: str, *, from_environment: bool = False, with_torch: bool = True
+) -> str:
+    """The fingerprint of the lock at ``path``, where ``registry`` matches it; else
+    :class:`LockDriftError` with each difference (:class:`LockFileError` where it is no lock).
+    ``with_torch=False`` compares no PyTorch backend of a lock of all (none is read)."""
     command = lock_command(registry, path)
     named = from_environment and path != lock_path(registry)  # a path, not "1"
     locked = read_lock(path, command=command, from_environment=named)
-    changes = differences(locked, lock_facts(registry, locked["scope"]))
-    if changes:
-        raise LockDriftError(path, changes, command + " --all" * (locked["scope"] == "all"))
+    scope = locked["scope"]
+    now = lock_facts(registry, scope, with_torch=with_torch)
+    found = changes(locked, now, with_torch=with_torch or scope == "project")
+    if found:
+        raise LockDriftError(
+            path, [said for _names, said in found], command + " --all" * (scope == "all")
+        )
+    return digest(locked)[:16]
 
 
 def lock_from_environment(registry: Registry) -> str | None:

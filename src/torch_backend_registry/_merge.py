@@ -144,10 +144,6 @@ class Index:
         excluded = self.excluded.get(name)
         return excluded[0][1] if excluded else None
 
-    def all_members_missing(self, definition: BackendDefinition) -> bool:
-        """Whether no member of a chain (or table) exists here: it can never be used."""
-        return len(self.missing_members(definition)) == len(set(definition.members))
-
     unknown_members = unknown_members
 
     def chain_problems(self) -> dict[str, Problem]:

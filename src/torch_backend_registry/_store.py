@@ -82,3 +82,26 @@ def wait(store: Any, keys: Sequence[str], limit: timedelta) -> bool:
     except timed_out():
         return False
     return True
+
+
+#: A value travels in pieces of at most this many bytes: PyTorch's store (libuv's, its default
+#: since 2.4) answers a message over 8 MiB by closing the connection that sent it, which is
+#: the job's own.
+PIECE = 1 << 20
+
+
+def publish(store: Any, key: str, value: bytes) -> None:
+    """Set ``key`` to ``value`` for other ranks to :func:`receive`, whatever its size."""
+    pieces = [value[start : start + PIECE] for start in range(0, len(value), PIECE)] or [b""]
+    for number, piece in enumerate(pieces):
+        store.set(f"{key}/{number}", piece)
+    store.set(key, str(len(pieces)))  # last: a rank that sees it finds every piece there
+
+
+def receive(store: Any, key: str, limit: timedelta) -> bytes | None:
+    """The value :func:`publish` set at ``key``, once it is there within ``limit`` (``None``:
+    the time ran out). A store that is gone raises as the store does."""
+    if not wait(store, [key], limit):
+        return None
+    count = int(store.get(key))
+    return b"".join(store.multi_get([f"{key}/{number}" for number in range(count)]))

@@ -21,7 +21,7 @@ examples:
   {PROG} list --no-torch              the backends of this project, without PyTorch's
   {PROG} explain inductor             where a name is defined and what it shadows
   {PROG} check --import               validate the manifests and import every target
-  {PROG} doctor --bench               which backends work here, and how fast
+  {PROG} doctor                       which backends work here
   {PROG} lock && {PROG} check --locked    pin what the project uses; find drift
 
 Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} separated).
@@ -165,7 +165,7 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
 
     prober = command(
         "doctor",
-        "probe backends in subprocesses: which work here, and how fast",
+        "probe backends in subprocesses: which work here",
         "doctor",
     )
     if doctor:
@@ -204,11 +204,7 @@ def _doctor_options(prober: argparse.ArgumentParser) -> None:
     )
     names.completer = _complete_names  # type: ignore[attr-defined]
     _switch(prober, "--all", "probe every listed backend, debug and experimental ones too")
-    _switch(
-        prober,
-        "--bench",
-        "also time compiling and a call against one eager baseline, and recommend the fastest",
-    )
+    _switch(prober, "--bench", argparse.SUPPRESS)  # retired: an error that names tune
     prober.add_argument(
         "--timeout",
         type=_seconds,
@@ -221,9 +217,7 @@ def _doctor_options(prober: argparse.ArgumentParser) -> None:
         help="how far a backend must get to be ok: forward judges inference backends"
         " (default %(default)s)",
     )
-    _switch(
-        prober, "--json", "print a JSON object: the verdicts, and with --bench what it recommends"
-    )
+    _switch(prober, "--json", "print a JSON object: the verdicts")
     prober.add_argument(
         "--model",
         metavar="MOD:FACTORY",

@@ -4,6 +4,7 @@ with backends.lock); each problem on its file's line, with its severity."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 
@@ -67,36 +68,23 @@ def run_check(args: Arguments) -> int:
 def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
     """Add each difference from the lock install() holds to (backends.lock, or the one
     TORCH_BACKENDS_LOCKED names) to ``problems``; where there is none, say which matched."""
-    from .._errors import LockFileError
-    from .._lock import (
-        changes,
-        digest,
-        lock_command,
-        lock_facts,
-        lock_from_environment,
-        lock_path,
-        read_lock,
-    )
+    from .._errors import LockDriftError, LockFileError
+    from .._lock import check_locked, lock_from_environment, lock_path
 
-    beside = lock_path(registry)
     named = lock_from_environment(registry)
-    path = named or beside
-    # The command that writes this lock: backends.lock, or the one named.
-    accept = lock_command(registry, path)
+    path = named or lock_path(registry)
     try:
-        locked = read_lock(path, command=accept, from_environment=named not in (None, beside))
+        matched = check_locked(
+            registry, path, from_environment=named is not None, with_torch=with_torch
+        )
     except LockFileError as exc:
         problems.append(Problem(exc.message, path=exc.path, line=exc.line))
         return None
-    scope = locked["scope"]
-    accept += " --all" if scope == "all" else ""
-    now = lock_facts(registry, scope, with_torch=with_torch)
-    drift = [
-        Problem(f"{change}; run '{accept}' to accept it", path=path)
-        for _key, change in changes(locked, now, with_torch=with_torch or scope == "project")
-    ]
-    problems.extend(drift)
-    return None if drift else f"{relative(path)} matched (fingerprint {digest(locked)[:16]})"
+    except LockDriftError as exc:
+        accept = f"; run '{exc.command}' to accept it"
+        problems.extend(Problem(change + accept, path=path) for change in exc.changes)
+        return None
+    return f"{relative(path)} matched (fingerprint {matched})"
 
 
 def _near_table_here() -> str:
@@ -146,8 +134,8 @@ def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
 def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int:
     """Add what the registry cannot know (where the project's manifest lies, drift from the
     lock, python-path folders, with ``--import`` what fails to import); print each problem and
-    note (with ``--import``, each backend unavailable here too) by file and line, then a
-    summary. Only problems fail."""
+    note (each backend unavailable here too) by file and line, then a summary. Only problems
+    fail."""
     from .._api import manifests_read
     from .._autoload import enabled, state
 
@@ -160,26 +148,26 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     # The manifests' backends; entry points and PyTorch's only resolve chain members.
     every = registry.definitions((), with_torch=False, broken=True)
     checked = [d for d in every if d.source.kind in ("env", "project")]
-    problems = [*problems, *_folder_problems(checked)]
-    # A chain none of whose members exists anywhere can never be used; one that loops is
-    # reported already, among the problems.
-    dead = {d.name for d in checked if d.members and index.all_members_missing(d)}
-    dead.update(index.chain_problems())
-    usable = [d for d in checked if d.usable and d.name not in dead]
+    problems = [*problems, *_folder_problems(checked), *_nothing_to_select(checked)]
+    usable = [d for d in checked if d.usable]
     # A note is worth printing and no fault: a chain member not installed here.
     notes = [p for p in problems if p.severity == "note"]
     problems = [p for p in problems if p.severity != "note"]
+    # What the registry cannot use here, by its own rule: a chain or table none of whose
+    # members it can use (for a table, none for the CPU), one that loops, and with --import
+    # a target whose requirements are missing. A note says why, where no error does.
     unavailable: list[Problem] = []
+    said = {**index.unknown_members(), **index.chain_problems()}
+    for d in list(usable):
+        why = registry.why_unavailable(d) if d.members or args.import_targets else None
+        if why is not None:
+            usable.remove(d)
+            if d.name not in said or said[d.name].severity != "error":
+                note = f"unavailable here ({why})" + "; not imported" * args.import_targets
+                unavailable.append(said.get(d.name) or d.located(note, severity="note"))
     if args.import_targets:
         imports = _Imports(registry, {d.name for d in checked})
-        noted = index.unknown_members()  # a note already says why a table cannot be used
         for d in list(usable):
-            why = registry.why_unavailable(d)
-            if why is not None:
-                usable.remove(d)
-                said = f"unavailable here ({why}); not imported"
-                unavailable.append(noted.get(d.name) or d.located(said, severity="note"))
-                continue
             problems.extend(imports.check(d))
             if imports.found.get(d.name) is not None:
                 usable.remove(d)
@@ -224,6 +212,20 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     verdict = f"{counted} problem(s)" if errors else "no problems"
     print(f"{verdict}; {summary}", file=sys.stderr)
     return code
+
+
+def _nothing_to_select(checked: Sequence[BackendDefinition]) -> list[Problem]:
+    """A note at the ``select`` of a chain of one member that selects the fastest."""
+    return [
+        d.located(
+            f'chain {d.name!r} has one member ({d.chain[0]!r}): select = "fastest" has'
+            " nothing to choose between",
+            "select",
+            severity="note",
+        )
+        for d in checked
+        if d.chain and d.select == "fastest" and len(set(d.chain)) == 1
+    ]
 
 
 def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
@@ -330,15 +332,23 @@ class _Imports:
         if not definition.members:
             problem = self._load(definition)
             return None if problem is None else (problem.message, True)
-        # Every member is judged, to be reported at its own line. Only manifests declare
-        # chains and tables, and each is reported at its own table: of theirs, only
-        # whether they can run is read, never the reason.
-        judged = {m: self._judge(m) for m in definition.members}
-        if definition.by_device is not None:
-            table = dict(definition.by_device)
-            # Available, so it gives the CPU a backend.
-            return judged[table.get("cpu") or table["other"]]
-        return None if None in judged.values() else ("no member can be used", True)
+        # Every member is judged (imported), to be reported at its own line. Whether the
+        # chain or table runs here is then the registry's rule, each member that cannot be
+        # used put as one the rule refuses: the chain itself, a loop.
+        broken = {m for m in definition.members if self._judge(m) is not None}
+
+        def or_loop(member: str) -> str:
+            return definition.name if member in broken else member
+
+        runs = dataclasses.replace(
+            definition,
+            chain=definition.chain and tuple(map(or_loop, definition.chain)),
+            by_device=definition.by_device
+            and tuple((device, or_loop(member)) for device, member in definition.by_device),
+        )
+        if self.registry.why_unavailable(runs) is None:
+            return None
+        return "no member it would run here can be used", True
 
     def _load(self, d: BackendDefinition) -> Problem | None:
         """Look ``d`` up; its failure as a problem at its ``target``, like the manifest's own."""

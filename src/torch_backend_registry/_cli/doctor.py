@@ -1,4 +1,4 @@
-"""``doctor``: which backends work here, and how fast; a progress line, a table or JSON."""
+"""``doctor``: which backends work here; a progress line, a table or JSON."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from .common import (
     EXIT_PROBLEMS,
     EXIT_USAGE,
     PROG,
+    UsageError,
     error,
     print_json,
     print_rows,
@@ -34,9 +35,13 @@ if TYPE_CHECKING:
 def run_doctor(args: Arguments) -> int:
     from .._doctor.options import ModelError, Options
     from .._doctor.run import run
-    from .._doctor.verdicts import recommend, recommended_line
     from .._sources.pytorch import dynamo_imported
 
+    if args.bench:  # a toy model cannot say which backend a real model should use
+        raise UsageError(
+            "--bench is retired: doctor no longer times backends; 'torch-backends tune --"
+            " COMMAND' times a select = \"fastest\" chain's members on your own graphs"
+        )
     registry = registry_for()
     options = Options(**{f: getattr(args, f) for f in Options._fields})  # argparse checked them
     shown = _progress() if sys.stderr.isatty() else contextlib.nullcontext()
@@ -48,14 +53,10 @@ def run_doctor(args: Arguments) -> int:
     except ModelError as exc:
         error(str(exc))
         return EXIT_USAGE
-    builtin = options.model is None
-    recommended = [recommend(verdicts, options.device, builtin)] if options.bench else []
     if args.json:
-        print_json({"verdicts": [v.as_json() for v in verdicts], "recommended": recommended})
+        print_json({"verdicts": [v.as_json() for v in verdicts]})
     else:
-        _print_verdicts(verdicts, args.bench, sys.stdout.isatty())
-        for recommendation in recommended:
-            print(recommended_line(recommendation))
+        _print_verdicts(verdicts)
     failed = any(_fails(registry, v, set(args.names)) for v in verdicts)
     return EXIT_PROBLEMS if failed else EXIT_OK
 
@@ -102,35 +103,17 @@ def _progress() -> Iterator[Progress]:
         sys.stderr.flush()
 
 
-def _print_verdicts(verdicts: Sequence[Verdict], bench: bool, terminal: bool) -> None:
-    """A table, best first; with ``bench``, each speed-up against the one eager baseline
-    (blank where the timings spread too wide to rank), with a bar on a terminal."""
-    timing = ("COMPILE", "PER CALL", "SPEED-UP", "SPREAD") if bench else ()
-    table = [("NAME", "STATUS", "LEVEL", "SECONDS", *timing, "REASON")]
-    fastest = max((v.speedup or 0.0 for v in verdicts), default=0.0)
+def _print_verdicts(verdicts: Sequence[Verdict]) -> None:
+    """A table, best first; a chain's row says the member it compiled with, and how it ran."""
+    table = [("NAME", "STATUS", "LEVEL", "SECONDS", "REASON")]
     for v in verdicts:
-        row = [v.name + (f" -> {v.member}" if v.member else ""), v.status, v.level_name]
-        row.append(f"{v.seconds:.1f}")
-        if bench:
-            speedup = "" if v.speedup is None else f"{v.speedup:.2f}x"
-            if v.speedup is not None and terminal and fastest > 0:
-                speedup = f"{speedup:>6} " + "█" * max(1, round(20 * v.speedup / fastest))
-            spread = "" if v.spread is None else f"±{v.spread * 50:.0f}%"
-            row += [_duration(v.compile_seconds), _duration(v.per_call_seconds), speedup, spread]
-        table.append((*row, v.reason))
+        how = f"select {v.select}, verify {v.verify}" if v.select else ""
+        reason = "; ".join(filter(None, (how, v.reason)))
+        name = v.name + (f" -> {v.member}" if v.member else "")
+        table.append((name, v.status, v.level_name, f"{v.seconds:.1f}", reason))
     print_rows(table, shrinkable=(0,), spill_last=True)
     reached = [v for v in verdicts if v.via is not None]
     if reached:
         roots = ", ".join(dict.fromkeys(v.via or "" for v in reached))
         names = ", ".join(v.name for v in reached)
         print(f"({names}: probed as members of {roots}, whose verdicts decide the exit status)")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.0f} us"

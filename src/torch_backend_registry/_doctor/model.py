@@ -84,7 +84,7 @@ class Model:
 
     def compiled(self, backend: str) -> Any:
         """The model compiled as a user compiles it, ``torch.compile(model)``, called as
-        :attr:`called` is (the same cost on both sides of a timing)."""
+        :attr:`called` is (the reference it is held to was made so)."""
         return self._calling(torch.compile(self.module, backend=backend))
 
     def _calling(self, model: Any) -> Any:

@@ -20,14 +20,12 @@ class ModelError(BackendRegistryError, ValueError):
 class Options(NamedTuple):
     #: Seconds a backend may take before it is killed.
     timeout: float = DOCTOR_TIMEOUT
-    #: Also time compiling and calls against eager.
-    bench: bool = False
     #: ``module:factory`` of the model to probe with; ``None``: a small built-in one.
     model: str | None = None
     device: str = "cpu"
     #: The level a backend must reach to be ``ok``: one of :data:`GOALS`.
     level: str = "backward"
-    #: Probes run at once; ``None``: half the cores (one when timing).
+    #: Probes run at once; ``None``: half the cores.
     jobs: int | None = None
 
     def checked(self) -> Options:

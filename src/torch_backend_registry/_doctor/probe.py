@@ -16,11 +16,9 @@ import multiprocessing.connection
 import os
 import re
 import signal
-import statistics
 import sys
 import threading
 import time
-import timeit
 
 from .._errors import closest
 from .._registry import Registry
@@ -34,9 +32,6 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from typing import Any
 
-#: The timed rounds of a backend, and of eager, with ``bench``, and the seconds of calls
-#: before them.
-ROUNDS, WARM = 15, 0.1
 #: What the reference says of gradients and of the backward pass (the rest is of the
 #: forward), and of a backward pass that is missing or raises rather than giving other values.
 _BACKWARD = re.compile(r"\bgrad|\bbackward")
@@ -80,25 +75,25 @@ def _end_with_doctor() -> None:
 
 
 def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, Any]:
-    """Go through the levels for ``config["name"]`` (``None``: time eager, the baseline of a
-    bench); the verdict's facts as a dict."""
+    """Go through the levels for ``config["name"]``; the verdict's facts as a dict."""
     verdict = functools.partial(_verdict, time.perf_counter())
     name = config["name"]
     registry = Registry(**config["registry"])
-    definition = None
-    if name is not None:
-        try:
-            info = registry.backend_info(name)
-            definition = info.definition
-            # A chain that names itself cannot be loaded as written: not "unavailable here".
-            loop = registry.index(with_torch=False).chain_problems().get(definition.name)
-            if loop is not None:
-                return verdict("import-error", 2, loop.message)
-            why = registry.why_unavailable(info)
-        except Exception as exc:  # the manifest holds it, but not as something usable
-            return verdict("import-error", 2, one_line(exc))
-        if why is not None:
-            return verdict("unavailable", 1, why)
+    try:
+        info = registry.backend_info(name)
+        definition = info.definition
+        # A chain that names itself cannot be loaded as written: not "unavailable here".
+        loop = registry.index(with_torch=False).chain_problems().get(definition.name)
+        if loop is not None:
+            return verdict("import-error", 2, loop.message)
+        why = registry.why_unavailable(info)
+    except Exception as exc:  # the manifest holds it, but not as something usable
+        return verdict("import-error", 2, one_line(exc))
+    if definition.chain is not None:  # how the chain runs, whatever it comes to
+        verifies = definition.verify[0] if definition.verify else "none"
+        verdict = functools.partial(verdict, select=definition.select, verify=verifies)
+    if why is not None:
+        return verdict("unavailable", 1, why)
     import torch
 
     from .model import Model
@@ -110,8 +105,6 @@ def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, A
     training = config["level"] == "backward"
     torch.set_grad_enabled(training)  # for inference, no_grad: as it would be compiled
     model = Model(config["model"], device, config["level"])
-    if name is None:
-        return verdict("ok", 5, **_timed(lambda: model.called(*model.inputs), training))
     reached(2)  # doctor counts the backend's time limit from here
     try:
         registry.lookup_backend(name)
@@ -121,39 +114,27 @@ def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, A
     install(registry)  # torch.compile(backend=name) is what is probed
     compiled = model.compiled(name)
     raised: list[BaseException] = []
-    took: list[float] = []
 
     def call(*inputs: Any) -> Any:  # compiled, with what compiling it raised kept whole
-        start = time.perf_counter()
         try:
             return compiled(*inputs)
         except Exception as exc:
             raised.append(exc)
             raise
-        finally:
-            took.append(time.perf_counter() - start)
 
     wrong = model.reference.check(call)
     if raised:
         return verdict("compile-error", 3, one_line(raised[0]))
     # The member a chain used; a backend of no members may have a `used` of its own.
     member = getattr(registry.lookup_backend(name), "used", None)
-    if member and definition is not None and definition.members:
+    if member and definition.members:
         verdict = functools.partial(verdict, member=member)
     if wrong is not None:
         level = 4 if training and _BACKWARD.search(wrong) else 3
         status = "backward-error" if level == 4 and _NO_BACKWARD.search(wrong) else "wrong-result"
         return verdict(status, level, wrong)
     level = 4 if model.reference.said.startswith("backward") else 3
-    said = "" if model.reference.complete else model.reference.said
-    if not config["bench"]:
-        return verdict("ok", level, said)
-    reached(5)
-    try:
-        timed = _timed(lambda: compiled(*model.inputs), training)
-    except Exception as exc:  # the backend works; only timing it failed
-        return verdict("ok", level, f"timing failed: {one_line(exc)}")
-    return verdict("ok", 5, said, compile_seconds=round(took[0], 4), **timed)
+    return verdict("ok", level, "" if model.reference.complete else model.reference.said)
 
 
 def _verdict(
@@ -178,29 +159,3 @@ def _device(spec: str) -> Any:
     if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
         return None
     return device
-
-
-def _timed(call: Callable[[], Any], backward: bool) -> dict[str, Any]:
-    """The median seconds a step takes (a call; with ``backward``, and its backward pass) over
-    :data:`ROUNDS` rounds, after warming up for :data:`WARM` seconds (a first call's caches,
-    the allocator), and their ``spread``: the interquartile range over the median, which one
-    stalled round on a busy machine moves little. Each round is the mean of a batch of steps
-    long enough (some 10 ms) that the clock weighs little."""
-    import torch
-
-    from .._runs import leaves
-
-    def step() -> None:
-        out = [o for o in leaves(call()) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if backward and out:
-            torch.autograd.backward(out, [torch.ones_like(o) for o in out])
-
-    timer, warming, started = timeit.Timer(step), 0, time.perf_counter()
-    while (took := time.perf_counter() - started) < WARM or warming < 2:
-        step()
-        warming += 1
-    calls = min(10_000, max(5, int(0.01 * warming / took)))
-    times = [seconds / calls for seconds in timer.repeat(ROUNDS, calls)]
-    low, middle, high = statistics.quantiles(times, n=4)
-    spread = round((high - low) / middle, 3) if middle else 0.0
-    return {"per_call_seconds": middle, "spread": spread}

@@ -92,7 +92,7 @@ def run_probe(
 ) -> Verdict:
     """Probe ``config["name"]`` in a process of its own, ``timeout`` seconds from its first
     report, until ``stop`` (a :class:`threading.Event`) is set; its verdict."""
-    name, started = config["name"] or "eager", time.monotonic()
+    name, started = config["name"], time.monotonic()
     reports, reporter = _CONTEXT.Pipe(duplex=False)
     output, writer = _CONTEXT.Pipe(duplex=False)
     process = _CONTEXT.Process(target=probe.main, args=(config, reporter, writer))
@@ -141,7 +141,7 @@ def run_probe(
         said = f"the probe ended before it started ({crash}): {_UNGUARDED}"
         return Verdict(name, "crashed", 0, said, seconds)
     waited = timeout if level else max(STARTUP, timeout)
-    if not level and not report and config["model"] is not None and config["name"]:
+    if not level and not report and config["model"] is not None:
         model = f"--model {config['model']!r}"
         if not watched.ended:
             raise ModelError(

@@ -1,4 +1,4 @@
-"""A run of doctor: what to probe, the probes side by side, and a bench's one eager baseline."""
+"""A run of doctor: what to probe, and the probes side by side."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .._sources.finding import find
 from .._sources.pytorch import torch_available
 from .options import PROJECT, ModelError, Options
 from .processes import import_path, run_probe, start_server
-from .verdicts import WIDE, Verdict, one_line, sort_key
+from .verdicts import Verdict, one_line, sort_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def run(
 ) -> list[Verdict]:
     """Probe ``names`` (default: what the project declares, and what that reaches), side by
     side where cores allow; a name and its alias once. An interruption kills every probe of
-    this run. With ``bench``, eager is timed once, first, and every speed-up is against it."""
+    this run."""
     options = options.checked()
     if not torch_available():
         raise BackendRegistryError("doctor needs PyTorch to compile with: pip install torch")
@@ -62,9 +62,7 @@ def run(
     # Each name -> the first name asked of its backend, which is probed for both.
     first = {name: next(n for n in defined if defined[n] == d) for name, d in defined.items()}
     first.update((name, name) for name in results)
-    todo: list[str | None] = [name for name in defined if first[name] == name]
-    if options.bench and todo:
-        todo.insert(0, None)  # eager, the one baseline, timed first
+    todo = [name for name in defined if first[name] == name]
     context = registry.context
     config = {  # how each probe of this run goes, on a pipe: never a command line
         "path": import_path(),
@@ -78,17 +76,16 @@ def run(
         "model_path": _find_model(registry, options.model),
         **options._asdict(),
     }
-    # Timing wants the machine alone; otherwise two at once, or one a core pair.
-    jobs = options.jobs or (1 if options.bench else max(2, (os.cpu_count() or 1) // 2))
+    # Two at once, or one a core pair.
+    jobs = options.jobs or max(2, (os.cpu_count() or 1) // 2)
     stop = threading.Event()
     said = on_progress or (lambda *_: None)
 
-    def probed(name: str | None) -> Verdict:
+    def probed(name: str) -> Verdict:
         started = time.monotonic()
 
         def progress(level: int, done: bool) -> None:
-            if name is not None:  # eager's time is the run's own
-                said(name, level, time.monotonic() - started, done)
+            said(name, level, time.monotonic() - started, done)
 
         return run_probe({**config, "name": name}, options.timeout, progress, stop)
 
@@ -100,27 +97,9 @@ def run(
             stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-    eager = done.pop(0) if options.bench and todo else None
-    results.update(zip([name for name in todo if name is not None], done, strict=True))
-    verdicts = [
-        _timed(dataclasses.replace(results[first[n]], name=n, via=via.get(n)), eager) for n in names
-    ]
+    results.update(zip(todo, done, strict=True))
+    verdicts = [dataclasses.replace(results[first[n]], name=n, via=via.get(n)) for n in names]
     return sorted(verdicts, key=sort_key)
-
-
-def _timed(verdict: Verdict, eager: Verdict | None) -> Verdict:
-    """``verdict`` against the run's eager baseline: its speed-up, where the wider of the two
-    spreads lets it rank."""
-    if eager is None or verdict.per_call_seconds is None or eager.per_call_seconds is None:
-        return verdict
-    spread = max(verdict.spread or 0.0, eager.spread or 0.0)
-    speedup = round(eager.per_call_seconds / verdict.per_call_seconds, 3)
-    return dataclasses.replace(
-        verdict,
-        eager_seconds=eager.per_call_seconds,
-        spread=spread,
-        speedup=speedup if spread <= WIDE else None,
-    )
 
 
 def project(registry: Registry) -> dict[str, str | None]:

@@ -297,8 +297,6 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     at = f"item {index}: " if index is not None else ""
     if kind == "extra_forbidden":
         key = str(loc[-1])
-        if key in _REMOVED:
-            return f"{key!r} was removed: {_REMOVED[key]}"
         known = list(_fields(loc))
         if len(loc) == 3 and loc[0] == "backends" and key in _fields(()):
             return (
@@ -340,14 +338,6 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         hint = f"did you mean {close[0]!r}?" if close else f"expected {listed}"
         return f"{at}invalid value {short(given)}; {hint}"
     return f"{at}{item['msg']}"
-
-
-#: Keys of earlier releases, and what does their job now.
-_REMOVED = {
-    "skip-known-failures": "a chain skips a member that fails to compile, and with"
-    " 'verify' one that computes wrong, when it runs; 'torch-backends doctor --json' reports"
-    " what fails here; remove the key",
-}
 
 
 def _literals(annotation: Any) -> list[str]:
