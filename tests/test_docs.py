@@ -7,7 +7,9 @@ Each page is read top to bottom, as a reader follows it, in a fresh folder of it
 - a ```` ```console ```` block holds sessions: each ``$ torch-backends ...`` line is run in
   this process (``torch_backend_registry._cli.main``), each ``$ python SCRIPT ...`` line (a
   script the page wrote) in an interpreter of its own, its stdout and stderr compared with
-  the lines below it. ``VAR=value`` before the command sets the environment, ``&&`` chains
+  the lines below it (what the processes a command starts print first). ``VAR=value``
+  before the command sets the environment (a shell's with this interpreter's virtual
+  environment activated: ``python`` is it), ``&&`` chains
   commands as a shell does and ``; echo $?`` prints the exit code;
 - a ```` ```pycon ```` block (or a ``python`` one holding ``>>>``) is a Python session: the
   page's sessions run one after the other in one fresh interpreter started in that folder,
@@ -128,6 +130,8 @@ def plain_environment(cache: Path) -> dict[str, str]:
     """The environment the pages are read in (see the module's docstring)."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
     environ["XDG_CACHE_HOME"] = str(cache)
+    # As in a shell with the virtual environment activated: `python` is this interpreter.
+    environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), environ.get("PATH", "")])
     # Absolute (``PYTHONPATH=src pytest``): a script runs in the page's folder.
     path = environ.get("PYTHONPATH", "").split(os.pathsep)
     environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path if p)
@@ -196,6 +200,7 @@ def run_command(line: str, environ: dict[str, str], where: str) -> str:
             with (
                 mock.patch.dict(os.environ, env, clear=True),
                 fresh_modules(Path.cwd()),
+                children_output(out),
                 contextlib.redirect_stdout(out),
                 contextlib.redirect_stderr(out),
             ):
@@ -219,6 +224,32 @@ def run_command(line: str, environ: dict[str, str], where: str) -> str:
     if echo_code:
         shown += f"{code}\n"
     return shown
+
+
+@contextlib.contextmanager
+def children_output(out: io.StringIO) -> Iterator[None]:
+    """What the processes a command starts print (``tune``'s command), written to ``out``
+    first, as a shell shows it before what the command prints once they end."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as caught:
+        saved = [os.dup(fd) for fd in (1, 2)]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd in (1, 2):
+            os.dup2(caught.fileno(), fd)
+        try:
+            yield
+        finally:
+            for fd, kept in zip((1, 2), saved, strict=True):
+                os.dup2(kept, fd)
+                os.close(kept)
+            caught.seek(0)
+            out.seek(0)
+            said = out.read()
+            out.seek(0)
+            out.truncate()
+            out.write(caught.read().decode("utf-8", "replace") + said)
 
 
 def normalised(output: str, folder: Path) -> str:

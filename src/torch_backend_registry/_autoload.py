@@ -90,6 +90,7 @@ def autoload() -> None:
             waiting.pop(module)()  # imported already (a process that imported torch twice)
         if waiting and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
             sys.meta_path.insert(0, _AfterImport(waiting))
+        _save_compile_cache_at_exit()
     except Exception as exc:  # pragma: no cover - import torch must not fail for us
         _say(f"{AUTOLOAD_VAR} is set, but autoload could not start: {type(exc).__name__}: {exc}")
 
@@ -204,6 +205,28 @@ def _at_every_compile(callback: Callable[[Any], None]) -> None:
 
     dynamo.reset = reset
     on_compile_start(callback)
+
+
+def _save_compile_cache_at_exit() -> None:
+    """Under ``torch-backends tune --compile-cache``: this process's compile caches, saved as
+    it ends into the folder tune gives it (tune ships them beside the choices)."""
+    import atexit
+
+    from ._environment import TUNING_VAR
+
+    folder = os.path.join(os.environ.get(TUNING_VAR) or "", "compile-cache")
+    if not os.environ.get(TUNING_VAR) or not os.path.isdir(folder):
+        return
+
+    def save() -> None:
+        import torch.compiler
+
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            with open(os.path.join(folder, f"{os.getpid()}.bin"), "wb") as out:
+                out.write(saved[0])
+
+    atexit.register(functools.partial(_quietly, "saving PyTorch's compile caches", save))
 
 
 def _say(message: str) -> None:

@@ -6,21 +6,25 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 from collections.abc import Mapping
 
 from ._definition import ATOL, RTOL
+from ._environment import COMPILE_CACHE_VAR
 from ._errors import (
     BackendChainError,
     BackendRegistryError,
     ManifestError,
     RefusedArguments,
     UnknownBackendError,
+    warn,
 )
 from ._isolate import Guards, Inputs, own_copy
 from ._key import words
 from ._loader import call_options
 from ._members import typo_of
 from ._runs import leaves
+from ._sources.files import read_bytes
 from ._sources.finding import missing_requirements
 from ._sources.pytorch import inductor
 from ._verify import Reference, compiling
@@ -95,6 +99,8 @@ class Run:
     ) -> None:
         import torch
 
+        if not _COMPILE_CACHE:
+            load_compile_cache(chain)
         self.chain, self.gm, self.example_inputs, self.kwargs = chain, gm, example_inputs, kwargs
         self.name = chain.__name__
         verify = chain.definition.verify
@@ -277,6 +283,30 @@ class DeviceBackend(_Composite):
         definition = self.info(member).definition
         given = kwargs if settings is None else settings
         return member_compiler(self.__name__, definition, compiler, given)(gm, example_inputs)
+
+
+#: The compile cache this process loaded (``""``: none), once, before its first chain compile.
+_COMPILE_CACHE: list[str] = []
+
+
+def load_compile_cache(chain: _Composite) -> None:
+    """Load PyTorch's compile caches (what ``torch-backends tune --compile-cache`` saved) from
+    the file ``TORCH_BACKENDS_COMPILE_CACHE`` names, else the chain's manifest's
+    ``compile-cache``: once a process. A file that does not load (saved by another PyTorch,
+    refused by the trust rule: its compiled code would run here) is a warning."""
+    environ = os.environ if chain.context is None else chain.context.environ
+    path = environ.get(COMPILE_CACHE_VAR) or chain.definition.compile_cache
+    _COMPILE_CACHE.append(path or "")
+    if not path:
+        return
+    try:
+        import torch.compiler
+
+        info = torch.compiler.load_cache_artifacts(read_bytes(path, 2**40, "compile cache"))
+    except Exception as exc:
+        warn(f"{path}: PyTorch's compile caches not loaded: {exc}")
+        return
+    logger.info("loaded PyTorch's compile caches from %s (%s)", path, info)
 
 
 #: The logging level of each severity, so that the log says what ``check`` says.

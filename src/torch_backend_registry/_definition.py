@@ -186,6 +186,8 @@ class BackendDefinition:
     search_path: tuple[str, ...] = ()
     #: The manifest's ``python-path`` entries as written (the same in every checkout).
     written_path: tuple[str, ...] = ()
+    #: The manifest's ``compile-cache``, absolute: what a chain of it loads before compiling.
+    compile_cache: str | None = field(default=None, compare=False)
     #: The callable itself, where the source holds one (runtime, PyTorch).
     compiler_fn: Callable[..., Any] | None = None
     #: Why this definition cannot be used as declared, or ``None``.

@@ -18,6 +18,8 @@ SELECT_VAR = "TORCH_BACKENDS_SELECT"
 #: Seconds a rank waits for rank 0's choice before it takes the chain's first member.
 SELECT_TIMEOUT_VAR = "TORCH_BACKENDS_SELECT_TIMEOUT"
 SELECT_TIMEOUT = 600.0
+#: A file of PyTorch's compile caches (``tune --compile-cache``) to load before compiling.
+COMPILE_CACHE_VAR = "TORCH_BACKENDS_COMPILE_CACHE"
 #: Set by ``torch-backends tune`` for the command it runs: the folder each process hands
 #: the choices it made to.
 TUNING_VAR = "TORCH_BACKENDS_TUNING"

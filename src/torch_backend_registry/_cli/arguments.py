@@ -23,6 +23,7 @@ examples:
   {PROG} check --import               validate the manifests and import every target
   {PROG} doctor                       which backends work here
   {PROG} lock && {PROG} check --locked    pin what the project uses; find drift
+  {PROG} tune -- python train.py      decide each select chain's member once, and ship it
 
 Extra manifests: set TORCH_BACKENDS_PATH to files or folders ({os.pathsep!r} separated).
 """
@@ -183,6 +184,25 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
         lock,
         "--no-torch",
         "leave PyTorch's own backends unread (those the manifests name are pinned by release)",
+    )
+
+    tune = command(
+        "tune",
+        'run a command with every select = "fastest" chain deciding afresh, and write each'
+        " choice made to backends.choices beside the project manifest",
+        "choices",
+    )
+    tune.add_argument(
+        "--compile-cache",
+        metavar="PATH",
+        help="also save PyTorch's compile caches of what the command compiled to PATH (load"
+        " them with TORCH_BACKENDS_COMPILE_CACHE or a manifest's compile-cache)",
+    )
+    tune.add_argument(
+        "tune_command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND [ARG...]",
+        help="the command to run: a script, a torchrun job",
     )
 
     command("schema", "print the JSON Schema of a manifest", "files")

@@ -138,9 +138,11 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     fail."""
     from .._api import manifests_read
     from .._autoload import enabled, state
+    from .choices import problems as choices_problems
 
     read = manifests_read(registry)
     problems = [*problems, *_misplaced(registry.context.cwd, read)]
+    problems += choices_problems(registry, read, with_torch=not args.no_torch)
     matched = None
     if args.locked:
         matched = _drift(registry_for(args.no_torch), problems, with_torch=not args.no_torch)

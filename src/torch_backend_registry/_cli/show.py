@@ -131,7 +131,14 @@ def run_explain(args: Arguments) -> int:
     # Entry points are admitted without PyTorch read: explaining needs no torch import.
     index = registry.index(with_torch=False)
     default, policy = index.default, index.admitted.get(name)
-    remembered, shipped = _choices(registry, info.definition, args.no_torch)
+    remembered: list[dict[str, Any]] = []
+    shipped: list[dict[str, Any]] = []
+    if info.definition.select == "fastest":
+        from .._select import remembered as remembered_here
+        from .choices import shipped as shipped_here
+
+        remembered = remembered_here(registry.context.cache, info.definition, registry.backend_info)
+        shipped = shipped_here(registry, info.definition, args.no_torch)
     if args.json:
         print_json(
             {
@@ -162,7 +169,10 @@ def run_explain(args: Arguments) -> int:
         out = [name, *_lines(fields)]
     else:
         out = [f"{info.alias} (alias of {name}: resolves to whatever {name} does)", *_lines(fields)]
-    out += _choice_lines(remembered, shipped)
+    if remembered or shipped:
+        from .choices import lines
+
+        out += lines(remembered, shipped)
     if info.shadowed:
         out.append("shadows (lower precedence, not used):")
         for lower in info.shadowed:
@@ -172,66 +182,6 @@ def run_explain(args: Arguments) -> int:
         out.append("shadows nothing")
     print("\n".join(printable(line) for line in out))
     return EXIT_OK
-
-
-def _choices(
-    registry: Registry, chain: BackendDefinition, no_torch: bool
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A select chain's choices: those remembered here for it as it is now, newest first, and
-    those shipped in ``backends.choices``, each with where it is and whether it applies here
-    (and if not, why; without PyTorch, that cannot be known)."""
-    if chain.select != "fastest":
-        return [], []
-    from .._key import applies, identity
-    from .._select import remembered
-    from .._sources.choices import shipped_for
-
-    found = remembered(registry.context.cache, chain, registry.backend_info)
-    files = shipped_for(chain, registry.context)
-    tables = (
-        []
-        if files is None
-        else [(t, at) for t, at in files.every() if t.get("chain") == chain.name]
-    )
-    now = identity(chain, registry.backend_info)
-    shipped = []
-    for table, at in tables:
-        differ = None if no_torch else applies(table, now)
-        where = relative(at.rpartition(":")[0]) + ":" + at.rpartition(":")[2]
-        shipped.append(
-            {
-                **table,
-                "at": where,
-                "applies": None if differ is None else not differ,
-                "differs": differ or [],
-            }
-        )
-    return found, shipped
-
-
-def _choice_lines(remembered: list[dict[str, Any]], shipped: list[dict[str, Any]]) -> list[str]:
-    """``explain``'s lines of a chain's choices: each graph's member, how and when it was
-    chosen, and each member's time and spread or why it was not timed."""
-    from .._select import said_of, timings
-
-    out = []
-    for choice in remembered:
-        out.append(f"    {choice.get('graph')}: {choice.get('member')} ({said_of(choice)})")
-        out.append(f"      {timings(choice)}")
-    for choice in shipped:
-        applies = choice["applies"]
-        here = (
-            "applies here"
-            if applies
-            else "not known here without PyTorch"
-            if applies is None
-            else "not here: " + "; ".join(choice["differs"])
-        )
-        out.append(
-            f"    shipped at {choice['at']}: {choice.get('graph')}: {choice.get('member')} ({here})"
-        )
-        out.append(f"      {timings(choice)}")
-    return out
 
 
 def _explain_unusable(registry: Registry, name: str) -> None:

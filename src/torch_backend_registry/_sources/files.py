@@ -121,8 +121,28 @@ def may_hold(path: str, marker: bytes) -> bool:
 
 def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
     """A manifest's text (of at most ``limit`` bytes); :class:`ManifestError` where it
-    cannot be used, :class:`Untrusted` where it must not. The checks are made on the opened
-    file, so the file judged is the file read (a link's target, and the folder holding it)."""
+    cannot be used, :class:`Untrusted` where it must not."""
+    data = read_bytes(path, limit, what)
+    try:
+        # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        from .positions import key_at, physical_lines
+
+        lines = physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
+        line = data[: exc.start].count(b"\n") + 1
+        raise ManifestError(
+            f"not valid UTF-8 (byte {data[exc.start]:#04x}); save the file as UTF-8",
+            path=path,
+            line=line,
+            key=key_at(lines, line),
+        ) from exc
+
+
+def read_bytes(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> bytes:
+    """A file's bytes (at most ``limit``), as :func:`read_text` reads them. The checks are
+    made on the opened file, so the file judged is the file read (a link's target, and the
+    folder holding it)."""
     try:
         fd = os.open(path, OPEN_FLAGS)
     except FileNotFoundError:
@@ -146,7 +166,15 @@ def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
         if reason is not None:
             raise Untrusted(untrusted_message(what, reason), path=path)
         with open(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)  # one byte more tells a file too large
+            # In pieces (a read of the whole limit would ask for all that memory at once),
+            # one byte past the limit telling a file too large.
+            pieces: list[bytes] = []
+            while (left := limit + 1 - sum(map(len, pieces))) > 0:
+                piece = handle.read(min(left, 1 << 24))
+                if not piece:
+                    break
+                pieces.append(piece)
+            data = b"".join(pieces)
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     finally:
@@ -157,20 +185,7 @@ def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
             f"is larger than {limit // 2**20} MiB, too large for {what}; is it the right file?",
             path=path,
         )
-    try:
-        # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        from .positions import key_at, physical_lines
-
-        lines = physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
-        line = data[: exc.start].count(b"\n") + 1
-        raise ManifestError(
-            f"not valid UTF-8 (byte {data[exc.start]:#04x}); save the file as UTF-8",
-            path=path,
-            line=line,
-            key=key_at(lines, line),
-        ) from exc
+    return data
 
 
 def parse_toml(

@@ -185,7 +185,7 @@ class _Validation(NamedTuple):
         self._header(header)
         if isinstance(raw_backends, dict):
             valid = {} if manifest is None else manifest.backends
-            self._backends(raw_backends, valid, broken, tuple(header.python_path))
+            self._backends(raw_backends, valid, broken, header)
 
     def _header(self, header: Manifest) -> None:
         for field in ("allow", "deny"):
@@ -205,7 +205,7 @@ class _Validation(NamedTuple):
         raw_backends: dict[str, Any],
         valid: dict[str, BackendEntry],
         broken: dict[str, Problem],
-        written_path: tuple[str, ...],
+        header: Manifest,
     ) -> None:
         from .._definition import ATOL, MIN_SPEEDUP, RTOL
         from .schema import BackendEntry
@@ -213,7 +213,10 @@ class _Validation(NamedTuple):
         # Relative to the real file: a link to a manifest must not make its code
         # come from the folder the link is in.
         base = os.path.dirname(os.path.realpath(self.path))
+        written_path = tuple(header.python_path)
         folders = (os.path.normpath(os.path.join(base, p)) for p in written_path)
+        cache = header.compile_cache
+        compile_cache = None if cache is None else os.path.normpath(os.path.join(base, cache))
         python_path = tuple(dict.fromkeys(folders))
         # The manifest's own folder is searched last, whatever python-path says: a module
         # beside the manifest is found from any working folder, as a script's is.
@@ -263,6 +266,7 @@ class _Validation(NamedTuple):
                 python_path=python_path,
                 search_path=search_path,
                 written_path=written_path,
+                compile_cache=compile_cache,
                 verify=verify,
                 select=entry.select,
                 min_speedup=entry.min_speedup or MIN_SPEEDUP,

@@ -243,6 +243,11 @@ class Manifest(BaseModel):
         description="Folders, relative to this file, searched (after every installed module)"
         " while importing its targets.",
     )
+    compile_cache: Folder | None = Field(
+        default=None,
+        description="PyTorch's compile caches that 'torch-backends tune --compile-cache' saved,"
+        " relative to this file: loaded once a process, before its first chain compile.",
+    )
     plugins: Plugins | None = Field(
         default=None, description="Which installed plugins (entry points) count."
     )

@@ -1,0 +1,271 @@
+"""``torch-backends tune``: a command run with every select chain deciding afresh, each choice
+written to ``backends.choices``; a machine that never tuned runs the shipped member; ``check``
+and ``explain`` know the file; PyTorch's compile caches shipped beside it.
+
+The commands tuned are real scripts in interpreters of their own, which never call
+``install()`` (autoload does, as ``tune`` turns it on)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .conftest import torch_backends
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+
+MEMBERS = """
+import json, os, time
+
+def _record(name):
+    with open("compiled.jsonl", "a") as out:
+        out.write(json.dumps(name) + "\\n")
+
+def member(name, delay):
+    def compiler(gm, example_inputs):
+        _record(name)
+        def run(*args):
+            time.sleep(delay)
+            return gm(*args)
+        return run
+    return compiler
+
+slow = member("slow", 0.004)
+fast = member("fast", 0.0)
+"""
+
+MANIFEST = """
+[backends.pick]
+chain = ["slow", "fast"]
+select = "fastest"
+
+[backends.slow]
+target = "members:slow"
+
+[backends.fast]
+target = "members:fast"
+"""
+
+TRAIN = """
+import logging, sys, torch
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+logging.getLogger("torch").setLevel(logging.WARNING)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+with torch.no_grad():
+    torch.compile(model, backend="pick")(torch.randn(int(sys.argv[1]) if sys.argv[1:] else 5, 8))
+"""
+
+
+def project(folder: Path, manifest: str = MANIFEST) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "backends.toml").write_text(textwrap.dedent(manifest).lstrip())
+    (folder / "members.py").write_text(MEMBERS)
+    (folder / "train.py").write_text(TRAIN)
+    return folder
+
+
+def compiled(folder: Path) -> list[str]:
+    """The members compiled there since last asked."""
+    path = folder / "compiled.jsonl"
+    found = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    path.unlink(missing_ok=True)
+    return sorted(found)
+
+
+def python(folder: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The script run as a machine that never tuned runs it: autoload on, empty caches."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+    environ.update({"TORCH_BACKENDS_AUTOLOAD": "1", "XDG_CACHE_HOME": str(folder / "cache")})
+    done = subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=folder,
+        env={**environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_tune_writes_each_choice_and_another_checkout_runs_it_timing_nothing(
+    tmp_path: Path,
+) -> None:
+    here = project(tmp_path / "a")
+    done = torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+    assert compiled(here) == ["fast", "slow"]  # every member compiled and timed, once
+    [line, device] = done.stdout.splitlines()
+    assert line.startswith("chain 'pick': graph of 3 operations on ")
+    assert "(inference, static shapes): slow 4." in line
+    assert "; chose 'fast' (the fastest, " in line
+    assert device.startswith("tuned for cpu ")
+    assert device.endswith(": 1 graph; fast 1")
+    text = (here / "backends.choices").read_text()
+    assert text.startswith("# Written by `torch-backends tune`")
+    assert '[[choice]]\nchain = "pick"\nmember = "fast"\ngraph = "graph of 3 operations' in text
+    for fact in ("torch = ", "device = ", "threads = ", "[choice.members]", "[choice.seconds]"):
+        assert fact in text
+    # Another checkout, at another path, caches empty: the shipped member alone is compiled,
+    # and the log says where it came from.
+    there = tmp_path / "elsewhere" / "b"
+    shutil.copytree(here, there)
+    ran = python(there)
+    assert compiled(there) == ["fast"]
+    assert "compiled with 'fast', as shipped (" in ran.stderr
+    assert "backends.choices:6)" in ran.stderr
+    # With TORCH_BACKENDS_SELECT=shipped, a graph no choice applies to is timed by nobody.
+    ran = python(there, "7", TORCH_BACKENDS_SELECT="shipped")
+    assert compiled(there) == ["slow"]  # the chain's first that verifies
+    assert "no shipped choice applies (the nearest shipped choice differs: another graph" in (
+        ran.stderr
+    )
+    # Another machine's thread count: the choice does not apply, and the warning says why.
+    ran = python(there, TORCH_BACKENDS_SELECT="shipped", OMP_NUM_THREADS="1")
+    if torch.get_num_threads() != 1:
+        assert compiled(there) == ["slow"]
+        assert f"threads {torch.get_num_threads()} -> 1" in ran.stderr
+
+
+def test_tuning_again_replaces_the_same_key_and_keeps_the_others(tmp_path: Path) -> None:
+    here = project(tmp_path)
+    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+    torch_backends("tune", "--", sys.executable, "train.py", "3", cwd=here)
+    first = (here / "backends.choices").read_text()
+    assert first.count("[[choice]]") == 2
+    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+    again = (here / "backends.choices").read_text()
+    assert again.count("[[choice]]") == 2  # the same graph: its choice replaced
+    # In a stable order: only the facts of the choice tuned again change.
+    changed = [
+        (a, b) for a, b in zip(first.splitlines(), again.splitlines(), strict=True) if a != b
+    ]
+    assert all(a.split(" = ")[0] == b.split(" = ")[0] for a, b in changed)
+    assert not any(a.startswith(("chain", "member", "key", "graph =")) for a, _b in changed)
+
+
+def test_a_command_that_fails_or_compiles_no_chain_writes_nothing(tmp_path: Path) -> None:
+    here = project(tmp_path)
+    (here / "fails.py").write_text("import sys\nsys.exit(3)\n")
+    done = torch_backends("tune", "--", sys.executable, "fails.py", cwd=here, check=3)
+    assert "exited with 3: nothing written" in done.stderr
+    (here / "idle.py").write_text(
+        "import torch\ntorch.compile(torch.sin, backend='eager')(torch.ones(2))\n"
+    )
+    done = torch_backends("tune", "--", sys.executable, "idle.py", cwd=here, check=1)
+    assert 'compiled no graph with a select = "fastest" chain: nothing written' in done.stderr
+    assert not (here / "backends.choices").exists()
+    done = torch_backends("tune", cwd=here, check=2)
+    assert "tune runs a command: torch-backends tune -- python train.py" in done.stderr
+
+
+def test_check_and_explain_know_the_file(tmp_path: Path) -> None:
+    here = project(tmp_path)
+    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+    said = torch_backends("explain", "pick", cwd=here).stdout
+    assert "  shipped:     1 in backends.choices" in said
+    assert "shipped at backends.choices:6: graph of 3 operations on " in said
+    assert ": fast (applies here)" in said
+    [shipped] = json.loads(torch_backends("explain", "pick", "--json", cwd=here).stdout)["shipped"]
+    assert (shipped["at"], shipped["member"], shipped["applies"]) == (
+        "backends.choices:6",
+        "fast",
+        True,
+    )
+    assert torch_backends("check", cwd=here).stderr.startswith("no problems;")
+    torch_backends("lock", cwd=here)
+    torch_backends("check", "--locked", cwd=here)  # choices are no drift
+    # Hand-edited: a member not in its chain, an undeclared chain, an entry tune never
+    # writes; the chain changed since.
+    text = (here / "backends.choices").read_text()
+    entry = text[text.index("[[choice]]") :]
+    edited = (
+        text.replace('member = "fast"', 'member = "fats"', 1)
+        + "\n" + entry.replace('chain = "pick"', 'chain = "pikc"', 1)
+        + '\n[[choice]]\nchain = "pick"\n'
+    )  # fmt: skip
+    (here / "backends.choices").write_text(edited)
+    done = torch_backends("check", cwd=here, check=1)
+    lines = done.stdout.splitlines()
+    assert any(
+        line.startswith("backends.choices:6: error: choice: member 'fats' is not in chain 'pick';")
+        and "did you mean 'fast'?" in line
+        for line in lines
+    ), lines
+    assert any(
+        "chain 'pikc' is no select = \"fastest\" chain declared here; did you mean 'pick'?" in line
+        for line in lines
+    )
+    assert any("a choice needs member, graph, key (each a string)" in line for line in lines)
+    (here / "backends.choices").write_text(text)
+    (here / "backends.toml").write_text(MANIFEST.replace('"slow", "fast"', '"fast", "slow"'))
+    done = torch_backends("check", cwd=here)
+    assert "backends.choices:6: warning: choice: chain 'pick' or one of its members changed" in (
+        done.stdout
+    )
+    assert "run 'torch-backends tune -- COMMAND' again" in done.stdout
+    assert (
+        "not here: the chain or a member changed since"
+        in torch_backends("explain", "pick", cwd=here).stdout
+    )
+
+
+def test_a_truncated_or_hostile_file_is_no_choice_and_never_an_error(tmp_path: Path) -> None:
+    here = project(tmp_path)
+    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+    compiled(here)
+    text = (here / "backends.choices").read_text()
+    (here / "backends.choices").write_text(text[: text.index('member = "fast"') + 11])
+    python(here, TORCH_BACKENDS_NO_CACHE="1")
+    assert compiled(here) == ["fast", "slow"]  # decided again: no shipped choice read
+    done = torch_backends("check", cwd=here, check=None)
+    assert "backends.choices:" in done.stdout
+    # Writable by every user: not used, and said so.
+    (here / "backends.choices").write_text(text)
+    (here / "backends.choices").chmod(0o666)
+    ran = python(here, TORCH_BACKENDS_NO_CACHE="1")
+    assert compiled(here) == ["fast", "slow"]
+    assert "choices file not used: it is writable by every user" in ran.stderr
+
+
+def test_a_choice_among_ten_thousand_is_found(tmp_path: Path) -> None:
+    here = project(tmp_path)
+    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+    compiled(here)
+    text = (here / "backends.choices").read_text()
+    entry = text[text.index("[[choice]]") :]
+    key = entry.split('key = "')[1].split('"')[0]
+    others = "".join(entry.replace(key, f"{n:032x}") for n in range(10_000))
+    (here / "backends.choices").write_text(
+        text.replace(entry, others[: len(others) // 2] + entry + others[len(others) // 2 :])
+    )
+    python(here)
+    assert compiled(here) == ["fast"]
+
+
+def test_two_tunes_at_once_keep_each_others_choices(tmp_path: Path) -> None:
+    here = project(tmp_path)
+    command = [
+        sys.executable,
+        "-m",
+        "torch_backend_registry",
+        "tune",
+        "--",
+        sys.executable,
+        "train.py",
+    ]
+    runs = [
+        subprocess.Popen([*command, size], cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for size in ("3", "4")
+    ]
+    for run in runs:
+        assert run.wait(timeout=300) == 0, run.stderr.read() if run.stderr else ""
+    assert (here / "backends.choices").read_text().count("[[choice]]") == 2
