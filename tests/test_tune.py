@@ -269,3 +269,95 @@ def test_two_tunes_at_once_keep_each_others_choices(tmp_path: Path) -> None:
     for run in runs:
         assert run.wait(timeout=300) == 0, run.stderr.read() if run.stderr else ""
     assert (here / "backends.choices").read_text().count("[[choice]]") == 2
+
+
+INDUCTOR = """
+[backends.pick]
+chain = ["inductor", "eager"]
+select = "fastest"
+min-speedup = 100.0
+"""
+
+COUNTED = """
+import json, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+with torch.no_grad():
+    torch.compile(model, backend="pick")(torch.randn(5, 8))
+from torch._dynamo.utils import counters
+print(json.dumps(dict(counters["inductor"])))
+"""
+
+
+def test_the_compile_cache_ships_beside_the_choices(tmp_path: Path) -> None:
+    # Inductor's compile on a machine that never compiled: found in the cache tune saved.
+    here = project(tmp_path / "a", INDUCTOR)
+    (here / "train.py").write_text(COUNTED)
+    own = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-a")}
+    torch_backends(
+        "tune", "--compile-cache", "build/compile.bin", "--", sys.executable, "train.py",
+        cwd=here, env=own,
+    )  # fmt: skip
+    assert (here / "build" / "compile.bin").stat().st_size > 0
+    there = tmp_path / "b"
+    shutil.copytree(here, there)
+    (there / "backends.toml").write_text(
+        'compile-cache = "build/compile.bin"\n' + textwrap.dedent(INDUCTOR)
+    )
+    # Another inductor cache folder, empty: a hit comes from the file alone.
+    warm = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-b")}
+    shipped = python(there, **warm)
+    assert json.loads(shipped.stdout).get("fxgraph_cache_hit", 0) >= 1, shipped.stderr[-2000:]
+    # Another machine's file, or a torn one: a warning, and the compile goes on.
+    (there / "build" / "compile.bin").write_bytes(b"not PyTorch's")
+    torn = python(there, **warm)
+    assert "PyTorch's compile caches not loaded" in torn.stderr
+
+
+RANKS = """
+import logging, torch, torch.distributed as dist
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+logging.getLogger("torch").setLevel(logging.WARNING)
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+with torch.no_grad():
+    torch.compile(model, backend="pick")(torch.randn(5, 8))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_torchrun_job_is_tuned_by_rank_zero_and_shipped_to_every_rank(tmp_path: Path) -> None:
+    import socket
+
+    here = project(tmp_path)
+    (here / "ranks.py").write_text(RANKS)
+
+    def torchrun() -> list[str]:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = str(probe.getsockname()[1])
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", port, "ranks.py",
+        ]  # fmt: skip
+
+    done = torch_backends("tune", "--", *torchrun(), cwd=here)
+    assert "tuned for cpu " in done.stdout
+    assert "1 graph; fast 1" in done.stdout  # rank 0's choice, once: rank 1 decided nothing
+    assert compiled(here) == ["fast", "fast", "slow"]  # rank 1 compiled rank 0's choice alone
+    # Shipped: each rank takes it on its own, times nothing and waits on no other.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+    ran = subprocess.run(
+        torchrun(),
+        cwd=here,
+        env={**environ, "TORCH_BACKENDS_AUTOLOAD": "1", "TORCH_BACKENDS_SELECT_TIMEOUT": "1",
+             "XDG_CACHE_HOME": str(here / "cache")},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert compiled(here) == ["fast", "fast"]
+    said = ran.stdout + ran.stderr
+    assert said.count("as shipped (") == 2
+    assert "heard no choice" not in said

@@ -302,7 +302,10 @@ def load_compile_cache(chain: _Composite) -> None:
     try:
         import torch.compiler
 
+        # None, having logged why, where PyTorch cannot read them (another release's).
         info = torch.compiler.load_cache_artifacts(read_bytes(path, 2**40, "compile cache"))
+        if info is None:
+            raise ValueError("PyTorch could not read them (saved by another release?)")
     except Exception as exc:
         warn(f"{path}: PyTorch's compile caches not loaded: {exc}")
         return
