@@ -16,8 +16,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import tomli as tomllib
 
-from .conftest import torch_backends
+from .conftest import Done, run_forked, torch_backends
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -65,6 +66,42 @@ with torch.no_grad():
 """
 
 
+SHIPPED = """
+import logging, sys, torch
+import torch_backend_registry as tbr
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+logging.getLogger("torch").setLevel(logging.WARNING)
+tbr.install()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+with torch.no_grad():
+    torch.compile(model, backend="pick")(torch.randn(int(sys.argv[1]) if sys.argv[1:] else 5, 8))
+"""
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A project tuned once, and what tune printed: tests copy it, each to change its own."""
+    here = project(tmp_path_factory.mktemp("tuned") / "project")
+    done = torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+    return here, done.stdout
+
+
+def copy_of(tuned: tuple[Path, str], to: Path) -> Path:
+    shutil.copytree(tuned[0], to, ignore=shutil.ignore_patterns("compiled.jsonl", "cache"))
+    return to
+
+
+def shipped(folder: Path, *args: str, **env: str) -> Done:
+    """A machine that never tuned runs the script (as a process forked from one that imported
+    PyTorch: its cache folder empty), the chain's log on stderr."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+    environ.update({"XDG_CACHE_HOME": str(folder / "cache"), **env})
+    done = run_forked(SHIPPED, cwd=folder, env=environ, args=args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def project(folder: Path, manifest: str = MANIFEST) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "backends.toml").write_text(textwrap.dedent(manifest).lstrip())
@@ -98,12 +135,10 @@ def python(folder: Path, *args: str, **env: str) -> subprocess.CompletedProcess[
 
 
 def test_tune_writes_each_choice_and_another_checkout_runs_it_timing_nothing(
-    tmp_path: Path,
+    tuned: tuple[Path, str], tmp_path: Path
 ) -> None:
-    here = project(tmp_path / "a")
-    done = torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
-    assert compiled(here) == ["fast", "slow"]  # every member compiled and timed, once
-    [line, device] = done.stdout.splitlines()
+    here, printed = tuned
+    [line, device] = printed.splitlines()
     assert line.startswith("chain 'pick': graph of 3 operations on ")
     assert "(inference, static shapes): slow 4." in line
     assert "; chose 'fast' (the fastest, " in line
@@ -116,28 +151,36 @@ def test_tune_writes_each_choice_and_another_checkout_runs_it_timing_nothing(
         assert fact in text
     # Another checkout, at another path, caches empty: the shipped member alone is compiled,
     # and the log says where it came from.
-    there = tmp_path / "elsewhere" / "b"
-    shutil.copytree(here, there)
-    ran = python(there)
+    there = copy_of(tuned, tmp_path / "elsewhere" / "checkout")
+    ran = shipped(there)
     assert compiled(there) == ["fast"]
-    assert "compiled with 'fast', as shipped (" in ran.stderr
-    assert "backends.choices:6)" in ran.stderr
+    assert f"compiled with 'fast', as shipped ({there / 'backends.choices'}:6)" in ran.stderr
     # With TORCH_BACKENDS_SELECT=shipped, a graph no choice applies to is timed by nobody.
-    ran = python(there, "7", TORCH_BACKENDS_SELECT="shipped")
+    ran = shipped(there, "7", TORCH_BACKENDS_SELECT="shipped")
     assert compiled(there) == ["slow"]  # the chain's first that verifies
     assert "no shipped choice applies (the nearest shipped choice differs: another graph" in (
         ran.stderr
     )
-    # Another machine's thread count: the choice does not apply, and the warning says why.
-    ran = python(there, TORCH_BACKENDS_SELECT="shipped", OMP_NUM_THREADS="1")
-    if torch.get_num_threads() != 1:
-        assert compiled(there) == ["slow"]
-        assert f"threads {torch.get_num_threads()} -> 1" in ran.stderr
 
 
-def test_tuning_again_replaces_the_same_key_and_keeps_the_others(tmp_path: Path) -> None:
-    here = project(tmp_path)
-    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+def test_a_choice_decided_under_other_threads_does_not_apply_and_says_why(
+    tuned: tuple[Path, str], tmp_path: Path
+) -> None:
+    there = copy_of(tuned, tmp_path / "checkout")
+    threads = torch.get_num_threads()
+    code = f"import torch\ntorch.set_num_threads({threads + 1})\n" + SHIPPED
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
+    environ.update({"XDG_CACHE_HOME": str(there / "cache"), "TORCH_BACKENDS_SELECT": "shipped"})
+    ran = run_forked(code, cwd=there, env=environ)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert compiled(there) == ["slow"]
+    assert f"(the nearest shipped choice differs: threads {threads} -> {threads + 1})" in ran.stderr
+
+
+def test_tuning_again_replaces_the_same_key_and_keeps_the_others(
+    tuned: tuple[Path, str], tmp_path: Path
+) -> None:
+    here = copy_of(tuned, tmp_path / "checkout")
     torch_backends("tune", "--", sys.executable, "train.py", "3", cwd=here)
     first = (here / "backends.choices").read_text()
     assert first.count("[[choice]]") == 2
@@ -167,9 +210,8 @@ def test_a_command_that_fails_or_compiles_no_chain_writes_nothing(tmp_path: Path
     assert "tune runs a command: torch-backends tune -- python train.py" in done.stderr
 
 
-def test_check_and_explain_know_the_file(tmp_path: Path) -> None:
-    here = project(tmp_path)
-    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+def test_check_and_explain_know_the_file(tuned: tuple[Path, str], tmp_path: Path) -> None:
+    here = copy_of(tuned, tmp_path / "checkout")
     said = torch_backends("explain", "pick", cwd=here).stdout
     assert "  shipped:     1 in backends.choices" in said
     assert "shipped at backends.choices:6: graph of 3 operations on " in said
@@ -218,28 +260,26 @@ def test_check_and_explain_know_the_file(tmp_path: Path) -> None:
     )
 
 
-def test_a_truncated_or_hostile_file_is_no_choice_and_never_an_error(tmp_path: Path) -> None:
-    here = project(tmp_path)
-    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
-    compiled(here)
+def test_a_truncated_or_hostile_file_is_no_choice_and_never_an_error(
+    tuned: tuple[Path, str], tmp_path: Path
+) -> None:
+    here = copy_of(tuned, tmp_path / "checkout")
     text = (here / "backends.choices").read_text()
     (here / "backends.choices").write_text(text[: text.index('member = "fast"') + 11])
-    python(here, TORCH_BACKENDS_NO_CACHE="1")
+    shipped(here, TORCH_BACKENDS_NO_CACHE="1")
     assert compiled(here) == ["fast", "slow"]  # decided again: no shipped choice read
     done = torch_backends("check", cwd=here, check=None)
     assert "backends.choices:" in done.stdout
     # Writable by every user: not used, and said so.
     (here / "backends.choices").write_text(text)
     (here / "backends.choices").chmod(0o666)
-    ran = python(here, TORCH_BACKENDS_NO_CACHE="1")
+    ran = shipped(here, TORCH_BACKENDS_NO_CACHE="1")
     assert compiled(here) == ["fast", "slow"]
     assert "choices file not used: it is writable by every user" in ran.stderr
 
 
-def test_a_choice_among_ten_thousand_is_found(tmp_path: Path) -> None:
-    here = project(tmp_path)
-    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
-    compiled(here)
+def test_a_choice_among_ten_thousand_is_found(tuned: tuple[Path, str], tmp_path: Path) -> None:
+    here = copy_of(tuned, tmp_path / "checkout")
     text = (here / "backends.choices").read_text()
     entry = text[text.index("[[choice]]") :]
     key = entry.split('key = "')[1].split('"')[0]
@@ -247,28 +287,42 @@ def test_a_choice_among_ten_thousand_is_found(tmp_path: Path) -> None:
     (here / "backends.choices").write_text(
         text.replace(entry, others[: len(others) // 2] + entry + others[len(others) // 2 :])
     )
-    python(here)
+    shipped(here)
     assert compiled(here) == ["fast"]
 
 
-def test_two_tunes_at_once_keep_each_others_choices(tmp_path: Path) -> None:
-    here = project(tmp_path)
-    command = [
-        sys.executable,
-        "-m",
-        "torch_backend_registry",
-        "tune",
-        "--",
-        sys.executable,
-        "train.py",
-    ]
+STUB = """
+import json, os, sys, time
+# As a select chain's process hands tune a choice (each run its own graph), slowly: the two
+# runs overlap.
+choice = json.loads(sys.argv[1])
+with open(os.path.join(os.environ["TORCH_BACKENDS_TUNING"], "choice-stub.json"), "w") as out:
+    json.dump(choice, out)
+time.sleep(0.5)
+"""
+
+
+def test_two_tunes_at_once_keep_each_others_choices(
+    tuned: tuple[Path, str], tmp_path: Path
+) -> None:
+    here = copy_of(tuned, tmp_path / "checkout")
+    (here / "stub.py").write_text(STUB)
+    made = tomllib.loads((here / "backends.choices").read_text())["choice"][0]
+    made.pop("when")
+    command = [sys.executable, "-m", "torch_backend_registry", "tune", "--", sys.executable]
     runs = [
-        subprocess.Popen([*command, size], cwd=here, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for size in ("3", "4")
+        subprocess.Popen(
+            [*command, "stub.py", json.dumps({**made, "key": key, "graph": key})],
+            cwd=here,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for key in ("first-run", "second-run")
     ]
     for run in runs:
-        assert run.wait(timeout=300) == 0, run.stderr.read() if run.stderr else ""
-    assert (here / "backends.choices").read_text().count("[[choice]]") == 2
+        assert run.wait(timeout=120) == 0, run.stderr.read() if run.stderr else ""
+    keys = {c["key"] for c in tomllib.loads((here / "backends.choices").read_text())["choice"]}
+    assert keys == {made["key"], "first-run", "second-run"}
 
 
 INDUCTOR = """
@@ -306,8 +360,8 @@ def test_the_compile_cache_ships_beside_the_choices(tmp_path: Path) -> None:
     )
     # Another inductor cache folder, empty: a hit comes from the file alone.
     warm = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-b")}
-    shipped = python(there, **warm)
-    assert json.loads(shipped.stdout).get("fxgraph_cache_hit", 0) >= 1, shipped.stderr[-2000:]
+    ran = python(there, **warm)
+    assert json.loads(ran.stdout).get("fxgraph_cache_hit", 0) >= 1, ran.stderr[-2000:]
     # Another machine's file, or a torn one: a warning, and the compile goes on.
     (there / "build" / "compile.bin").write_bytes(b"not PyTorch's")
     torn = python(there, **warm)
