@@ -15,7 +15,7 @@ from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock, importing_at_fork
 from .cache import NO_CACHE
-from .finding import find, stamp
+from .finding import find
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
     source may redefine: read from the files that register them, without importing torch,
     remembered in ``cache`` and for the rest of the process while the files stay as read."""
     global _read
-    stamps = tuple(tuple(stamp(path)) for path in _registering_files())
+    stamps = tuple(map(_stamp, _registering_files()))
     read = _read
     if read is None or read[0] != stamps:
         read = _read = (stamps, _names_in(stamps, cache))
@@ -94,6 +94,15 @@ def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache) -> frozenset
 
 
 _PARSING = ForkSafeLock()
+
+
+def _stamp(path: str) -> tuple[object, ...]:
+    """A file as the names' key knows it; only its path where it cannot be read."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return (path,)
+    return (path, info.st_size, info.st_mtime_ns)
 
 
 def _registering_files() -> list[str]:
