@@ -218,16 +218,8 @@ def entry_point_source(ctx: Context) -> Discovery:
     Remembered by what is on sys.path, so a warm start needs no importlib.metadata;
     read for real when the context is fresh.
     """
-    from .cache import code_key
-
-    key = [code_key(), entry_point_stamps()]
-    if not ctx.fresh:
-        cached = ctx.cache.get("entry-points", key)
-        if isinstance(cached, Discovery):
-            return cached
-    found = read_entry_points()
-    ctx.cache.put("entry-points", key, found)
-    return found
+    stamps = entry_point_stamps()
+    return ctx.cache.remembered("entry-points", stamps, read_entry_points, fresh=ctx.fresh)
 
 
 #: The reader of each source kind; SOURCE_KINDS gives their precedence.

@@ -181,4 +181,3 @@ def keep(folders: Sequence[str]) -> None:
     if folders:
         finder = python_path_finder()
         finder.loaded += tuple(f for f in folders if f not in finder.loaded)
-

@@ -51,15 +51,8 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache = NO_CACHE) -> Disco
         # whole: the warning must not say that only that backend is.
         located = exc.problem.line is not None
         return _lost(exc.problem, "; no backend of this file is used until then" if located else "")
-    from .cache import code_key
-
-    key = [code_key(), kind, path, os.path.realpath(path), text]
-    cached = cache.get("manifest", key)
-    if isinstance(cached, dict) and isinstance(cached.get("found", 0), (Discovery, type(None))):
-        return cached["found"]  # type: ignore[no-any-return]  # None: no table here
-    validated = _validated(path, kind, text)
-    cache.put("manifest", key, {"found": validated})
-    return validated
+    key = [kind, path, os.path.realpath(path), text]
+    return cache.remembered("manifest", key, lambda: _validated(path, kind, text))
 
 
 def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
