@@ -76,8 +76,6 @@ def untrusted(info: os.stat_result, *, folder: bool = False, private: bool = Fal
 def untrusted_folder(path: str, *, private: bool = False) -> str | None:
     """Why a folder must not be a place configuration or code comes from (with ``private``,
     nor the cache's), or ``None``; a folder that cannot be examined is not trusted."""
-    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
-        return None
     try:
         return untrusted((os.lstat if private else os.stat)(path), folder=True, private=private)
     except OSError as exc:
@@ -110,13 +108,13 @@ def may_hold(path: str, marker: bytes) -> bool:
         return False
     except OSError:
         return True
-    with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        try:
-            return marker in handle.read(MAX_BYTES)
-        except OSError:
-            return True
+    try:
+        # Not open(fd): it refuses a folder's descriptor, and leaves it open.
+        return stat.S_ISREG(os.fstat(fd).st_mode) and marker in os.read(fd, MAX_BYTES)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
