@@ -78,15 +78,9 @@ def read_entry_points() -> Discovery:
     places: dict[str, int] = {}
     for index, entry in enumerate(sys.path):
         places.setdefault(_real(entry), index)
-    # Each distribution's metadata read once: several entry points share one. By identity:
-    # a distribution need not be hashable, and every one stays alive with its entry points
-    # while this runs.
-    read: dict[int, tuple[str | None, str | None]] = {}
     listed = []
     for ep in _entry_points(found.problems):
-        if id(ep.dist) not in read:
-            read[id(ep.dist)] = _name_and_version(ep.dist)
-        name, version = read[id(ep.dist)]
+        name, version = _name_and_version(ep.dist)
         try:
             folder = _real(str(ep.dist.locate_file(""))) if ep.dist else ""
         except Exception:  # a distribution that cannot say where it is: last
