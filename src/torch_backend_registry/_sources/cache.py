@@ -150,10 +150,9 @@ class Cache:
                     existing = os.path.dirname(existing)
                 if untrusted_folder(existing) is not None:
                     return False
-                os.makedirs(parent, exist_ok=True)  # ~/.cache, as it is
-                for made in (self.folder, folder):
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(made, 0o700)
+                # ~/.cache as it is; ours private (makedirs gives its mode to the last alone).
+                os.makedirs(self.folder, 0o700, exist_ok=True)
+                os.makedirs(folder, 0o700, exist_ok=True)
         except OSError:
             return False
         judging = ((parent, False), (self.folder, True), (folder, True))
