@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import stat
 
@@ -163,16 +165,11 @@ def read_bytes(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> byt
                 reason = "the folder holding it " + folder.removeprefix("it ")
         if reason is not None:
             raise Untrusted(untrusted_message(what, reason), path=path)
-        with open(fd, "rb", closefd=False) as handle:
-            # In pieces (a read of the whole limit would ask for all that memory at once),
-            # one byte past the limit telling a file too large.
-            pieces: list[bytes] = []
-            while (left := limit + 1 - sum(map(len, pieces))) > 0:
-                piece = handle.read(min(left, 1 << 24))
-                if not piece:
-                    break
-                pieces.append(piece)
-            data = b"".join(pieces)
+        # In pieces (a read of the whole limit would ask for all that memory at once), up to
+        # a byte past the limit, which tells a file too large.
+        size = min(limit + 1, 1 << 24)
+        pieces = iter(functools.partial(os.read, fd, size), b"")
+        data = b"".join(itertools.islice(pieces, limit // size + 1))
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     finally:
