@@ -227,6 +227,16 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
+def stamp(path: str) -> tuple[int, ...]:
+    """What tells that a file or folder changed, for a key: its size, time and inode (which a
+    replacement changes); nothing where it cannot be examined."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ()
+    return (info.st_size, info.st_mtime_ns, info.st_ino)
+
+
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(table) if table else EMPTY
 

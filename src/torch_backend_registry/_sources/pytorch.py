@@ -14,7 +14,7 @@ import sys
 from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock, importing_at_fork
-from .cache import NO_CACHE
+from .cache import NO_CACHE, stamp
 from .finding import find
 
 TYPE_CHECKING = False
@@ -65,7 +65,7 @@ def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
     remembered in ``cache`` and for the rest of the process while the files stay as read."""
     global _last
     files = _registering_files()
-    stamps = tuple(map(_stamp, files))
+    stamps = [(path, *stamp(path)) for path in files]
     last = _last
     if last is None or last[0] != stamps:
         # The reading is this package's code: another version of it reads anew.
@@ -77,7 +77,7 @@ def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
 
 #: The last reading of PyTorch's files, with their stamps: one, whatever the number of
 #: refreshes and the caches they bring (an upgrade of PyTorch in place replaces it).
-_last: tuple[tuple[tuple[object, ...], ...], frozenset[str]] | None = None
+_last: tuple[list[tuple[object, ...]], frozenset[str]] | None = None
 
 
 def _read(files: list[str]) -> frozenset[str]:
@@ -86,15 +86,6 @@ def _read(files: list[str]) -> frozenset[str]:
 
 
 _PARSING = ForkSafeLock()
-
-
-def _stamp(path: str) -> tuple[object, ...]:
-    """A file as the names' key knows it; only its path where it cannot be read."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return (path,)
-    return (path, info.st_size, info.st_mtime_ns)
 
 
 def _registering_files() -> list[str]:
