@@ -175,20 +175,16 @@ def torch_version() -> str | None:
     origin = getattr(find("torch"), "origin", None)
     if not isinstance(origin, str):
         return None
-    try:
+    with contextlib.suppress(OSError):  # else installed as byte code only, or from a zip
         with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
             found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(), re.MULTILINE)
-    except OSError:  # installed as byte code only, or from a zip: its metadata says
-        found = None
-    if found is not None:
-        return found.group(1)
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
+        if found is not None:
+            return found.group(1)
+    import importlib.metadata  # its metadata says
 
-    try:
-        return installed("torch")
-    except PackageNotFoundError:
-        return None
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return importlib.metadata.version("torch")
+    return None
 
 
 def dynamo_imported() -> bool:
