@@ -128,9 +128,7 @@ class _Validation(NamedTuple):
         from .schema import SCHEMA_VERSION, Manifest, describe, error_loc
 
         if not isinstance(table, dict):
-            self.found.problems.append(
-                Problem("expected a table", path=self.path, key=toml_key(self.prefix))
-            )
+            self.problem((), "expected a table")
             return
         version = table.get("schema-version", SCHEMA_VERSION)
         if type(version) is int and version > SCHEMA_VERSION:  # true is 1 to Python
@@ -229,11 +227,9 @@ class _Validation(NamedTuple):
                     BackendDefinition(name, source, aliases=aliases, problem=problem)
                 )
                 continue
-            verify = None
             level = entry.verify or ("forward" if entry.select == "fastest" else "none")
-            if level != "none":  # doctor's tolerances unless given
-                rtol = RTOL if entry.rtol is None else entry.rtol
-                verify = (level, rtol, ATOL if entry.atol is None else entry.atol)
+            rtol = RTOL if entry.rtol is None else entry.rtol  # doctor's tolerances unless given
+            atol = ATOL if entry.atol is None else entry.atol
             # As pairs, ``other`` last: the one asked when no device type matches; a table's
             # torch.compile settings apart, by device.
             by_device = sorted((entry.by_device or {}).items(), key=lambda d: d[0] == "other")
@@ -260,7 +256,7 @@ class _Validation(NamedTuple):
                 search_path=search_path,
                 written_path=written_path,
                 compile_cache=compile_cache,
-                verify=verify,
+                verify=None if level == "none" else (level, rtol, atol),
                 select=entry.select,
                 min_speedup=entry.min_speedup or MIN_SPEEDUP,
                 distribution=entry.distribution,
