@@ -24,7 +24,7 @@ from .pytorch import torch_definitions
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
     from .._definition import SourceKind
     from .cache import Cache
@@ -126,21 +126,18 @@ def env_source(ctx: Context) -> Discovery:
     return found
 
 
-def _twins(definitions: Iterable[BackendDefinition]) -> list[Problem]:
-    """A name two ``TORCH_BACKENDS_PATH`` manifests define: the earlier is used, as said."""
+def _twins(definitions: Iterable[BackendDefinition]) -> Iterator[Problem]:
+    """A name two ``TORCH_BACKENDS_PATH`` manifests define: the earlier is used, as said.
+    (One file defines a name once: TOML allows no table twice, and a file is read once.)"""
     first: dict[str, BackendDefinition] = {}
-    twins = []
     for definition in definitions:
         used = first.setdefault(definition.name, definition)
-        if used is not definition and used.source.path != definition.source.path:
+        if used is not definition:
             said = (
                 f"backend {definition.name!r} is also defined by {definition.source.describe()};"
                 f" this definition, from the earlier entry of {ENV_VAR}, is used"
             )
-            twins.append(
-                Problem(said, path=used.source.path, line=used.source.line, severity="warning")
-            )
-    return twins
+            yield Problem(said, path=used.source.path, line=used.source.line, severity="warning")
 
 
 def project_manifest(cwd: str) -> str | None:

@@ -200,7 +200,7 @@ class BackendEntry(BaseModel):
             raise MisplacedKey("verify", said + ' (it is "forward" then) or set "backward"')
         if self.min_speedup is not None and self.select != "fastest":
             raise MisplacedKey("min-speedup", "'min-speedup' goes with select = \"fastest\"")
-        verifies = self.verify not in (None, "none") or self.select == "fastest"
+        verifies = verifying or self.select == "fastest"
         for key in ("rtol", "atol"):
             if not verifies and getattr(self, key) is not None:
                 said = f"'{key}' goes with 'verify = \"forward\"' or \"backward\""
