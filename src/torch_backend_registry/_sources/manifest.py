@@ -154,9 +154,8 @@ class _Validation(NamedTuple):
                     broken[name] = self.problem(("backends", name, "options", *deep), said)
                     del backends[name]
         try:
-            header = manifest = Manifest.model_validate(data)
+            manifest = Manifest.model_validate(data)
         except ValidationError as exc:
-            manifest = None
             items = exc.errors(include_url=False, include_context=True, include_input=True)
             for number, item in enumerate(items):
                 loc = tuple(item["loc"])
@@ -168,15 +167,15 @@ class _Validation(NamedTuple):
                     problem = self.problem(error_loc(item), said, also=more - 1)
                 if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
                     broken.setdefault(loc[1], problem)
-            # The document's own keys where they are valid, without its backends.
+            # What is valid: the document without its wrong keys, and its tables but the broken.
             wrong = {item["loc"][0] for item in items if item["loc"]}
-            header = Manifest.model_validate(
-                {k: v for k, v in data.items() if k != "backends" and k not in wrong}
-            )
-        self._header(header)
+            valid = {k: v for k, v in data.items() if k not in wrong}
+            if isinstance(raw_backends, dict):
+                valid["backends"] = {n: b for n, b in backends.items() if n not in broken}
+            manifest = Manifest.model_validate(valid)
+        self._header(manifest)
         if isinstance(raw_backends, dict):
-            valid = {} if manifest is None else manifest.backends
-            self._backends(raw_backends, valid, broken, header)
+            self._backends(raw_backends, broken, manifest)
 
     def _header(self, header: Manifest) -> None:
         for field in ("allow", "deny"):
@@ -192,21 +191,16 @@ class _Validation(NamedTuple):
             )
 
     def _backends(
-        self,
-        raw_backends: dict[str, Any],
-        valid: dict[str, BackendEntry],
-        broken: dict[str, Problem],
-        header: Manifest,
+        self, raw_backends: dict[str, Any], broken: dict[str, Problem], manifest: Manifest
     ) -> None:
         from .._definition import ATOL, MIN_SPEEDUP, RTOL
-        from .schema import BackendEntry
 
         # Relative to the real file: a link to a manifest must not make its code
         # come from the folder the link is in.
         base = os.path.dirname(os.path.realpath(self.path))
-        written_path = tuple(header.python_path)
+        written_path = tuple(manifest.python_path)
         folders = (os.path.normpath(os.path.join(base, p)) for p in written_path)
-        cache = header.compile_cache
+        cache = manifest.compile_cache
         compile_cache = None if cache is None else os.path.normpath(os.path.join(base, cache))
         python_path = tuple(dict.fromkeys(folders))
         # The manifest's own folder is searched last, whatever python-path says: a module
@@ -218,8 +212,7 @@ class _Validation(NamedTuple):
             source = Source(self.kind, path=self.path, line=self.lines.line_of(table))
             problem = broken.get(name)
             if problem is None:
-                # Where the document as a whole is not valid, each valid table is validated alone.
-                entry = valid.get(name) or BackendEntry.model_validate(raw)
+                entry = manifest.backends[name]
                 problem = self._alias_problem(name, entry, raw_backends, seen)
             if problem is not None:
                 aliases = _aliases_of_broken(problem, raw, raw_backends, seen)
