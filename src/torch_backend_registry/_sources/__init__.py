@@ -113,8 +113,7 @@ def env_source(ctx: Context) -> Discovery:
         if names:  # empty, or commas alone: unset
             found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
-        result = read_manifest(path, "env", ctx.cache)
-        if result is not None:
+        if (result := read_manifest(path, "env", ctx.cache)) is not None:
             found.add(result)
         else:
             said = "has no [tool.torch-backends] table; nothing to read"

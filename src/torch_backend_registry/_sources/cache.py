@@ -100,8 +100,7 @@ class Cache:
             return
         with contextlib.suppress(OSError):
             for entry in os.scandir(os.path.join(self.folder, kind)):
-                value = self._read(entry.path, entry.name.partition(".")[0])
-                if value is not None:
+                if (value := self._read(entry.path, entry.name.partition(".")[0])) is not None:
                     yield value
 
     def _read(self, path: str, name: str, default: Any = None) -> Any:

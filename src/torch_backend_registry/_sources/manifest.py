@@ -269,8 +269,7 @@ class _Validation(NamedTuple):
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()
             for parts in [(key,), *((key, inner) for inner in inside)]:
-                line = self.lines.line_of((*table, *parts))
-                if line is not None:
+                if (line := self.lines.line_of((*table, *parts))) is not None:
                     lines[toml_key(parts)] = line
         return lines
 

@@ -169,18 +169,15 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
         if depth or string:  # inside a value that spans lines
             depth, string = _feed(line, 0, depth, string)
             continue
-        plain = _PLAIN_KEY_LINE.match(line)
-        if plain:
+        if plain := _PLAIN_KEY_LINE.match(line):
             yield number, table, (plain.group(1),)
             continue
         if line.lstrip(" \t")[:1] == "[":
-            header = _HEADER_RE.match(line)
-            if header:
+            if header := _HEADER_RE.match(line):
                 table = _split_key(header.group(1))
                 yield number, (), table
             continue
-        key = _KEY_RE.match(line)
-        if key:
+        if key := _KEY_RE.match(line):
             yield number, table, _split_key(key.group(1))
             # Most values fit on their line; only these need the careful scan.
             if _MULTILINE_HINT.search(line, key.end()) and not _SIMPLE_ARRAY.match(line, key.end()):
