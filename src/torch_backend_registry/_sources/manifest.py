@@ -264,8 +264,8 @@ class _Validation(NamedTuple):
         (an option, a device type), by the key as TOML writes it relative to the table."""
         # And the manifest's python-path, which each of its backends searches (no key of a
         # backend's table has that name).
-        path = (*self.prefix, "python-path")
-        lines = {"python-path": self.lines[path]} if path in self.lines else {}
+        line = self.lines.line_at((*self.prefix, "python-path"))
+        lines = {} if line is None else {"python-path": line}
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()
             for parts in [(key,), *((key, inner) for inner in inside)]:

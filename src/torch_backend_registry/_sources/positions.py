@@ -79,14 +79,10 @@ class KeyLines:
         """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
         return self._walk(path)[0]
 
-    def __contains__(self, path: object) -> bool:
-        return isinstance(path, tuple) and self._walk(path)[1]
-
-    def __getitem__(self, path: Path) -> int:
+    def line_at(self, path: Path) -> int | None:
+        """The line of ``path`` itself; ``None`` where it is not defined."""
         line, whole = self._walk(path)
-        if line is None or not whole:
-            raise KeyError(path)
-        return line
+        return line if whole else None
 
     def _walk(self, path: Path) -> tuple[int | None, bool]:
         """The line of the longest defined prefix of ``path``, and whether that is all of it."""
