@@ -215,13 +215,12 @@ def parse_toml(
     deep = False
     try:
         data = tomli.loads(text)
-        beyond = None
-        if re.search(_LONG_NUMBER, text):  # only a long run of digits can write such an integer
-            values = nested(table_at(data, within))
-            beyond = next(
-                (keys for value, _, keys in values if type(value) is int and value not in _INT64),
-                None,
-            )
+        # Only a long run of digits can write such an integer.
+        values = nested(table_at(data, within)) if re.search(_LONG_NUMBER, text) else ()
+        beyond = next(
+            (keys for value, _, keys in values if type(value) is int and value not in _INT64),
+            None,
+        )
         if beyond is None:
             return data, lines
         # TOML's integers are 64-bit, and must be refused past that: tomli lets a long
