@@ -177,6 +177,10 @@ def test_a_pyproject_that_cannot_be_read_is_judged_by_what_it_holds(
         assert registry.list_backends() == []
     [problem] = registry.problems()
     assert (problem.path, problem.line) == (str(mine), 2)
+    # A folder of that name holds no table: passed by, as a missing file is.
+    (tmp_path / "folder" / "pyproject.toml").mkdir(parents=True)
+    registry = make(tmp_path, cwd=tmp_path / "folder")
+    assert (registry.list_backends(), registry.problems()) == (["top"], [])
 
 
 def test_a_file_that_breaks_in_one_table_says_the_whole_file_is_left_out(

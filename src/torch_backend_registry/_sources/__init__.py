@@ -24,7 +24,7 @@ from .pytorch import torch_definitions
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+    from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
     from .._definition import SourceKind
     from .cache import Cache
@@ -113,8 +113,7 @@ def env_source(ctx: Context) -> Discovery:
         if names:  # empty, or commas alone: unset
             found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
-        result = read_manifest(path, "env", ctx.cache)
-        if result is not None:
+        if (result := read_manifest(path, "env", ctx.cache)) is not None:
             found.add(result)
         else:
             said = "has no [tool.torch-backends] table; nothing to read"
@@ -126,21 +125,18 @@ def env_source(ctx: Context) -> Discovery:
     return found
 
 
-def _twins(definitions: Iterable[BackendDefinition]) -> list[Problem]:
-    """A name two ``TORCH_BACKENDS_PATH`` manifests define: the earlier is used, as said."""
+def _twins(definitions: Iterable[BackendDefinition]) -> Iterator[Problem]:
+    """A name two ``TORCH_BACKENDS_PATH`` manifests define: the earlier is used, as said.
+    (One file defines a name once: TOML allows no table twice, and a file is read once.)"""
     first: dict[str, BackendDefinition] = {}
-    twins = []
     for definition in definitions:
         used = first.setdefault(definition.name, definition)
-        if used is not definition and used.source.path != definition.source.path:
+        if used is not definition:
             said = (
                 f"backend {definition.name!r} is also defined by {definition.source.describe()};"
                 f" this definition, from the earlier entry of {ENV_VAR}, is used"
             )
-            twins.append(
-                Problem(said, path=used.source.path, line=used.source.line, severity="warning")
-            )
-    return twins
+            yield Problem(said, path=used.source.path, line=used.source.line, severity="warning")
 
 
 def project_manifest(cwd: str) -> str | None:
@@ -218,16 +214,8 @@ def entry_point_source(ctx: Context) -> Discovery:
     Remembered by what is on sys.path, so a warm start needs no importlib.metadata;
     read for real when the context is fresh.
     """
-    from .cache import code_key
-
-    key = [code_key(), entry_point_stamps()]
-    if not ctx.fresh:
-        cached = ctx.cache.get("entry-points", key)
-        if isinstance(cached, Discovery):
-            return cached
-    found = read_entry_points()
-    ctx.cache.put("entry-points", key, found)
-    return found
+    stamps = entry_point_stamps()
+    return ctx.cache.remembered("entry-points", stamps, read_entry_points, fresh=ctx.fresh)
 
 
 #: The reader of each source kind; SOURCE_KINDS gives their precedence.

@@ -26,8 +26,10 @@ from .files import OPEN_FLAGS, untrusted, untrusted_folder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
-    from typing import Any
+    from collections.abc import Callable, Iterator, Mapping
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.
@@ -74,10 +76,23 @@ class Cache:
         #: a long process that writes many trims as often as the bound asks, no more.
         self.counts: dict[str, int] = {}
 
-    def get(self, kind: str, key: object) -> Any:
+    def get(self, kind: str, key: object, default: Any = None) -> Any:
         if self.folder is None or not self._private(kind):
-            return None
-        return self._read(*self._entry(kind, key))
+            return default
+        return self._read(*self._entry(kind, key), default)
+
+    def remembered(
+        self, kind: str, key: object, read: Callable[[], T], *, fresh: bool = False
+    ) -> T:
+        """What ``read()`` gave at this ``key``, kept before; else (or, ``fresh``, in any
+        case) what it gives now, kept. The key holds this package's code too: what another
+        version of it read is read anew."""
+        key = [code_key(), key]
+        value = _MISSING if fresh else self.get(kind, key, _MISSING)
+        if value is _MISSING:
+            value = read()
+            self.put(kind, key, value)
+        return value  # type: ignore[return-value]
 
     def entries(self, kind: str) -> Iterator[Any]:
         """Every value of ``kind`` there is (what cannot be read is passed by)."""
@@ -85,11 +100,10 @@ class Cache:
             return
         with contextlib.suppress(OSError):
             for entry in os.scandir(os.path.join(self.folder, kind)):
-                value = self._read(entry.path, entry.name.partition(".")[0])
-                if value is not None:
+                if (value := self._read(entry.path, entry.name.partition(".")[0])) is not None:
                     yield value
 
-    def _read(self, path: str, name: str) -> Any:
+    def _read(self, path: str, name: str, default: Any = None) -> Any:
         import pickle
         import zlib
 
@@ -97,11 +111,11 @@ class Cache:
             # Through an opener, so that open() closes the file it refuses (a folder).
             with open(path, "rb", opener=lambda path, _: os.open(path, _OPEN)) as handle:
                 if untrusted(os.fstat(handle.fileno()), private=True) is not None:
-                    return None
+                    return default
                 stored, value = pickle.loads(zlib.decompress(handle.read()))
-            return value if stored == name else None  # else moved from another key's name
+            return value if stored == name else default  # else moved from another key's name
         except Exception:  # torn, changed, or of another format: no entry
-            return None
+            return default
 
     def put(self, kind: str, key: object, value: object) -> None:
         if self.folder is None or not self._private(kind, make=True):
@@ -135,10 +149,9 @@ class Cache:
                     existing = os.path.dirname(existing)
                 if untrusted_folder(existing) is not None:
                     return False
-                os.makedirs(parent, exist_ok=True)  # ~/.cache, as it is
-                for made in (self.folder, folder):
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(made, 0o700)
+                # ~/.cache as it is; ours private (makedirs gives its mode to the last alone).
+                os.makedirs(self.folder, 0o700, exist_ok=True)
+                os.makedirs(folder, 0o700, exist_ok=True)
         except OSError:
             return False
         judging = ((parent, False), (self.folder, True), (folder, True))
@@ -158,6 +171,8 @@ class Cache:
 
 #: The cache that is off: nothing is found, nothing kept.
 NO_CACHE = Cache(None)
+#: What :meth:`Cache.get` gives where there is no entry, told apart from any value kept.
+_MISSING = object()
 
 
 def _trim(folder: str) -> int:
@@ -209,6 +224,16 @@ def code_key() -> str:
             info = os.stat(os.path.join(os.path.dirname(origin), ""))
             digest.update(f"{module}:{origin}:{info.st_mtime_ns}".encode())
     return digest.hexdigest()
+
+
+def stamp(path: str) -> tuple[int, ...]:
+    """What tells that a file or folder changed, for a key: its size, time and inode (which a
+    replacement changes); nothing where it cannot be examined."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ()
+    return (info.st_size, info.st_mtime_ns, info.st_ino)
 
 
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:

@@ -8,6 +8,7 @@ import os
 import sys
 
 from .._definition import BackendDefinition, Discovery, Problem, Source, distribution_key
+from .cache import stamp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -19,17 +20,11 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 
 
 def entry_point_stamps() -> list[object]:
-    """What decides the entry points: each sys.path entry and the distributions in it,
-    with the size and time of each one's metadata files."""
+    """What decides the entry points: each sys.path entry and the distributions in it, with
+    the stamps of each one's metadata files."""
     stamps: list[object] = []
     for entry in sys.path:
         folder = entry or os.curdir
-        try:
-            # The folder's own time changes when anything is added, renamed or removed in it.
-            info = os.stat(folder)
-        except OSError:
-            stamps.append([entry, None])
-            continue
         try:
             names = sorted(
                 name
@@ -39,25 +34,16 @@ def entry_point_stamps() -> list[object]:
                 if name.lower().endswith((".dist-info", ".egg-info", ".egg", ".egg-link"))
                 or name == "EGG-INFO"
             )
-        except OSError:  # a zip file: its size and time say it changed
-            stamps.append([entry, info.st_size, info.st_mtime_ns, info.st_ino])
-            continue
-        found = [_stamped(os.path.join(folder, name)) for name in names]
-        stamps.append([entry, info.st_mtime_ns, found])
+        except OSError:  # a zip file (its own stamp says it changed), or nothing
+            names = []
+        # The folder's own time changes when anything is added, renamed or removed in it; a
+        # metadata file's, when it is edited in place.
+        found = [[n, *(stamp(os.path.join(folder, n, m)) for m in _METADATA)] for n in names]
+        stamps.append([entry, stamp(folder), found])
     return stamps
 
 
-def _stamped(distribution: str) -> list[object]:
-    """A distribution's name, and the size and time of each metadata file it has (which an
-    edit in place changes), relative to it: a key of a few bytes a file."""
-    stamps: list[object] = [os.path.basename(distribution)]
-    for inside in _METADATA:
-        with contextlib.suppress(OSError):
-            info = os.stat(os.path.join(distribution, inside))
-            stamps.append([inside, info.st_size, info.st_mtime_ns])
-    return stamps
-
-
+#: The files of a distribution's metadata that say its name, version and entry points.
 _METADATA = (
     "entry_points.txt",
     "METADATA",
@@ -78,15 +64,9 @@ def read_entry_points() -> Discovery:
     places: dict[str, int] = {}
     for index, entry in enumerate(sys.path):
         places.setdefault(_real(entry), index)
-    # Each distribution's metadata read once: several entry points share one. By identity:
-    # a distribution need not be hashable, and every one stays alive with its entry points
-    # while this runs.
-    read: dict[int, tuple[str | None, str | None]] = {}
     listed = []
     for ep in _entry_points(found.problems):
-        if id(ep.dist) not in read:
-            read[id(ep.dist)] = _name_and_version(ep.dist)
-        name, version = read[id(ep.dist)]
+        name, version = _name_and_version(ep.dist)
         try:
             folder = _real(str(ep.dist.locate_file(""))) if ep.dist else ""
         except Exception:  # a distribution that cannot say where it is: last

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import stat
 
@@ -76,8 +78,6 @@ def untrusted(info: os.stat_result, *, folder: bool = False, private: bool = Fal
 def untrusted_folder(path: str, *, private: bool = False) -> str | None:
     """Why a folder must not be a place configuration or code comes from (with ``private``,
     nor the cache's), or ``None``; a folder that cannot be examined is not trusted."""
-    if not hasattr(os, "getuid"):  # pragma: no cover - no ownership model (Windows)
-        return None
     try:
         return untrusted((os.lstat if private else os.stat)(path), folder=True, private=private)
     except OSError as exc:
@@ -110,13 +110,13 @@ def may_hold(path: str, marker: bytes) -> bool:
         return False
     except OSError:
         return True
-    with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        try:
-            return marker in handle.read(MAX_BYTES)
-        except OSError:
-            return True
+    try:
+        # Not open(fd): it refuses a folder's descriptor, and leaves it open.
+        return stat.S_ISREG(os.fstat(fd).st_mode) and marker in os.read(fd, MAX_BYTES)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
@@ -165,16 +165,11 @@ def read_bytes(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> byt
                 reason = "the folder holding it " + folder.removeprefix("it ")
         if reason is not None:
             raise Untrusted(untrusted_message(what, reason), path=path)
-        with open(fd, "rb", closefd=False) as handle:
-            # In pieces (a read of the whole limit would ask for all that memory at once),
-            # one byte past the limit telling a file too large.
-            pieces: list[bytes] = []
-            while (left := limit + 1 - sum(map(len, pieces))) > 0:
-                piece = handle.read(min(left, 1 << 24))
-                if not piece:
-                    break
-                pieces.append(piece)
-            data = b"".join(pieces)
+        # In pieces (a read of the whole limit would ask for all that memory at once), up to
+        # a byte past the limit, which tells a file too large.
+        size = min(limit + 1, 1 << 24)
+        pieces = iter(functools.partial(os.read, fd, size), b"")
+        data = b"".join(itertools.islice(pieces, limit // size + 1))
     except OSError as exc:
         raise ManifestError(f"cannot read: {exc.strerror or exc}", path=path) from exc
     finally:
@@ -220,13 +215,12 @@ def parse_toml(
     deep = False
     try:
         data = tomli.loads(text)
-        beyond = None
-        if re.search(_LONG_NUMBER, text):  # only a long run of digits can write such an integer
-            values = nested(table_at(data, within))
-            beyond = next(
-                (keys for value, _, keys in values if type(value) is int and value not in _INT64),
-                None,
-            )
+        # Only a long run of digits can write such an integer.
+        values = nested(table_at(data, within)) if re.search(_LONG_NUMBER, text) else ()
+        beyond = next(
+            (keys for value, _, keys in values if type(value) is int and value not in _INT64),
+            None,
+        )
         if beyond is None:
             return data, lines
         # TOML's integers are 64-bit, and must be refused past that: tomli lets a long

@@ -11,7 +11,6 @@ is loaded, they stay searchable, last, for the rest of the process.
 from __future__ import annotations
 
 import importlib.machinery
-import itertools
 import os
 import sys
 from contextlib import contextmanager
@@ -144,9 +143,7 @@ def shadowed(module: str, folders: Sequence[str]) -> tuple[str, str] | None:
 
 def missing_requirements(definition: BackendDefinition) -> list[str]:
     """The ``requires`` modules that cannot be found; no code of any of them runs."""
-    refused = refused_folders(definition.search_path) if definition.requires else {}
-    folders = [f for f in definition.search_path if f not in refused]
-    return [m for m in definition.requires if find(m, folders) is None]
+    return locate(definition).missing if definition.requires else []
 
 
 class Located(NamedTuple):
@@ -165,12 +162,14 @@ class Located(NamedTuple):
     shadowed: tuple[str, str] | None
 
 
-def locate(definition: BackendDefinition, module: str) -> Located:
+def locate(definition: BackendDefinition, module: str | None = None) -> Located:
     """What loading ``module``, ``definition``'s target's, needs, in one answer: its folders
-    judged once."""
+    judged once (without ``module``, nothing is ``shadowed``)."""
     refused = refused_folders(definition.search_path)
     folders = tuple(f for f in definition.search_path if f not in refused)
     missing = [m for m in definition.requires if find(m, folders) is None]
+    if module is None:
+        return Located(missing, refused, folders, None)
     # Beside the manifest is where a script or a working folder puts a module first on the
     # path: one process would import one file, another the other.
     return Located(missing, refused, folders, shadowed(module, definition.search_path[-1:]))
@@ -182,46 +181,3 @@ def keep(folders: Sequence[str]) -> None:
     if folders:
         finder = python_path_finder()
         finder.loaded += tuple(f for f in folders if f not in finder.loaded)
-
-
-#: The most files of a package stamped for its code; past them, its folder stands for it.
-MAX_STAMPED_FILES = 10_000
-
-
-def code_stamp(module: str, folders: Sequence[str] = ()) -> list[object] | None:
-    """What changes when the code of ``module`` is edited: the stamp of its file and, in a
-    package that is not installed (a project's own), of every ``.py`` file of that package, so
-    that an edit of a module it re-exports counts too; ``None`` where it is not found.
-    (Installed packages change by being installed again.)
-    """
-    import site
-
-    spec = find(module, folders, files=True)
-    origin = getattr(spec, "origin", None)
-    if not isinstance(origin, str):
-        return None
-    stamps: list[object] = [stamp(origin)]
-    top = find(module.split(".")[0], folders, files=True)
-    # The user's too, where this process skips it: a verdict may be read by one that does not.
-    site_packages = (*getattr(site, "getsitepackages", list)(), site.getusersitepackages())
-    installed = tuple(os.path.join(p, "") for p in site_packages)
-    for folder in getattr(top, "submodule_search_locations", None) or ():
-        if not os.path.join(folder, "").startswith(installed):
-            stamps.extend(map(stamp, itertools.islice(python_files(folder), MAX_STAMPED_FILES)))
-    return stamps
-
-
-def python_files(folder: str) -> Iterator[str]:
-    """The ``.py`` files below ``folder``, in a stable order, hidden folders left out."""
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")))
-        yield from (os.path.join(root, n) for n in sorted(names) if n.endswith(".py"))
-
-
-def stamp(path: str) -> list[object]:
-    """A file as a cache key knows it; only its path where it cannot be read."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return [path]
-    return [path, info.st_size, info.st_mtime_ns]

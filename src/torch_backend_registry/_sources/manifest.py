@@ -51,15 +51,8 @@ def read_manifest(path: str, kind: SourceKind, cache: Cache = NO_CACHE) -> Disco
         # whole: the warning must not say that only that backend is.
         located = exc.problem.line is not None
         return _lost(exc.problem, "; no backend of this file is used until then" if located else "")
-    from .cache import code_key
-
-    key = [code_key(), kind, path, os.path.realpath(path), text]
-    cached = cache.get("manifest", key)
-    if isinstance(cached, dict) and isinstance(cached.get("found", 0), (Discovery, type(None))):
-        return cached["found"]  # type: ignore[no-any-return]  # None: no table here
-    validated = _validated(path, kind, text)
-    cache.put("manifest", key, {"found": validated})
-    return validated
+    key = [kind, path, os.path.realpath(path), text]
+    return cache.remembered("manifest", key, lambda: _validated(path, kind, text))
 
 
 def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
@@ -135,9 +128,7 @@ class _Validation(NamedTuple):
         from .schema import SCHEMA_VERSION, Manifest, describe, error_loc
 
         if not isinstance(table, dict):
-            self.found.problems.append(
-                Problem("expected a table", path=self.path, key=toml_key(self.prefix))
-            )
+            self.problem((), "expected a table")
             return
         version = table.get("schema-version", SCHEMA_VERSION)
         if type(version) is int and version > SCHEMA_VERSION:  # true is 1 to Python
@@ -163,9 +154,8 @@ class _Validation(NamedTuple):
                     broken[name] = self.problem(("backends", name, "options", *deep), said)
                     del backends[name]
         try:
-            header = manifest = Manifest.model_validate(data)
+            manifest = Manifest.model_validate(data)
         except ValidationError as exc:
-            manifest = None
             items = exc.errors(include_url=False, include_context=True, include_input=True)
             for number, item in enumerate(items):
                 loc = tuple(item["loc"])
@@ -177,15 +167,15 @@ class _Validation(NamedTuple):
                     problem = self.problem(error_loc(item), said, also=more - 1)
                 if len(loc) >= 2 and loc[0] == "backends" and isinstance(loc[1], str):
                     broken.setdefault(loc[1], problem)
-            # The document's own keys where they are valid, without its backends.
+            # What is valid: the document without its wrong keys, and its tables but the broken.
             wrong = {item["loc"][0] for item in items if item["loc"]}
-            header = Manifest.model_validate(
-                {k: v for k, v in data.items() if k != "backends" and k not in wrong}
-            )
-        self._header(header)
+            valid = {k: v for k, v in data.items() if k not in wrong}
+            if isinstance(raw_backends, dict):
+                valid["backends"] = {n: b for n, b in backends.items() if n not in broken}
+            manifest = Manifest.model_validate(valid)
+        self._header(manifest)
         if isinstance(raw_backends, dict):
-            valid = {} if manifest is None else manifest.backends
-            self._backends(raw_backends, valid, broken, header)
+            self._backends(raw_backends, broken, manifest)
 
     def _header(self, header: Manifest) -> None:
         for field in ("allow", "deny"):
@@ -201,21 +191,16 @@ class _Validation(NamedTuple):
             )
 
     def _backends(
-        self,
-        raw_backends: dict[str, Any],
-        valid: dict[str, BackendEntry],
-        broken: dict[str, Problem],
-        header: Manifest,
+        self, raw_backends: dict[str, Any], broken: dict[str, Problem], manifest: Manifest
     ) -> None:
         from .._definition import ATOL, MIN_SPEEDUP, RTOL
-        from .schema import BackendEntry
 
         # Relative to the real file: a link to a manifest must not make its code
         # come from the folder the link is in.
         base = os.path.dirname(os.path.realpath(self.path))
-        written_path = tuple(header.python_path)
+        written_path = tuple(manifest.python_path)
         folders = (os.path.normpath(os.path.join(base, p)) for p in written_path)
-        cache = header.compile_cache
+        cache = manifest.compile_cache
         compile_cache = None if cache is None else os.path.normpath(os.path.join(base, cache))
         python_path = tuple(dict.fromkeys(folders))
         # The manifest's own folder is searched last, whatever python-path says: a module
@@ -227,8 +212,7 @@ class _Validation(NamedTuple):
             source = Source(self.kind, path=self.path, line=self.lines.line_of(table))
             problem = broken.get(name)
             if problem is None:
-                # Where the document as a whole is not valid, each valid table is validated alone.
-                entry = valid.get(name) or BackendEntry.model_validate(raw)
+                entry = manifest.backends[name]
                 problem = self._alias_problem(name, entry, raw_backends, seen)
             if problem is not None:
                 aliases = _aliases_of_broken(problem, raw, raw_backends, seen)
@@ -236,11 +220,9 @@ class _Validation(NamedTuple):
                     BackendDefinition(name, source, aliases=aliases, problem=problem)
                 )
                 continue
-            verify = None
             level = entry.verify or ("forward" if entry.select == "fastest" else "none")
-            if level != "none":  # doctor's tolerances unless given
-                rtol = RTOL if entry.rtol is None else entry.rtol
-                verify = (level, rtol, ATOL if entry.atol is None else entry.atol)
+            rtol = RTOL if entry.rtol is None else entry.rtol  # doctor's tolerances unless given
+            atol = ATOL if entry.atol is None else entry.atol
             # As pairs, ``other`` last: the one asked when no device type matches; a table's
             # torch.compile settings apart, by device.
             by_device = sorted((entry.by_device or {}).items(), key=lambda d: d[0] == "other")
@@ -267,7 +249,7 @@ class _Validation(NamedTuple):
                 search_path=search_path,
                 written_path=written_path,
                 compile_cache=compile_cache,
-                verify=verify,
+                verify=None if level == "none" else (level, rtol, atol),
                 select=entry.select,
                 min_speedup=entry.min_speedup or MIN_SPEEDUP,
                 distribution=entry.distribution,
@@ -282,13 +264,12 @@ class _Validation(NamedTuple):
         (an option, a device type), by the key as TOML writes it relative to the table."""
         # And the manifest's python-path, which each of its backends searches (no key of a
         # backend's table has that name).
-        path = (*self.prefix, "python-path")
-        lines = {"python-path": self.lines[path]} if path in self.lines else {}
+        line = self.lines.line_at((*self.prefix, "python-path"))
+        lines = {} if line is None else {"python-path": line}
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()
             for parts in [(key,), *((key, inner) for inner in inside)]:
-                line = self.lines.line_of((*table, *parts))
-                if line is not None:
+                if (line := self.lines.line_of((*table, *parts))) is not None:
                     lines[toml_key(parts)] = line
         return lines
 

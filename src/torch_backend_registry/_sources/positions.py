@@ -79,14 +79,10 @@ class KeyLines:
         """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
         return self._walk(path)[0]
 
-    def __contains__(self, path: object) -> bool:
-        return isinstance(path, tuple) and self._walk(path)[1]
-
-    def __getitem__(self, path: Path) -> int:
+    def line_at(self, path: Path) -> int | None:
+        """The line of ``path`` itself; ``None`` where it is not defined."""
         line, whole = self._walk(path)
-        if line is None or not whole:
-            raise KeyError(path)
-        return line
+        return line if whole else None
 
     def _walk(self, path: Path) -> tuple[int | None, bool]:
         """The line of the longest defined prefix of ``path``, and whether that is all of it."""
@@ -169,18 +165,15 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
         if depth or string:  # inside a value that spans lines
             depth, string = _feed(line, 0, depth, string)
             continue
-        plain = _PLAIN_KEY_LINE.match(line)
-        if plain:
+        if plain := _PLAIN_KEY_LINE.match(line):
             yield number, table, (plain.group(1),)
             continue
         if line.lstrip(" \t")[:1] == "[":
-            header = _HEADER_RE.match(line)
-            if header:
+            if header := _HEADER_RE.match(line):
                 table = _split_key(header.group(1))
                 yield number, (), table
             continue
-        key = _KEY_RE.match(line)
-        if key:
+        if key := _KEY_RE.match(line):
             yield number, table, _split_key(key.group(1))
             # Most values fit on their line; only these need the careful scan.
             if _MULTILINE_HINT.search(line, key.end()) and not _SIMPLE_ARRAY.match(line, key.end()):

@@ -14,8 +14,8 @@ import sys
 from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock, importing_at_fork
-from .cache import NO_CACHE
-from .finding import find, stamp
+from .cache import NO_CACHE, stamp
+from .finding import find
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,34 +63,26 @@ def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
     """The names PyTorch's own backends take in the PyTorch installed here, which no other
     source may redefine: read from the files that register them, without importing torch,
     remembered in ``cache`` and for the rest of the process while the files stay as read."""
-    global _read
-    stamps = tuple(tuple(stamp(path)) for path in _registering_files())
-    read = _read
-    if read is None or read[0] != stamps:
-        read = _read = (stamps, _names_in(stamps, cache))
-    return read[1]
+    global _last
+    files = _registering_files()
+    stamps = [(path, *stamp(path)) for path in files]
+    last = _last
+    if last is None or last[0] != stamps:
+        # The reading is this package's code: another version of it reads anew.
+        names = cache.remembered("pytorch-names", [torch_version(), stamps], lambda: _read(files))
+        # None read: no torch here, or a layout this reading does not know.
+        last = _last = (stamps, names or TORCH_2_13_NAMES)
+    return last[1]
 
 
 #: The last reading of PyTorch's files, with their stamps: one, whatever the number of
 #: refreshes and the caches they bring (an upgrade of PyTorch in place replaces it).
-_read: tuple[tuple[tuple[object, ...], ...], frozenset[str]] | None = None
+_last: tuple[list[tuple[object, ...]], frozenset[str]] | None = None
 
 
-def _names_in(stamps: tuple[tuple[object, ...], ...], cache: Cache) -> frozenset[str]:
-    from .cache import code_key  # the reading is this package's code: another reads anew
-
-    key = [code_key(), torch_version(), stamps]
-    cached = cache.get("pytorch-names", key)
-    if isinstance(cached, list) and cached and all(isinstance(n, str) for n in cached):
-        return frozenset(cached)
-    names: set[str] = set()
+def _read(files: list[str]) -> frozenset[str]:
     with _PARSING:  # CPython's parser is not safe to run in two threads at once
-        for path, *_stamp in stamps:
-            names |= _registered_in(str(path))
-    if not names:  # no torch here, or a layout this reading does not know
-        return TORCH_2_13_NAMES
-    cache.put("pytorch-names", key, sorted(names))
-    return frozenset(names)
+        return frozenset(name for path in files for name in _registered_in(path))
 
 
 _PARSING = ForkSafeLock()
@@ -183,20 +175,16 @@ def torch_version() -> str | None:
     origin = getattr(find("torch"), "origin", None)
     if not isinstance(origin, str):
         return None
-    try:
+    with contextlib.suppress(OSError):  # else installed as byte code only, or from a zip
         with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
             found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", f.read(), re.MULTILINE)
-    except OSError:  # installed as byte code only, or from a zip: its metadata says
-        found = None
-    if found is not None:
-        return found.group(1)
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
+        if found is not None:
+            return found.group(1)
+    import importlib.metadata  # its metadata says
 
-    try:
-        return installed("torch")
-    except PackageNotFoundError:
-        return None
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        return importlib.metadata.version("torch")
+    return None
 
 
 def dynamo_imported() -> bool:

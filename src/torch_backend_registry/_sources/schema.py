@@ -7,6 +7,7 @@ manifest is first validated, so ``import torch_backend_registry`` stays cheap.
 from __future__ import annotations
 
 import itertools
+import re
 import reprlib
 from typing import Annotated, Any, Literal, Union
 
@@ -199,7 +200,7 @@ class BackendEntry(BaseModel):
             raise MisplacedKey("verify", said + ' (it is "forward" then) or set "backward"')
         if self.min_speedup is not None and self.select != "fastest":
             raise MisplacedKey("min-speedup", "'min-speedup' goes with select = \"fastest\"")
-        verifies = self.verify not in (None, "none") or self.select == "fastest"
+        verifies = verifying or self.select == "fastest"
         for key in ("rtol", "atol"):
             if not verifies and getattr(self, key) is not None:
                 said = f"'{key}' goes with 'verify = \"forward\"' or \"backward\""
@@ -302,7 +303,7 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     at = f"item {index}: " if index is not None else ""
     if kind == "extra_forbidden":
         key = str(loc[-1])
-        known = list(_fields(loc))
+        known = _fields(loc)
         if len(loc) == 3 and loc[0] == "backends" and key in _fields(()):
             return (
                 f"{key!r} is a key of the whole manifest, not of a backend: move it above the"
@@ -336,8 +337,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         return f"{at}must be a finite number, not {short(given)}"
     if kind in ("too_short", "string_too_short"):
         return f"{at}must not be empty"
-    if kind == "literal_error":  # verify and select: loc ends at the key
-        expected = _literals(_fields(loc).get(str(loc[-1])))
+    if kind == "literal_error":  # verify and select, whose values are words
+        expected = re.findall(r"'(\w+)'", item["ctx"]["expected"])
         close = closest(str(given), expected)
         listed = " or ".join(map(repr, expected))
         hint = f"did you mean {close[0]!r}?" if close else f"expected {listed}"
@@ -345,16 +346,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
     return f"{at}{item['msg']}"
 
 
-def _literals(annotation: Any) -> list[str]:
-    """The values a ``Literal`` (perhaps inside an optional) admits."""
-    args = getattr(annotation, "__args__", ())
-    if getattr(annotation, "__origin__", None) is Literal:
-        return [str(arg) for arg in args]
-    return [value for arg in args for value in _literals(arg)]
-
-
-def _fields(loc: tuple[str | int, ...]) -> dict[str, Any]:
-    """The keys of the table the key at ``loc`` stands in, as written, and their types."""
+def _fields(loc: tuple[str | int, ...]) -> list[str]:
+    """The keys of the table the key at ``loc`` stands in, as written."""
     strings = [part for part in loc if isinstance(part, str)]
     model: type[BaseModel] = Manifest
     if len(strings) >= 5 and strings[0] == "backends" and strings[2] == "by-device":
@@ -363,7 +356,7 @@ def _fields(loc: tuple[str | int, ...]) -> dict[str, Any]:
         model = BackendEntry
     elif len(strings) >= 2 and strings[0] == "plugins":
         model = Plugins
-    return {field.alias or name: field.annotation for name, field in model.model_fields.items()}
+    return [field.alias or name for name, field in model.model_fields.items()]
 
 
 #: The parsed value's type, as TOML names it.
