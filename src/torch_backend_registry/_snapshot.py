@@ -207,10 +207,8 @@ class Snapshot:
         live = self._registered()
         return live is not None and live.keys() != {d.name for d in found.definitions}
 
-    def why_unavailable(
-        self, definition: BackendDefinition, visiting: frozenset[str] = frozenset()
-    ) -> str | None:
-        """See the registry's; ``visiting``: the chains it is asked for inside."""
+    def why_unavailable(self, definition: BackendDefinition) -> str | None:
+        """See the registry's."""
         if definition in self._available:
             return self._available[definition]
         reason: str | None = None
@@ -220,14 +218,16 @@ class Snapshot:
         elif definition.source.kind == "torch":
             reason = pytorch.missing_device(definition.name)
         elif definition.members:
-            reason = self._why_chain(definition, visiting | {definition.name})
+            reason = self._why_chain(definition)
         self._available[definition] = reason  # the same answer whichever thread found it
         return reason
 
-    def _why_chain(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
+    def _why_chain(self, definition: BackendDefinition) -> str | None:
         """A chain can be used where one member can; a table by device where the backend it
         gives the CPU can (every machine has one; what it gives an accelerator is known only
-        when a graph is on it)."""
+        when a graph is on it). A chain that names itself, through others or not, has its
+        problem, and so does one of the chains of any such loop: asked for its members, no
+        chain is asked for again inside."""
         problem = self.index().chain_problems().get(definition.name)
         if problem is not None:
             return problem.message
@@ -236,19 +236,17 @@ class Snapshot:
             member = table.get("cpu", table.get("other"))
             if member is None:
                 return f"it gives the CPU no backend (by-device has {', '.join(table)})"
-            why = self._why_member(definition, member, visiting)
+            why = self._why_member(member)
             return None if why is None else f"for the CPU, {why}"
         reasons = []
         for member in definition.members:
-            why = self._why_member(definition, member, visiting)
+            why = self._why_member(member)
             if why is None:
                 return None
             reasons.append(why)
         return "no member can be used (" + "; ".join(reasons) + ")"
 
-    def _why_member(
-        self, definition: BackendDefinition, member: str, visiting: frozenset[str]
-    ) -> str | None:
+    def _why_member(self, member: str) -> str | None:
         index = self.index()
         try:
             resolved = index.resolve(member)
@@ -259,9 +257,7 @@ class Snapshot:
             return f"{member}: {index.left_out(member) or 'not installed here'}"
         except BackendRegistryError as exc:  # a table that cannot be used as written
             return f"{member}: {str(exc).split('. ', 1)[0]}"
-        if resolved.name in visiting:
-            return f"{member}: it refers back to {definition.name!r}"
-        why = self.why_unavailable(resolved, visiting)
+        why = self.why_unavailable(resolved)
         return None if why is None else f"{member}: {why}"
 
 
