@@ -64,10 +64,16 @@ class Index:
         if definition is not None and definition.enabled:
             return definition
         left_out = self.left_out(key)
-        if left_out is None:
-            raise self.unknown(key)
-        # Declared: no other name is what was meant.
-        raise UnknownBackendError(key, note=left_out, left_out=True)
+        if left_out is not None:  # declared: no other name is what was meant
+            raise UnknownBackendError(key, note=left_out, left_out=True)
+        errors = sum(p.severity == "error" for p in self.problems)
+        # The name may live in a manifest that could not be read.
+        note = f"{errors} manifest problem{'s' if errors > 1 else ''} found" if errors else ""
+        if not note and self.could_be_pytorch(key):
+            # PyTorch is not installed, or the registry's sources leave it out.
+            note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
+        suggestions = closest(key, [k for k in self.known if k != key], n=3)
+        raise UnknownBackendError(key, suggestions, note=note)
 
     def info(self, key: str) -> BackendInfo:
         """What ``key`` resolves to, with the definitions of that name it shadows (of an
@@ -118,22 +124,6 @@ class Index:
         if not self.torch_read:
             known += sorted(self.pytorch - set(known))
         return known
-
-    def unknown(self, name: str) -> UnknownBackendError:
-        errors = sum(p.severity == "error" for p in self.problems)
-        # The name may live in a manifest that could not be read.
-        note = f"{errors} manifest problem{'s' if errors > 1 else ''} found" if errors else ""
-        if not note and self.could_be_pytorch(name):
-            # PyTorch is not installed, or the registry's sources leave it out.
-            note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
-        suggestions = closest(name, [k for k in self.known if k != name], n=3)
-        return UnknownBackendError(name, suggestions, note=note)
-
-    def missing_members(self, definition: BackendDefinition) -> list[str]:
-        """The members of a chain (or table) that exist nowhere here, each once. A name
-        that may be one of PyTorch's is not missing when PyTorch's registry was not read."""
-        members = dict.fromkeys(definition.members)
-        return [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
 
     def left_out(self, name: str) -> str | None:
         """Why a declared name resolves to no backend: disabled where, or left out by the
