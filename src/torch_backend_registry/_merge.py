@@ -79,10 +79,12 @@ class Index:
         """What ``key`` resolves to, with the definitions of that name it shadows (of an
         alias: the lower definitions of the alias's own name, which it hides)."""
         definition = self.resolve(key)
-        if key == definition.name:
-            return BackendInfo(definition, self.shadowed(definition), None)
+        name = definition.name
+        shadowed = tuple(d for d in self.by_key[name] if d.name == name and d is not definition)
+        if key == name:
+            return BackendInfo(definition, shadowed, None)
         hidden = tuple(d for d in self.by_key.get(key, ()) if d.name == key)
-        return BackendInfo(definition, self.shadowed(definition) + hidden, key)
+        return BackendInfo(definition, shadowed + hidden, key)
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
@@ -97,11 +99,6 @@ class Index:
     def get(self, key: str) -> BackendDefinition | None:
         definition = self._follow(key)
         return definition if definition is not None and definition.usable else None
-
-    def shadowed(self, definition: BackendDefinition) -> tuple[BackendDefinition, ...]:
-        """The definitions of ``definition``'s name below it, highest first."""
-        lower = self.by_key.get(definition.name, ())
-        return tuple(d for d in lower if d.name == definition.name and d is not definition)
 
     def winners(self, *, broken: bool = False) -> list[BackendDefinition]:
         """The usable definition of every name (not alias); ``broken=True`` adds the enabled
