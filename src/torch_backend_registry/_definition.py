@@ -193,10 +193,8 @@ class BackendDefinition:
     _compared: str = field(init=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
-        written = (
-            [self.options, self.device_settings] if self.options or self.device_settings else ""
-        )
-        object.__setattr__(self, "_compared", written and canonical(written))
+        written = [self.options, self.device_settings]
+        object.__setattr__(self, "_compared", canonical(written) if any(written) else "")
 
     def line_of(self, *parts: str) -> int | None:
         """The line ``parts`` (a key of this backend's table, and one inside it) are written
