@@ -35,7 +35,7 @@ def test_the_highest_definition_wins_and_the_others_are_shadowed() -> None:
     env, project = backend("fast", "env"), backend("fast", "project")
     index = merge([found("env", env), found("project", project)])
     assert index.resolve("fast") is env
-    assert index.shadowed(env) == (project,)
+    assert index.info("fast").shadowed == (project,)
 
 
 def test_disabled_hides_the_name_from_lower_sources_with_its_aliases() -> None:

@@ -481,6 +481,22 @@ def test_threads_asking_why_a_chain_is_unavailable_agree(write: WriteFn) -> None
         assert _ask_at_once(registry, registry.backend_info("portable"), 4) == [None] * 4
 
 
+def test_a_chain_that_reaches_a_loop_it_is_not_told_of_is_unavailable_through_it(
+    write: WriteFn,
+) -> None:
+    # c runs b, and b and a run each other: c is in the loop a -> c -> b -> a too, but the
+    # loop is told from a and b; asked about c, the answer ends at b's.
+    registry = manifest(
+        write,
+        '[backends.a]\nchain = ["b", "c"]\n[backends.b]\nchain = ["a"]\n'
+        '[backends.c]\nchain = ["b"]\n',
+    )
+    why = {name: registry.why_unavailable(registry.backend_info(name)) for name in "abc"}
+    assert why["a"] == "chain 'a' names itself (a -> b -> a); remove the loop"
+    assert why["b"] == "chain 'b' names itself (b -> a -> b); remove the loop"
+    assert why["c"] == f"no member can be used (b: {why['b']})"
+
+
 def _ask_at_once(registry: tbr.Registry, info: tbr.BackendInfo, threads: int) -> list[str | None]:
     import threading
 

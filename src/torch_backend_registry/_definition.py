@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
+import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import json
     from collections.abc import Callable, Iterable, Mapping
     from typing import Any, Literal, TypeAlias
 
@@ -35,30 +34,16 @@ def canonical(value: object) -> str:
     """One text for a plain value, equal exactly when the values are (``nan`` too): what an
     identity, a lock and a cache key compare. Each table, array, set and date is an object
     keyed by its kind, so no value writes the text of a value of another kind."""
-    return _encoder().encode(_typed(value))
-
-
-@functools.cache
-def _encoder() -> json.JSONEncoder:
-    import json
-
-    return json.JSONEncoder(separators=(",", ":"))
-
-
-#: What JSON writes as it is (bool is an int, and JSON tells them apart): tested by exact
-#: type inside tables and arrays, as most of their items are, before any call.
-_SCALARS = frozenset({str, int, float, bool, type(None)})
+    return json.dumps(_typed(value), separators=(",", ":"))
 
 
 def _typed(value: object) -> object:
-    if value is None or isinstance(value, (str, int, float)):
+    if value is None or isinstance(value, (str, int, float)):  # bool is an int, JSON tells them
         return value
     if isinstance(value, (dict, MappingProxyType)):
-        return {
-            "t": sorted([str(k), v if type(v) in _SCALARS else _typed(v)] for k, v in value.items())
-        }
+        return {"t": sorted([str(k), _typed(v)] for k, v in value.items())}
     if isinstance(value, (list, tuple)):
-        return {"a": [v if type(v) in _SCALARS else _typed(v) for v in value]}
+        return {"a": [_typed(v) for v in value]}
     if isinstance(value, (set, frozenset)):
         return {"s": sorted(map(canonical, value))}
     return {type(value).__name__: str(value)}  # dates and times: their ISO form, by kind
@@ -208,10 +193,8 @@ class BackendDefinition:
     _compared: str = field(init=False, repr=False, hash=False)
 
     def __post_init__(self) -> None:
-        written = (
-            [self.options, self.device_settings] if self.options or self.device_settings else ""
-        )
-        object.__setattr__(self, "_compared", written and canonical(written))
+        written = [self.options, self.device_settings]
+        object.__setattr__(self, "_compared", canonical(written) if any(written) else "")
 
     def line_of(self, *parts: str) -> int | None:
         """The line ``parts`` (a key of this backend's table, and one inside it) are written

@@ -178,9 +178,7 @@ def warn_problem(problem: Problem, kept: Collection[str] = ()) -> None:
     said = str(problem)
     # An error of a backend's table leaves that backend out (the others stay): said, since
     # the message itself says what is wrong and what would be right.
-    parts = (problem.key or "").split(".")
-    if parts[:2] == ["tool", "torch-backends"]:
-        parts = parts[2:]
+    parts = (problem.key or "").removeprefix("tool.torch-backends.").split(".")
     backend = parts[1] if len(parts) >= 2 and parts[0] == "backends" else None
     if problem.severity == "error" and backend not in (None, *kept) and not problem.whole_file:
         said += f" (so backend {backend!r} is left out)"

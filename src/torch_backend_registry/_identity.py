@@ -76,46 +76,33 @@ def by_device(definition: BackendDefinition) -> dict[str, Any]:
     }
 
 
-def reach(index: Index, definition: BackendDefinition) -> dict[str, BackendDefinition | None]:
-    """Every backend a chain (or ``by-device`` table) may run, through others inside it, by
-    name (``None`` for a name that resolves to nothing)."""
-    found: dict[str, BackendDefinition | None] = {}
-    todo = list(definition.members)
-    while todo:
-        name = todo.pop()
-        if name in found:
-            continue
-        member = found[name] = index.get(name)
-        if member is not None:
-            todo.extend(member.members)
-    return dict(sorted(found.items()))
-
-
-def identity(index: Index, definition: BackendDefinition, torch_version: str | None) -> Facts:
-    """The facts that decide what ``definition`` runs, its chain's members' included."""
-    facts = own_facts(definition, torch_version)
-    members = reach(index, definition)
-    if members:
-        facts["members"] = {
-            name: None if member is None else own_facts(member, torch_version)
-            for name, member in members.items()
-        }
-    return facts
-
-
 def project_facts(index: Index, torch_version: str | None) -> Facts:
     """As :func:`registry_facts`, of the names the manifests declare (their own, and
     ``TORCH_BACKENDS_PATH``'s) and every name they reach (chain members, by-device entries,
     the default): a plugin or a PyTorch backend no manifest names is not among them. A name
     reached that resolves to nothing here is ``{"kind": "missing"}``."""
     declared = [d for d in index.winners() if d.source.kind in ("env", "project")]
-    todo = [name for d in declared for name in (d.name, *d.aliases)]
-    todo += [index.default.name] if index.default is not None else []
+    names = [name for d in declared for name in (d.name, *d.aliases)]
+    names += [index.default.name] if index.default is not None else []
+    return _facts(index, names, torch_version, reaching=True)
+
+
+def registry_facts(index: Index, torch_version: str | None) -> Facts:
+    """``{"backends": {name: own facts}, "aliases": {alias: name}}`` for every usable name,
+    and the ``"default"`` where one is set."""
+    return _facts(index, list(index.by_key), torch_version, reaching=False)
+
+
+def _facts(index: Index, todo: list[str], torch_version: str | None, reaching: bool) -> Facts:
+    """The facts of the names in ``todo`` and of those they reach; ``reaching``: of those
+    that resolve to nothing too (else left out)."""
     backends: Facts = {}
     aliases: dict[str, str] = {}
     while todo:
         name = todo.pop()
         definition = index.get(name)
+        if definition is None and not reaching:
+            continue
         if definition is not None and definition.name != name:
             aliases[name], name = definition.name, definition.name
         if name in backends:
@@ -127,19 +114,10 @@ def project_facts(index: Index, torch_version: str | None) -> Facts:
             backends[name] = pytorch_facts(torch_version)
         else:
             backends[name] = {"kind": "missing"}
-    return _facts(index, dict(sorted(backends.items())), dict(sorted(aliases.items())))
-
-
-def registry_facts(index: Index, torch_version: str | None) -> Facts:
-    """``{"backends": {name: own facts}, "aliases": {alias: name}}`` for every usable name,
-    and the ``"default"`` where one is set."""
-    resolved = {key: d for key in sorted(index.by_key) if (d := index.get(key)) is not None}
-    backends = {k: own_facts(d, torch_version) for k, d in resolved.items() if k == d.name}
-    return _facts(index, backends, {k: d.name for k, d in resolved.items() if k != d.name})
-
-
-def _facts(index: Index, backends: Facts, aliases: dict[str, str]) -> Facts:
-    facts: Facts = {"backends": backends, "aliases": aliases}
+    facts: Facts = {
+        "backends": dict(sorted(backends.items())),
+        "aliases": dict(sorted(aliases.items())),
+    }
     if index.default is not None:
         facts["default"] = index.default.name
     return facts

@@ -27,7 +27,8 @@ def unknown_members(index: Index) -> dict[str, Problem]:
     was not read."""
     problems: dict[str, Problem] = {}
     for definition in index.winners():
-        unknown = index.missing_members(definition)
+        members = dict.fromkeys(definition.members)  # each once
+        unknown = [m for m in members if index.get(m) is None and not index.could_be_pytorch(m)]
         if not unknown:
             cpu = _no_cpu(definition)
             if cpu is not None:
@@ -35,7 +36,7 @@ def unknown_members(index: Index) -> dict[str, Problem]:
             continue
         what = f"{_what(definition)} {definition.name!r}"
         typos = {m: close for m in unknown if (close := typo_of(m, index.known))}
-        dead = len(unknown) == len(set(definition.members))
+        dead = len(unknown) == len(members)
         if dead or typos:
             # A typo is the error; the other missing members stay what they are: skipped.
             wrong = list(typos) or unknown

@@ -64,19 +64,27 @@ class Index:
         if definition is not None and definition.enabled:
             return definition
         left_out = self.left_out(key)
-        if left_out is None:
-            raise self.unknown(key)
-        # Declared: no other name is what was meant.
-        raise UnknownBackendError(key, note=left_out, left_out=True)
+        if left_out is not None:  # declared: no other name is what was meant
+            raise UnknownBackendError(key, note=left_out, left_out=True)
+        errors = sum(p.severity == "error" for p in self.problems)
+        # The name may live in a manifest that could not be read.
+        note = f"{errors} manifest problem{'s' if errors > 1 else ''} found" if errors else ""
+        if not note and self.could_be_pytorch(key):
+            # PyTorch is not installed, or the registry's sources leave it out.
+            note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
+        suggestions = closest(key, [k for k in self.known if k != key], n=3)
+        raise UnknownBackendError(key, suggestions, note=note)
 
     def info(self, key: str) -> BackendInfo:
         """What ``key`` resolves to, with the definitions of that name it shadows (of an
         alias: the lower definitions of the alias's own name, which it hides)."""
         definition = self.resolve(key)
-        if key == definition.name:
-            return BackendInfo(definition, self.shadowed(definition), None)
+        name = definition.name
+        shadowed = tuple(d for d in self.by_key[name] if d.name == name and d is not definition)
+        if key == name:
+            return BackendInfo(definition, shadowed, None)
         hidden = tuple(d for d in self.by_key.get(key, ()) if d.name == key)
-        return BackendInfo(definition, self.shadowed(definition) + hidden, key)
+        return BackendInfo(definition, shadowed + hidden, key)
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
@@ -91,11 +99,6 @@ class Index:
     def get(self, key: str) -> BackendDefinition | None:
         definition = self._follow(key)
         return definition if definition is not None and definition.usable else None
-
-    def shadowed(self, definition: BackendDefinition) -> tuple[BackendDefinition, ...]:
-        """The definitions of ``definition``'s name below it, highest first."""
-        lower = self.by_key.get(definition.name, ())
-        return tuple(d for d in lower if d.name == definition.name and d is not definition)
 
     def winners(self, *, broken: bool = False) -> list[BackendDefinition]:
         """The usable definition of every name (not alias); ``broken=True`` adds the enabled
@@ -118,22 +121,6 @@ class Index:
         if not self.torch_read:
             known += sorted(self.pytorch - set(known))
         return known
-
-    def unknown(self, name: str) -> UnknownBackendError:
-        errors = sum(p.severity == "error" for p in self.problems)
-        # The name may live in a manifest that could not be read.
-        note = f"{errors} manifest problem{'s' if errors > 1 else ''} found" if errors else ""
-        if not note and self.could_be_pytorch(name):
-            # PyTorch is not installed, or the registry's sources leave it out.
-            note = "one of PyTorch's own backends, and PyTorch's registry is not read here"
-        suggestions = closest(name, [k for k in self.known if k != name], n=3)
-        return UnknownBackendError(name, suggestions, note=note)
-
-    def missing_members(self, definition: BackendDefinition) -> list[str]:
-        """The members of a chain (or table) that exist nowhere here, each once. A name
-        that may be one of PyTorch's is not missing when PyTorch's registry was not read."""
-        members = dict.fromkeys(definition.members)
-        return [m for m in members if self.get(m) is None and not self.could_be_pytorch(m)]
 
     def left_out(self, name: str) -> str | None:
         """Why a declared name resolves to no backend: disabled where, or left out by the

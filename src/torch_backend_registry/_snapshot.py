@@ -11,8 +11,10 @@ what was read.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
+from dataclasses import field
 
 from ._errors import BackendRegistryError, ManifestError, UnknownBackendError, warn_problem
 from ._forksafe import ForkSafeLock
@@ -22,7 +24,7 @@ from ._sources.finding import missing_requirements
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Sequence
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo, Discovery, SourceKind
@@ -31,57 +33,46 @@ if TYPE_CHECKING:
     CompilerFn = Callable[..., Any]
 
 
+@dataclasses.dataclass(eq=False)
 class Snapshot:
     """What one registry read, and what it derived from that; see the module's docstring.
 
-    ``lookup`` and ``info`` are the registry's own, which a chain compiles with: its members
-    are looked up where the registry is then, after registrations and refreshes.
+    ``lookup_backend`` and ``backend_info`` are the registry's own, which a chain compiles
+    with: its members are looked up where the registry is then, after registrations and
+    refreshes.
     """
 
-    def __init__(
-        self,
-        kinds: tuple[SourceKind, ...],
-        context: Context,
-        lookup: Callable[[str], CompilerFn],
-        info: Callable[[str], BackendInfo],
-        *,
-        found: Mapping[SourceKind, Discovery] | None = None,
-        warned: set[str] | None = None,
-        by_definition: dict[BackendDefinition, CompilerFn] | None = None,
-    ) -> None:
-        self.kinds = kinds
-        self.context = context._replace(entry_point_names=lambda: self.entry_point_names)
-        self._lock = ForkSafeLock()
-        self._lookup, self._info = lookup, info
-        self._found: dict[SourceKind, Discovery] = dict(found or {})
-        self._indexes: dict[bool, Index] = {}
-        # Why each definition cannot be used here (None: it can); filled on demand.
-        self._available: dict[BackendDefinition, str | None] = {}
-        #: The callables looked up, by name (the hot path) and by definition (a name
-        #: and its aliases give one object).
-        self.loaded: dict[str, CompilerFn] = {}
-        self._by_definition = {} if by_definition is None else by_definition
-        #: What was said as a warning, so that each problem is said once a reading.
-        self._warned = set() if warned is None else warned
+    kinds: tuple[SourceKind, ...]
+    context: Context
+    lookup_backend: Callable[[str], CompilerFn]
+    backend_info: Callable[[str], BackendInfo]
+    #: What each source kind read (a derived snapshot keeps what it does not read again).
+    read: dict[SourceKind, Discovery] = field(default_factory=dict)
+    #: What was said as a warning, so that each problem is said once a reading.
+    warned: set[str] = field(default_factory=set)
+    #: The callables looked up, by definition: a name and its aliases give one object.
+    by_definition: dict[BackendDefinition, CompilerFn] = field(default_factory=dict)
+    #: The callables looked up, by name (the hot path).
+    loaded: dict[str, CompilerFn] = field(default_factory=dict, init=False)
+    _lock: ForkSafeLock = field(default_factory=ForkSafeLock, init=False)
+    _indexes: dict[bool, Index] = field(default_factory=dict, init=False)
+    # Why each definition cannot be used here (None: it can); filled on demand.
+    _available: dict[BackendDefinition, str | None] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.context = self.context._replace(entry_point_names=lambda: self.entry_point_names)
 
     def derive(
         self, *, runtime: Sequence[BackendDefinition] | None = None, torch: bool = True
     ) -> Snapshot:
         """The same reading with other runtime registrations (``torch=False``: PyTorch's
-        registry read again too). Nothing else is read again."""
+        registry read again too). Nothing else is read again; what was warned of stays said,
+        and a definition read alike gives the callable it gave (a registration of another
+        name must not make torch.compile's cached backends look new)."""
         context = self.context if runtime is None else self.context._replace(runtime=runtime)
         read_again = ("runtime",) if torch else ("runtime", "torch")
-        return Snapshot(
-            self.kinds,
-            context,
-            self._lookup,
-            self._info,
-            found={k: v for k, v in self._found.items() if k not in read_again},
-            warned=self._warned,
-            # A definition read alike gives the callable it gave: a registration of another
-            # name must not make torch.compile's cached backends look new.
-            by_definition=self._by_definition,
-        )
+        kept = {kind: found for kind, found in self.read.items() if kind not in read_again}
+        return dataclasses.replace(self, context=context, read=kept)
 
     def _needs_torch(self, name: str, *, shadows: bool = False) -> bool:
         """Whether resolving ``name`` reads PyTorch's registry (importing torch): a name
@@ -112,7 +103,7 @@ class Snapshot:
             fn = self._composite(definition, index)
         with self._lock:
             # One callable a definition, whichever of its names was asked for first.
-            fn = self.loaded[name] = self._by_definition.setdefault(definition, fn)
+            fn = self.loaded[name] = self.by_definition.setdefault(definition, fn)
         return fn
 
     def _composite(self, definition: BackendDefinition, index: Index) -> CompilerFn:
@@ -130,7 +121,9 @@ class Snapshot:
             composite = DeviceBackend
         elif definition.select == "fastest":
             composite = FastestChain
-        return composite(definition, lookup=self._lookup, info=self._info, context=self.context)
+        return composite(
+            definition, lookup=self.lookup_backend, info=self.backend_info, context=self.context
+        )
 
     def callables(self) -> list[CompilerFn]:
         """Every callable this reading gives: the runtime registrations', those loaded, and
@@ -142,14 +135,14 @@ class Snapshot:
         return [fn for fn in known if fn is not None]
 
     def found(self, kind: SourceKind) -> Discovery:
-        found = self._found.get(kind)
+        found = self.read.get(kind)
         if found is None:
             # Read with no lock held (reading PyTorch's imports torch: seconds, which must
             # not stall another thread's lookup); two threads reading at once keep the first.
             # Collection stays on while torch is imported: it makes cycles of its own.
             with contextlib.nullcontext() if kind == "torch" else _no_cycle_collection():
                 read = READERS[kind](self.context)
-            found = self._found.setdefault(kind, read)  # one step: no lock needed
+            found = self.read.setdefault(kind, read)  # one step: no lock needed
         return found
 
     @functools.cached_property
@@ -183,8 +176,8 @@ class Snapshot:
                     plugins_read="entry-point" in self.kinds,
                 )
                 for problem in index.problems:
-                    if str(problem) not in self._warned:  # both merges find them: once
-                        self._warned.add(str(problem))
+                    if str(problem) not in self.warned:  # both merges find them: once
+                        self.warned.add(str(problem))
                         warn_problem(problem, index.pytorch)
         return index
 
@@ -201,16 +194,14 @@ class Snapshot:
 
     def torch_changed(self) -> bool:
         """Whether PyTorch's registry now holds other names than this snapshot read."""
-        found = self._found.get("torch")
+        found = self.read.get("torch")
         if found is None:
             return False
         live = self._registered()
         return live is not None and live.keys() != {d.name for d in found.definitions}
 
-    def why_unavailable(
-        self, definition: BackendDefinition, visiting: frozenset[str] = frozenset()
-    ) -> str | None:
-        """See the registry's; ``visiting``: the chains it is asked for inside."""
+    def why_unavailable(self, definition: BackendDefinition) -> str | None:
+        """See the registry's."""
         if definition in self._available:
             return self._available[definition]
         reason: str | None = None
@@ -220,14 +211,16 @@ class Snapshot:
         elif definition.source.kind == "torch":
             reason = pytorch.missing_device(definition.name)
         elif definition.members:
-            reason = self._why_chain(definition, visiting | {definition.name})
+            reason = self._why_chain(definition)
         self._available[definition] = reason  # the same answer whichever thread found it
         return reason
 
-    def _why_chain(self, definition: BackendDefinition, visiting: frozenset[str]) -> str | None:
+    def _why_chain(self, definition: BackendDefinition) -> str | None:
         """A chain can be used where one member can; a table by device where the backend it
         gives the CPU can (every machine has one; what it gives an accelerator is known only
-        when a graph is on it)."""
+        when a graph is on it). A chain that names itself, through others or not, has its
+        problem, and so does one of the chains of any such loop: asked for its members, no
+        chain is asked for again inside."""
         problem = self.index().chain_problems().get(definition.name)
         if problem is not None:
             return problem.message
@@ -236,19 +229,17 @@ class Snapshot:
             member = table.get("cpu", table.get("other"))
             if member is None:
                 return f"it gives the CPU no backend (by-device has {', '.join(table)})"
-            why = self._why_member(definition, member, visiting)
+            why = self._why_member(member)
             return None if why is None else f"for the CPU, {why}"
         reasons = []
         for member in definition.members:
-            why = self._why_member(definition, member, visiting)
+            why = self._why_member(member)
             if why is None:
                 return None
             reasons.append(why)
         return "no member can be used (" + "; ".join(reasons) + ")"
 
-    def _why_member(
-        self, definition: BackendDefinition, member: str, visiting: frozenset[str]
-    ) -> str | None:
+    def _why_member(self, member: str) -> str | None:
         index = self.index()
         try:
             resolved = index.resolve(member)
@@ -259,9 +250,7 @@ class Snapshot:
             return f"{member}: {index.left_out(member) or 'not installed here'}"
         except BackendRegistryError as exc:  # a table that cannot be used as written
             return f"{member}: {str(exc).split('. ', 1)[0]}"
-        if resolved.name in visiting:
-            return f"{member}: it refers back to {definition.name!r}"
-        why = self.why_unavailable(resolved, visiting)
+        why = self.why_unavailable(resolved)
         return None if why is None else f"{member}: {why}"
 
 
