@@ -13,7 +13,6 @@ the device's model.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import hashlib
@@ -27,7 +26,7 @@ from ._sources.pytorch import torch_version
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo
@@ -237,66 +236,33 @@ def device_model(device: str) -> str:
     return " ".join(part for part in ("cpu", platform.machine(), capability, name) if part)
 
 
-#: The most files of a member's code read for its digest: past them, the digest says so.
-MAX_CODE_FILES = 1_000
-
-
 def code_digest(module: str, folders: Sequence[str] = ()) -> str | None:
     """A digest of the code of a project's own module, by content (the same in every checkout):
-    its file and every module of the project it imports, to the last (a module installed,
-    or of the standard library, changes by being installed again: its release says which);
-    ``None`` where it is not found."""
-    files = dict.fromkeys(_code_files(module, folders))
-    if not files:
-        return None
-    digest = hashlib.sha256()
-    for path in files:
-        with contextlib.suppress(OSError), open(path, "rb") as handle:
-            digest.update(os.path.basename(path).encode() + b"\0" + handle.read() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-def _code_files(module: str, folders: Sequence[str]) -> Iterator[str]:
+    its file and every module of the project it imports, to the last, as the standard
+    library's ``modulefinder`` follows them through the folders the module is found in (a
+    module installed, or of the standard library, changes by being installed again: its
+    release says which); ``None`` where it is not found."""
+    import modulefinder
     import sysconfig
 
+    origin = getattr(find(module, folders, files=True), "origin", None)
     paths = sysconfig.get_paths()
-    outside = tuple(
-        os.path.join(paths[k], "") for k in ("stdlib", "platstdlib", "purelib", "platlib")
-    )
-    todo, seen = [module], set[str]()
-    while todo and len(seen) < MAX_CODE_FILES:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        origin = getattr(find(name, folders, files=True), "origin", None)
-        if not isinstance(origin, str) or not origin.endswith(".py") or origin.startswith(outside):
-            continue
-        yield origin
-        package = name if origin.endswith("__init__.py") else name.rpartition(".")[0]
-        todo.extend(_imports(origin, package))
-        todo.extend(name.rsplit(".", depth)[0] for depth in range(1, name.count(".") + 1))
-
-
-def _imports(path: str, package: str) -> list[str]:
-    """The modules a file imports, by their absolute names."""
-    try:
-        with open(path, "rb") as handle:
-            tree = ast.parse(handle.read())
-    except (OSError, SyntaxError, ValueError):
-        return []
-    found: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.extend(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{parent}.{base}".strip(".")
-            found.append(base)
-            found.extend(f"{base}.{alias.name}".strip(".") for alias in node.names)
-    return [name for name in found if name]
+    installed = tuple(os.path.join(paths[k], "") for k in ("stdlib", "purelib", "platlib"))
+    if not isinstance(origin, str) or not origin.endswith(".py") or origin.startswith(installed):
+        return None
+    root = os.path.dirname(origin)  # the folder its top-level package lies in
+    for _level in range(module.count(".") + origin.endswith("__init__.py")):
+        root = os.path.dirname(root)
+    finder = modulefinder.ModuleFinder(path=[*folders, root])
+    with contextlib.suppress(Exception):  # a file that does not parse: what was found so far
+        finder.import_hook(module)
+    files = (getattr(imported, "__file__", None) for imported in finder.modules.values())
+    found = {file for file in files if file} | {origin}
+    digest = hashlib.sha256()
+    for path in sorted(found, key=lambda path: (os.path.relpath(path, root), path)):
+        with contextlib.suppress(OSError), open(path, "rb") as handle:
+            digest.update(os.path.relpath(path, root).encode() + b"\0" + handle.read() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _digest(facts: object) -> str:

@@ -120,6 +120,7 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
         _publish(store, rank_key, "")
         raise run.failed()
     member, speedup, how = choose(list(passed), samples, chain.definition.min_speedup)
+    # In the order backends.choices states it: what was chosen, how, what decided it.
     choice = {
         "chain": chain.__name__,
         "member": member,
@@ -128,12 +129,12 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
         "how": how,
         "first": next(iter(passed)),
         "speedup": round(speedup, 3),
-        "seconds": {m: statistics.median(s) for m, s in samples.items()},
+        "when": time.time(),
+        **decided,
+        "members": {m: in_words(i) for m, i in members(chain.definition, chain.info).items()},
+        "seconds": {m: round(statistics.median(s), 6) for m, s in samples.items()},
         "spread": {m: spread(s) for m, s in samples.items()},
         "skipped": dict(run.failures),
-        "members": {m: in_words(i) for m, i in members(chain.definition, chain.info).items()},
-        **decided,
-        "when": time.time(),
     }
     logger.info(
         "backend %r: %s: %s; chose %r (%s)", run.name, run.words, timings(choice), member, how

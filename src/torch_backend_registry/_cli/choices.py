@@ -13,7 +13,7 @@ import tempfile
 
 from .._definition import Problem
 from .._environment import SELECT_VAR, TUNING_VAR
-from .._errors import closest
+from .._errors import BackendRegistryError, closest
 from .._sources.choices import CHOICES_FILE, choices_file, shipped_for
 from .common import EXIT_OK, CommandError, UsageError, error, relative, working_folder
 
@@ -32,13 +32,6 @@ HEADER = """\
 # choices of the same key and keeps the others (those of other kinds of machine). Commit it
 # beside the manifest, or bake it into an image; `torch-backends check` reads it.
 """
-#: The facts of a choice, in the order the file states them; the tables follow.
-ORDER = (
-    "chain", "member", "graph", "key", "how", "first", "speedup", "when",
-    "graph-digest", "grad", "dynamic", "autocast", "matmul-precision", "deterministic",
-    "threads", "compile", "identity", "torch", "device",
-)  # fmt: skip
-TABLES = ("members", "seconds", "spread", "skipped")
 #: Where the command's processes leave PyTorch's compile caches, in the folder tune gives them.
 COMPILE_CACHE_FOLDER = "compile-cache"
 
@@ -120,7 +113,10 @@ def write_choices(path: str, made: list[dict[str, Any]]) -> int:
 
     with _locked(os.path.dirname(path) or os.curdir):
         file = choices_file(path)
-        old = [] if file is None else [table for table, _line in _readable(file)]
+        try:
+            old = [] if file is None else [table for table, _line in file.every()]
+        except BackendRegistryError:  # a file past reading: tune writes it anew
+            old = []
         new = {str(choice["key"]): _table(choice) for choice in made}
         kept = [table for table in old if table.get("key") not in new]
         every = sorted(
@@ -135,13 +131,6 @@ def write_choices(path: str, made: list[dict[str, Any]]) -> int:
         text = HEADER + "\n" + tomli_w.dumps({"choice": every})
         write_atomically(path, text.encode("utf-8"), SHARED_FILE_MODE)
     return len(kept)
-
-
-def _readable(file: Any) -> list[tuple[dict[str, Any], int]]:
-    try:
-        return list(file.every())
-    except Exception:  # a file past reading: tune writes it anew
-        return []
 
 
 @contextlib.contextmanager
@@ -160,23 +149,11 @@ def _locked(folder: str) -> Any:
 
 
 def _table(choice: Mapping[str, Any]) -> dict[str, Any]:
-    """A choice as the file states it: its facts in :data:`ORDER`, then its tables."""
-    table: dict[str, Any] = {}
-    for key in ORDER:
-        value = choice.get(key)
-        if key == "when" and isinstance(value, (int, float)):
-            value = datetime.datetime.fromtimestamp(value, datetime.timezone.utc).replace(
-                microsecond=0
-            )
-        if value is not None:
-            table[key] = value
-    for key in TABLES:
-        value = choice.get(key)
-        if isinstance(value, dict) and value:  # times to the microsecond: a small diff
-            table[key] = {
-                str(k): round(v, 6) if isinstance(v, float) else v for k, v in value.items()
-            }
-    return table
+    """A choice as the file states it (in the order select made it): ``when`` as a date, and
+    the tables that are empty left out (TOML has no empty table)."""
+    when = datetime.datetime.fromtimestamp(float(choice.get("when") or 0), datetime.timezone.utc)
+    table = {key: value for key, value in choice.items() if value not in (None, {})}
+    return {**table, "when": when.replace(microsecond=0)}
 
 
 def _save_compile_cache(folder: str, path: str) -> None:
@@ -210,7 +187,6 @@ def problems(registry: Registry, manifests: Iterable[str], *, with_torch: bool) 
     does not list, is an error at its line; one whose chain changed since it was tuned
     (known ``with_torch`` only: PyTorch's members are part of a chain), a warning that names
     ``tune``."""
-    from .._errors import BackendRegistryError
     from .._key import identity
 
     found: list[Problem] = []
