@@ -10,7 +10,7 @@ from .common import PROG, registry_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
     from typing import Any
 
 #: Help texts as written: the examples keep their lines.
@@ -36,25 +36,6 @@ class _VersionAction(argparse.Action):
 
         print(f"{PROG} {version('torch-backend-registry')}")
         parser.exit()
-
-
-def _above_zero(convert: Callable[[str], float], noun: str, least: str) -> Callable[[str], float]:
-    """An argparse type: ``convert`` of the text, refused where it is not above zero."""
-
-    def value(text: str) -> float:
-        try:
-            number = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
-        if not 0 < number < float("inf"):
-            raise argparse.ArgumentTypeError(f"must be {least}, not {text}")
-        return number
-
-    return value
-
-
-_seconds = _above_zero(float, "a number of seconds", "a number of seconds above 0")
-_count = _above_zero(int, "a whole number", "1 or more")
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -227,7 +208,7 @@ def _doctor_options(prober: argparse.ArgumentParser) -> None:
     _switch(prober, "--bench", argparse.SUPPRESS)  # retired: an error that names tune
     prober.add_argument(
         "--timeout",
-        type=_seconds,
+        type=float,
         metavar="S",
         help="seconds a backend may take before it is killed (default %(default)g)",
     )
@@ -245,6 +226,6 @@ def _doctor_options(prober: argparse.ArgumentParser) -> None:
     )
     prober.add_argument("--device", help="the device to probe on, e.g. cuda (default %(default)s)")
     prober.add_argument(
-        "--jobs", type=_count, metavar="N", help="backends probed at once (default: half the cores)"
+        "--jobs", type=int, metavar="N", help="backends probed at once (default: half the cores)"
     )
     prober.set_defaults(**Options()._asdict())  # each default as doctor() has it

@@ -42,8 +42,11 @@ def run_doctor(args: Arguments) -> int:
             "--bench is retired: doctor no longer times backends; 'torch-backends tune --"
             " COMMAND' times a select = \"fastest\" chain's members on your own graphs"
         )
+    try:  # argparse took the numbers; which values doctor can use, Options says
+        options = Options(**{f: getattr(args, f) for f in Options._fields}).checked()
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
     registry = registry_for()
-    options = Options(**{f: getattr(args, f) for f in Options._fields})  # argparse checked them
     shown = _progress() if sys.stderr.isatty() else contextlib.nullcontext()
     try:
         with waiting("importing PyTorch", not dynamo_imported()):
