@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import sys
@@ -11,13 +10,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import PathFinder
 
-from .._errors import BackendRegistryError, ManifestError, UnknownBackendError
+from .._errors import BackendRegistryError, ManifestError
+from .._identity import reach
 from .._sources.files import refused_folders
 from .._sources.finding import find
 from .._sources.pytorch import torch_available
 from .options import PROJECT, ModelError, Options
 from .processes import import_path, run_probe, start_server
-from .verdicts import Verdict, one_line, sort_key
+from .verdicts import STATUSES, Verdict, one_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def run(
             raise
     results.update(zip(todo, done, strict=True))
     verdicts = [dataclasses.replace(results[first[n]], name=n, via=via.get(n)) for n in names]
-    return sorted(verdicts, key=sort_key)
+    return sorted(verdicts, key=lambda v: (STATUSES.index(v.status), v.name))  # best first
 
 
 def project(registry: Registry) -> dict[str, str | None]:
@@ -108,16 +108,14 @@ def project(registry: Registry) -> dict[str, str | None]:
     last, with the first backend that reached it."""
     declared = registry.definitions((), with_torch=False, broken=True)
     found: dict[str, str | None] = {d.name: None for d in declared if d.source.kind in PROJECT}
-    todo = [(name, name) for name in found]
-    while todo:
-        name, root = todo.pop(0)
-        with contextlib.suppress(BackendRegistryError):  # its own verdict says why
-            for member in registry.backend_info(name).definition.members:
-                with contextlib.suppress(UnknownBackendError):  # its chain skips it
-                    registry.backend_info(member)
-                    if member not in found:
-                        found[member] = root
-                        todo.append((member, root))
+    index = registry.index(with_torch=False)  # PyTorch's names are known without it
+    for root in list(found):
+        definition = index.get(root)  # None: it cannot be used, and its own verdict says why
+        members = reach(index, definition) if definition is not None else {}
+        for member, resolved in members.items():
+            # One that resolves to nothing here, its chain skips.
+            if resolved is not None or index.could_be_pytorch(member):
+                found.setdefault(member, root)
     return found
 
 
