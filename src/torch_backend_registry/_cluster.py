@@ -42,10 +42,7 @@ def verify_consistent(
         )
     import torch.distributed as dist
 
-    if group is None:
-        members = list(range(dist.get_world_size()))
-    else:
-        members = sorted(dist.get_process_group_ranks(group))
+    members = sorted(dist.get_process_group_ranks(group or dist.group.WORLD))
     me = _store.rank()
     if me not in members:
         raise ValueError(
