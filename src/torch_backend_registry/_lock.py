@@ -198,11 +198,6 @@ def read_lock(
     return facts
 
 
-def differences(locked: Facts, now: Facts) -> list[str]:
-    """What changed from ``locked`` to ``now``, one readable line a difference, sorted."""
-    return [said for _names, said in changes(locked, now)]
-
-
 def changes(
     locked: Facts, now: Facts, *, with_torch: bool = True
 ) -> list[tuple[tuple[str, ...], str]]:
