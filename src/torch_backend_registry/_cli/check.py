@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+from pathlib import Path
 
 from .._definition import Problem
 from .._errors import BackendRegistryError
@@ -89,15 +90,12 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
 
 def _near_table_here() -> str:
     """Where a pyproject.toml here or above holds what looks like a misspelt table, say so."""
-    from pathlib import Path
-
     from .._sources import PROJECT_FILES, near_table
 
     here = working_folder()
     for folder in (Path(here), *Path(here).parents) if here else ():
         candidate = os.path.join(folder, PROJECT_FILES[1])
-        near = near_table(candidate) if os.path.isfile(candidate) else None
-        if near is not None:
+        if near := near_table(candidate):  # None where there is none, or no such file
             return f" ({relative(candidate)} has {near}: did you mean [tool.torch-backends]?)"
     return ""
 
@@ -116,15 +114,12 @@ def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
     said = [] if replaced is None else [replaced]
     if project not in read:
         return said
-    folder = here
-    while not os.path.lexists(os.path.join(folder, ".git")):
-        folder, below = os.path.dirname(folder), folder
-        if folder == below:
-            return said  # in no repository
-    if os.path.dirname(project) == folder or project.startswith(os.path.join(folder, "")):
-        return said
+    folders = (Path(here), *Path(here).parents)
+    repository = next((f for f in folders if os.path.lexists(f / ".git")), None)
+    if repository is None or Path(project).is_relative_to(repository):
+        return said  # in no repository, or in this one
     message = (
-        f"this manifest lies above the repository this command runs in ({folder}): the"
+        f"this manifest lies above the repository this command runs in ({repository}): the"
         " project's manifest is the nearest one from here up; if this repository has one,"
         " it is not where it is looked for"
     )
@@ -272,26 +267,25 @@ class _Imports:
         self.index = registry.index()
         #: The backends the checked manifests declare: each is reported at its own table.
         self.declared = declared
-        #: Why each backend looked at cannot be used here (``None``: it can), and whether
-        #: that is a failure (it was imported and broke) or unavailability (not imported).
-        self.found: dict[str, tuple[str, bool] | None] = {}
+        #: Why each backend looked at cannot be used here (``None``: it can): an error where
+        #: it was imported and broke, a note where it is unavailable (not imported).
+        self.found: dict[str, Problem | None] = {}
 
     def check(self, d: BackendDefinition) -> list[Problem]:
+        fatal = self._judge(d.name)
         if not d.members:
-            problem = self._load(d)
-            self.found[d.name] = None if problem is None else (problem.message, True)
-            return [] if problem is None else [problem]
-        fatal = self._judge(d.name) is not None
+            return [] if fatal is None else [fatal]
         problems = []
         what = "chain" if d.by_device is None else "by-device"
         then = "uses the next member" if d.by_device is None else "fails on that device"
         for member in d.members:
             said = self.found.get(member)
             resolved = self.index.get(member)
-            if said is None or not said[1] or (resolved and resolved.name in self.declared):
+            own = resolved is not None and resolved.name in self.declared
+            if said is None or said.severity != "error" or own:
                 continue  # it loads; or is unavailable here (noted); or has its own report
-            message = f"{what} member {member!r}: {said[0]}"
-            if not fatal:  # the chain or table still runs: only a warning
+            message = f"{what} member {member!r}: {said.message}"
+            if fatal is None:  # the chain or table still runs: only a warning
                 message += f"; {d.name!r} {then}"
             problems.append(d.located(message, what, severity="error" if fatal else "warning"))
         return problems + self._settings(d)
@@ -318,7 +312,7 @@ class _Imports:
                 continue  # a member that cannot be looked up is reported as a member
         return problems
 
-    def _judge(self, name: str) -> tuple[str, bool] | None:
+    def _judge(self, name: str) -> Problem | None:
         if name not in self.found:
             self.found[name] = None  # a loop is reported already: do not walk it again
             definition = self.index.get(name)
@@ -327,13 +321,12 @@ class _Imports:
                 self.found[name] = self._verdict(definition)
         return self.found[name]
 
-    def _verdict(self, definition: BackendDefinition) -> tuple[str, bool] | None:
+    def _verdict(self, definition: BackendDefinition) -> Problem | None:
         why = self.registry.why_unavailable(definition)
         if why is not None:
-            return f"unavailable here ({why})", False
+            return Problem(f"unavailable here ({why})", severity="note")
         if not definition.members:
-            problem = self._load(definition)
-            return None if problem is None else (problem.message, True)
+            return self._load(definition)
         # Every member is judged (imported), to be reported at its own line. Whether the
         # chain or table runs here is then the registry's rule, each member that cannot be
         # used put as one the rule refuses: the chain itself, a loop.
@@ -350,7 +343,7 @@ class _Imports:
         )
         if self.registry.why_unavailable(runs) is None:
             return None
-        return "no member it would run here can be used", True
+        return Problem("no member it would run here can be used")
 
     def _load(self, d: BackendDefinition) -> Problem | None:
         """Look ``d`` up; its failure as a problem at its ``target``, like the manifest's own."""
