@@ -59,16 +59,16 @@ def fingerprint(registry: Registry) -> str:
     return digest(registry.facts())[:16]
 
 
-def lock_facts(registry: Registry, scope: str = "project", *, with_torch: bool = True) -> Facts:
+def lock_facts(registry: Registry, scope: str = "project") -> Facts:
     """What a lock of ``scope`` holds: ``"project"``, the names the manifests declare and
-    every name they reach; ``"all"``, every listed name (``with_torch=False``: without
-    PyTorch's own, and torch not imported)."""
+    every name they reach; ``"all"``, every listed name (PyTorch's own where ``registry``
+    reads them)."""
     from ._identity import project_facts
     from ._sources.pytorch import torch_version
 
     if scope == "all":
-        return {"scope": scope, **registry.facts(with_torch=with_torch)}
-    return {"scope": scope, **project_facts(registry.index(with_torch=with_torch), torch_version())}
+        return {"scope": scope, **registry.facts()}
+    return {"scope": scope, **project_facts(registry.index(), torch_version())}
 
 
 def lock_path(registry: Registry) -> str:
@@ -88,9 +88,7 @@ def lock_text(facts: Facts) -> str:
     return HEADER + "\n" + tomli_w.dumps(document)  # the default, a string, before the tables
 
 
-def write_lock(
-    registry: Registry, path: str | None = None, *, scope: str = "project", with_torch: bool = True
-) -> str:
+def write_lock(registry: Registry, path: str | None = None, *, scope: str = "project") -> str:
     """Write the lock of ``registry`` (see :func:`lock_facts`); return its path. A lock that
     :func:`read_lock` would refuse (larger than it reads, more keys than it parses) is refused
     instead, and so is a ``path`` whose file is no lock."""
@@ -103,7 +101,7 @@ def write_lock(
             " another file, or remove this one first",
             path=path,
         )
-    text = lock_text(lock_facts(registry, scope, with_torch=with_torch))
+    text = lock_text(lock_facts(registry, scope))
     try:
         key_lines(text, LOCK_MAX_KEY_PARTS)  # the budget bounds this parse too
         fits = len(text.encode()) <= LOCK_MAX_BYTES
@@ -272,18 +270,16 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def check_locked(
-    registry: Registry, path: str, *, from_environment: bool = False, with_torch: bool = True
-) -> str:
+def check_locked(registry: Registry, path: str, *, from_environment: bool = False) -> str:
     """The fingerprint of the lock at ``path``, where ``registry`` matches it; else
     :class:`LockDriftError` with each difference (:class:`LockFileError` where it is no lock).
-    ``with_torch=False`` compares no PyTorch backend of a lock of all (none is read)."""
+    A registry that reads no PyTorch backends compares none of a lock of all."""
     command = lock_command(registry, path)
     named = from_environment and path != lock_path(registry)  # a path, not "1"
     locked = read_lock(path, command=command, from_environment=named)
     scope = locked["scope"]
-    now = lock_facts(registry, scope, with_torch=with_torch)
-    found = changes(locked, now, with_torch=with_torch or scope == "project")
+    with_torch = "torch" in registry.sources or scope == "project"
+    found = changes(locked, lock_facts(registry, scope), with_torch=with_torch)
     if found:
         raise LockDriftError(
             path, [said for _names, said in found], command + " --all" * (scope == "all")

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from argparse import Namespace as Arguments
     from collections.abc import Sequence
 
-    from .._definition import BackendDefinition, SourceKind
+    from .._definition import BackendDefinition
 
 
 def run_check(args: Arguments) -> int:
@@ -55,18 +55,15 @@ def run_check(args: Arguments) -> int:
                 print_json({"problems": [problem], "backends": 0, "errors": 1})
             return EXIT_PROBLEMS
         # The given files, or the discovered manifests; entry points and PyTorch's backends
-        # are read too: chains name them, and PyTorch's names cannot be redefined.
-        sources: list[SourceKind] = ["env"] if args.files else ["env", "project"]
-        sources += ["entry-point"] if args.no_torch else ["entry-point", "torch"]
-        # Absolute, as --json gives every path; the lines printed show them relative to here.
-        files = [os.path.abspath(f) for f in args.files] or None
-        registry = Registry(files=files, sources=sources)
+        # are read too: chains name them, and PyTorch's names cannot be redefined. Absolute,
+        # as --json gives every path; the lines printed show them relative to here.
+        registry = registry_for(args.no_torch, [os.path.abspath(f) for f in args.files])
         with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
-            problems = registry.problems(with_torch=not args.no_torch)
+            problems = registry.problems()
         return _report(registry, problems, args)
 
 
-def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
+def _drift(registry: Registry, problems: list[Problem]) -> str | None:
     """Add each difference from the lock install() holds to (backends.lock, or the one
     TORCH_BACKENDS_LOCKED names) to ``problems``; where there is none, say which matched."""
     from .._errors import LockDriftError, LockFileError
@@ -75,9 +72,7 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
     named = lock_from_environment(registry)
     path = named or lock_path(registry)
     try:
-        matched = check_locked(
-            registry, path, from_environment=named is not None, with_torch=with_torch
-        )
+        matched = check_locked(registry, path, from_environment=named is not None)
     except LockFileError as exc:
         problems.append(Problem(exc.message, path=exc.path, line=exc.line))
         return None
@@ -140,8 +135,8 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     problems += choices_problems(registry, read, with_torch=not args.no_torch)
     matched = None
     if args.locked:
-        matched = _drift(registry_for(args.no_torch), problems, with_torch=not args.no_torch)
-    index = registry.index(with_torch=not args.no_torch)
+        matched = _drift(registry, problems)
+    index = registry.index()
     # The manifests' backends; entry points and PyTorch's only resolve chain members.
     every = registry.definitions((), with_torch=False, broken=True)
     checked = [d for d in every if d.source.kind in ("env", "project")]

@@ -46,10 +46,13 @@ def working_folder() -> str | None:
         return None
 
 
-def registry_for(no_torch: bool = False) -> Registry:
+def registry_for(no_torch: bool = False, files: Sequence[str] = ()) -> Registry:
+    """The registry a command reads: ``files`` instead of the project's manifest and
+    TORCH_BACKENDS_PATH's, where any are given."""
     from .._definition import SOURCE_KINDS
 
-    return Registry(sources=[k for k in SOURCE_KINDS if not (no_torch and k == "torch")])
+    left_out = {"torch": no_torch, "project": bool(files)}
+    return Registry(files=files or None, sources=[k for k in SOURCE_KINDS if not left_out.get(k)])
 
 
 def print_json(value: object) -> None:

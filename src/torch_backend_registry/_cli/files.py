@@ -30,7 +30,7 @@ def run_lock(args: Arguments) -> int:
     registry = registry_for(args.no_torch)
     scope = "all" if args.all else "project"
     with waiting("loading PyTorch's backends", not args.no_torch):
-        problems = registry.problems(with_torch=not args.no_torch)
+        problems = registry.problems()
         errors = [p for p in problems if p.severity == "error"]
         if errors:  # a lock of what is broken pins it broken
             raise CommandError(
@@ -39,10 +39,10 @@ def run_lock(args: Arguments) -> int:
                 " fix them ('torch-backends check' shows them)"
             )
         try:
-            path = write_lock(registry, args.output, scope=scope, with_torch=not args.no_torch)
+            path = write_lock(registry, args.output, scope=scope)
         except OSError as exc:
             raise CommandError(f"cannot write {args.output or 'the lock'}: {exc.strerror}") from exc
-        facts = lock_facts(registry, scope, with_torch=not args.no_torch)
+        facts = lock_facts(registry, scope)
     print(f"wrote {relative(path)}: {summary(facts)}; fingerprint {digest(facts)[:16]}; commit it")
     return EXIT_OK
 
