@@ -12,8 +12,7 @@ PROG = "torch-backends"
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
-    from typing import Any
+    from collections.abc import Callable, Iterator, Sequence
 
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -73,20 +72,36 @@ def _json_default(value: object) -> object:
 
 
 @contextlib.contextmanager
-def waiting(message: str, slow: bool) -> Iterator[None]:
-    """A line on a terminal's stderr while something slow runs, erased when it is done."""
-    shown = slow and sys.stderr.isatty()
-    if shown:
-        print(f"{PROG}: {message}...", end="", file=sys.stderr, flush=True)
+def status_line(shown: bool = True) -> Iterator[Callable[[str], None]]:
+    """A line on a terminal's stderr (``shown``, and not piped) while it is entered: each
+    call of what it yields says it anew, cut to the terminal's width; erased at the end."""
+    import shutil
+
+    shown = shown and sys.stderr.isatty()
+
+    def say(text: str) -> None:
+        if shown:
+            line = printable(f"{PROG}: {text}")[: shutil.get_terminal_size().columns - 1]
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+
     try:
-        yield
+        yield say
     finally:
         if shown:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
-def terminal_width(stream: Any = None) -> int | None:
-    if not (stream or sys.stdout).isatty():
+@contextlib.contextmanager
+def waiting(message: str, slow: bool) -> Iterator[None]:
+    """A line on a terminal's stderr while something slow runs, erased when it is done."""
+    with status_line(slow) as say:
+        say(f"{message}...")
+        yield
+
+
+def terminal_width() -> int | None:
+    """The width of the terminal standard output is, or ``None`` where it is piped."""
+    if not sys.stdout.isatty():
         return None
     import shutil
 

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 
 from .._doctor.options import PROJECT
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,
-    EXIT_USAGE,
-    PROG,
     UsageError,
-    error,
     print_json,
     print_rows,
-    printable,
     registry_for,
-    terminal_width,
+    status_line,
     waiting,
 )
 
@@ -47,15 +42,13 @@ def run_doctor(args: Arguments) -> int:
     except ValueError as exc:
         raise UsageError(f"--{exc}") from None
     registry = registry_for()
-    shown = _progress() if sys.stderr.isatty() else contextlib.nullcontext()
     try:
         with waiting("importing PyTorch", not dynamo_imported()):
             names = args.names or (registry.list_backends(()) if args.all else None)
-            with shown as on_progress:
+            with _progress() as on_progress:
                 verdicts = run(registry, names, options, on_progress)
-    except ModelError as exc:
-        error(str(exc))
-        return EXIT_USAGE
+    except ModelError as exc:  # found before any backend is blamed
+        raise UsageError(str(exc)) from None
     if args.json:
         print_json({"verdicts": [v.as_json() for v in verdicts]})
     else:
@@ -83,27 +76,20 @@ def _progress() -> Iterator[Progress]:
 
     lock = threading.Lock()
     running: dict[str, tuple[int, float]] = {}
-    finished = 0
+    finished: set[str] = set()
+    with status_line() as say:
 
-    def update(name: str, level: int, seconds: float, done: bool) -> None:
-        nonlocal finished
-        with lock:
-            if done:
-                running.pop(name, None)
-                finished += 1
-            else:
-                running[name] = (level, seconds)
-            what = ", ".join(f"{n} {level_name(lv)} {s:.0f}s" for n, (lv, s) in running.items())
-            line = f"{PROG}: {finished} done; probing {what}"
-            width = terminal_width(sys.stderr) or 80
-            sys.stderr.write("\r\033[K" + printable(line)[: width - 1])
-            sys.stderr.flush()
+        def update(name: str, level: int, seconds: float, done: bool) -> None:
+            with lock:
+                if done:
+                    running.pop(name, None)
+                    finished.add(name)
+                else:
+                    running[name] = (level, seconds)
+                what = ", ".join(f"{n} {level_name(v)} {s:.0f}s" for n, (v, s) in running.items())
+                say(f"{len(finished)} done; probing {what}")
 
-    try:
         yield update
-    finally:
-        sys.stderr.write("\r\033[K")
-        sys.stderr.flush()
 
 
 def _print_verdicts(verdicts: Sequence[Verdict]) -> None:

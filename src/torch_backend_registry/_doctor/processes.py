@@ -87,11 +87,10 @@ def start_server() -> None:
                     os.environ[key] = value
 
 
-def run_probe(
-    config: dict[str, Any], timeout: float, progress: Callable[[int, bool], None], stop: Any
-) -> Verdict:
+def run_probe(config: dict[str, Any], timeout: float, progress: Progress, stop: Any) -> Verdict:
     """Probe ``config["name"]`` in a process of its own, ``timeout`` seconds from its first
-    report, until ``stop`` (a :class:`threading.Event`) is set; its verdict."""
+    report, until ``stop`` (a :class:`threading.Event`) is set; its verdict. ``progress``
+    hears of each level, and of the end."""
     name, started = config["name"], time.monotonic()
     reports, reporter = _CONTEXT.Pipe(duplex=False)
     output, writer = _CONTEXT.Pipe(duplex=False)
@@ -123,7 +122,7 @@ def run_probe(
             if now >= deadline:
                 break
             if now >= told:
-                progress(watched.level, False)
+                progress(name, watched.level, now - started, False)
                 told = now + 0.25
             watched.read(ended, min(0.25, deadline - now))
     finally:
@@ -132,8 +131,8 @@ def run_probe(
         output.close()
         if pidfd is not None:
             os.close(pidfd)
-    progress(watched.level, True)
     level, report, seconds = watched.level, watched.report, round(time.monotonic() - started, 3)
+    progress(name, level, seconds, True)
     if "model_error" in report:
         raise ModelError(report["model_error"])
     crash = _crash_reason(code, watched.tail)

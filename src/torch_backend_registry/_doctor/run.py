@@ -6,7 +6,6 @@ import dataclasses
 import os
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import PathFinder
 
@@ -80,17 +79,11 @@ def run(
     jobs = options.jobs or max(2, (os.cpu_count() or 1) // 2)
     stop = threading.Event()
     said = on_progress or (lambda *_: None)
-
-    def probed(name: str) -> Verdict:
-        started = time.monotonic()
-
-        def progress(level: int, done: bool) -> None:
-            said(name, level, time.monotonic() - started, done)
-
-        return run_probe({**config, "name": name}, options.timeout, progress, stop)
-
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo)))) as pool:
-        futures = [pool.submit(probed, name) for name in todo]
+        futures = [
+            pool.submit(run_probe, {**config, "name": name}, options.timeout, said, stop)
+            for name in todo
+        ]
         try:
             done = [future.result() for future in futures]
         except BaseException:  # a bad model, an interruption: nothing more is started or left

@@ -72,4 +72,3 @@ class Verdict:
 
     def as_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "level_name": self.level_name}
-
