@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -46,11 +47,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     # is a word of the line).
     parser = build_parser(doctor=completing or "doctor" in argv)
     if completing:
-        try:
-            import argcomplete  # the ``completion`` extra
-        except ImportError:
-            pass
-        else:
+        with contextlib.suppress(ImportError):  # argcomplete: the ``completion`` extra
+            import argcomplete
+
             argcomplete.autocomplete(parser)  # answers and exits
     return parser.parse_args(argv)
 
@@ -145,11 +144,7 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
     )
     _switch(checker, "--json", "print one JSON object: every problem, and counts")
 
-    prober = command(
-        "doctor",
-        "probe backends in subprocesses: which work here",
-        "doctor",
-    )
+    prober = command("doctor", "probe backends in subprocesses: which work here", "doctor")
     if doctor:
         _doctor_options(prober)
 

@@ -165,10 +165,8 @@ def run_explain(args: Arguments) -> int:
     if info.definition.select == "fastest":
         fields.append(("choices", f"{len(remembered) or 'none'} remembered here"))
         fields.append(("shipped", f"{len(shipped) or 'none'} in backends.choices"))
-    if info.alias is None:
-        out = [name, *_lines(fields)]
-    else:
-        out = [f"{info.alias} (alias of {name}: resolves to whatever {name} does)", *_lines(fields)]
+    alias = f"{info.alias} (alias of {name}: resolves to whatever {name} does)"
+    out = [name if info.alias is None else alias, *_lines(fields)]
     if remembered or shipped:
         from .choices import lines
 
