@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil  # argparse's help formatter imports it too
 import sys
 
 from .._registry import Registry
@@ -75,8 +76,6 @@ def _json_default(value: object) -> object:
 def status_line(shown: bool = True) -> Iterator[Callable[[str], None]]:
     """A line on a terminal's stderr (``shown``, and not piped) while it is entered: each
     call of what it yields says it anew, cut to the terminal's width; erased at the end."""
-    import shutil
-
     shown = shown and sys.stderr.isatty()
 
     def say(text: str) -> None:
@@ -99,15 +98,6 @@ def waiting(message: str, slow: bool) -> Iterator[None]:
         yield
 
 
-def terminal_width() -> int | None:
-    """The width of the terminal standard output is, or ``None`` where it is piped."""
-    if not sys.stdout.isatty():
-        return None
-    import shutil
-
-    return shutil.get_terminal_size().columns
-
-
 def print_rows(
     rows: Sequence[tuple[str, ...]],
     *,
@@ -122,7 +112,7 @@ def print_rows(
     cut). Piped, nothing is cut, and an optional last column is left out (the columns
     scripts know)."""
     rows = [tuple(printable(cell) for cell in row) for row in rows]
-    limit = terminal_width()
+    limit = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     # A last column that spills is not one the others are cut to make room for.
     widths = _fitted([row[:-1] for row in rows] if spill_last else rows, limit, shrinkable)
     if widths is not None and spill_last:

@@ -17,7 +17,6 @@ from .common import (
     printable,
     registry_for,
     relative,
-    terminal_width,
     waiting,
     working_folder,
 )
@@ -61,7 +60,7 @@ def run_list(args: Arguments) -> int:
         what = what if kind == "target" else f"{kind}: {what}"
         table.append((d.name, ",".join(d.tags), source, what, d.description or ""))
     print_rows(table, optional_last=True, shrinkable=(3, 4))
-    if default is not None and terminal_width() is not None:
+    if default is not None and sys.stdout.isatty():  # piped: the columns scripts know
         print(f"default: {default.name} (what torch.compile uses when given none; {_at(default)})")
     return EXIT_OK
 
