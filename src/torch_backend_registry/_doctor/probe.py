@@ -151,8 +151,9 @@ def _device(spec: str) -> Any:
     try:
         device = torch.device(spec)
     except (RuntimeError, ValueError) as exc:
-        kinds = ["cpu", "cuda", "xpu", "mps", "hip", "meta", "npu", "hpu", "mtia"]
-        close = closest(spec.split(":")[0], kinds)
+        from .._sources.schema import DEVICE_TYPES
+
+        close = closest(spec.split(":")[0], DEVICE_TYPES)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ModelError(f"--device {spec!r}: {one_line(exc)}{hint}") from exc
     accelerator = getattr(torch, device.type, None)
