@@ -20,6 +20,7 @@ from itertools import groupby
 from . import _store
 from ._environment import CLUSTER_TIMEOUT
 from ._errors import BackendRegistryError, InconsistentRegistryError
+from ._lock import changes, digest, fingerprint
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ def verify_consistent(
         )
     store = _store.default_store()
     if store is None:  # one rank: none to differ from
-        from ._lock import fingerprint
-
         return fingerprint(registry)
     # Named by the ranks' list's hash: a key sent with every request stays short.
     ranks = f"{KEYS}/{hashlib.sha256(str(members).encode()).hexdigest()[:16]}"
@@ -87,8 +86,6 @@ class _Check:
 
     def run(self, facts: dict[str, Any]) -> str:
         """The fingerprint where every rank agrees, else the same error on each."""
-        from ._lock import digest
-
         full = digest(facts)
         self.store.append(f"{self.call}/said", f"{self.me} {full} {socket.gethostname()}\n")
         # One key decides, set once: by the last rank to come, which alone reads what all
@@ -158,10 +155,10 @@ class _Check:
         if first[full] == self.me:
             _store.publish(self.store, f"{self.call}/{full}", zlib.compress(pickle.dumps(facts)))
         known = {full: facts}
-        for fingerprint, rank in first.items():
-            if fingerprint in known:
+        for other, rank in first.items():
+            if other in known:
                 continue
-            data = _store.receive(self.store, f"{self.call}/{fingerprint}", self.limit)
+            data = _store.receive(self.store, f"{self.call}/{other}", self.limit)
             if data is None:
                 self._leave(len(self.members) - 1)
                 raise InconsistentRegistryError(
@@ -171,7 +168,7 @@ class _Check:
                     (rank,),
                 )
             # Unpickled from the job's own store, as torch.distributed's object collectives do.
-            known[fingerprint] = pickle.loads(zlib.decompress(data))
+            known[other] = pickle.loads(zlib.decompress(data))
         self._leave(len(self.members))
         everyone = [(said[rank][1], known[said[rank][0]]) for rank in self.members]
         raise mismatch(self.members, hashes, everyone)
@@ -192,8 +189,6 @@ def mismatch(
     """The same error on every rank: the ranks outside the majority (in a tie, outside the
     group of the lowest rank, said so), and where they differ, once a name; the first ten
     ranks said, the differences of each fingerprint found once."""
-    from ._lock import changes
-
     counted = Counter(hashes).most_common()  # in a tie, the group of the lowest rank first
     majority, count = counted[0]
     tie = len(counted) > 1 and counted[1][1] == count

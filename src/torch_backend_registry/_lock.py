@@ -16,7 +16,7 @@ from ._definition import canonical, shown_path
 from ._environment import switched_on
 from ._errors import LockDriftError, LockFileError, ManifestError
 from ._sources.cache import write_atomically
-from ._sources.files import SHARED_FILE_MODE
+from ._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE, Untrusted, parse_toml, read_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -149,8 +149,6 @@ def read_lock(
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used, saying
     how to write it (``command``) and that ``TORCH_BACKENDS_LOCKED`` named it
     (``from_environment``), where it is missing."""
-    from ._sources.files import NO_SUCH_FILE, Untrusted, parse_toml, read_text
-
     if os.path.isdir(path):
         raise LockFileError("is a folder, not a lock file; name the lock file itself", path=path)
     try:

@@ -6,7 +6,7 @@ import os
 import pkgutil
 import sys
 
-from .._errors import BackendRegistryError, UnknownBackendError
+from .._errors import BackendRegistryError, ManifestWarning, UnknownBackendError
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
-    from .._errors import ManifestWarning
     from .arguments import parse
 
     for name in ("stdout", "stderr"):

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 from .._definition import Problem
-from .._errors import BackendRegistryError
+from .._errors import BackendRegistryError, LockDriftError, LockFileError, ManifestWarning
 from .._registry import Registry
+from .._sources import PROJECT_FILES, near_table, project_manifest, replaced_table
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 
 def run_check(args: Arguments) -> int:
     import warnings
-
-    from .._errors import ManifestWarning
 
     if args.locked and args.files:
         raise CommandError(
@@ -66,7 +65,6 @@ def run_check(args: Arguments) -> int:
 def _drift(registry: Registry, problems: list[Problem]) -> str | None:
     """Add each difference from the lock install() holds to (backends.lock, or the one
     TORCH_BACKENDS_LOCKED names) to ``problems``; where there is none, say which matched."""
-    from .._errors import LockDriftError, LockFileError
     from .._lock import check_locked, lock_from_environment, lock_path
 
     named = lock_from_environment(registry)
@@ -85,8 +83,6 @@ def _drift(registry: Registry, problems: list[Problem]) -> str | None:
 
 def _near_table_here() -> str:
     """Where a pyproject.toml here or above holds what looks like a misspelt table, say so."""
-    from .._sources import PROJECT_FILES, near_table
-
     here = working_folder()
     for folder in (Path(here), *Path(here).parents) if here else ():
         candidate = os.path.join(folder, PROJECT_FILES[1])
@@ -100,8 +96,6 @@ def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
     pyproject.toml's table; or one found above the repository the command runs in (the folder
     holding ``.git``), which belongs to something else: likely the project's own is not where
     it is looked for. That one is said as a warning."""
-    from .._sources import project_manifest, replaced_table
-
     project = None if here is None else project_manifest(here)
     if here is None or project is None:
         return []

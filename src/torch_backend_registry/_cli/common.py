@@ -7,6 +7,7 @@ import os
 import shutil  # argparse's help formatter imports it too
 import sys
 
+from .._definition import SOURCE_KINDS, shown_path
 from .._registry import Registry
 
 PROG = "torch-backends"
@@ -49,8 +50,6 @@ def working_folder() -> str | None:
 def registry_for(no_torch: bool = False, files: Sequence[str] = ()) -> Registry:
     """The registry a command reads: ``files`` instead of the project's manifest and
     TORCH_BACKENDS_PATH's, where any are given."""
-    from .._definition import SOURCE_KINDS
-
     left_out = {"torch": no_torch, "project": bool(files)}
     return Registry(files=files or None, sources=[k for k in SOURCE_KINDS if not left_out.get(k)])
 
@@ -166,8 +165,6 @@ def _fitted(
 
 
 def relative(path: str) -> str:
-    from .._definition import shown_path
-
     return shown_path(path, working_folder())
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from .._doctor.options import PROJECT
+from .._doctor.options import PROJECT, ModelError, Options
+from .._doctor.verdicts import Verdict, level_name
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -23,12 +24,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from .._doctor.processes import Progress
-    from .._doctor.verdicts import Verdict
     from .._registry import Registry
 
 
 def run_doctor(args: Arguments) -> int:
-    from .._doctor.options import ModelError, Options
     from .._doctor.run import run
     from .._sources.pytorch import dynamo_imported
 
@@ -72,8 +71,6 @@ def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
 def _progress() -> Iterator[Progress]:
     """One line on the terminal's stderr while it is entered: how many are done, and each
     probe running (its level and time)."""
-    from .._doctor.verdicts import level_name
-
     lock = threading.Lock()
     running: dict[str, tuple[int, float]] = {}
     finished: set[str] = set()
