@@ -36,8 +36,8 @@ KEYS = "torch_backend_registry/verify"
 def verify_consistent(
     registry: Registry, group: Any = None, timeout: float | timedelta = CLUSTER_TIMEOUT
 ) -> str:
-    limit = _store.time_limit(timeout)  # a wrong time limit is said first, in every case
     if not _store.initialised():
+        _store.time_limit(timeout)  # a wrong time limit is said first, as where it is initialised
         raise BackendRegistryError(
             "verify_consistent() needs torch.distributed initialised (init_process_group) first"
         )
@@ -51,6 +51,7 @@ def verify_consistent(
         )
     store = _store.default_store()
     if store is None:  # one rank: none to differ from
+        _store.time_limit(timeout)
         return fingerprint(registry)
     # Named by the ranks' list's hash: a key sent with every request stays short.
     ranks = f"{KEYS}/{hashlib.sha256(str(members).encode()).hexdigest()[:16]}"
@@ -59,7 +60,8 @@ def verify_consistent(
         # anything can refuse it: a refused call pairs with the others', which time out.
         count = store.add(f"{ranks}/calls/{me}", 1)
         store.set(f"{KEYS}/last/{me}", str(members))  # read where another waits for it in vain
-        return _Check(store, ranks, count, members, me, limit).run(registry.facts())
+        check = _Check(store, ranks, count, members, me, _store.time_limit(timeout))
+        return check.run(registry.facts())
     except getattr(dist, "DistError", RuntimeError) as exc:  # timeouts are caught inside
         raise InconsistentRegistryError(
             f"rank {me}: verify_consistent() could not reach the other ranks of {members}:"
