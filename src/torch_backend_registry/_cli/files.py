@@ -30,8 +30,7 @@ def run_lock(args: Arguments) -> int:
     registry = registry_for(args.no_torch)
     scope = "all" if args.all else "project"
     with waiting("loading PyTorch's backends", not args.no_torch):
-        problems = registry.problems()
-        errors = [p for p in problems if p.severity == "error"]
+        errors = [p for p in registry.problems() if p.severity == "error"]
         if errors:  # a lock of what is broken pins it broken
             raise CommandError(
                 f"not written: the manifests have {len(errors)} error(s), the first"

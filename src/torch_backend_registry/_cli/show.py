@@ -45,9 +45,8 @@ def run_list(args: Arguments) -> int:
     if not (args.all or wanted):
         unwanted.update(DEFAULT_EXCLUDE_TAGS)
     rows = [d for d in every if wanted <= set(d.tags) and not unwanted.intersection(d.tags)]
-    available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
-        rows = [d for d in rows if available[d.name]]
+        rows = [d for d in rows if registry.why_unavailable(d) is None]
     default = registry.index(with_torch=False).default
     if args.json:
         print_json([_as_json(registry, d, default) for d in rows])

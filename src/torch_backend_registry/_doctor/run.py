@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -120,21 +121,16 @@ def _find_model(registry: Registry, spec: str | None) -> list[str]:
     module, _, factory = spec.partition(":")
     if not module or not factory:
         raise ModelError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. my_models:make")
-    every = [
-        folder
-        for d in registry.definitions((), with_torch=False)
-        if d.source.path is not None
-        for folder in d.search_path
-    ]
+    # A manifest's backends search folders; the others (entry points, PyTorch's) none.
+    every = [folder for d in registry.definitions((), with_torch=False) for folder in d.search_path]
     refused = refused_folders(dict.fromkeys(every))  # as a lookup of its backend refuses them
     top = module.split(".")[0]
-    try:  # on this import path alone, past any finder of this process's
+    # Importable on this import path alone, past any finder of this process's?
+    with contextlib.suppress(ImportError, ValueError):
         if (sys.modules.get(top) or PathFinder.find_spec(top, import_path())) is not None:
             return []
-    except (ImportError, ValueError):
-        pass
     for folder in dict.fromkeys(f for f in every if f not in refused):
-        if find(top, [folder]) is not None and find(module, [folder]) is not None:
+        if find(module, [folder]) is not None:  # its package first, as import looks
             return [folder]
     why = "".join(f" ({message})" for folder, message in refused.items() if find(top, [folder]))
     raise ModelError(
