@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .._definition import Problem
+from .._definition import BackendDefinition, Problem
 from .._errors import BackendRegistryError, LockDriftError, LockFileError, ManifestWarning
 from .._registry import Registry
 from .._sources import PROJECT_FILES, near_table, project_manifest, replaced_table
@@ -32,8 +32,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from argparse import Namespace as Arguments
     from collections.abc import Sequence
-
-    from .._definition import BackendDefinition
 
 
 def run_check(args: Arguments) -> int:

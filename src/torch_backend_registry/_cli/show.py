@@ -6,7 +6,7 @@ import sys
 
 from .._errors import UnknownBackendError, closest
 from .._identity import by_device
-from .._registry import DEFAULT_EXCLUDE_TAGS
+from .._registry import DEFAULT_EXCLUDE_TAGS, Registry
 from .common import (
     EXIT_OK,
     PROG,
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .._definition import BackendDefinition, DefaultDeclaration
-    from .._registry import Registry
 
 
 def run_list(args: Arguments) -> int:
