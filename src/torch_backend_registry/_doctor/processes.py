@@ -87,13 +87,16 @@ def start_server() -> None:
                     os.environ[key] = value
 
 
-def run_probe(config: dict[str, Any], timeout: float, progress: Progress, stop: Any) -> Verdict:
-    """Probe ``config["name"]`` in a process of its own, ``timeout`` seconds from its first
-    report, until ``stop`` (a :class:`threading.Event`) is set; its verdict. ``progress``
-    hears of each level, and of the end."""
-    name, started = config["name"], time.monotonic()
+def run_probe(
+    config: dict[str, Any], timeout: float, progress: Progress, stop: Any, name: str
+) -> Verdict:
+    """Probe ``name`` as ``config`` says, in a process of its own, ``timeout`` seconds from
+    its first report, until ``stop`` (a :class:`threading.Event`) is set; its verdict.
+    ``progress`` hears of each level, and of the end."""
+    started = time.monotonic()
     reports, reporter = _CONTEXT.Pipe(duplex=False)
     output, writer = _CONTEXT.Pipe(duplex=False)
+    config = {**config, "name": name}
     process = _CONTEXT.Process(target=probe.main, args=(config, reporter, writer))
     try:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import threading
@@ -80,13 +81,10 @@ def run(
     jobs = options.jobs or max(2, (os.cpu_count() or 1) // 2)
     stop = threading.Event()
     said = on_progress or (lambda *_: None)
+    probe = functools.partial(run_probe, config, options.timeout, said, stop)
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo)))) as pool:
-        futures = [
-            pool.submit(run_probe, {**config, "name": name}, options.timeout, said, stop)
-            for name in todo
-        ]
         try:
-            done = [future.result() for future in futures]
+            done = list(pool.map(probe, todo))
         except BaseException:  # a bad model, an interruption: nothing more is started or left
             stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
