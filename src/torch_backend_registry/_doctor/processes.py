@@ -87,16 +87,14 @@ def start_server() -> None:
                     os.environ[key] = value
 
 
-def run_probe(
-    config: dict[str, Any], timeout: float, progress: Progress, stop: Any, name: str
-) -> Verdict:
-    """Probe ``name`` as ``config`` says, in a process of its own, ``timeout`` seconds from
-    its first report, until ``stop`` (a :class:`threading.Event`) is set; its verdict.
+def run_probe(config: dict[str, Any], progress: Progress, stop: Any, name: str) -> Verdict:
+    """Probe ``name`` as ``config`` says, in a process of its own, its ``timeout`` seconds
+    from its first report, until ``stop`` (a :class:`threading.Event`) is set; its verdict.
     ``progress`` hears of each level, and of the end."""
-    started = time.monotonic()
+    started, timeout = time.monotonic(), config["timeout"]
+    config = {**config, "name": name}
     reports, reporter = _CONTEXT.Pipe(duplex=False)
     output, writer = _CONTEXT.Pipe(duplex=False)
-    config = {**config, "name": name}
     process = _CONTEXT.Process(target=probe.main, args=(config, reporter, writer))
     try:
         try:
