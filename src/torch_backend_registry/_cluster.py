@@ -15,7 +15,6 @@ import socket
 import zlib
 from collections import Counter
 from dataclasses import dataclass
-from itertools import groupby
 
 from . import _store
 from ._environment import CLUSTER_TIMEOUT
@@ -196,11 +195,11 @@ def mismatch(
     tie = len(counted) > 1 and counted[1][1] == count
     reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
-    found = {hashes[i]: changes(reference, everyone[i][1]) for i in odd}
+    found = {hashes[i]: changes(reference, everyone[i][1], by_name=True) for i in odd}
     names = {name for each in found.values() for about, _said in each for name in about}
     lines = []
     for index in odd[:10]:
-        said = _by_name([said for _about, said in found[hashes[index]]])
+        said = [said for _about, said in found[hashes[index]]]
         more = f"; and {len(said) - 5} more" if len(said) > 5 else ""
         lines.append(f"rank {members[index]} on {everyone[index][0]}: {'; '.join(said[:5])}{more}")
     if len(odd) > 10:
@@ -213,18 +212,3 @@ def mismatch(
         odd_ranks,
         tuple(sorted(names)),
     )
-
-
-def _by_name(differences: list[str]) -> list[str]:
-    """``changed backend 'x': a: 1 -> 2, b: 3 -> 4``: the name once, with each of its fields
-    (the lock says a field a line, and they come sorted by name)."""
-
-    def about(said: str) -> str:
-        return said.partition(": ")[0] if said.startswith("changed ") else said
-
-    lines = []
-    for head, group in groupby(differences, about):
-        said = list(group)
-        fields = ", ".join(line.partition(": ")[2] for line in said)
-        lines.append(head if said == [head] else f"{head}: {fields}")
-    return lines

@@ -195,10 +195,11 @@ def read_lock(
 
 
 def changes(
-    locked: Facts, now: Facts, *, with_torch: bool = True
+    locked: Facts, now: Facts, *, with_torch: bool = True, by_name: bool = False
 ) -> list[tuple[tuple[str, ...], str]]:
     """Each difference from ``locked`` to ``now``, with the names it is about (a backend's
-    or alias's; the old and the new default, what torch.compile uses unasked).
+    or alias's; the old and the new default, what torch.compile uses unasked): a changed
+    field a line, or with ``by_name`` a changed backend's fields on one line.
     ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them)."""
     if not with_torch:
         locked, now = _without_torch(locked), _without_torch(now)
@@ -213,6 +214,8 @@ def changes(
                 found.append(((name,), f"removed {noun} {name!r} (was {_show(before[name])})"))
             else:
                 said = _changed(before[name], after[name])
+                if by_name and said:
+                    said = [", ".join(said)]
                 found.extend(((name,), f"changed {noun} {name!r}: {line}") for line in said)
     old, new = locked.get("default"), now.get("default")
     if old != new:
