@@ -7,6 +7,7 @@ same fingerprint and a checkout anywhere matches the same lock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -102,19 +103,16 @@ def write_lock(registry: Registry, path: str | None = None, *, scope: str = "pro
             path=path,
         )
     text = lock_text(lock_facts(registry, scope))
-    try:
+    with contextlib.suppress(TooManyKeys):
         key_lines(text, LOCK_MAX_KEY_PARTS)  # the budget bounds this parse too
-        fits = len(text.encode()) <= LOCK_MAX_BYTES
-    except TooManyKeys:
-        fits = False
-    if not fits:
-        raise LockFileError(
-            f"the lock would be larger than a lock is read ({LOCK_MAX_BYTES // 2**20} MiB,"
-            f" {LOCK_MAX_KEY_PARTS:,} keys and key parts); lock fewer backends",
-            path=path,
-        )
-    write_atomically(path, text.encode("utf-8"), SHARED_FILE_MODE)
-    return path
+        if len(text.encode()) <= LOCK_MAX_BYTES:
+            write_atomically(path, text.encode("utf-8"), SHARED_FILE_MODE)
+            return path
+    raise LockFileError(
+        f"the lock would be larger than a lock is read ({LOCK_MAX_BYTES // 2**20} MiB,"
+        f" {LOCK_MAX_KEY_PARTS:,} keys and key parts); lock fewer backends",
+        path=path,
+    )
 
 
 def _is_lock_or_absent(path: str) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pkgutil
 import sys
@@ -37,9 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own
         # A description may hold characters the terminal's encoding lacks (a C locale,
         # PYTHONIOENCODING=ascii): print them escaped rather than fail.
-        reconfigure = getattr(getattr(sys, name), "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="backslashreplace")
+        with contextlib.suppress(AttributeError):  # a stream that is no io.TextIOWrapper
+            getattr(sys, name).reconfigure(errors="backslashreplace")
     args = parse(argv)
     show = warnings.showwarning
     caught: list[str] = []
