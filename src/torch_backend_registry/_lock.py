@@ -161,8 +161,8 @@ def read_lock(
                 message += f" (named by {LOCKED_VAR})"
             message += f"; run '{command}' to write it, and commit it"
         raise LockFileError(message, path=path, line=exc.line) from exc
-    missing = [key for key in ("lock-version", "fingerprint") if key not in data]
-    if missing:  # a manifest named by mistake, an empty file
+    # A manifest named by mistake, an empty file:
+    if missing := [key for key in ("lock-version", "fingerprint") if key not in data]:
         raise LockFileError(
             f"not a lock file: it has no {' and no '.join(missing)}; name the file"
             " 'torch-backends lock' wrote, or run it again",
@@ -181,8 +181,7 @@ def read_lock(
     facts: Facts = {"scope": data["scope"], "backends": backends, "aliases": aliases}
     if "default" in data:
         facts["default"] = data["default"]
-    held = digest(facts)[:16]
-    if data.get("fingerprint") != held:  # what it holds is not what it says
+    if data.get("fingerprint") != (held := digest(facts)[:16]):  # what it holds is not what it says
         raise LockFileError(
             f"its fingerprint {data.get('fingerprint')!r} is not that of what it holds"
             f" ({held!r}): it was edited by hand; run 'torch-backends lock' again",
@@ -278,8 +277,7 @@ def check_locked(registry: Registry, path: str, *, from_environment: bool = Fals
     locked = read_lock(path, command=command, from_environment=named)
     scope = locked["scope"]
     with_torch = "torch" in registry.sources or scope == "project"
-    found = changes(locked, lock_facts(registry, scope), with_torch=with_torch)
-    if found:
+    if found := changes(locked, lock_facts(registry, scope), with_torch=with_torch):
         raise LockDriftError(
             path, [said for _names, said in found], command + " --all" * (scope == "all")
         )

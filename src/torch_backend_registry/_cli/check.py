@@ -302,15 +302,13 @@ class _Imports:
     def _judge(self, name: str) -> Problem | None:
         if name not in self.found:
             self.found[name] = None  # a loop is reported already: do not walk it again
-            definition = self.index.get(name)
             # None: unknown here (noted), or one of PyTorch's not read (--no-torch).
-            if definition is not None:
+            if (definition := self.index.get(name)) is not None:
                 self.found[name] = self._verdict(definition)
         return self.found[name]
 
     def _verdict(self, definition: BackendDefinition) -> Problem | None:
-        why = self.registry.why_unavailable(definition)
-        if why is not None:
+        if (why := self.registry.why_unavailable(definition)) is not None:
             return Problem(f"unavailable here ({why})", severity="note")
         if not definition.members:
             return self._load(definition)

@@ -98,8 +98,7 @@ def _print_verdicts(verdicts: Sequence[Verdict]) -> None:
         name = v.name + (f" -> {v.member}" if v.member else "")
         table.append((name, v.status, v.level_name, f"{v.seconds:.1f}", reason))
     print_rows(table, shrinkable=(0,), spill_last=True)
-    reached = [v for v in verdicts if v.via is not None]
-    if reached:
+    if reached := [v for v in verdicts if v.via is not None]:
         roots = ", ".join(dict.fromkeys(v.via or "" for v in reached))
         names = ", ".join(v.name for v in reached)
         print(f"({names}: probed as members of {roots}, whose verdicts decide the exit status)")

@@ -30,8 +30,8 @@ def run_lock(args: Arguments) -> int:
     registry = registry_for(args.no_torch)
     scope = "all" if args.all else "project"
     with waiting("loading PyTorch's backends", not args.no_torch):
-        errors = [p for p in registry.problems() if p.severity == "error"]
-        if errors:  # a lock of what is broken pins it broken
+        # A lock of what is broken pins it broken.
+        if errors := [p for p in registry.problems() if p.severity == "error"]:
             raise CommandError(
                 f"not written: the manifests have {len(errors)} error(s), the first"
                 f" {errors[0].shown(working_folder())};"

@@ -68,8 +68,7 @@ def main(config: dict[str, Any], reports: Connection, output: Connection) -> Non
 def _end_with_doctor() -> None:
     """Kill this probe's session once doctor is gone (killed, say): it has no one to
     report to, and nothing it started may outlive it."""
-    parent = multiprocessing.parent_process()
-    if parent is not None:
+    if (parent := multiprocessing.parent_process()) is not None:
         multiprocessing.connection.wait([parent.sentinel])
         os.killpg(0, signal.SIGKILL)
 
@@ -126,8 +125,7 @@ def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, A
     if raised:
         return verdict("compile-error", 3, one_line(raised[0]))
     # The member a chain used; a backend of no members may have a `used` of its own.
-    member = getattr(registry.lookup_backend(name), "used", None)
-    if member and definition.members:
+    if (member := getattr(registry.lookup_backend(name), "used", None)) and definition.members:
         verdict = functools.partial(verdict, member=member)
     if wrong is not None:
         level = 4 if training and _BACKWARD.search(wrong) else 3

@@ -273,8 +273,8 @@ def import_path() -> list[str]:
     """This process's import path, less the working folder ``python -m`` or ``-c`` put first:
     a probe imports what the registry would here, and nothing a folder it runs in offers."""
     path = list(sys.path)
-    main = sys.modules.get("__main__")
-    if path and getattr(main, "__spec__", None) is not None:  # python -m: path[0] is the cwd
+    # python -m: path[0] is the working folder.
+    if path and getattr(sys.modules.get("__main__"), "__spec__", None) is not None:
         with contextlib.suppress(OSError):  # no working folder: none to leave out
             if os.path.realpath(path[0]) == os.path.realpath(os.getcwd()):
                 path = path[1:]
