@@ -143,8 +143,7 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     unavailable: list[Problem] = []
     said = {**index.unknown_members(), **index.chain_problems()}
     for d in list(usable):
-        why = registry.why_unavailable(d) if d.members or args.import_targets else None
-        if why is not None:
+        if (d.members or args.import_targets) and (why := registry.why_unavailable(d)) is not None:
             usable.remove(d)
             if d.name not in said or said[d.name].severity != "error":
                 note = f"unavailable here ({why})" + "; not imported" * args.import_targets
@@ -219,13 +218,9 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
     from .._sources.files import refused_folders
 
     said: list[Problem] = []
-    seen: set[tuple[str, str]] = set()  # each folder of a manifest judged once
-    for d in checked:
-        path = d.source.path
+    # Each manifest's folders judged once: its backends share its python-path.
+    for path, d in {d.source.path: d for d in checked if d.source.path is not None}.items():
         for written, folder in zip(d.written_path, d.python_path, strict=False):
-            if path is None or (path, folder) in seen:
-                continue
-            seen.add((path, folder))
             if not os.path.isdir(folder):
                 what = "is not a folder" if os.path.lexists(folder) else "does not exist"
                 message = f"python-path folder {written!r} {what} ({folder})"
