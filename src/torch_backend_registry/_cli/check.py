@@ -125,9 +125,7 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     read = manifests_read(registry)
     problems = [*problems, *_misplaced(registry.context.cwd, read)]
     problems += choices_problems(registry, read, with_torch=not args.no_torch)
-    matched = None
-    if args.locked:
-        matched = _drift(registry, problems)
+    matched = _drift(registry, problems) if args.locked else None
     index = registry.index()
     # The manifests' backends; entry points and PyTorch's only resolve chain members.
     every = registry.definitions((), with_torch=False, broken=True)

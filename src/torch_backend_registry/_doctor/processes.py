@@ -75,16 +75,14 @@ def start_server() -> None:
         "TORCH_BACKENDS_AUTOLOAD": "0",
     }
     with _STARTING:  # the variables are the process's: set for the moment it starts
-        saved = {key: os.environ.get(key) for key in server}
+        saved = {key: os.environ[key] for key in server if key in os.environ}
         os.environ.update(server)
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    del os.environ[key]
-                else:
-                    os.environ[key] = value
+            for key in server:
+                os.environ.pop(key, None)
+            os.environ.update(saved)
 
 
 def run_probe(config: dict[str, Any], progress: Progress, stop: Any, name: str) -> Verdict:
