@@ -245,9 +245,8 @@ def summary(facts: Facts) -> str:
     kinds = Counter(backend["kind"] for backend in facts["backends"].values())
     parts = [f"{count} {kind}" for kind, count in sorted(kinds.items())] or ["no"]
     said = (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
-    aliases = len(facts["aliases"])
     said += f" backend{'s' if kinds.total() != 1 else ''}"
-    if aliases:
+    if aliases := len(facts["aliases"]):
         said += f", {aliases} alias{'es' if aliases != 1 else ''}"
     if "default" in facts:
         said += f", default {facts['default']!r}"

@@ -325,7 +325,7 @@ class _Imports:
 
     def _load(self, d: BackendDefinition) -> Problem | None:
         """Look ``d`` up; its failure as a problem at its ``target``, like the manifest's own."""
-        from .._errors import BackendLoadError, ManifestError
+        from .._errors import ManifestError
         from .._loader import cannot_compile
 
         try:
@@ -334,10 +334,8 @@ class _Imports:
                 fn = self.registry.lookup_backend(d.name)
         except ManifestError as exc:  # where it is written: an option's own line
             return exc.problem
-        except BackendLoadError as exc:
-            message = exc.message
-        except BackendRegistryError as exc:
-            message = str(exc)
+        except BackendRegistryError as exc:  # a load error's message, without where it is
+            message = getattr(exc, "message", str(exc))
         else:
             why = cannot_compile(fn)
             if why is None:
