@@ -42,10 +42,9 @@ def run_doctor(args: Arguments) -> int:
         raise UsageError(f"--{exc}") from None
     registry = registry_for()
     try:
-        with waiting("importing PyTorch", not dynamo_imported()):
+        with waiting("importing PyTorch", not dynamo_imported()), _progress() as on_progress:
             names = args.names or (registry.list_backends(()) if args.all else None)
-            with _progress() as on_progress:
-                verdicts = run(registry, names, options, on_progress)
+            verdicts = run(registry, names, options, on_progress)
     except ModelError as exc:  # found before any backend is blamed
         raise UsageError(str(exc)) from None
     if args.json:
