@@ -15,18 +15,14 @@ import socket
 import zlib
 from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, NoReturn
 
 from . import _store
 from ._environment import CLUSTER_TIMEOUT
 from ._errors import BackendRegistryError, InconsistentRegistryError
 from ._lock import changes, digest, fingerprint
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from datetime import timedelta
-    from typing import Any, NoReturn
-
-    from ._registry import Registry
+from ._registry import Registry
 
 #: Where the check keeps its keys on the job's store, apart from PyTorch's own.
 KEYS = "torch_backend_registry/verify"

@@ -12,21 +12,17 @@ import json
 import os
 import shlex
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 from ._definition import canonical, shown_path
 from ._environment import switched_on
 from ._errors import LockDriftError, LockFileError, ManifestError
+from ._registry import Registry
 from ._sources.cache import write_atomically
 from ._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE, Untrusted, parse_toml, read_text
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
-
-    from ._registry import Registry
-
-    Facts = dict[str, Any]
+Facts = dict[str, Any]
 
 LOCK_FILE = "backends.lock"
 #: 3: a lock holds what the project uses (``scope``), and PyTorch's own backends by release.

@@ -6,6 +6,9 @@ import contextlib
 import os
 import pkgutil
 import sys
+from argparse import Namespace as Arguments
+from collections.abc import Sequence
+from typing import Any
 
 from .._errors import BackendRegistryError, ManifestWarning, UnknownBackendError
 from .common import (
@@ -18,12 +21,6 @@ from .common import (
     error,
     printable,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from collections.abc import Sequence
-    from typing import Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,13 +6,10 @@ import argparse
 import contextlib
 import os
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from .common import PROG, registry_for
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from typing import Any
 
 #: Help texts as written: the examples keep their lines.
 _FORMAT = argparse.RawDescriptionHelpFormatter

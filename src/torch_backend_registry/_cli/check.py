@@ -7,6 +7,8 @@ import contextlib
 import dataclasses
 import os
 import sys
+from argparse import Namespace as Arguments
+from collections.abc import Sequence
 from pathlib import Path
 
 from .._definition import BackendDefinition, Problem
@@ -27,11 +29,6 @@ from .common import (
     waiting,
     working_folder,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from collections.abc import Sequence
 
 
 def run_check(args: Arguments) -> int:

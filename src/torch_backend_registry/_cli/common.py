@@ -6,15 +6,12 @@ import contextlib
 import os
 import shutil  # argparse's help formatter imports it too
 import sys
+from collections.abc import Callable, Iterator, Sequence
 
 from .._definition import SOURCE_KINDS, shown_path
 from .._registry import Registry
 
 PROG = "torch-backends"
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
 
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2

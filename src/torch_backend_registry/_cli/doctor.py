@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from argparse import Namespace as Arguments
+from collections.abc import Iterator, Sequence
 
 from .._doctor.options import PROJECT, ModelError, Options
+from .._doctor.processes import Progress
 from .._doctor.verdicts import Verdict, level_name
+from .._registry import Registry
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -17,14 +21,6 @@ from .common import (
     status_line,
     waiting,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from collections.abc import Iterator, Sequence
-
-    from .._doctor.processes import Progress
-    from .._registry import Registry
 
 
 def run_doctor(args: Arguments) -> int:

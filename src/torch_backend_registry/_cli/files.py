@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from argparse import Namespace as Arguments
 
 from .common import (
     EXIT_OK,
@@ -16,10 +17,6 @@ from .common import (
     waiting,
     working_folder,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
 
 
 def run_lock(args: Arguments) -> int:

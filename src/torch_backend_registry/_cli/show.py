@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sys
+from argparse import Namespace as Arguments
+from typing import Any
 
+from .._definition import BackendDefinition, DefaultDeclaration
 from .._errors import UnknownBackendError, closest
 from .._identity import by_device
 from .._registry import DEFAULT_EXCLUDE_TAGS, Registry
@@ -20,13 +23,6 @@ from .common import (
     waiting,
     working_folder,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from typing import Any
-
-    from .._definition import BackendDefinition, DefaultDeclaration
 
 
 def run_list(args: Arguments) -> int:

@@ -19,18 +19,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
 
 from .._errors import closest
 from .._registry import Registry
 from .._torch import install
 from .options import ModelError
 from .verdicts import one_line
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from multiprocessing.connection import Connection
-    from typing import Any
 
 #: What the reference says of gradients and of the backward pass (the rest is of the
 #: forward), and of a backward pass that is missing or raises rather than giving other values.

@@ -20,17 +20,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from . import probe
 from .options import ModelError
 from .verdicts import FAILURES, Verdict, level_name
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
-
-    Progress = Callable[[str, int, float, bool], None]
+Progress = Callable[[str, int, float, bool], None]
 
 #: What the forkserver imports once, for every probe: PyTorch, what its compiler imports
 #: on a first compile whatever the backend, and what a probe runs of this package. No

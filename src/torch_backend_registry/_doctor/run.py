@@ -8,25 +8,20 @@ import functools
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import PathFinder
 
+from .._definition import BackendDefinition
 from .._errors import BackendRegistryError, ManifestError
 from .._identity import reach
+from .._registry import Registry
 from .._sources.files import refused_folders
 from .._sources.finding import find
 from .._sources.pytorch import torch_available
 from .options import PROJECT, ModelError, Options
-from .processes import import_path, run_probe, start_server
+from .processes import Progress, import_path, run_probe, start_server
 from .verdicts import STATUSES, Verdict, one_line
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from .._definition import BackendDefinition
-    from .._registry import Registry
-    from .processes import Progress
 
 
 def run(
