@@ -164,8 +164,8 @@ def read_lock(
             " 'torch-backends lock' wrote, or run it again",
             path=path,
         )
-    version = data.get("lock-version")
-    if type(version) is not int or version != LOCK_VERSION:  # true is 1 to Python
+    # Its exact type: true is 1 to Python.
+    if type(version := data["lock-version"]) is not int or version != LOCK_VERSION:
         raise LockFileError(
             f"lock version {version!r} is not {LOCK_VERSION}; run 'torch-backends lock' again",
             path=path,

@@ -91,11 +91,9 @@ def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
     pyproject.toml's table; or one found above the repository the command runs in (the folder
     holding ``.git``), which belongs to something else: likely the project's own is not where
     it is looked for. That one is said as a warning."""
-    project = None if here is None else project_manifest(here)
-    if here is None or project is None:
+    if here is None or (project := project_manifest(here)) is None:
         return []
-    replaced = replaced_table(project)
-    said = [] if replaced is None else [replaced]
+    said = [] if (replaced := replaced_table(project)) is None else [replaced]
     if project not in read:
         return said
     folders = (Path(here), *Path(here).parents)

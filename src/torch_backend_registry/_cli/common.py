@@ -55,8 +55,7 @@ def print_json(value: object) -> None:
     import json
 
     # ASCII: a description's control or bidi characters reach no terminal raw.
-    json.dump(value, sys.stdout, indent=2, default=_json_default)
-    sys.stdout.write("\n")
+    print(json.dumps(value, indent=2, default=_json_default))
 
 
 def _json_default(value: object) -> object:
