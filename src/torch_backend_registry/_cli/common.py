@@ -38,10 +38,10 @@ def error(message: str) -> None:
 
 
 def working_folder() -> str | None:
-    try:
+    """The working folder, or ``None`` where it was removed."""
+    with contextlib.suppress(OSError):
         return os.getcwd()
-    except OSError:
-        return None
+    return None
 
 
 def registry_for(no_torch: bool = False, files: Sequence[str] = ()) -> Registry:

@@ -150,11 +150,10 @@ def run_explain(args: Arguments) -> int:
         fields.append(("default", f"yes: torch.compile uses it when given none ({_at(default)})"))
     if policy is not None:
         fields.append(("policy", policy))
-    if info.source.kind in ("torch", "entry-point") and info.distribution is None:
-        # PyTorch's own and its entry points are torch.compile names in every process.
-        fields.append(("autoload", "not needed: PyTorch finds this backend itself"))
-    else:
-        fields.append(("autoload", state()))
+    # PyTorch's own and its entry points are torch.compile names in every process.
+    itself = info.source.kind in ("torch", "entry-point") and info.distribution is None
+    autoload = "not needed: PyTorch finds this backend itself" if itself else state()
+    fields.append(("autoload", autoload))
     if info.definition.select == "fastest":
         fields.append(("choices", f"{len(remembered) or 'none'} remembered here"))
         fields.append(("shipped", f"{len(shipped) or 'none'} in backends.choices"))
