@@ -22,7 +22,7 @@ import pytest
 import torch_backend_registry as tbr
 from torch_backend_registry import LockDriftError, Registry
 from torch_backend_registry._lock import (
-    differences,
+    changes,
     lock_facts,
     lock_path,
     read_lock,
@@ -30,6 +30,12 @@ from torch_backend_registry._lock import (
 )
 
 from .conftest import NO_TORCH, Done, WriteFn, run_forked, torch_backends
+
+
+def differences(locked: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The drift from ``locked`` to ``now``, as ``check --locked`` prints it."""
+    return [said for _names, said in changes(locked, now)]
+
 
 MANIFEST = """
 [backends.fast]

@@ -15,18 +15,14 @@ import socket
 import zlib
 from collections import Counter
 from dataclasses import dataclass
-from itertools import groupby
+from datetime import timedelta
+from typing import Any, NoReturn
 
 from . import _store
 from ._environment import CLUSTER_TIMEOUT
 from ._errors import BackendRegistryError, InconsistentRegistryError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from datetime import timedelta
-    from typing import Any, NoReturn
-
-    from ._registry import Registry
+from ._lock import changes, digest, fingerprint
+from ._registry import Registry
 
 #: Where the check keeps its keys on the job's store, apart from PyTorch's own.
 KEYS = "torch_backend_registry/verify"
@@ -42,10 +38,7 @@ def verify_consistent(
         )
     import torch.distributed as dist
 
-    if group is None:
-        members = list(range(dist.get_world_size()))
-    else:
-        members = sorted(dist.get_process_group_ranks(group))
+    members = sorted(dist.get_process_group_ranks(group or dist.group.WORLD))
     me = _store.rank()
     if me not in members:
         raise ValueError(
@@ -53,8 +46,6 @@ def verify_consistent(
         )
     store = _store.default_store()
     if store is None:  # one rank: none to differ from
-        from ._lock import fingerprint
-
         _store.time_limit(timeout)
         return fingerprint(registry)
     # Named by the ranks' list's hash: a key sent with every request stays short.
@@ -92,8 +83,6 @@ class _Check:
 
     def run(self, facts: dict[str, Any]) -> str:
         """The fingerprint where every rank agrees, else the same error on each."""
-        from ._lock import digest
-
         full = digest(facts)
         self.store.append(f"{self.call}/said", f"{self.me} {full} {socket.gethostname()}\n")
         # One key decides, set once: by the last rank to come, which alone reads what all
@@ -163,10 +152,10 @@ class _Check:
         if first[full] == self.me:
             _store.publish(self.store, f"{self.call}/{full}", zlib.compress(pickle.dumps(facts)))
         known = {full: facts}
-        for fingerprint, rank in first.items():
-            if fingerprint in known:
+        for other, rank in first.items():
+            if other in known:
                 continue
-            data = _store.receive(self.store, f"{self.call}/{fingerprint}", self.limit)
+            data = _store.receive(self.store, f"{self.call}/{other}", self.limit)
             if data is None:
                 self._leave(len(self.members) - 1)
                 raise InconsistentRegistryError(
@@ -176,7 +165,7 @@ class _Check:
                     (rank,),
                 )
             # Unpickled from the job's own store, as torch.distributed's object collectives do.
-            known[fingerprint] = pickle.loads(zlib.decompress(data))
+            known[other] = pickle.loads(zlib.decompress(data))
         self._leave(len(self.members))
         everyone = [(said[rank][1], known[said[rank][0]]) for rank in self.members]
         raise mismatch(self.members, hashes, everyone)
@@ -197,18 +186,16 @@ def mismatch(
     """The same error on every rank: the ranks outside the majority (in a tie, outside the
     group of the lowest rank, said so), and where they differ, once a name; the first ten
     ranks said, the differences of each fingerprint found once."""
-    from ._lock import changes
-
     counted = Counter(hashes).most_common()  # in a tie, the group of the lowest rank first
     majority, count = counted[0]
     tie = len(counted) > 1 and counted[1][1] == count
     reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
-    found = {hashes[i]: changes(reference, everyone[i][1]) for i in odd}
+    found = {hashes[i]: changes(reference, everyone[i][1], by_name=True) for i in odd}
     names = {name for each in found.values() for about, _said in each for name in about}
     lines = []
     for index in odd[:10]:
-        said = _by_name([said for _about, said in found[hashes[index]]])
+        said = [said for _about, said in found[hashes[index]]]
         more = f"; and {len(said) - 5} more" if len(said) > 5 else ""
         lines.append(f"rank {members[index]} on {everyone[index][0]}: {'; '.join(said[:5])}{more}")
     if len(odd) > 10:
@@ -221,18 +208,3 @@ def mismatch(
         odd_ranks,
         tuple(sorted(names)),
     )
-
-
-def _by_name(differences: list[str]) -> list[str]:
-    """``changed backend 'x': a: 1 -> 2, b: 3 -> 4``: the name once, with each of its fields
-    (the lock says a field a line, and they come sorted by name)."""
-
-    def about(said: str) -> str:
-        return said.partition(": ")[0] if said.startswith("changed ") else said
-
-    lines = []
-    for head, group in groupby(differences, about):
-        said = list(group)
-        fields = ", ".join(line.partition(": ")[2] for line in said)
-        lines.append(head if said == [head] else f"{head}: {fields}")
-    return lines

@@ -7,25 +7,22 @@ same fingerprint and a checkout anywhere matches the same lock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 from ._definition import canonical, shown_path
 from ._environment import switched_on
 from ._errors import LockDriftError, LockFileError, ManifestError
+from ._registry import Registry
 from ._sources.cache import write_atomically
-from ._sources.files import SHARED_FILE_MODE
+from ._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE, Untrusted, parse_toml, read_text
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-    from typing import Any
-
-    from ._registry import Registry
-
-    Facts = dict[str, Any]
+Facts = dict[str, Any]
 
 LOCK_FILE = "backends.lock"
 #: 3: a lock holds what the project uses (``scope``), and PyTorch's own backends by release.
@@ -59,16 +56,16 @@ def fingerprint(registry: Registry) -> str:
     return digest(registry.facts())[:16]
 
 
-def lock_facts(registry: Registry, scope: str = "project", *, with_torch: bool = True) -> Facts:
+def lock_facts(registry: Registry, scope: str = "project") -> Facts:
     """What a lock of ``scope`` holds: ``"project"``, the names the manifests declare and
-    every name they reach; ``"all"``, every listed name (``with_torch=False``: without
-    PyTorch's own, and torch not imported)."""
+    every name they reach; ``"all"``, every listed name (PyTorch's own where ``registry``
+    reads them)."""
     from ._identity import project_facts
     from ._sources.pytorch import torch_version
 
     if scope == "all":
-        return {"scope": scope, **registry.facts(with_torch=with_torch)}
-    return {"scope": scope, **project_facts(registry.index(with_torch=with_torch), torch_version())}
+        return {"scope": scope, **registry.facts()}
+    return {"scope": scope, **project_facts(registry.index(), torch_version())}
 
 
 def lock_path(registry: Registry) -> str:
@@ -88,9 +85,7 @@ def lock_text(facts: Facts) -> str:
     return HEADER + "\n" + tomli_w.dumps(document)  # the default, a string, before the tables
 
 
-def write_lock(
-    registry: Registry, path: str | None = None, *, scope: str = "project", with_torch: bool = True
-) -> str:
+def write_lock(registry: Registry, path: str | None = None, *, scope: str = "project") -> str:
     """Write the lock of ``registry`` (see :func:`lock_facts`); return its path. A lock that
     :func:`read_lock` would refuse (larger than it reads, more keys than it parses) is refused
     instead, and so is a ``path`` whose file is no lock."""
@@ -103,20 +98,17 @@ def write_lock(
             " another file, or remove this one first",
             path=path,
         )
-    text = lock_text(lock_facts(registry, scope, with_torch=with_torch))
-    try:
+    text = lock_text(lock_facts(registry, scope))
+    with contextlib.suppress(TooManyKeys):
         key_lines(text, LOCK_MAX_KEY_PARTS)  # the budget bounds this parse too
-        fits = len(text.encode()) <= LOCK_MAX_BYTES
-    except TooManyKeys:
-        fits = False
-    if not fits:
-        raise LockFileError(
-            f"the lock would be larger than a lock is read ({LOCK_MAX_BYTES // 2**20} MiB,"
-            f" {LOCK_MAX_KEY_PARTS:,} keys and key parts); lock fewer backends",
-            path=path,
-        )
-    write_atomically(path, text.encode("utf-8"), SHARED_FILE_MODE)
-    return path
+        if len(text.encode()) <= LOCK_MAX_BYTES:
+            write_atomically(path, text.encode("utf-8"), SHARED_FILE_MODE)
+            return path
+    raise LockFileError(
+        f"the lock would be larger than a lock is read ({LOCK_MAX_BYTES // 2**20} MiB,"
+        f" {LOCK_MAX_KEY_PARTS:,} keys and key parts); lock fewer backends",
+        path=path,
+    )
 
 
 def _is_lock_or_absent(path: str) -> bool:
@@ -151,8 +143,6 @@ def read_lock(
     """The facts a lock file holds; :class:`LockFileError` where it cannot be used, saying
     how to write it (``command``) and that ``TORCH_BACKENDS_LOCKED`` named it
     (``from_environment``), where it is missing."""
-    from ._sources.files import NO_SUCH_FILE, Untrusted, parse_toml, read_text
-
     if os.path.isdir(path):
         raise LockFileError("is a folder, not a lock file; name the lock file itself", path=path)
     try:
@@ -167,15 +157,15 @@ def read_lock(
                 message += f" (named by {LOCKED_VAR})"
             message += f"; run '{command}' to write it, and commit it"
         raise LockFileError(message, path=path, line=exc.line) from exc
-    missing = [key for key in ("lock-version", "fingerprint") if key not in data]
-    if missing:  # a manifest named by mistake, an empty file
+    # A manifest named by mistake, an empty file:
+    if missing := [key for key in ("lock-version", "fingerprint") if key not in data]:
         raise LockFileError(
             f"not a lock file: it has no {' and no '.join(missing)}; name the file"
             " 'torch-backends lock' wrote, or run it again",
             path=path,
         )
-    version = data.get("lock-version")
-    if type(version) is not int or version != LOCK_VERSION:  # true is 1 to Python
+    # Its exact type: true is 1 to Python.
+    if type(version := data["lock-version"]) is not int or version != LOCK_VERSION:
         raise LockFileError(
             f"lock version {version!r} is not {LOCK_VERSION}; run 'torch-backends lock' again",
             path=path,
@@ -187,8 +177,7 @@ def read_lock(
     facts: Facts = {"scope": data["scope"], "backends": backends, "aliases": aliases}
     if "default" in data:
         facts["default"] = data["default"]
-    held = digest(facts)[:16]
-    if data.get("fingerprint") != held:  # what it holds is not what it says
+    if data.get("fingerprint") != (held := digest(facts)[:16]):  # what it holds is not what it says
         raise LockFileError(
             f"its fingerprint {data.get('fingerprint')!r} is not that of what it holds"
             f" ({held!r}): it was edited by hand; run 'torch-backends lock' again",
@@ -198,16 +187,12 @@ def read_lock(
     return facts
 
 
-def differences(locked: Facts, now: Facts) -> list[str]:
-    """What changed from ``locked`` to ``now``, one readable line a difference, sorted."""
-    return [said for _names, said in changes(locked, now)]
-
-
 def changes(
-    locked: Facts, now: Facts, *, with_torch: bool = True
+    locked: Facts, now: Facts, *, with_torch: bool = True, by_name: bool = False
 ) -> list[tuple[tuple[str, ...], str]]:
     """Each difference from ``locked`` to ``now``, with the names it is about (a backend's
-    or alias's; the old and the new default, what torch.compile uses unasked).
+    or alias's; the old and the new default, what torch.compile uses unasked): a changed
+    field a line, or with ``by_name`` a changed backend's fields on one line.
     ``with_torch=False`` compares neither side's PyTorch backends (``now`` did not read them)."""
     if not with_torch:
         locked, now = _without_torch(locked), _without_torch(now)
@@ -222,6 +207,8 @@ def changes(
                 found.append(((name,), f"removed {noun} {name!r} (was {_show(before[name])})"))
             else:
                 said = _changed(before[name], after[name])
+                if by_name and said:
+                    said = [", ".join(said)]
                 found.extend(((name,), f"changed {noun} {name!r}: {line}") for line in said)
     old, new = locked.get("default"), now.get("default")
     if old != new:
@@ -254,9 +241,8 @@ def summary(facts: Facts) -> str:
     kinds = Counter(backend["kind"] for backend in facts["backends"].values())
     parts = [f"{count} {kind}" for kind, count in sorted(kinds.items())] or ["no"]
     said = (", ".join(parts[:-1]) + " and " if len(parts) > 1 else "") + parts[-1]
-    aliases = len(facts["aliases"])
     said += f" backend{'s' if kinds.total() != 1 else ''}"
-    if aliases:
+    if aliases := len(facts["aliases"]):
         said += f", {aliases} alias{'es' if aliases != 1 else ''}"
     if "default" in facts:
         said += f", default {facts['default']!r}"
@@ -277,19 +263,16 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def check_locked(
-    registry: Registry, path: str, *, from_environment: bool = False, with_torch: bool = True
-) -> str:
+def check_locked(registry: Registry, path: str, *, from_environment: bool = False) -> str:
     """The fingerprint of the lock at ``path``, where ``registry`` matches it; else
     :class:`LockDriftError` with each difference (:class:`LockFileError` where it is no lock).
-    ``with_torch=False`` compares no PyTorch backend of a lock of all (none is read)."""
+    A registry that reads no PyTorch backends compares none of a lock of all."""
     command = lock_command(registry, path)
     named = from_environment and path != lock_path(registry)  # a path, not "1"
     locked = read_lock(path, command=command, from_environment=named)
     scope = locked["scope"]
-    now = lock_facts(registry, scope, with_torch=with_torch)
-    found = changes(locked, now, with_torch=with_torch or scope == "project")
-    if found:
+    with_torch = "torch" in registry.sources or scope == "project"
+    if found := changes(locked, lock_facts(registry, scope), with_torch=with_torch):
         raise LockDriftError(
             path, [said for _names, said in found], command + " --all" * (scope == "all")
         )

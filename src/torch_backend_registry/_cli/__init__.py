@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pkgutil
 import sys
+from argparse import Namespace as Arguments
+from collections.abc import Sequence
+from typing import Any
 
-from .._errors import BackendRegistryError, UnknownBackendError
+from .._errors import BackendRegistryError, ManifestWarning, UnknownBackendError
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -18,17 +22,10 @@ from .common import (
     printable,
 )
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from collections.abc import Sequence
-    from typing import Any
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     import warnings
 
-    from .._errors import ManifestWarning
     from .arguments import parse
 
     for name in ("stdout", "stderr"):
@@ -38,9 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(sys, name, open(os.devnull, "w"))  # noqa: SIM115 - the process's own
         # A description may hold characters the terminal's encoding lacks (a C locale,
         # PYTHONIOENCODING=ascii): print them escaped rather than fail.
-        reconfigure = getattr(getattr(sys, name), "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(errors="backslashreplace")
+        with contextlib.suppress(AttributeError):  # a stream that is no io.TextIOWrapper
+            getattr(sys, name).reconfigure(errors="backslashreplace")
     args = parse(argv)
     show = warnings.showwarning
     caught: list[str] = []

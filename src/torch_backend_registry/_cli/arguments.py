@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from .common import PROG, registry_for
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-    from typing import Any
 
 #: Help texts as written: the examples keep their lines.
 _FORMAT = argparse.RawDescriptionHelpFormatter
@@ -38,25 +36,6 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def _above_zero(convert: Callable[[str], float], noun: str, least: str) -> Callable[[str], float]:
-    """An argparse type: ``convert`` of the text, refused where it is not above zero."""
-
-    def value(text: str) -> float:
-        try:
-            number = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
-        if not 0 < number < float("inf"):
-            raise argparse.ArgumentTypeError(f"must be {least}, not {text}")
-        return number
-
-    return value
-
-
-_seconds = _above_zero(float, "a number of seconds", "a number of seconds above 0")
-_count = _above_zero(int, "a whole number", "1 or more")
-
-
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else argv
     completing = "_ARGCOMPLETE" in os.environ  # the shell asks for completions
@@ -65,11 +44,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     # is a word of the line).
     parser = build_parser(doctor=completing or "doctor" in argv)
     if completing:
-        try:
-            import argcomplete  # the ``completion`` extra
-        except ImportError:
-            pass
-        else:
+        with contextlib.suppress(ImportError):  # argcomplete: the ``completion`` extra
+            import argcomplete
+
             argcomplete.autocomplete(parser)  # answers and exits
     return parser.parse_args(argv)
 
@@ -164,11 +141,7 @@ def build_parser(*, doctor: bool = True) -> argparse.ArgumentParser:
     )
     _switch(checker, "--json", "print one JSON object: every problem, and counts")
 
-    prober = command(
-        "doctor",
-        "probe backends in subprocesses: which work here",
-        "doctor",
-    )
+    prober = command("doctor", "probe backends in subprocesses: which work here", "doctor")
     if doctor:
         _doctor_options(prober)
 
@@ -227,7 +200,7 @@ def _doctor_options(prober: argparse.ArgumentParser) -> None:
     _switch(prober, "--bench", argparse.SUPPRESS)  # retired: an error that names tune
     prober.add_argument(
         "--timeout",
-        type=_seconds,
+        type=float,
         metavar="S",
         help="seconds a backend may take before it is killed (default %(default)g)",
     )
@@ -245,6 +218,6 @@ def _doctor_options(prober: argparse.ArgumentParser) -> None:
     )
     prober.add_argument("--device", help="the device to probe on, e.g. cuda (default %(default)s)")
     prober.add_argument(
-        "--jobs", type=_count, metavar="N", help="backends probed at once (default: half the cores)"
+        "--jobs", type=int, metavar="N", help="backends probed at once (default: half the cores)"
     )
     prober.set_defaults(**Options()._asdict())  # each default as doctor() has it

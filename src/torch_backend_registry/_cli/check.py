@@ -7,10 +7,14 @@ import contextlib
 import dataclasses
 import os
 import sys
+from argparse import Namespace as Arguments
+from collections.abc import Sequence
+from pathlib import Path
 
-from .._definition import Problem
-from .._errors import BackendRegistryError
+from .._definition import BackendDefinition, Problem
+from .._errors import BackendRegistryError, LockDriftError, LockFileError, ManifestWarning
 from .._registry import Registry
+from .._sources import PROJECT_FILES, near_table, project_manifest, replaced_table
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -26,18 +30,9 @@ from .common import (
     working_folder,
 )
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from collections.abc import Sequence
-
-    from .._definition import BackendDefinition, SourceKind
-
 
 def run_check(args: Arguments) -> int:
     import warnings
-
-    from .._errors import ManifestWarning
 
     if args.locked and args.files:
         raise CommandError(
@@ -54,29 +49,23 @@ def run_check(args: Arguments) -> int:
                 print_json({"problems": [problem], "backends": 0, "errors": 1})
             return EXIT_PROBLEMS
         # The given files, or the discovered manifests; entry points and PyTorch's backends
-        # are read too: chains name them, and PyTorch's names cannot be redefined.
-        sources: list[SourceKind] = ["env"] if args.files else ["env", "project"]
-        sources += ["entry-point"] if args.no_torch else ["entry-point", "torch"]
-        # Absolute, as --json gives every path; the lines printed show them relative to here.
-        files = [os.path.abspath(f) for f in args.files] or None
-        registry = Registry(files=files, sources=sources)
+        # are read too: chains name them, and PyTorch's names cannot be redefined. Absolute,
+        # as --json gives every path; the lines printed show them relative to here.
+        registry = registry_for(args.no_torch, [os.path.abspath(f) for f in args.files])
         with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
-            problems = registry.problems(with_torch=not args.no_torch)
+            problems = registry.problems()
         return _report(registry, problems, args)
 
 
-def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> str | None:
+def _drift(registry: Registry, problems: list[Problem]) -> str | None:
     """Add each difference from the lock install() holds to (backends.lock, or the one
     TORCH_BACKENDS_LOCKED names) to ``problems``; where there is none, say which matched."""
-    from .._errors import LockDriftError, LockFileError
     from .._lock import check_locked, lock_from_environment, lock_path
 
     named = lock_from_environment(registry)
     path = named or lock_path(registry)
     try:
-        matched = check_locked(
-            registry, path, from_environment=named is not None, with_torch=with_torch
-        )
+        matched = check_locked(registry, path, from_environment=named is not None)
     except LockFileError as exc:
         problems.append(Problem(exc.message, path=exc.path, line=exc.line))
         return None
@@ -89,15 +78,10 @@ def _drift(registry: Registry, problems: list[Problem], *, with_torch: bool) -> 
 
 def _near_table_here() -> str:
     """Where a pyproject.toml here or above holds what looks like a misspelt table, say so."""
-    from pathlib import Path
-
-    from .._sources import PROJECT_FILES, near_table
-
     here = working_folder()
     for folder in (Path(here), *Path(here).parents) if here else ():
         candidate = os.path.join(folder, PROJECT_FILES[1])
-        near = near_table(candidate) if os.path.isfile(candidate) else None
-        if near is not None:
+        if near := near_table(candidate):  # None where there is none, or no such file
             return f" ({relative(candidate)} has {near}: did you mean [tool.torch-backends]?)"
     return ""
 
@@ -107,24 +91,17 @@ def _misplaced(here: str | None, read: list[str]) -> list[Problem]:
     pyproject.toml's table; or one found above the repository the command runs in (the folder
     holding ``.git``), which belongs to something else: likely the project's own is not where
     it is looked for. That one is said as a warning."""
-    from .._sources import project_manifest, replaced_table
-
-    project = None if here is None else project_manifest(here)
-    if here is None or project is None:
+    if here is None or (project := project_manifest(here)) is None:
         return []
-    replaced = replaced_table(project)
-    said = [] if replaced is None else [replaced]
+    said = [] if (replaced := replaced_table(project)) is None else [replaced]
     if project not in read:
         return said
-    folder = here
-    while not os.path.lexists(os.path.join(folder, ".git")):
-        folder, below = os.path.dirname(folder), folder
-        if folder == below:
-            return said  # in no repository
-    if os.path.dirname(project) == folder or project.startswith(os.path.join(folder, "")):
-        return said
+    folders = (Path(here), *Path(here).parents)
+    repository = next((f for f in folders if os.path.lexists(f / ".git")), None)
+    if repository is None or Path(project).is_relative_to(repository):
+        return said  # in no repository, or in this one
     message = (
-        f"this manifest lies above the repository this command runs in ({folder}): the"
+        f"this manifest lies above the repository this command runs in ({repository}): the"
         " project's manifest is the nearest one from here up; if this repository has one,"
         " it is not where it is looked for"
     )
@@ -143,10 +120,8 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     read = manifests_read(registry)
     problems = [*problems, *_misplaced(registry.context.cwd, read)]
     problems += choices_problems(registry, read, with_torch=not args.no_torch)
-    matched = None
-    if args.locked:
-        matched = _drift(registry_for(args.no_torch), problems, with_torch=not args.no_torch)
-    index = registry.index(with_torch=not args.no_torch)
+    matched = _drift(registry, problems) if args.locked else None
+    index = registry.index()
     # The manifests' backends; entry points and PyTorch's only resolve chain members.
     every = registry.definitions((), with_torch=False, broken=True)
     checked = [d for d in every if d.source.kind in ("env", "project")]
@@ -161,8 +136,7 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     unavailable: list[Problem] = []
     said = {**index.unknown_members(), **index.chain_problems()}
     for d in list(usable):
-        why = registry.why_unavailable(d) if d.members or args.import_targets else None
-        if why is not None:
+        if (d.members or args.import_targets) and (why := registry.why_unavailable(d)) is not None:
             usable.remove(d)
             if d.name not in said or said[d.name].severity != "error":
                 note = f"unavailable here ({why})" + "; not imported" * args.import_targets
@@ -237,13 +211,9 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
     from .._sources.files import refused_folders
 
     said: list[Problem] = []
-    seen: set[tuple[str, str]] = set()  # each folder of a manifest judged once
-    for d in checked:
-        path = d.source.path
+    # Each manifest's folders judged once: its backends share its python-path.
+    for path, d in {d.source.path: d for d in checked if d.source.path is not None}.items():
         for written, folder in zip(d.written_path, d.python_path, strict=False):
-            if path is None or (path, folder) in seen:
-                continue
-            seen.add((path, folder))
             if not os.path.isdir(folder):
                 what = "is not a folder" if os.path.lexists(folder) else "does not exist"
                 message = f"python-path folder {written!r} {what} ({folder})"
@@ -272,26 +242,25 @@ class _Imports:
         self.index = registry.index()
         #: The backends the checked manifests declare: each is reported at its own table.
         self.declared = declared
-        #: Why each backend looked at cannot be used here (``None``: it can), and whether
-        #: that is a failure (it was imported and broke) or unavailability (not imported).
-        self.found: dict[str, tuple[str, bool] | None] = {}
+        #: Why each backend looked at cannot be used here (``None``: it can): an error where
+        #: it was imported and broke, a note where it is unavailable (not imported).
+        self.found: dict[str, Problem | None] = {}
 
     def check(self, d: BackendDefinition) -> list[Problem]:
+        fatal = self._judge(d.name)
         if not d.members:
-            problem = self._load(d)
-            self.found[d.name] = None if problem is None else (problem.message, True)
-            return [] if problem is None else [problem]
-        fatal = self._judge(d.name) is not None
+            return [] if fatal is None else [fatal]
         problems = []
         what = "chain" if d.by_device is None else "by-device"
         then = "uses the next member" if d.by_device is None else "fails on that device"
         for member in d.members:
             said = self.found.get(member)
             resolved = self.index.get(member)
-            if said is None or not said[1] or (resolved and resolved.name in self.declared):
+            own = resolved is not None and resolved.name in self.declared
+            if said is None or said.severity != "error" or own:
                 continue  # it loads; or is unavailable here (noted); or has its own report
-            message = f"{what} member {member!r}: {said[0]}"
-            if not fatal:  # the chain or table still runs: only a warning
+            message = f"{what} member {member!r}: {said.message}"
+            if fatal is None:  # the chain or table still runs: only a warning
                 message += f"; {d.name!r} {then}"
             problems.append(d.located(message, what, severity="error" if fatal else "warning"))
         return problems + self._settings(d)
@@ -318,22 +287,19 @@ class _Imports:
                 continue  # a member that cannot be looked up is reported as a member
         return problems
 
-    def _judge(self, name: str) -> tuple[str, bool] | None:
+    def _judge(self, name: str) -> Problem | None:
         if name not in self.found:
             self.found[name] = None  # a loop is reported already: do not walk it again
-            definition = self.index.get(name)
             # None: unknown here (noted), or one of PyTorch's not read (--no-torch).
-            if definition is not None:
+            if (definition := self.index.get(name)) is not None:
                 self.found[name] = self._verdict(definition)
         return self.found[name]
 
-    def _verdict(self, definition: BackendDefinition) -> tuple[str, bool] | None:
-        why = self.registry.why_unavailable(definition)
-        if why is not None:
-            return f"unavailable here ({why})", False
+    def _verdict(self, definition: BackendDefinition) -> Problem | None:
+        if (why := self.registry.why_unavailable(definition)) is not None:
+            return Problem(f"unavailable here ({why})", severity="note")
         if not definition.members:
-            problem = self._load(definition)
-            return None if problem is None else (problem.message, True)
+            return self._load(definition)
         # Every member is judged (imported), to be reported at its own line. Whether the
         # chain or table runs here is then the registry's rule, each member that cannot be
         # used put as one the rule refuses: the chain itself, a loop.
@@ -350,11 +316,11 @@ class _Imports:
         )
         if self.registry.why_unavailable(runs) is None:
             return None
-        return "no member it would run here can be used", True
+        return Problem("no member it would run here can be used")
 
     def _load(self, d: BackendDefinition) -> Problem | None:
         """Look ``d`` up; its failure as a problem at its ``target``, like the manifest's own."""
-        from .._errors import BackendLoadError, ManifestError
+        from .._errors import ManifestError
         from .._loader import cannot_compile
 
         try:
@@ -363,10 +329,8 @@ class _Imports:
                 fn = self.registry.lookup_backend(d.name)
         except ManifestError as exc:  # where it is written: an option's own line
             return exc.problem
-        except BackendLoadError as exc:
-            message = exc.message
-        except BackendRegistryError as exc:
-            message = str(exc)
+        except BackendRegistryError as exc:  # a load error's message, without where it is
+            message = getattr(exc, "message", str(exc))
         else:
             why = cannot_compile(fn)
             if why is None:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil  # argparse's help formatter imports it too
 import sys
+from collections.abc import Callable, Iterator, Sequence
 
+from .._definition import SOURCE_KINDS, shown_path
 from .._registry import Registry
 
 PROG = "torch-backends"
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
-    from typing import Any
 
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_USAGE = 0, 1, 2
@@ -40,24 +38,24 @@ def error(message: str) -> None:
 
 
 def working_folder() -> str | None:
-    try:
+    """The working folder, or ``None`` where it was removed."""
+    with contextlib.suppress(OSError):
         return os.getcwd()
-    except OSError:
-        return None
+    return None
 
 
-def registry_for(no_torch: bool = False) -> Registry:
-    from .._definition import SOURCE_KINDS
-
-    return Registry(sources=[k for k in SOURCE_KINDS if not (no_torch and k == "torch")])
+def registry_for(no_torch: bool = False, files: Sequence[str] = ()) -> Registry:
+    """The registry a command reads: ``files`` instead of the project's manifest and
+    TORCH_BACKENDS_PATH's, where any are given."""
+    left_out = {"torch": no_torch, "project": bool(files)}
+    return Registry(files=files or None, sources=[k for k in SOURCE_KINDS if not left_out.get(k)])
 
 
 def print_json(value: object) -> None:
     import json
 
     # ASCII: a description's control or bidi characters reach no terminal raw.
-    json.dump(value, sys.stdout, indent=2, default=_json_default)
-    sys.stdout.write("\n")
+    print(json.dumps(value, indent=2, default=_json_default))
 
 
 def _json_default(value: object) -> object:
@@ -70,24 +68,29 @@ def _json_default(value: object) -> object:
 
 
 @contextlib.contextmanager
-def waiting(message: str, slow: bool) -> Iterator[None]:
-    """A line on a terminal's stderr while something slow runs, erased when it is done."""
-    shown = slow and sys.stderr.isatty()
-    if shown:
-        print(f"{PROG}: {message}...", end="", file=sys.stderr, flush=True)
+def status_line(shown: bool = True) -> Iterator[Callable[[str], None]]:
+    """A line on a terminal's stderr (``shown``, and not piped) while it is entered: each
+    call of what it yields says it anew, cut to the terminal's width; erased at the end."""
+    shown = shown and sys.stderr.isatty()
+
+    def say(text: str) -> None:
+        if shown:
+            line = printable(f"{PROG}: {text}")[: shutil.get_terminal_size().columns - 1]
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+
     try:
-        yield
+        yield say
     finally:
         if shown:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
-def terminal_width(stream: Any = None) -> int | None:
-    if not (stream or sys.stdout).isatty():
-        return None
-    import shutil
-
-    return shutil.get_terminal_size().columns
+@contextlib.contextmanager
+def waiting(message: str, slow: bool) -> Iterator[None]:
+    """A line on a terminal's stderr while something slow runs, erased when it is done."""
+    with status_line(slow) as say:
+        say(f"{message}...")
+        yield
 
 
 def print_rows(
@@ -104,7 +107,7 @@ def print_rows(
     cut). Piped, nothing is cut, and an optional last column is left out (the columns
     scripts know)."""
     rows = [tuple(printable(cell) for cell in row) for row in rows]
-    limit = terminal_width()
+    limit = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     # A last column that spills is not one the others are cut to make room for.
     widths = _fitted([row[:-1] for row in rows] if spill_last else rows, limit, shrinkable)
     if widths is not None and spill_last:
@@ -158,8 +161,6 @@ def _fitted(
 
 
 def relative(path: str) -> str:
-    from .._definition import shown_path
-
     return shown_path(path, working_folder())
 
 

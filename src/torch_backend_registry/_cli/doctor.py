@@ -3,37 +3,27 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
+from argparse import Namespace as Arguments
+from collections.abc import Iterator, Sequence
 
-from .._doctor.options import PROJECT
+from .._doctor.options import PROJECT, ModelError, Options
+from .._doctor.processes import Progress
+from .._doctor.verdicts import Verdict, level_name
+from .._registry import Registry
 from .common import (
     EXIT_OK,
     EXIT_PROBLEMS,
-    EXIT_USAGE,
-    PROG,
     UsageError,
-    error,
     print_json,
     print_rows,
-    printable,
     registry_for,
-    terminal_width,
+    status_line,
     waiting,
 )
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from collections.abc import Iterator, Sequence
-
-    from .._doctor.processes import Progress
-    from .._doctor.verdicts import Verdict
-    from .._registry import Registry
-
 
 def run_doctor(args: Arguments) -> int:
-    from .._doctor.options import ModelError, Options
     from .._doctor.run import run
     from .._sources.pytorch import dynamo_imported
 
@@ -42,17 +32,17 @@ def run_doctor(args: Arguments) -> int:
             "--bench is retired: doctor no longer times backends; 'torch-backends tune --"
             " COMMAND' times a select = \"fastest\" chain's members on your own graphs"
         )
+    try:  # argparse took the numbers; which values doctor can use, Options says
+        options = Options(**{f: getattr(args, f) for f in Options._fields}).checked()
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
     registry = registry_for()
-    options = Options(**{f: getattr(args, f) for f in Options._fields})  # argparse checked them
-    shown = _progress() if sys.stderr.isatty() else contextlib.nullcontext()
     try:
-        with waiting("importing PyTorch", not dynamo_imported()):
+        with waiting("importing PyTorch", not dynamo_imported()), _progress() as on_progress:
             names = args.names or (registry.list_backends(()) if args.all else None)
-            with shown as on_progress:
-                verdicts = run(registry, names, options, on_progress)
-    except ModelError as exc:
-        error(str(exc))
-        return EXIT_USAGE
+            verdicts = run(registry, names, options, on_progress)
+    except ModelError as exc:  # found before any backend is blamed
+        raise UsageError(str(exc)) from None
     if args.json:
         print_json({"verdicts": [v.as_json() for v in verdicts]})
     else:
@@ -76,31 +66,22 @@ def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
 def _progress() -> Iterator[Progress]:
     """One line on the terminal's stderr while it is entered: how many are done, and each
     probe running (its level and time)."""
-    from .._doctor.verdicts import level_name
-
     lock = threading.Lock()
     running: dict[str, tuple[int, float]] = {}
-    finished = 0
+    finished: set[str] = set()
+    with status_line() as say:
 
-    def update(name: str, level: int, seconds: float, done: bool) -> None:
-        nonlocal finished
-        with lock:
-            if done:
-                running.pop(name, None)
-                finished += 1
-            else:
-                running[name] = (level, seconds)
-            what = ", ".join(f"{n} {level_name(lv)} {s:.0f}s" for n, (lv, s) in running.items())
-            line = f"{PROG}: {finished} done; probing {what}"
-            width = terminal_width(sys.stderr) or 80
-            sys.stderr.write("\r\033[K" + printable(line)[: width - 1])
-            sys.stderr.flush()
+        def update(name: str, level: int, seconds: float, done: bool) -> None:
+            with lock:
+                if done:
+                    running.pop(name, None)
+                    finished.add(name)
+                else:
+                    running[name] = (level, seconds)
+                what = ", ".join(f"{n} {level_name(v)} {s:.0f}s" for n, (v, s) in running.items())
+                say(f"{len(finished)} done; probing {what}")
 
-    try:
         yield update
-    finally:
-        sys.stderr.write("\r\033[K")
-        sys.stderr.flush()
 
 
 def _print_verdicts(verdicts: Sequence[Verdict]) -> None:
@@ -112,8 +93,7 @@ def _print_verdicts(verdicts: Sequence[Verdict]) -> None:
         name = v.name + (f" -> {v.member}" if v.member else "")
         table.append((name, v.status, v.level_name, f"{v.seconds:.1f}", reason))
     print_rows(table, shrinkable=(0,), spill_last=True)
-    reached = [v for v in verdicts if v.via is not None]
-    if reached:
+    if reached := [v for v in verdicts if v.via is not None]:
         roots = ", ".join(dict.fromkeys(v.via or "" for v in reached))
         names = ", ".join(v.name for v in reached)
         print(f"({names}: probed as members of {roots}, whose verdicts decide the exit status)")

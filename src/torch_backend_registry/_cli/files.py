@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from argparse import Namespace as Arguments
 
 from .common import (
     EXIT_OK,
@@ -17,10 +18,6 @@ from .common import (
     working_folder,
 )
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-
 
 def run_lock(args: Arguments) -> int:
     from .._lock import digest, lock_facts, summary, write_lock
@@ -30,19 +27,18 @@ def run_lock(args: Arguments) -> int:
     registry = registry_for(args.no_torch)
     scope = "all" if args.all else "project"
     with waiting("loading PyTorch's backends", not args.no_torch):
-        problems = registry.problems(with_torch=not args.no_torch)
-        errors = [p for p in problems if p.severity == "error"]
-        if errors:  # a lock of what is broken pins it broken
+        # A lock of what is broken pins it broken.
+        if errors := [p for p in registry.problems() if p.severity == "error"]:
             raise CommandError(
                 f"not written: the manifests have {len(errors)} error(s), the first"
                 f" {errors[0].shown(working_folder())};"
                 " fix them ('torch-backends check' shows them)"
             )
         try:
-            path = write_lock(registry, args.output, scope=scope, with_torch=not args.no_torch)
+            path = write_lock(registry, args.output, scope=scope)
         except OSError as exc:
             raise CommandError(f"cannot write {args.output or 'the lock'}: {exc.strerror}") from exc
-        facts = lock_facts(registry, scope, with_torch=not args.no_torch)
+        facts = lock_facts(registry, scope)
     print(f"wrote {relative(path)}: {summary(facts)}; fingerprint {digest(facts)[:16]}; commit it")
     return EXIT_OK
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from argparse import Namespace as Arguments
+from typing import Any
 
+from .._definition import BackendDefinition, DefaultDeclaration
 from .._errors import UnknownBackendError, closest
 from .._identity import by_device
-from .._registry import DEFAULT_EXCLUDE_TAGS
+from .._registry import DEFAULT_EXCLUDE_TAGS, Registry
 from .common import (
     EXIT_OK,
     PROG,
@@ -17,18 +20,9 @@ from .common import (
     printable,
     registry_for,
     relative,
-    terminal_width,
     waiting,
     working_folder,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from typing import Any
-
-    from .._definition import BackendDefinition, DefaultDeclaration
-    from .._registry import Registry
 
 
 def run_list(args: Arguments) -> int:
@@ -46,9 +40,8 @@ def run_list(args: Arguments) -> int:
     if not (args.all or wanted):
         unwanted.update(DEFAULT_EXCLUDE_TAGS)
     rows = [d for d in every if wanted <= set(d.tags) and not unwanted.intersection(d.tags)]
-    available = {d.name: registry.why_unavailable(d) is None for d in rows}
     if args.available:
-        rows = [d for d in rows if available[d.name]]
+        rows = [d for d in rows if registry.why_unavailable(d) is None]
     default = registry.index(with_torch=False).default
     if args.json:
         print_json([_as_json(registry, d, default) for d in rows])
@@ -61,7 +54,7 @@ def run_list(args: Arguments) -> int:
         what = what if kind == "target" else f"{kind}: {what}"
         table.append((d.name, ",".join(d.tags), source, what, d.description or ""))
     print_rows(table, optional_last=True, shrinkable=(3, 4))
-    if default is not None and terminal_width() is not None:
+    if default is not None and sys.stdout.isatty():  # piped: the columns scripts know
         print(f"default: {default.name} (what torch.compile uses when given none; {_at(default)})")
     return EXIT_OK
 
@@ -157,18 +150,15 @@ def run_explain(args: Arguments) -> int:
         fields.append(("default", f"yes: torch.compile uses it when given none ({_at(default)})"))
     if policy is not None:
         fields.append(("policy", policy))
-    if info.source.kind in ("torch", "entry-point") and info.distribution is None:
-        # PyTorch's own and its entry points are torch.compile names in every process.
-        fields.append(("autoload", "not needed: PyTorch finds this backend itself"))
-    else:
-        fields.append(("autoload", state()))
+    # PyTorch's own and its entry points are torch.compile names in every process.
+    itself = info.source.kind in ("torch", "entry-point") and info.distribution is None
+    autoload = "not needed: PyTorch finds this backend itself" if itself else state()
+    fields.append(("autoload", autoload))
     if info.definition.select == "fastest":
         fields.append(("choices", f"{len(remembered) or 'none'} remembered here"))
         fields.append(("shipped", f"{len(shipped) or 'none'} in backends.choices"))
-    if info.alias is None:
-        out = [name, *_lines(fields)]
-    else:
-        out = [f"{info.alias} (alias of {name}: resolves to whatever {name} does)", *_lines(fields)]
+    alias = f"{info.alias} (alias of {name}: resolves to whatever {name} does)"
+    out = [name if info.alias is None else alias, *_lines(fields)]
     if remembered or shipped:
         from .choices import lines
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 from typing import Any
 
 import torch
@@ -27,11 +27,7 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
         layers = (torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8), torch.nn.Tanh())
         return torch.nn.Sequential(*layers), (torch.randn(4, 16),), {}
     try:
-        module_name, _, attr = spec.partition(":")
-        factory: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            factory = getattr(factory, part)
-        made = factory()
+        made = pkgutil.resolve_name(spec)()
     except (Exception, SystemExit) as exc:  # sys.exit("no weights") is the model's too
         raise ModelError(f"--model {spec!r} cannot be built: {one_line(exc)}") from exc
     if not isinstance(made, (tuple, list)) or len(made) not in (2, 3) or not callable(made[0]):
@@ -61,21 +57,19 @@ class Model:
     model's fault."""
 
     def __init__(self, spec: str | None, device: Any, level: str) -> None:
-        def on(value: Any) -> Any:
-            return value.to(device) if isinstance(value, torch.Tensor) else value
+        from torch.utils._pytree import tree_map_only
 
         module, args, kwargs = build_model(spec)
         what = "the built-in model" if spec is None else f"--model {spec!r}"
         try:
             self.module = module.to(device) if isinstance(module, torch.nn.Module) else module
-            args, kwargs = tuple(on(x) for x in args), {k: on(x) for k, x in kwargs.items()}
+            args, kwargs = tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
             self.module(*args, **kwargs)  # its own error first, before verification words it
         except (Exception, SystemExit) as exc:
             raise ModelError(f"{what} cannot be run: {one_line(exc)}") from exc
         self._shape = (len(args), list(kwargs))
         self._params = [p for p in getattr(module, "parameters", list)() if p.requires_grad]
-        training = level == "backward"
-        params = [p.detach().requires_grad_(training) for p in self._params]
+        params = [p.detach().requires_grad_(level == "backward") for p in self._params]
         self.inputs = [*params, *args, *kwargs.values()]
         self.called = self._calling(self.module)
         self.reference = Reference(self.called, self.inputs, level, RTOL, ATOL)

@@ -19,18 +19,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
 
 from .._errors import closest
 from .._registry import Registry
 from .._torch import install
 from .options import ModelError
 from .verdicts import one_line
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from multiprocessing.connection import Connection
-    from typing import Any
 
 #: What the reference says of gradients and of the backward pass (the rest is of the
 #: forward), and of a backward pass that is missing or raises rather than giving other values.
@@ -68,8 +65,7 @@ def main(config: dict[str, Any], reports: Connection, output: Connection) -> Non
 def _end_with_doctor() -> None:
     """Kill this probe's session once doctor is gone (killed, say): it has no one to
     report to, and nothing it started may outlive it."""
-    parent = multiprocessing.parent_process()
-    if parent is not None:
+    if (parent := multiprocessing.parent_process()) is not None:
         multiprocessing.connection.wait([parent.sentinel])
         os.killpg(0, signal.SIGKILL)
 
@@ -126,8 +122,7 @@ def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, A
     if raised:
         return verdict("compile-error", 3, one_line(raised[0]))
     # The member a chain used; a backend of no members may have a `used` of its own.
-    member = getattr(registry.lookup_backend(name), "used", None)
-    if member and definition.members:
+    if (member := getattr(registry.lookup_backend(name), "used", None)) and definition.members:
         verdict = functools.partial(verdict, member=member)
     if wrong is not None:
         level = 4 if training and _BACKWARD.search(wrong) else 3
@@ -151,8 +146,9 @@ def _device(spec: str) -> Any:
     try:
         device = torch.device(spec)
     except (RuntimeError, ValueError) as exc:
-        kinds = ["cpu", "cuda", "xpu", "mps", "hip", "meta", "npu", "hpu", "mtia"]
-        close = closest(spec.split(":")[0], kinds)
+        from .._sources.schema import DEVICE_TYPES
+
+        close = closest(spec.split(":")[0], DEVICE_TYPES)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ModelError(f"--device {spec!r}: {one_line(exc)}{hint}") from exc
     accelerator = getattr(torch, device.type, None)

@@ -20,17 +20,14 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from . import probe
 from .options import ModelError
 from .verdicts import FAILURES, Verdict, level_name
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
-
-    Progress = Callable[[str, int, float, bool], None]
+Progress = Callable[[str, int, float, bool], None]
 
 #: What the forkserver imports once, for every probe: PyTorch, what its compiler imports
 #: on a first compile whatever the backend, and what a probe runs of this package. No
@@ -75,24 +72,22 @@ def start_server() -> None:
         "TORCH_BACKENDS_AUTOLOAD": "0",
     }
     with _STARTING:  # the variables are the process's: set for the moment it starts
-        saved = {key: os.environ.get(key) for key in server}
+        saved = {key: os.environ[key] for key in server if key in os.environ}
         os.environ.update(server)
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
-            for key, value in saved.items():
-                if value is None:
-                    del os.environ[key]
-                else:
-                    os.environ[key] = value
+            for key in server:
+                os.environ.pop(key, None)
+            os.environ.update(saved)
 
 
-def run_probe(
-    config: dict[str, Any], timeout: float, progress: Callable[[int, bool], None], stop: Any
-) -> Verdict:
-    """Probe ``config["name"]`` in a process of its own, ``timeout`` seconds from its first
-    report, until ``stop`` (a :class:`threading.Event`) is set; its verdict."""
-    name, started = config["name"], time.monotonic()
+def run_probe(config: dict[str, Any], progress: Progress, stop: Any, name: str) -> Verdict:
+    """Probe ``name`` as ``config`` says, in a process of its own, its ``timeout`` seconds
+    from its first report, until ``stop`` (a :class:`threading.Event`) is set; its verdict.
+    ``progress`` hears of each level, and of the end."""
+    started, timeout = time.monotonic(), config["timeout"]
+    config = {**config, "name": name}
     reports, reporter = _CONTEXT.Pipe(duplex=False)
     output, writer = _CONTEXT.Pipe(duplex=False)
     process = _CONTEXT.Process(target=probe.main, args=(config, reporter, writer))
@@ -123,7 +118,7 @@ def run_probe(
             if now >= deadline:
                 break
             if now >= told:
-                progress(watched.level, False)
+                progress(name, watched.level, now - started, False)
                 told = now + 0.25
             watched.read(ended, min(0.25, deadline - now))
     finally:
@@ -132,8 +127,8 @@ def run_probe(
         output.close()
         if pidfd is not None:
             os.close(pidfd)
-    progress(watched.level, True)
     level, report, seconds = watched.level, watched.report, round(time.monotonic() - started, 3)
+    progress(name, level, seconds, True)
     if "model_error" in report:
         raise ModelError(report["model_error"])
     crash = _crash_reason(code, watched.tail)
@@ -273,8 +268,8 @@ def import_path() -> list[str]:
     """This process's import path, less the working folder ``python -m`` or ``-c`` put first:
     a probe imports what the registry would here, and nothing a folder it runs in offers."""
     path = list(sys.path)
-    main = sys.modules.get("__main__")
-    if path and getattr(main, "__spec__", None) is not None:  # python -m: path[0] is the cwd
+    # python -m: path[0] is the working folder.
+    if path and getattr(sys.modules.get("__main__"), "__spec__", None) is not None:
         with contextlib.suppress(OSError):  # no working folder: none to leave out
             if os.path.realpath(path[0]) == os.path.realpath(os.getcwd()):
                 path = path[1:]

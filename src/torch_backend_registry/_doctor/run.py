@@ -4,28 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import sys
 import threading
-import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import PathFinder
 
-from .._errors import BackendRegistryError, ManifestError, UnknownBackendError
+from .._definition import BackendDefinition
+from .._errors import BackendRegistryError, ManifestError
+from .._identity import reach
+from .._registry import Registry
 from .._sources.files import refused_folders
 from .._sources.finding import find
 from .._sources.pytorch import torch_available
 from .options import PROJECT, ModelError, Options
-from .processes import import_path, run_probe, start_server
-from .verdicts import Verdict, one_line, sort_key
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from .._definition import BackendDefinition
-    from .._registry import Registry
-    from .processes import Progress
+from .processes import Progress, import_path, run_probe, start_server
+from .verdicts import STATUSES, Verdict, one_line
 
 
 def run(
@@ -80,26 +76,17 @@ def run(
     jobs = options.jobs or max(2, (os.cpu_count() or 1) // 2)
     stop = threading.Event()
     said = on_progress or (lambda *_: None)
-
-    def probed(name: str) -> Verdict:
-        started = time.monotonic()
-
-        def progress(level: int, done: bool) -> None:
-            said(name, level, time.monotonic() - started, done)
-
-        return run_probe({**config, "name": name}, options.timeout, progress, stop)
-
+    probe = functools.partial(run_probe, config, said, stop)
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo)))) as pool:
-        futures = [pool.submit(probed, name) for name in todo]
         try:
-            done = [future.result() for future in futures]
+            done = list(pool.map(probe, todo))
         except BaseException:  # a bad model, an interruption: nothing more is started or left
             stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     results.update(zip(todo, done, strict=True))
     verdicts = [dataclasses.replace(results[first[n]], name=n, via=via.get(n)) for n in names]
-    return sorted(verdicts, key=sort_key)
+    return sorted(verdicts, key=lambda v: (STATUSES.index(v.status), v.name))  # best first
 
 
 def project(registry: Registry) -> dict[str, str | None]:
@@ -108,16 +95,14 @@ def project(registry: Registry) -> dict[str, str | None]:
     last, with the first backend that reached it."""
     declared = registry.definitions((), with_torch=False, broken=True)
     found: dict[str, str | None] = {d.name: None for d in declared if d.source.kind in PROJECT}
-    todo = [(name, name) for name in found]
-    while todo:
-        name, root = todo.pop(0)
-        with contextlib.suppress(BackendRegistryError):  # its own verdict says why
-            for member in registry.backend_info(name).definition.members:
-                with contextlib.suppress(UnknownBackendError):  # its chain skips it
-                    registry.backend_info(member)
-                    if member not in found:
-                        found[member] = root
-                        todo.append((member, root))
+    index = registry.index(with_torch=False)  # PyTorch's names are known without it
+    for root in list(found):
+        definition = index.get(root)  # None: it cannot be used, and its own verdict says why
+        members = reach(index, definition) if definition is not None else {}
+        for member, resolved in members.items():
+            # One that resolves to nothing here, its chain skips.
+            if resolved is not None or index.could_be_pytorch(member):
+                found.setdefault(member, root)
     return found
 
 
@@ -129,21 +114,16 @@ def _find_model(registry: Registry, spec: str | None) -> list[str]:
     module, _, factory = spec.partition(":")
     if not module or not factory:
         raise ModelError(f"--model {spec!r}: expected MODULE:FACTORY, e.g. my_models:make")
-    every = [
-        folder
-        for d in registry.definitions((), with_torch=False)
-        if d.source.path is not None
-        for folder in d.search_path
-    ]
+    # A manifest's backends search folders; the others (entry points, PyTorch's) none.
+    every = [folder for d in registry.definitions((), with_torch=False) for folder in d.search_path]
     refused = refused_folders(dict.fromkeys(every))  # as a lookup of its backend refuses them
     top = module.split(".")[0]
-    try:  # on this import path alone, past any finder of this process's
+    # Importable on this import path alone, past any finder of this process's?
+    with contextlib.suppress(ImportError, ValueError):
         if (sys.modules.get(top) or PathFinder.find_spec(top, import_path())) is not None:
             return []
-    except (ImportError, ValueError):
-        pass
     for folder in dict.fromkeys(f for f in every if f not in refused):
-        if find(top, [folder]) is not None and find(module, [folder]) is not None:
+        if find(module, [folder]) is not None:  # its package first, as import looks
             return [folder]
     why = "".join(f" ({message})" for folder, message in refused.items() if find(top, [folder]))
     raise ModelError(

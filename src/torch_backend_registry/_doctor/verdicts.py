@@ -72,8 +72,3 @@ class Verdict:
 
     def as_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "level_name": self.level_name}
-
-
-def sort_key(verdict: Verdict) -> tuple[int, str]:
-    """Best first: by status, then by name."""
-    return STATUSES.index(verdict.status), verdict.name
