@@ -76,6 +76,21 @@ def by_device(definition: BackendDefinition) -> dict[str, Any]:
     }
 
 
+def reach(index: Index, definition: BackendDefinition) -> dict[str, BackendDefinition | None]:
+    """Every backend a chain (or ``by-device`` table) may run, through others inside it, by
+    name (``None`` for a name that resolves to nothing)."""
+    found: dict[str, BackendDefinition | None] = {}
+    todo = list(definition.members)
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        member = found[name] = index.get(name)
+        if member is not None:
+            todo.extend(member.members)
+    return dict(sorted(found.items()))
+
+
 def project_facts(index: Index, torch_version: str | None) -> Facts:
     """As :func:`registry_facts`, of the names the manifests declare (their own, and
     ``TORCH_BACKENDS_PATH``'s) and every name they reach (chain members, by-device entries,
