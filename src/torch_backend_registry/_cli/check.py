@@ -4,7 +4,6 @@ with backends.lock); each problem on its file's line, with its severity."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 from argparse import Namespace as Arguments
@@ -300,23 +299,20 @@ class _Imports:
             return Problem(f"unavailable here ({why})", severity="note")
         if not definition.members:
             return self._load(definition)
-        # Every member is judged (imported), to be reported at its own line. Whether the
-        # chain or table runs here is then the registry's rule, each member that cannot be
-        # used put as one the rule refuses: the chain itself, a loop.
-        broken = {m for m in definition.members if self._judge(m) is not None}
+        # Every member is judged (imported), to be reported at its own line. The chain runs
+        # here where one member can be used and imports; a table, where the one it gives the
+        # CPU does (every machine has one).
+        judged = {m: self._judge(m) for m in definition.members}
 
-        def or_loop(member: str) -> str:
-            return definition.name if member in broken else member
+        def runs(member: str) -> bool:
+            resolved = self.index.get(member)
+            if resolved is None:  # unknown here, unless one of PyTorch's that was not read
+                return self.index.could_be_pytorch(member)
+            return self.registry.why_unavailable(resolved) is None and judged[member] is None
 
-        runs = dataclasses.replace(
-            definition,
-            chain=definition.chain and tuple(map(or_loop, definition.chain)),
-            by_device=definition.by_device
-            and tuple((device, or_loop(member)) for device, member in definition.by_device),
-        )
-        if self.registry.why_unavailable(runs) is None:
-            return None
-        return Problem("no member it would run here can be used")
+        table = dict(definition.by_device or ())
+        run = [table.get("cpu") or table.get("other") or ""] if table else definition.members
+        return None if any(map(runs, run)) else Problem("no member it would run here can be used")
 
     def _load(self, d: BackendDefinition) -> Problem | None:
         """Look ``d`` up; its failure as a problem at its ``target``, like the manifest's own."""
