@@ -358,7 +358,13 @@ def test_the_compile_cache_ships_beside_the_choices(tmp_path: Path) -> None:
     (there / "backends.toml").write_text(
         'compile-cache = "build/compile.bin"\n' + textwrap.dedent(INDUCTOR)
     )
-    # Another inductor cache folder, empty: a hit comes from the file alone.
+    # Another inductor cache folder without the graphs compiled (its probe of the machine's
+    # vector instructions kept, which no compile cache holds): a hit comes from the file.
+    shutil.copytree(
+        tmp_path / "inductor-a",
+        tmp_path / "inductor-b",
+        ignore=shutil.ignore_patterns("fxgraph", "aotautograd"),
+    )
     warm = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-b")}
     ran = python(there, **warm)
     assert json.loads(ran.stdout).get("fxgraph_cache_hit", 0) >= 1, ran.stderr[-2000:]
