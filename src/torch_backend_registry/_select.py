@@ -115,7 +115,8 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
             _publish(store, rank_key, member)
             return run.use(member, compiled, f", as remembered ({said_of(remembered)})")
     passed = dict(run.candidates())
-    samples = timed(run, passed) if len(passed) > 1 and _timeable(run) else {}
+    timeable = run.reference is not None and run.reference.unverified is None
+    samples = timed(run, passed) if len(passed) > 1 and timeable else {}
     if not passed:
         _publish(store, rank_key, "")
         raise run.failed()
@@ -148,10 +149,6 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
     return run.use(member, compiled, f", {how}")
 
 
-def _timeable(run: Run) -> bool:
-    return run.reference is not None and run.reference.unverified is None
-
-
 def choose(
     order: list[str], samples: Mapping[str, list[float]], min_speedup: float
 ) -> tuple[str, float, str]:
@@ -169,7 +166,8 @@ def choose(
     speedup = medians[first] / medians[best] if medians[best] > 0 else 1.0
     if best == first or speedup < min_speedup:
         return first, 1.0, f"the chain's first that verified: none is {min_speedup:g}x faster"
-    low, high = _quartiles(samples[first])[0], _quartiles(samples[best])[2]
+    low = statistics.quantiles(samples[first], n=4)[0]
+    high = statistics.quantiles(samples[best], n=4)[2]
     if high > 0 and low / high >= min_speedup:
         return best, speedup, f"the fastest, {speedup:.2f}x over {first!r}"
     return (
@@ -185,14 +183,8 @@ def choose(
 
 def spread(samples: list[float]) -> float:
     """The middle half of ``samples`` over their median: how much one timing varies."""
-    low, middle, high = _quartiles(samples)
+    low, middle, high = statistics.quantiles(samples, n=4)
     return round((high - low) / middle, 3) if middle > 0 else 0.0
-
-
-def _quartiles(samples: list[float]) -> list[float]:
-    if len(samples) < 2:
-        return [samples[0]] * 3 if samples else [0.0] * 3
-    return statistics.quantiles(samples, n=4)
 
 
 def timed(run: Run, compiled: dict[str, Callable[..., Any]]) -> dict[str, list[float]]:
@@ -229,34 +221,31 @@ def timed(run: Run, compiled: dict[str, Callable[..., Any]]) -> dict[str, list[f
     samples: dict[str, list[float]] = {}
     calls: dict[str, int] = {}
 
-    def turn(member: str, first: bool) -> None:
+    def turn(member: str) -> None:
+        """A member's turn; its first warms it up and sizes its batch of calls."""
         try:
-            if first:
+            if member not in calls:
                 for _ in range(WARM_UP):
                     step(compiled[member])
-                calls[member] = max(
-                    1, min(1000, int(SAMPLE_SECONDS / max(seconds(compiled[member], 1), 1e-7)))
-                )
-                samples[member] = []
+                once = max(seconds(compiled[member], 1), 1e-7)
+                calls[member] = max(1, min(1000, int(SAMPLE_SECONDS / once)))
                 return
             settled = time.perf_counter() + SETTLE_SECONDS
             while time.perf_counter() < settled:
                 step(compiled[member])
-            samples[member].append(seconds(compiled[member], calls[member]))
+            samples.setdefault(member, []).append(seconds(compiled[member], calls[member]))
         except Exception as exc:  # a member that raises on a later call: skipped, not fatal
             run.skip(member, f"running it while timed raised {said(exc)}", "warning")
             compiled.pop(member)
             samples.pop(member, None)
 
     with torch.set_grad_enabled(reference.training), generators(), restored(run.gm):
-        for member in list(compiled):
-            turn(member, first=True)
-        for round_ in range(ROUNDS):
+        for round_ in range(ROUNDS + 1):  # the first round warms each member up
             order = list(compiled)
             shift = round_ % max(len(order), 1)
             for member in order[shift:] + order[:shift]:
                 if member in compiled:
-                    turn(member, first=False)
+                    turn(member)
     return samples
 
 
