@@ -200,14 +200,43 @@ def test_a_command_that_fails_or_compiles_no_chain_writes_nothing(tmp_path: Path
     (here / "fails.py").write_text("import sys\nsys.exit(3)\n")
     done = torch_backends("tune", "--", sys.executable, "fails.py", cwd=here, check=3)
     assert "exited with 3: nothing written" in done.stderr
-    (here / "idle.py").write_text(
-        "import torch\ntorch.compile(torch.sin, backend='eager')(torch.ones(2))\n"
-    )
+    # Killed by a signal: its exit status as a shell gives it, 128 and the signal.
+    done = torch_backends("tune", "--", "sh", "-c", "kill -TERM $$", cwd=here, check=143)
+    assert "'sh' was killed by SIGTERM: nothing written" in done.stderr
+    (here / "idle.py").write_text("print('served, compiling nothing')\n")
     done = torch_backends("tune", "--", sys.executable, "idle.py", cwd=here, check=1)
     assert 'compiled no graph with a select = "fastest" chain: nothing written' in done.stderr
     assert not (here / "backends.choices").exists()
     done = torch_backends("tune", cwd=here, check=2)
     assert "tune runs a command: torch-backends tune -- python train.py" in done.stderr
+    # A compile cache over the project's own files is refused before anything runs.
+    for own in ("backends.choices", "backends.toml", "build/settings.toml"):
+        done = torch_backends("tune", "--compile-cache", own, "--", "false", cwd=here, check=2)
+        assert "names a file of the project's own" in done.stderr
+    (here / "build").mkdir(exist_ok=True)
+    done = torch_backends("tune", "--compile-cache", "build", "--", "false", cwd=here, check=2)
+    assert "--compile-cache 'build' is a folder" in done.stderr
+
+
+def test_a_file_tune_cannot_read_whole_is_refused_not_replaced(
+    tuned: tuple[Path, str], tmp_path: Path
+) -> None:
+    here = copy_of(tuned, tmp_path / "checkout")
+    (here / "stub.py").write_text(STUB)
+    text = (here / "backends.choices").read_text()
+    # A merge that left its markers: another machine's choices are in it.
+    merged = text.replace("[[choice]]", "<<<<<<< HEAD\n[[choice]]", 1)
+    (here / "backends.choices").write_text(merged)
+    made = tomllib.loads(text)["choice"][0]
+    made.pop("when")
+    done = torch_backends(
+        "tune", "--", sys.executable, "stub.py", json.dumps({**made, "key": "new"}),
+        cwd=here, check=1,
+    )  # fmt: skip
+    assert done.stderr.startswith("torch-backends: error: ")
+    assert "backends.choices:" in done.stderr
+    assert "fix it or move it away, then tune again" in done.stderr
+    assert (here / "backends.choices").read_text() == merged
 
 
 def test_check_and_explain_know_the_file(tuned: tuple[Path, str], tmp_path: Path) -> None:
@@ -247,10 +276,28 @@ def test_check_and_explain_know_the_file(tuned: tuple[Path, str], tmp_path: Path
         for line in lines
     )
     assert any("a choice needs member, graph, key (each a string)" in line for line in lines)
+    # Times that are no numbers, a key twice: errors, and explain still says the rest.
+    duplicated = text.replace("[choice.seconds]\n", '[choice.seconds]\nnoise = "fast"\n') + (
+        "\n" + entry.replace('member = "fast"', 'member = "slow"')
+    )
+    (here / "backends.choices").write_text(duplicated)
+    lines = torch_backends("check", cwd=here, check=1).stdout.splitlines()
+    assert any("seconds and spread as tables of numbers" in line for line in lines), lines
+    assert any(
+        "the same key as the choice at line 6, which is the one used" in line for line in lines
+    )
+    assert "shipped at backends.choices:6:" in torch_backends("explain", "pick", cwd=here).stdout
+    # A file every process refuses is an error of check, as a manifest would be.
     (here / "backends.choices").write_text(text)
+    (here / "backends.choices").chmod(0o666)
+    done = torch_backends("check", cwd=here, check=1)
+    assert "backends.choices: error: choices file not used: it is writable by every user" in (
+        done.stdout
+    )
+    (here / "backends.choices").chmod(0o644)
     (here / "backends.toml").write_text(MANIFEST.replace('"slow", "fast"', '"fast", "slow"'))
     done = torch_backends("check", cwd=here)
-    assert "backends.choices:6: warning: choice: chain 'pick' or one of its members changed" in (
+    assert "backends.choices:6: warning: choice: chain 'pick' or a backend it runs changed" in (
         done.stdout
     )
     assert "run 'torch-backends tune -- COMMAND' again" in done.stdout
@@ -379,6 +426,8 @@ import logging, torch, torch.distributed as dist
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 logging.getLogger("torch").setLevel(logging.WARNING)
 dist.init_process_group("gloo")
+if dist.get_rank() == 1:  # another machine's thread count: no shipped choice of its own
+    torch.set_num_threads(torch.get_num_threads() + 1)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 with torch.no_grad():
@@ -412,12 +461,14 @@ def test_a_torchrun_job_is_tuned_by_rank_zero_and_shipped_to_every_rank(tmp_path
     ran = subprocess.run(
         torchrun(),
         cwd=here,
-        env={**environ, "TORCH_BACKENDS_AUTOLOAD": "1", "TORCH_BACKENDS_SELECT_TIMEOUT": "1",
+        env={**environ, "TORCH_BACKENDS_AUTOLOAD": "1", "TORCH_BACKENDS_SELECT_TIMEOUT": "60",
              "XDG_CACHE_HOME": str(here / "cache")},
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert compiled(here) == ["fast", "fast"]
     said = ran.stdout + ran.stderr
-    assert said.count("as shipped (") == 2
+    # Rank 0 takes the shipped choice and tells rank 1, whose own key found none: no wait.
+    assert said.count("as shipped (") == 1
+    assert said.count("rank 0's choice") == 1
     assert "heard no choice" not in said

@@ -45,19 +45,19 @@ DYNAMO = "torch._dynamo"
 ACCELERATE = "accelerate.utils.dataclasses"
 
 
-def enabled() -> bool:
+def enabled(environ: Mapping[str, str] = os.environ) -> bool:
     from ._environment import switched_on
 
-    return switched_on(os.environ.get(AUTOLOAD_VAR))
+    return switched_on(environ.get(AUTOLOAD_VAR))
 
 
-def state() -> str:
-    """Whether a process that imports torch here gets the registry's backends without
-    calling install(), in words for the command to show."""
-    if not enabled():
+def state(environ: Mapping[str, str] = os.environ) -> str:
+    """Whether a process that imports torch here (with ``environ``) gets the registry's
+    backends without calling install(), in words for the command to show."""
+    if not enabled(environ):
         return f"off: only processes that call install() ({AUTOLOAD_VAR}=1 would make it every one)"
     # PyTorch's own switch for its torch.backends group: only "1" (or unset) loads it.
-    pytorchs = os.environ.get(PYTORCH_VAR, "1")
+    pytorchs = environ.get(PYTORCH_VAR, "1")
     if pytorchs != "1":
         return (
             f"off: {PYTORCH_VAR}={pytorchs} stops PyTorch from loading any torch.backends"

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 #: The facts a key is made of, in the order ``backends.choices`` states them.
 DECIDING = (
-    "graph-digest", "grad", "dynamic", "autocast", "matmul-precision", "deterministic", "threads",
-    "compile", "identity", "torch", "device",
+    "chain", "graph-digest", "grad", "dynamic", "autocast", "matmul-precision",
+    "deterministic", "threads", "compile", "identity", "torch", "device",
 )  # fmt: skip
 #: A device's index as dynamo writes it into a graph's code: ``device(type='cuda', index=1)``
 #: and ``'cuda:1'``.
@@ -60,6 +60,7 @@ def facts(
         if torch.is_autocast_enabled(device):
             autocast = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
     return {
+        "chain": chain.name,
         "graph-digest": graph,
         "grad": torch.is_grad_enabled(),
         "dynamic": dynamic,
@@ -96,26 +97,31 @@ def key(decided: Mapping[str, Any]) -> str:
 
 
 def identity(chain: BackendDefinition, info: Callable[[str], BackendInfo]) -> str:
-    """The digest of the chain's own facts and each member's, with the code of a member a
-    manifest declares (a plugin's or PyTorch's: its version says which code it is)."""
-    return _digest([own_facts(chain, torch_version()), *members(chain, info).items()])
+    """The digest of the chain's own facts and those of every backend it may run, through the
+    chains inside it, with the code of those a manifest declares (a plugin's: its version
+    says which code it is; PyTorch's: its release, a fact of the key of its own)."""
+    return _digest([own_facts(chain, None), *members(chain, info).items()])
 
 
 def members(chain: BackendDefinition, info: Callable[[str], BackendInfo]) -> dict[str, Any]:
-    """Each member's identity, in words where they say it: a release, or a target and the
-    digest of its code."""
+    """The identity of every backend ``chain`` may run, its members and theirs, by name."""
     said: dict[str, Any] = {}
-    for member in chain.members:
+    todo = list(chain.members)
+    while todo:
+        member = todo.pop(0)
+        if member in said:
+            continue
         try:
             definition = info(member).definition
         except Exception:  # a member not here: it is skipped, said so
             said[member] = "not here"
             continue
-        facts = own_facts(definition, torch_version())
+        facts = own_facts(definition, None)
         if definition.target is not None and definition.source.kind in ("env", "project"):
             module = definition.target.partition(":")[0]
             facts["code"] = code_digest(module, definition.search_path)
         said[member] = facts
+        todo.extend(definition.members)
     return said
 
 
@@ -124,7 +130,7 @@ def in_words(member: Any) -> str:
     if not isinstance(member, dict):
         return str(member)
     if member.get("kind") == "torch":
-        return f"torch {member.get('torch')}"
+        return "PyTorch's own"
     if "distribution" in member:
         return f"{member['distribution']} {member.get('version', '')}".strip()
     code = f" (code {member['code']})" if member.get("code") else ""

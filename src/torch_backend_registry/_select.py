@@ -54,6 +54,8 @@ SETTLE_SECONDS = 10e-3
 #: resolution and a stray interruption weigh little (with 2 ms, OpenVINO's 1.25x over
 #: eager on a small MLP was measured under the 1.1x of min-speedup one run in two).
 SAMPLE_SECONDS = 10e-3
+#: What ``TORCH_BACKENDS_SELECT`` may say: unset, decide afresh, take shipped choices only.
+MODES = ("", "fresh", "shipped")
 #: What was said once a process (a bad time limit, a value no process writes alike).
 _SAID: set[str] = set()
 
@@ -71,6 +73,8 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
     environ = os.environ if chain.context is None else chain.context.environ
     cache = NO_CACHE if chain.context is None else chain.context.cache
     mode = environ.get(SELECT_VAR, "").strip().lower()
+    if mode not in MODES:
+        _once(f"{SELECT_VAR}={mode!r} is none of {', '.join(MODES[1:])}: it is taken as unset")
     unknown: list[str] = []
     decided = facts(chain.definition, chain.info, gm, example_inputs, run.device, kwargs, unknown)
     found = key(decided)
@@ -79,35 +83,33 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
             f"backend {run.name!r}: {run.words}: its choice is not remembered: torch.compile was"
             f" given {', '.join(dict.fromkeys(unknown))}, which no other process writes alike"
         )
-    if mode != "fresh":
-        shipped = shipped_for(chain.definition, chain.context)
-        at = shipped.find(found) if shipped is not None else None
-        if at is not None:
-            table, where = at
-            listed = _listed(run, [table.get("member")])
-            if not listed:
-                logger.warning(
-                    "backend %r: %s: warning: the choice shipped at %s names %r, which the"
-                    " chain does not list: not used",
-                    run.name, run.words, where, table.get("member"),
-                )  # fmt: skip
-            for member, compiled in run.candidates(listed):
-                return run.use(member, compiled, f", as shipped ({where})")
-        if mode == "shipped":
-            _warn_nearest(run, shipped, decided)
-            for member, compiled in run.candidates():
-                return run.use(member, compiled, ", the chain's first that verifies")
-            raise run.failed()
     store = _store.default_store()
     # What every rank compiling this graph writes alike, whatever machine it runs on.
     rank_key = "torch_backend_registry/select/" + key(
-        {
-            "graph-digest": decided["graph-digest"],
-            "compile": decided["compile"],
-            "identity": chain.__name__,
-        }
+        {"graph-digest": decided["graph-digest"], "compile": decided["compile"], "chain": run.name}
     )
-    if store is not None and _store.rank() != 0:
+    # Rank 0 tells the others what it runs, however it came to it (a rank whose machine
+    # differs may find no shipped choice of its own, and waits for it).
+    zero = store is not None and _store.rank() == 0
+    if mode != "fresh":
+        shipped = shipped_for(chain.definition, chain.context)
+        at = shipped.find(found) if shipped is not None else None
+        tried = []
+        if at is not None:
+            table, where = at
+            tried = _listed(run, [table.get("member")], f"the choice shipped at {where}")
+            for member, compiled in run.candidates(tried):
+                _publish(store if zero else None, rank_key, member)
+                return run.use(member, compiled, f", as shipped ({where})")
+        if mode == "shipped":
+            if at is None:
+                _warn_nearest(run, shipped, decided)
+            others = [member for member in chain.members if member not in tried]
+            for member, compiled in run.candidates(others):
+                _publish(store if zero else None, rank_key, member)
+                return run.use(member, compiled, ", the chain's first that verifies")
+            raise run.failed()
+    if store is not None and not zero:
         return _as_rank_zero_chose(run, store, rank_key, environ)
     remembered = None if mode == "fresh" or unknown else cache.get(KIND, found)
     if isinstance(remembered, dict) and remembered.get("member") in chain.members:
@@ -143,7 +145,8 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
     if not unknown:
         cache.put(KIND, found, choice)
     _publish(store, rank_key, member)
-    _record(environ, choice)
+    if not unknown:  # shipped, it would be found by processes given something else
+        _record(environ, {**choice, "manifest": chain.definition.source.path})
     compiled = passed.pop(member)
     passed.clear()  # the members not chosen, and what they compiled, go now
     return run.use(member, compiled, f", {how}")
@@ -246,14 +249,22 @@ def timed(run: Run, compiled: dict[str, Callable[..., Any]]) -> dict[str, list[f
             for member in order[shift:] + order[:shift]:
                 if member in compiled:
                     turn(member)
-    return samples
+    return {member: samples[member] for member in compiled if member in samples}
 
 
 def timings(choice: Mapping[str, Any]) -> str:
-    """Each member's median time and spread, or why it was not timed, in words."""
-    seconds, spreads = choice.get("seconds") or {}, choice.get("spread") or {}
-    said = [f"{m} {duration(s)} ±{float(spreads.get(m, 0)) / 2:.0%}" for m, s in seconds.items()]
-    said += [f"{m} not timed ({why})" for m, why in (choice.get("skipped") or {}).items()]
+    """Each member's median time and spread, or why it was not timed, in words (what a
+    hand-edited file holds otherwise is left out)."""
+    seconds, spreads, skipped = (
+        value if isinstance(value := choice.get(key), dict) else {}
+        for key in ("seconds", "spread", "skipped")
+    )
+    said = [
+        f"{m} {duration(float(s))} ±{float(spreads.get(m, 0)) / 2:.0%}"
+        for m, s in seconds.items()
+        if isinstance(s, (int, float)) and isinstance(spreads.get(m, 0), (int, float))
+    ]
+    said += [f"{m} not timed ({why})" for m, why in skipped.items()]
     return ", ".join(said) or "nothing timed"
 
 
@@ -280,9 +291,16 @@ def remembered(
     return sorted(found, key=lambda entry: -float(entry.get("when", 0)))
 
 
-def _listed(run: Run, chosen: list[Any]) -> list[str]:
-    """Of ``chosen`` (a shipped or received choice), what this chain lists."""
-    return [member for member in chosen if member in run.chain.members]
+def _listed(run: Run, chosen: list[Any], what: str) -> list[str]:
+    """Of ``chosen`` (what ``what``, a shipped or received choice, names), what this chain
+    lists; a warning for what it does not: a chain never runs a member it does not list."""
+    listed = [member for member in chosen if member in run.chain.members]
+    if len(listed) < len(chosen):
+        logger.warning(
+            "backend %r: %s: warning: %s names %s, which the chain does not list: not used",
+            run.name, run.words, what, ", ".join(map(repr, chosen)),
+        )  # fmt: skip
+    return listed
 
 
 def _warn_nearest(run: Run, shipped: Any, decided: Mapping[str, Any]) -> None:
@@ -329,7 +347,7 @@ def _as_rank_zero_chose(run: Run, store: Any, name: str, environ: Mapping[str, s
     except Exception as exc:  # rank 0's store gone
         _rank_warns(run, f"heard no choice from rank 0 ({said(exc)})")
     if chosen:
-        listed = _listed(run, [chosen])
+        listed = [chosen] if chosen in run.chain.members else []
         for member, compiled in run.candidates(listed):
             return run.use(member, compiled, ", rank 0's choice")
         why = "its chain does not list it" if not listed else "it cannot be used here"
@@ -381,7 +399,8 @@ def _once(message: str) -> None:
 
 
 def _record(environ: Mapping[str, str], choice: Mapping[str, Any]) -> None:
-    """Under ``torch-backends tune``, hand the choice to it: a file in the folder it names."""
+    """Under ``torch-backends tune``, hand the choice to it (and the manifest of its chain,
+    beside which tune writes it): a file in the folder it names."""
     folder = environ.get(TUNING_VAR)
     if not folder:
         return

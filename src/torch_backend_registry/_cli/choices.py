@@ -7,6 +7,7 @@ import datetime
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,8 +15,8 @@ import tempfile
 from .._definition import Problem
 from .._environment import SELECT_VAR, TUNING_VAR
 from .._errors import BackendRegistryError, closest
-from .._sources.choices import CHOICES_FILE, choices_file, shipped_for
-from .common import EXIT_OK, CommandError, UsageError, error, relative, working_folder
+from .._sources.choices import CHOICES_FILE, read_choices, shipped_for
+from .common import EXIT_OK, PROG, CommandError, UsageError, error, relative
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,88 +35,114 @@ HEADER = """\
 """
 #: Where the command's processes leave PyTorch's compile caches, in the folder tune gives them.
 COMPILE_CACHE_FOLDER = "compile-cache"
+#: What ``--compile-cache`` may not name: the files of the project (by name, wherever).
+OWN_FILES = frozenset({CHOICES_FILE, "backends.lock", "backends.toml", "pyproject.toml"})
 
 
 def run_tune(args: Arguments) -> int:
-    from .._autoload import AUTOLOAD_VAR
-    from .._sources import project_manifest
+    from .._autoload import AUTOLOAD_VAR, state
 
     command = list(args.tune_command)
     if command[:1] == ["--"]:  # the command's own "--", if any, stays
         command = command[1:]
     if not command:
         raise UsageError("tune runs a command: torch-backends tune -- python train.py")
-    here = working_folder() or os.curdir
-    manifest = project_manifest(here)
-    if manifest is None:
-        raise CommandError(
-            "no project manifest here or above (backends.toml, or pyproject.toml's"
-            " [tool.torch-backends]): backends.choices is written beside it"
-        )
-    target = os.path.join(os.path.dirname(manifest), CHOICES_FILE)
+    cache = None if args.compile_cache is None else _cache_path(args.compile_cache)
     with tempfile.TemporaryDirectory(prefix="torch-backends-tune-") as folder:
-        if args.compile_cache:
+        if cache is not None:
             os.mkdir(os.path.join(folder, COMPILE_CACHE_FOLDER))
         environ = {**os.environ, SELECT_VAR: "fresh", AUTOLOAD_VAR: "1", TUNING_VAR: folder}
+        if (autoload := state(environ)).startswith("off"):
+            print(f"{PROG}: warning: autoload is {autoload}: a script that never calls install()"
+                  " is not tuned", file=sys.stderr)  # fmt: skip
         try:
             code = subprocess.call(command, env=environ)
         except OSError as exc:
             raise CommandError(f"cannot run {command[0]!r}: {exc.strerror or exc}") from None
         if code != 0:
-            error(f"{command[0]!r} exited with {code}: nothing written")
-            return code
+            how = (
+                f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+            )
+            error(f"{command[0]!r} {how}: nothing written")
+            return 128 - code if code < 0 else code
         files = sorted(glob.glob(os.path.join(folder, "choice-*.json")))
-        made = [choice for choice in map(_loaded, files) if choice is not None]
+        # The choice of a graph decided twice (two processes), once: the last.
+        made = {c["key"]: c for c in map(_loaded, files) if c is not None}
         if not made:
             raise CommandError(
                 f'{command[0]!r} compiled no graph with a select = "fastest" chain: nothing'
                 " written (is torch.compile called with such a chain's name?)"
             )
-        kept = write_choices(target, made)
-        if args.compile_cache:
-            _save_compile_cache(folder, args.compile_cache)
+        if cache is not None:
+            _save_compile_cache(folder, cache)
+        # Beside the manifest that declares each chain, where its processes look for them.
+        beside: dict[str, list[dict[str, Any]]] = {}
+        for choice in made.values():
+            manifest = str(choice.pop("manifest", None) or os.path.abspath("backends.toml"))
+            beside.setdefault(os.path.join(os.path.dirname(manifest), CHOICES_FILE), []).append(
+                choice
+            )
+        kept = {path: write_choices(path, choices) for path, choices in beside.items()}
     from .._select import timings
 
-    for choice in made:
+    for choice in made.values():
         print(
             f"chain {choice['chain']!r}: {choice['graph']}: {timings(choice)}; chose"
             f" {choice['member']!r} ({choice['how']})"
         )
     devices: dict[str, list[str]] = {}
-    for choice in made:
+    for choice in made.values():
         devices.setdefault(str(choice.get("device")), []).append(str(choice["member"]))
     for device, members in devices.items():
         counted = ", ".join(f"{m} {members.count(m)}" for m in dict.fromkeys(members))
         graphs = f"{len(members)} graph{'s' * (len(members) != 1)}"
         print(f"tuned for {device}: {graphs}; {counted}")
-    print(
-        f"wrote {relative(target)}: {len(made)} choice{'s' * (len(made) != 1)} made, {kept} kept",
-        file=sys.stderr,
-    )
+    for path, choices in beside.items():
+        made_here = f"{len(choices)} choice{'s' * (len(choices) != 1)} made"
+        print(f"wrote {relative(path)}: {made_here}, {kept[path]} kept", file=sys.stderr)
     return EXIT_OK
+
+
+def _cache_path(given: str) -> str:
+    """Where ``--compile-cache`` writes, judged before the command runs: a file of its own,
+    in a folder that can be written (made, where it is not there)."""
+    path = os.path.abspath(given)
+    if os.path.basename(path) in OWN_FILES or path.endswith(".toml"):
+        raise UsageError(
+            f"--compile-cache {given!r} names a file of the project's own: name another,"
+            " e.g. build/compile-cache.bin"
+        )
+    if os.path.isdir(path):
+        raise UsageError(f"--compile-cache {given!r} is a folder: name a file in it")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not os.access(os.path.dirname(path), os.W_OK):
+        raise UsageError(f"--compile-cache {given!r}: its folder cannot be written")
+    return path
 
 
 def _loaded(path: str) -> dict[str, Any] | None:
     with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as handle:
         choice = json.load(handle)
-        return choice if isinstance(choice, dict) else None
+        return choice if isinstance(choice, dict) and isinstance(choice.get("key"), str) else None
     return None
 
 
 def write_choices(path: str, made: list[dict[str, Any]]) -> int:
     """Write ``made`` into the choices file at ``path``, replacing those of the same key and
-    keeping the others; how many were kept. One tune at a time writes (``flock`` on the
-    folder, where the system has it): two at once lose none of each other's."""
+    keeping the others; how many were kept. A file there that cannot be read whole is
+    refused, not replaced (its choices would be lost). One tune at a time writes (``flock``
+    on the folder, where the system has it): two at once lose none of each other's."""
     import tomli_w
 
     from .._sources.cache import write_atomically
-    from .._sources.files import SHARED_FILE_MODE
+    from .._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE
 
     with _locked(os.path.dirname(path) or os.curdir):
-        file = choices_file(path)
         try:
-            old = [] if file is None else [table for table, _line in file.every()]
-        except BackendRegistryError:  # a file past reading: tune writes it anew
+            old = [table for table, _line in read_choices(path).every()]
+        except BackendRegistryError as exc:
+            if getattr(exc, "message", None) != NO_SUCH_FILE:
+                raise CommandError(f"{exc}; fix it or move it away, then tune again") from None
             old = []
         new = {str(choice["key"]): _table(choice) for choice in made}
         kept = [table for table in old if table.get("key") not in new]
@@ -157,101 +184,104 @@ def _table(choice: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _save_compile_cache(folder: str, path: str) -> None:
-    """PyTorch's compile caches the command's processes saved, as one file at ``path``: one
-    process's as it saved them; several, merged by PyTorch (loaded here, saved again)."""
+    """PyTorch's compile caches the command's processes saved, at ``path``: those of the
+    process that saved the most (PyTorch merges none: a process that loaded some saves
+    nothing again), which under torchrun is rank 0's, the one that compiled every member.
+    Where none saved any, a warning: nothing was compiled that PyTorch caches."""
     from .._sources.cache import write_atomically
 
-    saved = sorted(glob.glob(os.path.join(folder, COMPILE_CACHE_FOLDER, "*.bin")))
-    blobs = []
-    for name in saved:
-        with open(name, "rb") as handle:
-            blobs.append(handle.read())
-    if not blobs:
-        raise CommandError(f"{path}: the command's processes saved no compile cache")
-    blob = blobs[0]
-    if len(blobs) > 1:
-        import torch.compiler
-
-        for each in blobs:
-            torch.compiler.load_cache_artifacts(each)
-        merged = torch.compiler.save_cache_artifacts()
-        blob = merged[0] if merged is not None else max(blobs, key=len)
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_atomically(path, blob, 0o644)
+    saved = glob.glob(os.path.join(folder, COMPILE_CACHE_FOLDER, "*.bin"))
+    if not saved:
+        print(
+            f"{PROG}: warning: {relative(path)}: not written: the command's processes saved no"
+            " compile cache (nothing inductor or AOTAutograd caches was compiled)",
+            file=sys.stderr,
+        )
+        return
+    with open(max(saved, key=os.path.getsize), "rb") as handle:
+        write_atomically(path, handle.read(), 0o644)
 
 
 def problems(registry: Registry, manifests: Iterable[str], *, with_torch: bool) -> list[Problem]:
-    """What ``check`` says of the choices files beside ``manifests``: a choice that cannot be
-    read, of a chain not declared (or that selects no fastest), or naming a member its chain
-    does not list, is an error at its line; one whose chain changed since it was tuned
-    (known ``with_torch`` only: PyTorch's members are part of a chain), a warning that names
-    ``tune``."""
+    """What ``check`` says of the choices files beside ``manifests``: one that cannot be read
+    or must not be used, a choice that cannot be read, of a chain not declared (or that
+    selects no fastest), naming a member its chain does not list, or whose key another choice
+    has, is an error at its line; one whose chain changed since it was tuned (known
+    ``with_torch`` only: PyTorch's members are part of a chain), a warning naming ``tune``."""
     from .._key import identity
+    from .._sources.files import NO_SUCH_FILE
 
     found: list[Problem] = []
     paths = dict.fromkeys(os.path.join(os.path.dirname(m), CHOICES_FILE) for m in manifests)
-    index = registry.index(with_torch=False)
-    chains = {d.name: d for d in index.winners() if d.select == "fastest"}
+    chains = {
+        d.name: d for d in registry.index(with_torch=False).winners() if d.select == "fastest"
+    }
+    identities: dict[str, str] = {}
     for path in paths:
-        file = choices_file(path)
-        if file is None:
-            continue
         try:
-            every = file.every()
+            every = read_choices(path).every()
         except BackendRegistryError as exc:
-            found.append(getattr(exc, "problem", Problem(str(exc), path=path)))
+            if getattr(exc, "message", None) != NO_SUCH_FILE:
+                problem = getattr(exc, "problem", None)
+                found.append(problem or Problem(str(exc).removeprefix(f"{path}: "), path=path))
             continue
-        identities: dict[str, str] = {}
+        lines: dict[object, int] = {}
         for table, line in every:
-            chain, member = table.get("chain"), table.get("member")
-            said = _malformed(table)
-            if said is None and chain not in chains:
-                meant = closest(str(chain), chains)
-                guess = f"; did you mean {meant[0]!r}?" if meant else ""
-                said = f'chain {chain!r} is no select = "fastest" chain declared here{guess}'
-            elif said is None and member not in chains[str(chain)].members:
-                listed = chains[str(chain)].members
-                meant = closest(str(member), listed)
-                guess = (
-                    f"; did you mean {meant[0]!r}?" if meant else f" (it lists {', '.join(listed)})"
-                )
-                said = f"member {member!r} is not in chain {chain!r}{guess}"
+            said = _malformed(table, chains, lines.setdefault(table.get("key"), line), line)
             if said is not None:
                 found.append(Problem(said, path=path, line=line, key="choice"))
                 continue
-            definition = chains[str(chain)]
+            definition = chains[table["chain"]]
             if not with_torch:
                 continue
-            with contextlib.suppress(BackendRegistryError):
-                now = identities.setdefault(
-                    definition.name, identity(definition, registry.backend_info)
+            now = identities.get(definition.name)
+            if now is None:
+                now = identities[definition.name] = identity(definition, registry.backend_info)
+            if table.get("identity") != now:
+                said = (
+                    f"chain {definition.name!r} or a backend it runs changed since this choice"
+                    " was tuned: it applies to no graph; run 'torch-backends tune -- COMMAND'"
+                    " again"
                 )
-                if table.get("identity") != now:
-                    found.append(
-                        Problem(
-                            f"chain {chain!r} or one of its members changed since this choice"
-                            " was tuned: it applies to no graph; run 'torch-backends tune --"
-                            " COMMAND' again",
-                            path=path,
-                            line=line,
-                            key="choice",
-                            severity="warning",
-                        )
-                    )
+                found.append(Problem(said, path=path, line=line, key="choice", severity="warning"))
     return found
 
 
-def _malformed(table: Mapping[str, Any]) -> str | None:
+def _malformed(
+    table: Mapping[str, Any], chains: Mapping[str, BackendDefinition], first: int, line: int
+) -> str | None:
+    """Why a choice as read cannot be one (``first``: the line its key is first at)."""
     needed = [
         key for key in ("chain", "member", "graph", "key") if not isinstance(table.get(key), str)
     ]
-    if not needed:
-        return None
-    return (
-        f"a choice needs {', '.join(needed)} (each a string), as tune writes it; run"
-        " 'torch-backends tune -- COMMAND' again rather than edit it"
+    numbers = all(
+        isinstance(table.get(key, {}), dict)
+        and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+            for v in table.get(key, {}).values()
+        )
+        for key in ("seconds", "spread")
     )
+    if needed or not numbers or not isinstance(table.get("skipped", {}), dict):
+        what = (
+            f"{', '.join(needed)} (each a string)"
+            if needed
+            else "seconds and spread as tables of numbers"
+        )
+        return f"a choice needs {what}, as tune writes it; tune again rather than edit it"
+    chain, member = table["chain"], table["member"]
+    if chain not in chains:
+        meant = closest(chain, chains)
+        guess = f"; did you mean {meant[0]!r}?" if meant else ""
+        return f'chain {chain!r} is no select = "fastest" chain declared here{guess}'
+    listed = chains[chain].members
+    if member not in listed:
+        meant = closest(member, listed)
+        guess = f"; did you mean {meant[0]!r}?" if meant else f" (it lists {', '.join(listed)})"
+        return f"member {member!r} is not in chain {chain!r}{guess}"
+    if first != line:
+        return f"the same key as the choice at line {first}, which is the one used"
+    return None
 
 
 def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> list[dict[str, Any]]:

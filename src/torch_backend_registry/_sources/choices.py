@@ -8,13 +8,14 @@ that cannot be used is a warning, never an error.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 import re
 
 from .._errors import BackendRegistryError, warn
 from . import project_manifest
-from .files import MAX_KEY_PARTS, parse_toml, read_text
+from .files import parse_toml, read_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,12 +24,17 @@ if TYPE_CHECKING:
     from .._definition import BackendDefinition
     from . import Context
 
-#: The file ``tune`` writes beside the project manifest.
+#: The file ``tune`` writes beside the manifest that declares a chain.
 CHOICES_FILE = "backends.choices"
 #: The largest choices file read: some 10,000 choices take 8 MiB.
 MAX_BYTES = 64 * 2**20
+#: The most keys and key parts a choices file may hold: 10,000 choices of a chain of ten
+#: members take some 600,000.
+MAX_KEY_PARTS = 2_000_000
 #: Where each choice starts, as ``tune`` writes it (and as TOML allows it written by hand).
 _HEADER = re.compile(r"^[ \t]*\[\[[ \t]*choice[ \t]*\]\]", re.MULTILINE)
+#: Each choice's key, as ``tune`` writes it.
+_KEY = re.compile(r"^[ \t]*key[ \t]*=[ \t]*[\"']([^\"'\n]*)[\"']", re.MULTILINE)
 
 
 class ChoicesFile:
@@ -37,36 +43,58 @@ class ChoicesFile:
     def __init__(self, path: str, text: str) -> None:
         self.path, self.text = path, text
 
+    @functools.cached_property
+    def starts(self) -> list[int]:
+        """Where each choice starts in the text."""
+        return [match.start() for match in _HEADER.finditer(self.text)]
+
+    @functools.cached_property
+    def keys(self) -> dict[str, int]:
+        """Where each key is first written in the text: read once, then a lookup is a dict
+        hit, whatever the number of choices."""
+        found: dict[str, int] = {}
+        for match in _KEY.finditer(self.text):
+            found.setdefault(match[1], match.start())
+        return found
+
     def find(self, key: str) -> tuple[dict[str, Any], int] | None:
         """The choice of ``key`` and the line it starts on, parsed alone; ``None`` where there
-        is none (or it cannot be read: ``check`` says why)."""
+        is none (or it cannot be read, or the table the key line stands in is not that
+        choice's: ``check`` says why)."""
         import tomli
 
-        found = re.search(rf"^[ \t]*key[ \t]*=[ \t]*[\"']{re.escape(key)}[\"']", self.text, re.M)
-        if found is None:
+        at = self.keys.get(key)
+        number = -1 if at is None else bisect.bisect_right(self.starts, at) - 1
+        if number < 0:
             return None
-        starts = [m.start() for m in _HEADER.finditer(self.text, 0, found.start())]
-        if not starts:
-            return None
-        following = _HEADER.search(self.text, found.end())
-        piece = self.text[starts[-1] : following.start() if following else len(self.text)]
+        start, end = self.starts[number], (self.starts[number + 1 :] or [len(self.text)])[0]
         try:
-            tables = tomli.loads(piece).get("choice")
+            tables = tomli.loads(self.text[start:end]).get("choice")
         except (tomli.TOMLDecodeError, ValueError, RecursionError):
             return None
         if not (isinstance(tables, list) and len(tables) == 1 and isinstance(tables[0], dict)):
             return None
-        return tables[0], self.text.count("\n", 0, starts[-1]) + 1
+        if tables[0].get("key") != key:  # a key line inside a string, or out of its table
+            return None
+        return tables[0], self.text.count("\n", 0, start) + 1
 
     def every(self) -> list[tuple[dict[str, Any], int]]:
         """Every choice, with the line it starts on; a :class:`ManifestError` at its line
         where the file is no TOML."""
-        data, _lines = parse_toml(self.path, self.text, 4 * MAX_KEY_PARTS)
+        return self._every
+
+    @functools.cached_property
+    def _every(self) -> list[tuple[dict[str, Any], int]]:
+        data, _lines = parse_toml(self.path, self.text, MAX_KEY_PARTS)
         tables = data.get("choice")
-        starts = [self.text.count("\n", 0, m.start()) + 1 for m in _HEADER.finditer(self.text)]
+        lines, line, last = [], 1, 0
+        for start in self.starts:  # counted from one start to the next: linear in the text
+            line += self.text.count("\n", last, start)
+            lines.append(line)
+            last = start
         if not isinstance(tables, list):
             return []
-        return [(t, line) for t, line in zip(tables, starts, strict=False) if isinstance(t, dict)]
+        return [(t, line) for t, line in zip(tables, lines, strict=False) if isinstance(t, dict)]
 
 
 class Shipped:
@@ -118,7 +146,13 @@ def choices_file(path: str) -> ChoicesFile | None:
 @functools.lru_cache(maxsize=64)  # read once a version of the file (its time, size, inode)
 def _read(path: str, _mtime: int, _size: int, _inode: int) -> ChoicesFile | None:
     try:
-        return ChoicesFile(path, read_text(path, MAX_BYTES, what="choices file"))
+        return read_choices(path)
     except BackendRegistryError as exc:
         warn(f"{exc}; its choices are not used")
         return None
+
+
+def read_choices(path: str) -> ChoicesFile:
+    """``path`` read as a choices file; :class:`ManifestError` where it cannot be (no such
+    file among them), :class:`Untrusted` where it must not."""
+    return ChoicesFile(path, read_text(path, MAX_BYTES, what="choices file"))
