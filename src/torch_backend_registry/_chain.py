@@ -127,6 +127,8 @@ class Run:
         # (to verify it, or to time a training step), it is compiled with the forward.
         training = chain.definition.select == "fastest" and torch.is_grad_enabled()
         self.compile_level = "backward" if training else verify[0] if verify else None
+        if training:  # what is timed is verified: a training step times the backward too
+            self.level = "backward"
 
     def skip(self, member: str, reason: str, severity: Severity) -> None:
         self.failures.append((member, reason))

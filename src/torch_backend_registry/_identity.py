@@ -189,8 +189,14 @@ def portable(value: Any, unknown: list[str] | None = None, depth: int = 0) -> An
         return {"device": value.type}
     if torch is not None and isinstance(value, torch.dtype):
         return {"dtype": str(value)}
+    if torch is not None and isinstance(value, (torch.layout, torch.memory_format)):
+        return {"torch": str(value)}
     if torch is not None and isinstance(value, torch.Tensor):
         return _tensor(value, unknown)
+    if isinstance(value, (bytes, bytearray, complex, range)):
+        return {type(value).__name__: repr(value)}
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):  # a NumPy scalar
+        return more(value.item())
     uuid = getattr(value, "uuid", None)  # inductor's custom passes say what they are so
     if callable(uuid):
         return {"object": _name(type(value)), "uuid": more(uuid())}
@@ -241,10 +247,14 @@ def _tensor(value: Any, unknown: list[str] | None) -> Any:
     import torch
 
     facts = {"tensor": str(value.dtype), "shape": list(value.shape)}
-    if value.numel() > TENSOR_VALUES or value.is_sparse or value.device.type == "meta":
+    try:  # a layout of its own (sparse, nested, MKL-DNN, a lazy view) is not read so
+        if value.numel() > TENSOR_VALUES or value.layout != torch.strided:
+            raise ValueError(value.layout)
+        data = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+        digest = hashlib.sha256(data.view(-1).view(torch.uint8).numpy().tobytes())
+    except Exception:
         return _unknown(f"a tensor of {value.numel()} elements", unknown, facts)
-    data = value.detach().cpu().contiguous().view(-1).view(torch.uint8)
-    return {**facts, "values": hashlib.sha256(data.numpy().tobytes()).hexdigest()[:16]}
+    return {**facts, "values": digest.hexdigest()[:16]}
 
 
 def _plain(value: Any) -> Any:

@@ -15,13 +15,24 @@ if TYPE_CHECKING:
 
 class Copies(NamedTuple):
     """Copies of a graph's inputs: what to pass (``inputs``), the tensors among them in the
-    order :func:`flat` gives, and with gradients on, the ``leaves`` to differentiate by, each
-    with the number of the first flat input it stands for (``owners``)."""
+    order :func:`flat` gives and their version counters as made (``versions``: a copy's
+    starts where copying left it), and with gradients on, the ``leaves`` to differentiate by,
+    each with the number of the first flat input it stands for (``owners``)."""
 
     inputs: list[Any]
     tensors: list[Any]
+    versions: list[int]
     leaves: list[Any]
     owners: list[int]
+
+    def written(self) -> list[int]:
+        """The tensors a run wrote in place since they were made, by their version counters."""
+        return [n for n, x in enumerate(self.tensors) if x._version != self.versions[n]]
+
+    def passed(self) -> list[Any]:
+        """The inputs to pass to one call: a list among them anew (compiled autograd's graph
+        takes its tensors in one list, which a call empties, as a boxed call does)."""
+        return [list(x) if isinstance(x, list) else x for x in self.inputs]
 
 
 def copies(inputs: list[Any], grad: bool) -> Copies:
@@ -56,7 +67,8 @@ def copies(inputs: list[Any], grad: bool) -> Copies:
     # Taken now: a graph given its inputs in a list (compiled autograd's) may empty it, as
     # a boxed call does.
     flat_copies = [x for x in passed if tensor(x)]
-    return Copies(tree_unflatten(passed, spec), flat_copies, leaves, owners)
+    versions = [x._version for x in flat_copies]
+    return Copies(tree_unflatten(passed, spec), flat_copies, versions, leaves, owners)
 
 
 def flat(inputs: list[Any]) -> list[Any]:

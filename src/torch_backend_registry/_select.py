@@ -20,11 +20,12 @@ import logging
 import os
 import statistics
 import time
+from collections import Counter
 
 from . import _store
 from ._chain import ChainBackend, Run
 from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR, TUNING_VAR
-from ._key import differences, facts, identity, in_words, key, members
+from ._key import DECIDING, differences, facts, identity, in_words, key, members
 from ._runs import copies, generators, leaves, restored, said
 from ._sources.cache import NO_CACHE
 from ._sources.choices import shipped_for
@@ -54,6 +55,11 @@ SETTLE_SECONDS = 10e-3
 #: resolution and a stray interruption weigh little (with 2 ms, OpenVINO's 1.25x over
 #: eager on a small MLP was measured under the 1.1x of min-speedup one run in two).
 SAMPLE_SECONDS = 10e-3
+#: The facts of a choice that may differ from one rank to another of one job.
+MACHINE = ("threads", "torch", "device", "identity")
+#: How many times this process compiled each graph a select chain was handed, by the key
+#: its ranks share.
+_COMPILES: Counter[str] = Counter()
 #: What ``TORCH_BACKENDS_SELECT`` may say: unset, decide afresh, take shipped choices only.
 MODES = ("", "fresh", "shipped")
 #: What was said once a process (a bad time limit, a value no process writes alike).
@@ -83,33 +89,38 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
             f"backend {run.name!r}: {run.words}: its choice is not remembered: torch.compile was"
             f" given {', '.join(dict.fromkeys(unknown))}, which no other process writes alike"
         )
-    store = _store.default_store()
-    # What every rank compiling this graph writes alike, whatever machine it runs on.
-    rank_key = "torch_backend_registry/select/" + key(
-        {"graph-digest": decided["graph-digest"], "compile": decided["compile"], "chain": run.name}
-    )
+    # A graph that holds a collective runs on every rank together: no rank may run it alone
+    # (to verify or time it) while another waits on the store for a choice.
+    together = collective(gm)
+    store = None if together else _store.default_store()
+    # What every rank compiling this graph writes alike, whatever machine it runs on (its
+    # thread count, PyTorch's build and device model aside), and which of this process's
+    # compiles of it this is: the n-th on each rank hears rank 0's n-th.
+    shared = key({name: decided[name] for name in DECIDING if name not in MACHINE})
+    _COMPILES[shared] += 1
+    rank_key = f"torch_backend_registry/select/{shared}/{_COMPILES[shared]}"
     # Rank 0 tells the others what it runs, however it came to it (a rank whose machine
     # differs may find no shipped choice of its own, and waits for it).
-    zero = store is not None and _store.rank() == 0
-    if mode != "fresh":
-        shipped = shipped_for(chain.definition, chain.context)
-        at = shipped.find(found) if shipped is not None else None
-        tried = []
-        if at is not None:
-            table, where = at
-            tried = _listed(run, [table.get("member")], f"the choice shipped at {where}")
-            for member, compiled in run.candidates(tried):
-                _publish(store if zero else None, rank_key, member)
-                return run.use(member, compiled, f", as shipped ({where})")
-        if mode == "shipped":
-            if at is None:
-                _warn_nearest(run, shipped, decided)
-            others = [member for member in chain.members if member not in tried]
-            for member, compiled in run.candidates(others):
-                _publish(store if zero else None, rank_key, member)
-                return run.use(member, compiled, ", the chain's first that verifies")
-            raise run.failed()
-    if store is not None and not zero:
+    tell = store if store is not None and _store.rank() == 0 else None
+    shipped = None if mode == "fresh" else shipped_for(chain.definition, chain.context)
+    at = shipped.find(found) if shipped is not None else None
+    tried: list[str] = []
+    if at is not None:
+        table, where = at
+        tried = _listed(run, [table.get("member")], f"the choice shipped at {where}")
+        for member, compiled in run.candidates(tried):
+            _publish(tell, rank_key, member)
+            return run.use(member, compiled, f", as shipped ({where})")
+    if mode == "shipped" or together:
+        if at is None and mode == "shipped":
+            _warn_nearest(run, shipped, decided)
+        others = [member for member in chain.members if member not in tried]
+        for member, compiled in run.candidates(others):
+            _publish(tell, rank_key, member)
+            why = "it runs on every rank together: none times it" if together else "shipped only"
+            return run.use(member, compiled, f", the chain's first that verifies ({why})")
+        raise run.failed()
+    if store is not None and tell is None:
         return _as_rank_zero_chose(run, store, rank_key, environ)
     remembered = None if mode == "fresh" or unknown else cache.get(KIND, found)
     if isinstance(remembered, dict) and remembered.get("member") in chain.members:
@@ -117,12 +128,19 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
             _publish(store, rank_key, member)
             return run.use(member, compiled, f", as remembered ({said_of(remembered)})")
     passed = dict(run.candidates())
-    timeable = run.reference is not None and run.reference.unverified is None
-    samples = timed(run, passed) if len(passed) > 1 and timeable else {}
     if not passed:
         _publish(store, rank_key, "")
         raise run.failed()
-    member, speedup, how = choose(list(passed), samples, chain.definition.min_speedup)
+    timeable = run.reference is not None and run.reference.unverified is None
+    samples, raised = timed(run, passed) if len(passed) > 1 and timeable else ({}, {})
+    untimed = "no other member to time" if len(passed) == 1 else "it cannot be run to time it"
+    if raised and not samples:  # the same step raised for every member: timing's, not theirs
+        untimed = f"running it again raised for every member: {next(iter(raised.values()))}"
+    else:
+        for failed, why in raised.items():
+            run.skip(failed, f"running it while timed raised {why}", "warning")
+            passed.pop(failed)
+    member, speedup, how = choose(list(passed), samples, chain.definition.min_speedup, untimed)
     # In the order backends.choices states it: what was chosen, how, what decided it.
     choice = {
         "chain": chain.__name__,
@@ -145,34 +163,45 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
     if not unknown:
         cache.put(KIND, found, choice)
     _publish(store, rank_key, member)
-    if not unknown:  # shipped, it would be found by processes given something else
-        _record(environ, {**choice, "manifest": chain.definition.source.path})
+    # Shipped, a choice keyed by what no process writes alike would be found by processes
+    # given something else: tune hears only that it was made.
+    made = {"unshippable": run.words} if unknown else choice
+    _record(environ, {**made, "manifest": chain.definition.source.path})
     compiled = passed.pop(member)
     passed.clear()  # the members not chosen, and what they compiled, go now
     return run.use(member, compiled, f", {how}")
 
 
 def choose(
-    order: list[str], samples: Mapping[str, list[float]], min_speedup: float
+    order: list[str],
+    samples: Mapping[str, list[float]],
+    min_speedup: float,
+    untimed: str = "it cannot be run to time it",
 ) -> tuple[str, float, str]:
     """The member chosen of ``order`` (the chain's members that verified, in its order), its
-    speed-up over the first, and how it was chosen, in words: the fastest where it is at
-    least ``min_speedup`` times faster than the first beyond the spread of their samples
-    (the first's lower quartile over the fastest's upper one), else the first."""
+    speed-up over the first, and how it was chosen, in words: the fastest by median of those
+    at least ``min_speedup`` times faster than the first beyond the spread of their samples
+    (the first's lower quartile over their upper one), else the first (``untimed``: why
+    nothing was timed)."""
     first = order[0]
     timed = [member for member in order if member in samples]
-    if len(order) == 1 or first not in samples or len(timed) < 2:
-        why = "no other member to time" if len(order) == 1 else "it cannot be run to time it"
-        return first, 1.0, f"the chain's first that verified, not timed ({why})"
+    if first not in samples or len(timed) < 2:
+        return first, 1.0, f"the chain's first that verified, not timed ({untimed})"
     medians = {member: statistics.median(samples[member]) for member in timed}
+    low = statistics.quantiles(samples[first], n=4)[0]
+    sure = [
+        member
+        for member in timed[1:]
+        if low >= min_speedup * statistics.quantiles(samples[member], n=4)[2]
+    ]
+    if sure:
+        best = min(sure, key=medians.__getitem__)
+        speedup = medians[first] / medians[best]
+        return best, speedup, f"the fastest, {speedup:.2f}x over {first!r}"
     best = min(timed, key=medians.__getitem__)
     speedup = medians[first] / medians[best] if medians[best] > 0 else 1.0
     if best == first or speedup < min_speedup:
         return first, 1.0, f"the chain's first that verified: none is {min_speedup:g}x faster"
-    low = statistics.quantiles(samples[first], n=4)[0]
-    high = statistics.quantiles(samples[best], n=4)[2]
-    if high > 0 and low / high >= min_speedup:
-        return best, speedup, f"the fastest, {speedup:.2f}x over {first!r}"
     return (
         first,
         1.0,
@@ -190,12 +219,14 @@ def spread(samples: list[float]) -> float:
     return round((high - low) / middle, 3) if middle > 0 else 0.0
 
 
-def timed(run: Run, compiled: dict[str, Callable[..., Any]]) -> dict[str, list[float]]:
+def timed(
+    run: Run, compiled: Mapping[str, Callable[..., Any]]
+) -> tuple[dict[str, list[float]], dict[str, str]]:
     """The seconds of a step with each member's compiled graph, a sample a round: the forward,
     and where the graph is compiled for training and an output requires grad, the backward a
     training step runs with it. The members take turns, on one copy of the inputs; the
-    graph's state and every random number generator are as they were afterwards. A member
-    that raises is skipped as one that fails to compile (and taken out of ``compiled``)."""
+    graph's state and every random number generator are as they were afterwards. And what
+    each member that raised while timed raised, in words (no longer timed)."""
     import torch
 
     reference = run.reference
@@ -206,7 +237,7 @@ def timed(run: Run, compiled: dict[str, Callable[..., Any]]) -> dict[str, list[f
     synchronize = getattr(getattr(torch, run.device, None), "synchronize", None)
 
     def step(fn: Callable[..., Any]) -> None:
-        out = fn(*copied.inputs)
+        out = fn(*copied.passed())
         if backward:
             outputs = [o for o in leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
             if outputs and grads:
@@ -223,6 +254,7 @@ def timed(run: Run, compiled: dict[str, Callable[..., Any]]) -> dict[str, list[f
 
     samples: dict[str, list[float]] = {}
     calls: dict[str, int] = {}
+    raised: dict[str, str] = {}
 
     def turn(member: str) -> None:
         """A member's turn; its first warms it up and sizes its batch of calls."""
@@ -237,19 +269,29 @@ def timed(run: Run, compiled: dict[str, Callable[..., Any]]) -> dict[str, list[f
             while time.perf_counter() < settled:
                 step(compiled[member])
             samples.setdefault(member, []).append(seconds(compiled[member], calls[member]))
-        except Exception as exc:  # a member that raises on a later call: skipped, not fatal
-            run.skip(member, f"running it while timed raised {said(exc)}", "warning")
-            compiled.pop(member)
+        except Exception as exc:  # a member that raises on a later call: no longer timed
+            raised[member] = said(exc)
             samples.pop(member, None)
 
     with torch.set_grad_enabled(reference.training), generators(), restored(run.gm):
         for round_ in range(ROUNDS + 1):  # the first round warms each member up
-            order = list(compiled)
+            order = [member for member in compiled if member not in raised]
             shift = round_ % max(len(order), 1)
             for member in order[shift:] + order[:shift]:
-                if member in compiled:
+                if member not in raised:
                     turn(member)
-    return {member: samples[member] for member in compiled if member in samples}
+    return {member: samples[member] for member in compiled if member in samples}, raised
+
+
+def collective(gm: Any) -> bool:
+    """Whether the graph calls a collective of torch.distributed (the functional ones of
+    tensor parallelism and FSDP, ``c10d``'s ops, ``torch.distributed``'s functions)."""
+    for node in getattr(getattr(gm, "graph", None), "nodes", ()):
+        target = node.target if node.op == "call_function" else None
+        where = str(getattr(target, "namespace", None) or getattr(target, "__module__", ""))
+        if "c10d" in where or where.startswith("torch.distributed"):
+            return True
+    return False
 
 
 def timings(choice: Mapping[str, Any]) -> str:

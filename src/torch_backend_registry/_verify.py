@@ -129,10 +129,11 @@ class Reference:
         # What the graph writes: by the version counter, and by value (an in-place kernel
         # may write without counting: BatchNorm's running statistics).
         originals = flat(self.inputs)
+        written = set(run.written())
         self.clean = {
             n: originals[n].detach().clone()
             for n, x in enumerate(run.tensors)
-            if x._version or not same(x, originals[n])
+            if n in written or not same(x, originals[n])
         }
 
     @property

@@ -65,9 +65,17 @@ def run_tune(args: Arguments) -> int:
             )
             error(f"{command[0]!r} {how}: nothing written")
             return 128 - code if code < 0 else code
-        files = sorted(glob.glob(os.path.join(folder, "choice-*.json")))
+        records = [_loaded(path) for path in sorted(glob.glob(os.path.join(folder, "*.json")))]
         # The choice of a graph decided twice (two processes), once: the last.
-        made = {c["key"]: c for c in map(_loaded, files) if c is not None}
+        made = {c["key"]: c for c in records if c is not None and isinstance(c.get("key"), str)}
+        unshippable = [c for c in records if c is not None and "unshippable" in c]
+        if unshippable:
+            print(
+                f"{PROG}: warning: {len(unshippable)} graph(s) decided but not shipped:"
+                " torch.compile was given values no other process writes alike (the"
+                " command's log names them)",
+                file=sys.stderr,
+            )
         if not made:
             raise CommandError(
                 f'{command[0]!r} compiled no graph with a select = "fastest" chain: nothing'
@@ -123,7 +131,7 @@ def _cache_path(given: str) -> str:
 def _loaded(path: str) -> dict[str, Any] | None:
     with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as handle:
         choice = json.load(handle)
-        return choice if isinstance(choice, dict) and isinstance(choice.get("key"), str) else None
+        return choice if isinstance(choice, dict) else None
     return None
 
 
