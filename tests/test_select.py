@@ -907,7 +907,7 @@ def test_a_step_that_writes_an_activation_in_place_is_timed_and_trains(
     write("backends.toml", '[backends.relu]\nchain = ["eager", "aot_eager"]\nselect = "fastest"\n')
     tbr.install(Registry(cwd=tmp_path, environ={}))
 
-    class Model(torch.nn.Module):
+    class Model(torch.nn.Module):  # type: ignore[name-defined,misc]  # torch is Any here
         def __init__(self) -> None:
             super().__init__()
             self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
