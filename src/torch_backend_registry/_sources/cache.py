@@ -26,7 +26,7 @@ from .files import OPEN_FLAGS, untrusted, untrusted_folder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
     from typing import Any, TypeVar
 
     T = TypeVar("T")
@@ -229,11 +229,20 @@ def code_key() -> str:
 def stamp(path: str) -> tuple[int, ...]:
     """What tells that a file or folder changed, for a key: its size, time and inode (which a
     replacement changes); nothing where it cannot be examined."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return ()
-    return (info.st_size, info.st_mtime_ns, info.st_ino)
+    return stamps([path])[0]
+
+
+def stamps(paths: Iterable[str]) -> list[tuple[int, ...]]:
+    """The :func:`stamp` of each of ``paths``, in one call (a key of many files)."""
+    found: list[tuple[int, ...]] = []
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except OSError:
+            found.append(())
+            continue
+        found.append((info.st_size, info.st_mtime_ns, info.st_ino))
+    return found
 
 
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:

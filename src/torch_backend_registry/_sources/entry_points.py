@@ -8,7 +8,7 @@ import os
 import sys
 
 from .._definition import BackendDefinition, Discovery, Problem, Source, distribution_key
-from .cache import stamp
+from .cache import stamp, stamps
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 def entry_point_stamps() -> list[object]:
     """What decides the entry points: each sys.path entry and the distributions in it, with
     the stamps of each one's metadata files."""
-    stamps: list[object] = []
+    stamps_of: list[object] = []
     for entry in sys.path:
         folder = entry or os.curdir
         try:
@@ -38,9 +38,12 @@ def entry_point_stamps() -> list[object]:
             names = []
         # The folder's own time changes when anything is added, renamed or removed in it; a
         # metadata file's, when it is edited in place.
-        found = [[n, *(stamp(os.path.join(folder, n, m)) for m in _METADATA)] for n in names]
-        stamps.append([entry, stamp(folder), found])
-    return stamps
+        files = stamps([os.path.join(folder, n, m) for n in names for m in _METADATA])
+        found = [
+            [n, *files[i * len(_METADATA) : (i + 1) * len(_METADATA)]] for i, n in enumerate(names)
+        ]
+        stamps_of.append([entry, stamp(folder), found])
+    return stamps_of
 
 
 #: The files of a distribution's metadata that say its name, version and entry points.

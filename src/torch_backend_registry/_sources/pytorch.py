@@ -14,7 +14,8 @@ import sys
 from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock, importing_at_fork
-from .cache import NO_CACHE, stamp
+from .cache import NO_CACHE
+from .cache import stamps as stamps_of
 from .finding import find
 
 TYPE_CHECKING = False
@@ -65,7 +66,7 @@ def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
     remembered in ``cache`` and for the rest of the process while the files stay as read."""
     global _last
     files = _registering_files()
-    stamps = [(path, *stamp(path)) for path in files]
+    stamps = [(path, *found) for path, found in zip(files, stamps_of(files), strict=True)]
     last = _last
     if last is None or last[0] != stamps:
         # The reading is this package's code: another version of it reads anew.
