@@ -490,3 +490,33 @@ def test_an_untrusted_env_manifest_spares_the_next_one(tmp_path: Path, write: Wr
     with pytest.warns(ManifestWarning, match=f"{re.escape(str(bad))}: manifest not used"):
         assert registry.backend_info("x").target == "m:good"
     assert registry.list_backends() == ["x", "y"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["0" * 32, "1" * 32, "2" * 32]),  # keys, some repeated
+            st.sampled_from(["[[choice]]", "[[ choice ]]", "  [[choice]]"]),
+            st.sampled_from(['key = "{}"', "key='{}'", '  key  =  "{}"']),
+            st.sampled_from(["", 'graph = "[[choice]] key = \\"{}\\""', "# key = {}"]),
+        ),
+        max_size=6,
+    ),
+    st.sampled_from(["0" * 32, "1" * 32, "2" * 32]),
+)
+def test_a_choice_is_found_by_its_key_as_a_whole_parse_finds_it(
+    written: list[tuple[str, str, str, str]], key: str
+) -> None:
+    """A hand-written ``backends.choices`` (headers and key lines spaced and quoted as TOML
+    allows, a key in another's string or a comment): a lookup finds the first choice of the
+    key, at its header's line, as reading the whole file would."""
+    from torch_backend_registry._sources.choices import ChoicesFile
+
+    lines, expected = ["# a header"], None
+    for their_key, header, key_line, noise in written:
+        if expected is None and their_key == key:
+            expected = len(lines) + 1
+        lines += [header, noise.format(key), key_line.format(their_key), 'member = "m"', ""]
+    found = ChoicesFile("backends.choices", "\n".join(lines)).find(key)
+    assert (found and (found[0]["key"], found[1])) == (expected and (key, expected))

@@ -8,7 +8,6 @@ that cannot be used is a warning, never an error.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import os
 import re
@@ -48,28 +47,34 @@ class ChoicesFile:
         """Where each choice starts in the text."""
         return [match.start() for match in _HEADER.finditer(self.text)]
 
-    @functools.cached_property
-    def keys(self) -> dict[str, int]:
-        """Where each key is first written in the text: read once, then a lookup is a dict
-        hit, whatever the number of choices."""
-        found: dict[str, int] = {}
-        for match in _KEY.finditer(self.text):
-            found.setdefault(match[1], match.start())
-        return found
-
     def find(self, key: str) -> tuple[dict[str, Any], int] | None:
         """The choice of ``key`` and the line it starts on, parsed alone; ``None`` where there
         is none (or it cannot be read, or the table the key line stands in is not that
         choice's: ``check`` says why)."""
         import tomli
 
-        at = self.keys.get(key)
-        number = -1 if at is None else bisect.bisect_right(self.starts, at) - 1
-        if number < 0:
+        # The first line that writes the key, found by the key's own text (a scan in C, not
+        # a regular expression tried at each of 10,000 choices' lines), then the header above
+        # it and the next one below: what a lookup parses is one choice. Each line is looked
+        # at once, whatever a hostile file repeats on it.
+        text, at = self.text, self.text.find(key)
+        while at >= 0:
+            line = _KEY.match(text, text.rfind("\n", 0, at) + 1)
+            if line is not None and line[1] == key:
+                break
+            at = -1 if (ends := text.find("\n", at)) < 0 else text.find(key, ends)
+        start = at
+        while start >= 0:
+            begins = text.rfind("\n", 0, start) + 1
+            if start != at and _HEADER.match(text, begins):
+                break
+            start = text.rfind("[[", 0, begins)
+        if start < 0:
             return None
-        start, end = self.starts[number], (self.starts[number + 1 :] or [len(self.text)])[0]
+        end = _HEADER.search(text, at)
+        start, end_at = begins, len(text) if end is None else end.start()
         try:
-            tables = tomli.loads(self.text[start:end]).get("choice")
+            tables = tomli.loads(self.text[start:end_at]).get("choice")
         except (tomli.TOMLDecodeError, ValueError, RecursionError):
             return None
         if not (isinstance(tables, list) and len(tables) == 1 and isinstance(tables[0], dict)):
