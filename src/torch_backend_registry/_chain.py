@@ -106,7 +106,7 @@ class Run:
         verify = chain.definition.verify
         #: How far each member is held to eager: the chain's ``verify``; where gradients are on
         #: and it verifies nothing, the reach of the gradients alone (``"none"``): a member that
-        #: loses them is never used.
+        #: loses them is never used. And how it is compiled (``_verify.compiling``).
         self.level = verify[0] if verify else "none" if torch.is_grad_enabled() else None
         self.tolerances = verify[1:] if verify else (RTOL, ATOL)
         #: ``(member, reason)`` of each member skipped, in order.
@@ -125,9 +125,8 @@ class Run:
         # A backward compiled at its first run, while torch.compile still compiles the
         # forward, would take that compile for its own: where a member's backward runs now
         # (to verify it, or to time a training step), it is compiled with the forward.
-        training = chain.definition.select == "fastest" and torch.is_grad_enabled()
-        self.compile_level = "backward" if training else verify[0] if verify else None
-        if training:  # what is timed is verified: a training step times the backward too
+        # What is timed is verified: a training step times the backward too.
+        if chain.definition.select == "fastest" and torch.is_grad_enabled():
             self.level = "backward"
 
     def skip(self, member: str, reason: str, severity: Severity) -> None:
@@ -173,7 +172,7 @@ class Run:
         try:
             # Each member its own copy: one that rewrites what it is given and then
             # fails leaves the next, and dynamo, the graph and inputs as they came.
-            with compiling(self.compile_level):
+            with compiling(self.level):
                 compiled = compile_fn(own_copy(self.gm), list(self.example_inputs))
         except passed_through():
             raise
