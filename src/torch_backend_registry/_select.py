@@ -107,7 +107,15 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
     tried: list[str] = []
     if at is not None:
         table, where = at
-        tried = _listed(run, [table.get("member")], f"the choice shipped at {where}")
+        chosen = table.get("member")
+        # A chain never runs a member it does not list.
+        tried = [chosen] if chosen in chain.members else []
+        if not tried:
+            logger.warning(
+                "backend %r: %s: warning: the choice shipped at %s names %r, which the chain"
+                " does not list: not used",
+                run.name, run.words, where, chosen,
+            )  # fmt: skip
         for member, compiled in run.candidates(tried):
             _publish(tell, rank_key, member)
             return run.use(member, compiled, f", as shipped ({where})")
@@ -330,18 +338,6 @@ def remembered(
     now = identity(chain, info)
     found = [e for e in cache.entries(KIND) if isinstance(e, dict) and e.get("identity") == now]
     return sorted(found, key=lambda entry: -float(entry.get("when", 0)))
-
-
-def _listed(run: Run, chosen: list[Any], what: str) -> list[str]:
-    """Of ``chosen`` (what ``what``, a shipped or received choice, names), what this chain
-    lists; a warning for what it does not: a chain never runs a member it does not list."""
-    listed = [member for member in chosen if member in run.chain.members]
-    if len(listed) < len(chosen):
-        logger.warning(
-            "backend %r: %s: warning: %s names %s, which the chain does not list: not used",
-            run.name, run.words, what, ", ".join(map(repr, chosen)),
-        )  # fmt: skip
-    return listed
 
 
 def _warn_nearest(run: Run, shipped: Any, decided: Mapping[str, Any]) -> None:
