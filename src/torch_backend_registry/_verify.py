@@ -257,14 +257,11 @@ class Reference:
             got = torch.autograd.grad(_loss(out), grads, allow_unused=True)
         except Exception as exc:
             return f"its backward raised {said(exc)}"
-        pairs = [(e, g) for e, g in zip(self.gradients, got, strict=True) if (e, g) != (None, None)]
+        both = list(zip(self.gradients, got, strict=True))
+        kept = [n for n, pair in enumerate(both) if pair != (None, None)]
+        pairs = [both[n] for n in kept]
         if any(e is None or g is None for e, g in pairs):
             return "its gradients reach other inputs than eager's"
-        kept = [
-            n
-            for n, pair in enumerate(zip(self.gradients, got, strict=True))
-            if pair != (None, None)
-        ]
         # Gradients flow through every output: one that varies makes them all vary.
         loose = range(len(pairs)) if any(self.varying) else ()
         fp64 = self._float64()[1] if not loose else None
