@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 
 from ._compare import differ, layouts, same, varying
 from ._forksafe import ForkSafeLock
@@ -82,7 +83,6 @@ class Reference:
         self.varying: tuple[set[int], set[int]] = (set(), set())
         #: What the last check said of how far it went, and whether that is all asked.
         self.said, self.complete = "", False
-        self._fp64: tuple[list[Any] | None, list[Any] | None] | None = None
         self.gradients: tuple[Any, ...] | None = None
         #: The inputs the graph writes in place, by number, as they were before anything
         #: ran: what a member that ran the graph on them while compiling is put back from.
@@ -161,7 +161,7 @@ class Reference:
             if why is None and self.asked != "none":
                 why = differ(
                     self.eager, got, "output", *self.close, self.varying[0],
-                    fp64=lambda: self._float64()[0], drew=drew[0],
+                    fp64=lambda: self._float64[0], drew=drew[0],
                 )  # fmt: skip
                 why = why or layouts(self.eager, got, permuted)
                 why = why or differ(
@@ -264,7 +264,7 @@ class Reference:
             return "its gradients reach other inputs than eager's"
         # Gradients flow through every output: one that varies makes them all vary.
         loose = range(len(pairs)) if any(self.varying) else ()
-        fp64 = self._float64()[1] if not loose else None
+        fp64 = self._float64[1] if not loose else None
 
         def judge() -> list[Any] | None:
             return None if fp64 is None else [fp64[n] for n in kept]
@@ -274,6 +274,7 @@ class Reference:
             fp64=judge, drew=drew,
         )  # fmt: skip
 
+    @functools.cached_property
     def _float64(self) -> tuple[list[Any] | None, list[Any] | None]:
         """The outputs and gradients of the graph run in float64, its floating inputs,
         parameters and buffers cast, autocast off; ``None`` for what cannot be run so (a
@@ -281,11 +282,8 @@ class Reference:
         where a value misses the tolerances: it copies the graph."""
         import torch
 
-        if self._fp64 is not None:
-            return self._fp64
-        self._fp64 = (None, None)
         if any(self.varying):
-            return self._fp64
+            return None, None
         try:
             held = any(t.is_floating_point() for t in self.gm.state_dict().values())
             gm = copy.deepcopy(self.gm).double() if held else self.gm
@@ -305,10 +303,9 @@ class Reference:
                 # not line up with eager's.
                 if loss is not None and len(run.leaves) == len(self.gradients or ()):
                     gradients = list(torch.autograd.grad(loss, run.leaves, allow_unused=True))
-            self._fp64 = (outputs, gradients)
+            return outputs, gradients
         except Exception:  # not runnable so: the plain comparison stands
-            pass
-        return self._fp64
+            return None, None
 
 
 def _reaches(out: Any, run: Copies, gm: Any) -> list[frozenset[str]]:
