@@ -156,7 +156,7 @@ class Reference:
             return f"running it raised {said(exc)}"
         try:
             got = leaves(out)
-            why = self._same_requires_grad(got) or self._same_reach(out, run)
+            why = self._trains(got, run)
             permuted: list[str] = []
             if why is None and self.asked != "none":
                 why = differ(
@@ -206,10 +206,13 @@ class Reference:
         whole = self.backward or self.asked != "backward"
         self.said, self.complete = said, whole and not (outputs or inputs or gradients)
 
-    def _same_requires_grad(self, out: list[Any]) -> str | None:
-        """Where the graph is compiled for training, an output that does not require grad
-        where eager's does gives no backward pass: ``loss.backward()`` would fail far from
-        here, or train nothing."""
+    def _trains(self, out: list[Any], run: Copies) -> str | None:
+        """Where the graph is compiled for training, why the member's outputs (``out``,
+        flattened) would not train as eager's do: one that does not require grad where eager's
+        does gives no backward pass (``loss.backward()`` would fail far from here, or train
+        nothing); and the gradient of each must reach every input and parameter eager's
+        reaches (a member may reach more: AOTAutograd's backward is one function of every
+        input that requires grad)."""
         if not self.training:
             return None
         tensors = [o for o in out if tensor(o)]
@@ -221,17 +224,9 @@ class Reference:
                     f"output {number} does not require grad where eager's does: its"
                     " gradient would be lost in training"
                 )
-        return None
-
-    def _same_reach(self, out: Any, run: Copies) -> str | None:
-        """Where the graph is compiled for training, the gradient of each output must reach
-        every input and parameter eager's reaches (a member may reach more: AOTAutograd's
-        backward is one function of every input that requires grad)."""
-        if not self.training:
-            return None
         mine = _reaches(out, run, self.gm)
-        for number, (eager, got) in enumerate(zip(self.reaches, mine, strict=False)):
-            lost = sorted(eager - got)
+        for number, (eager, reached) in enumerate(zip(self.reaches, mine, strict=False)):
+            lost = sorted(eager - reached)
             if lost:
                 more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
                 return (
@@ -253,7 +248,7 @@ class Reference:
 
         assert self.gradients is not None
         try:
-            # An output requires grad: _same_requires_grad said so before this is asked.
+            # An output requires grad: _trains said so before this is asked.
             got = torch.autograd.grad(_loss(out), grads, allow_unused=True)
         except Exception as exc:
             return f"its backward raised {said(exc)}"
