@@ -6,7 +6,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import os
 from collections.abc import Mapping
 
 from ._definition import ATOL, RTOL
@@ -51,7 +50,7 @@ class _Composite:
         *,
         lookup: Callable[[str], Callable[..., Any]],
         info: Callable[[str], BackendInfo],
-        context: Context | None = None,
+        context: Context,
     ) -> None:
         self.definition = definition
         #: How a member is looked up, and what the registry knows of one.
@@ -295,8 +294,7 @@ def load_compile_cache(chain: _Composite) -> None:
     the file ``TORCH_BACKENDS_COMPILE_CACHE`` names, else the chain's manifest's
     ``compile-cache``: once a process. A file that does not load (saved by another PyTorch,
     refused by the trust rule: its compiled code would run here) is a warning."""
-    environ = os.environ if chain.context is None else chain.context.environ
-    path = environ.get(COMPILE_CACHE_VAR) or chain.definition.compile_cache
+    path = chain.context.environ.get(COMPILE_CACHE_VAR) or chain.definition.compile_cache
     _COMPILE_CACHE.append(path or "")
     if not path:
         return

@@ -27,7 +27,6 @@ from ._chain import ChainBackend, Run
 from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR, TUNING_VAR
 from ._key import DECIDING, differences, facts, identity, in_words, key, members
 from ._runs import copies, generators, leaves, restored, said
-from ._sources.cache import NO_CACHE
 from ._sources.choices import shipped_for
 
 TYPE_CHECKING = False
@@ -76,8 +75,7 @@ class FastestChain(ChainBackend):
 def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[str, Any]) -> Any:
     """What ``chain`` compiles ``gm`` to: the compiled graph of the member chosen for it."""
     run = Run(chain, gm, example_inputs, kwargs)
-    environ = os.environ if chain.context is None else chain.context.environ
-    cache = NO_CACHE if chain.context is None else chain.context.cache
+    environ = chain.context.environ
     mode = environ.get(SELECT_VAR, "").strip().lower()
     if mode not in MODES:
         _once(f"{SELECT_VAR}={mode!r} is none of {', '.join(MODES[1:])}: it is taken as unset")
@@ -130,7 +128,7 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
         raise run.failed()
     if store is not None and tell is None:
         return _as_rank_zero_chose(run, store, rank_key, environ)
-    remembered = None if mode == "fresh" or unknown else cache.get(KIND, found)
+    remembered = None if mode == "fresh" or unknown else chain.context.cache.get(KIND, found)
     if isinstance(remembered, dict) and remembered.get("member") in chain.members:
         for member, compiled in run.candidates([remembered["member"]]):
             _publish(store, rank_key, member)
@@ -169,7 +167,7 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
         "backend %r: %s: %s; chose %r (%s)", run.name, run.words, timings(choice), member, how
     )
     if not unknown:
-        cache.put(KIND, found, choice)
+        chain.context.cache.put(KIND, found, choice)
     _publish(store, rank_key, member)
     # Shipped, a choice keyed by what no process writes alike would be found by processes
     # given something else: tune hears only that it was made.
