@@ -6,7 +6,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import os
 from collections.abc import Mapping
 
 from ._definition import ATOL, RTOL
@@ -51,7 +50,7 @@ class _Composite:
         *,
         lookup: Callable[[str], Callable[..., Any]],
         info: Callable[[str], BackendInfo],
-        context: Context | None = None,
+        context: Context,
     ) -> None:
         self.definition = definition
         #: How a member is looked up, and what the registry knows of one.
@@ -106,7 +105,7 @@ class Run:
         verify = chain.definition.verify
         #: How far each member is held to eager: the chain's ``verify``; where gradients are on
         #: and it verifies nothing, the reach of the gradients alone (``"none"``): a member that
-        #: loses them is never used.
+        #: loses them is never used. And how it is compiled (``_verify.compiling``).
         self.level = verify[0] if verify else "none" if torch.is_grad_enabled() else None
         self.tolerances = verify[1:] if verify else (RTOL, ATOL)
         #: ``(member, reason)`` of each member skipped, in order.
@@ -125,9 +124,8 @@ class Run:
         # A backward compiled at its first run, while torch.compile still compiles the
         # forward, would take that compile for its own: where a member's backward runs now
         # (to verify it, or to time a training step), it is compiled with the forward.
-        training = chain.definition.select == "fastest" and torch.is_grad_enabled()
-        self.compile_level = "backward" if training else verify[0] if verify else None
-        if training:  # what is timed is verified: a training step times the backward too
+        # What is timed is verified: a training step times the backward too.
+        if chain.definition.select == "fastest" and torch.is_grad_enabled():
             self.level = "backward"
 
     def skip(self, member: str, reason: str, severity: Severity) -> None:
@@ -173,7 +171,7 @@ class Run:
         try:
             # Each member its own copy: one that rewrites what it is given and then
             # fails leaves the next, and dynamo, the graph and inputs as they came.
-            with compiling(self.compile_level):
+            with compiling(self.level):
                 compiled = compile_fn(own_copy(self.gm), list(self.example_inputs))
         except passed_through():
             raise
@@ -296,8 +294,7 @@ def load_compile_cache(chain: _Composite) -> None:
     the file ``TORCH_BACKENDS_COMPILE_CACHE`` names, else the chain's manifest's
     ``compile-cache``: once a process. A file that does not load (saved by another PyTorch,
     refused by the trust rule: its compiled code would run here) is a warning."""
-    environ = os.environ if chain.context is None else chain.context.environ
-    path = environ.get(COMPILE_CACHE_VAR) or chain.definition.compile_cache
+    path = chain.context.environ.get(COMPILE_CACHE_VAR) or chain.definition.compile_cache
     _COMPILE_CACHE.append(path or "")
     if not path:
         return

@@ -28,17 +28,17 @@ def differ(
     eager: list[Any],
     mine: list[Any],
     what: str,
-    rtol: float | None,
-    atol: float | None,
+    rtol: float,
+    atol: float,
     loose: Collection[int] = (),
     *,
     fp64: Callable[[], list[Any] | None] | None = None,
     drew: set[int] | None = None,
 ) -> str | None:
-    """How ``mine`` differs from ``eager``; with no tolerances, in shapes and types only.
-    The values numbered in ``loose`` (random numbers) are compared as the others where they
-    match, else in shapes and types, their numbers added to ``drew``. ``fp64()`` gives the
-    values in float64 (``None`` where the graph cannot run so), asked only where needed."""
+    """How ``mine`` differs from ``eager``. The values numbered in ``loose`` (random
+    numbers) are compared as the others where they match, else in shapes and types, their
+    numbers added to ``drew``. ``fp64()`` gives the values in float64 (``None`` where the
+    graph cannot run so), asked only where needed."""
     import torch
 
     if len(eager) != len(mine):
@@ -55,15 +55,15 @@ def differ(
             if expected != got and number not in loose:
                 return f"{what} {number} is {got!r}, eager gives {expected!r}"
             continue
+        why = _values(expected, got, rtol, atol)
+        if why is None:
+            continue
         kind, eagers = (got.shape, got.dtype), (expected.shape, expected.dtype)
-        why = None if rtol is None or atol is None else _values(expected, got, rtol, atol)
-        if rtol is None or atol is None or (why is not None and number in loose):
+        if number in loose:
             if kind != eagers:
                 return f"{what} {number} is {kind}, eager gives {eagers}"
-            if why is not None and drew is not None:
+            if drew is not None:
                 drew.add(number)
-            continue
-        if why is None:
             continue
         floating = expected.is_floating_point() and expected.dtype != torch.float64
         if floating and fp64 is not None and _strided(expected) and kind == eagers:

@@ -8,6 +8,7 @@ of every backend it may reach too.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 from ._definition import canonical
@@ -223,7 +224,6 @@ def _name(thing: Any) -> str:
 def _code(code: Any) -> str:
     """A digest of what a function's code does: its bytecode, names and constants (code
     inside it by the same digest), never its file or line."""
-    import hashlib
 
     def constant(value: Any) -> Any:
         if hasattr(value, "co_code"):
@@ -242,8 +242,6 @@ TENSOR_VALUES = 1 << 20
 
 
 def _tensor(value: Any, unknown: list[str] | None) -> Any:
-    import hashlib
-
     import torch
 
     facts = {"tensor": str(value.dtype), "shape": list(value.shape)}

@@ -88,7 +88,7 @@ def applies(table: Mapping[str, Any], identity_here: str) -> list[str]:
         "threads": torch.get_num_threads() if device == "cpu" else 0,
         "identity": identity_here,
     }
-    return differences(here, {name: table.get(name) for name in here}, tuple(here))
+    return differences(here, table, tuple(here))
 
 
 def key(decided: Mapping[str, Any]) -> str:

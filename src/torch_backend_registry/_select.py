@@ -27,7 +27,6 @@ from ._chain import ChainBackend, Run
 from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR, TUNING_VAR
 from ._key import DECIDING, differences, facts, identity, in_words, key, members
 from ._runs import copies, generators, leaves, restored, said
-from ._sources.cache import NO_CACHE
 from ._sources.choices import shipped_for
 
 TYPE_CHECKING = False
@@ -76,8 +75,7 @@ class FastestChain(ChainBackend):
 def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[str, Any]) -> Any:
     """What ``chain`` compiles ``gm`` to: the compiled graph of the member chosen for it."""
     run = Run(chain, gm, example_inputs, kwargs)
-    environ = os.environ if chain.context is None else chain.context.environ
-    cache = NO_CACHE if chain.context is None else chain.context.cache
+    environ = chain.context.environ
     mode = environ.get(SELECT_VAR, "").strip().lower()
     if mode not in MODES:
         _once(f"{SELECT_VAR}={mode!r} is none of {', '.join(MODES[1:])}: it is taken as unset")
@@ -107,7 +105,15 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
     tried: list[str] = []
     if at is not None:
         table, where = at
-        tried = _listed(run, [table.get("member")], f"the choice shipped at {where}")
+        chosen = table.get("member")
+        # A chain never runs a member it does not list.
+        tried = [chosen] if chosen in chain.members else []
+        if not tried:
+            logger.warning(
+                "backend %r: %s: warning: the choice shipped at %s names %r, which the chain"
+                " does not list: not used",
+                run.name, run.words, where, chosen,
+            )  # fmt: skip
         for member, compiled in run.candidates(tried):
             _publish(tell, rank_key, member)
             return run.use(member, compiled, f", as shipped ({where})")
@@ -122,7 +128,7 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
         raise run.failed()
     if store is not None and tell is None:
         return _as_rank_zero_chose(run, store, rank_key, environ)
-    remembered = None if mode == "fresh" or unknown else cache.get(KIND, found)
+    remembered = None if mode == "fresh" or unknown else chain.context.cache.get(KIND, found)
     if isinstance(remembered, dict) and remembered.get("member") in chain.members:
         for member, compiled in run.candidates([remembered["member"]]):
             _publish(store, rank_key, member)
@@ -161,7 +167,7 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
         "backend %r: %s: %s; chose %r (%s)", run.name, run.words, timings(choice), member, how
     )
     if not unknown:
-        cache.put(KIND, found, choice)
+        chain.context.cache.put(KIND, found, choice)
     _publish(store, rank_key, member)
     # Shipped, a choice keyed by what no process writes alike would be found by processes
     # given something else: tune hears only that it was made.
@@ -277,9 +283,8 @@ def timed(
         for round_ in range(ROUNDS + 1):  # the first round warms each member up
             order = [member for member in compiled if member not in raised]
             shift = round_ % max(len(order), 1)
-            for member in order[shift:] + order[:shift]:
-                if member not in raised:
-                    turn(member)
+            for member in order[shift:] + order[:shift]:  # a turn can fail its own member only
+                turn(member)
     return {member: samples[member] for member in compiled if member in samples}, raised
 
 
@@ -331,18 +336,6 @@ def remembered(
     now = identity(chain, info)
     found = [e for e in cache.entries(KIND) if isinstance(e, dict) and e.get("identity") == now]
     return sorted(found, key=lambda entry: -float(entry.get("when", 0)))
-
-
-def _listed(run: Run, chosen: list[Any], what: str) -> list[str]:
-    """Of ``chosen`` (what ``what``, a shipped or received choice, names), what this chain
-    lists; a warning for what it does not: a chain never runs a member it does not list."""
-    listed = [member for member in chosen if member in run.chain.members]
-    if len(listed) < len(chosen):
-        logger.warning(
-            "backend %r: %s: warning: %s names %s, which the chain does not list: not used",
-            run.name, run.words, what, ", ".join(map(repr, chosen)),
-        )  # fmt: skip
-    return listed
 
 
 def _warn_nearest(run: Run, shipped: Any, decided: Mapping[str, Any]) -> None:

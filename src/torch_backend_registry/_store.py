@@ -67,19 +67,15 @@ def time_limit(timeout: float | timedelta) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def timed_out() -> type[Exception]:
-    """What a store raises when a wait runs out of time (PyTorch 2.2+; a RuntimeError before)."""
-    import torch.distributed as dist
-
-    return getattr(dist, "DistStoreError", RuntimeError)
-
-
 def wait(store: Any, keys: Sequence[str], limit: timedelta) -> bool:
     """Whether every one of ``keys`` is set on ``store`` within ``limit`` (``False``: the time
     ran out). A store that is gone (rank 0's process ended) raises as the store does."""
+    import torch.distributed as dist
+
     try:
         store.wait(list(keys), limit)
-    except timed_out():
+    # What a store raises when a wait runs out of time (PyTorch 2.2+; a RuntimeError before).
+    except getattr(dist, "DistStoreError", RuntimeError):
         return False
     return True
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 
 from ._compare import differ, layouts, same, varying
 from ._forksafe import ForkSafeLock
@@ -82,7 +83,6 @@ class Reference:
         self.varying: tuple[set[int], set[int]] = (set(), set())
         #: What the last check said of how far it went, and whether that is all asked.
         self.said, self.complete = "", False
-        self._fp64: tuple[list[Any] | None, list[Any] | None] | None = None
         self.gradients: tuple[Any, ...] | None = None
         #: The inputs the graph writes in place, by number, as they were before anything
         #: ran: what a member that ran the graph on them while compiling is put back from.
@@ -156,12 +156,12 @@ class Reference:
             return f"running it raised {said(exc)}"
         try:
             got = leaves(out)
-            why = self._same_requires_grad(got) or self._same_reach(out, run)
+            why = self._trains(got, run)
             permuted: list[str] = []
             if why is None and self.asked != "none":
                 why = differ(
                     self.eager, got, "output", *self.close, self.varying[0],
-                    fp64=lambda: self._float64()[0], drew=drew[0],
+                    fp64=lambda: self._float64[0], drew=drew[0],
                 )  # fmt: skip
                 why = why or layouts(self.eager, got, permuted)
                 why = why or differ(
@@ -206,10 +206,13 @@ class Reference:
         whole = self.backward or self.asked != "backward"
         self.said, self.complete = said, whole and not (outputs or inputs or gradients)
 
-    def _same_requires_grad(self, out: list[Any]) -> str | None:
-        """Where the graph is compiled for training, an output that does not require grad
-        where eager's does gives no backward pass: ``loss.backward()`` would fail far from
-        here, or train nothing."""
+    def _trains(self, out: list[Any], run: Copies) -> str | None:
+        """Where the graph is compiled for training, why the member's outputs (``out``,
+        flattened) would not train as eager's do: one that does not require grad where eager's
+        does gives no backward pass (``loss.backward()`` would fail far from here, or train
+        nothing); and the gradient of each must reach every input and parameter eager's
+        reaches (a member may reach more: AOTAutograd's backward is one function of every
+        input that requires grad)."""
         if not self.training:
             return None
         tensors = [o for o in out if tensor(o)]
@@ -221,17 +224,9 @@ class Reference:
                     f"output {number} does not require grad where eager's does: its"
                     " gradient would be lost in training"
                 )
-        return None
-
-    def _same_reach(self, out: Any, run: Copies) -> str | None:
-        """Where the graph is compiled for training, the gradient of each output must reach
-        every input and parameter eager's reaches (a member may reach more: AOTAutograd's
-        backward is one function of every input that requires grad)."""
-        if not self.training:
-            return None
         mine = _reaches(out, run, self.gm)
-        for number, (eager, got) in enumerate(zip(self.reaches, mine, strict=False)):
-            lost = sorted(eager - got)
+        for number, (eager, reached) in enumerate(zip(self.reaches, mine, strict=False)):
+            lost = sorted(eager - reached)
             if lost:
                 more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
                 return (
@@ -253,21 +248,18 @@ class Reference:
 
         assert self.gradients is not None
         try:
-            # An output requires grad: _same_requires_grad said so before this is asked.
+            # An output requires grad: _trains said so before this is asked.
             got = torch.autograd.grad(_loss(out), grads, allow_unused=True)
         except Exception as exc:
             return f"its backward raised {said(exc)}"
-        pairs = [(e, g) for e, g in zip(self.gradients, got, strict=True) if (e, g) != (None, None)]
+        both = list(zip(self.gradients, got, strict=True))
+        kept = [n for n, pair in enumerate(both) if pair != (None, None)]
+        pairs = [both[n] for n in kept]
         if any(e is None or g is None for e, g in pairs):
             return "its gradients reach other inputs than eager's"
-        kept = [
-            n
-            for n, pair in enumerate(zip(self.gradients, got, strict=True))
-            if pair != (None, None)
-        ]
         # Gradients flow through every output: one that varies makes them all vary.
         loose = range(len(pairs)) if any(self.varying) else ()
-        fp64 = self._float64()[1] if not loose else None
+        fp64 = self._float64[1] if not loose else None
 
         def judge() -> list[Any] | None:
             return None if fp64 is None else [fp64[n] for n in kept]
@@ -277,6 +269,7 @@ class Reference:
             fp64=judge, drew=drew,
         )  # fmt: skip
 
+    @functools.cached_property
     def _float64(self) -> tuple[list[Any] | None, list[Any] | None]:
         """The outputs and gradients of the graph run in float64, its floating inputs,
         parameters and buffers cast, autocast off; ``None`` for what cannot be run so (a
@@ -284,11 +277,8 @@ class Reference:
         where a value misses the tolerances: it copies the graph."""
         import torch
 
-        if self._fp64 is not None:
-            return self._fp64
-        self._fp64 = (None, None)
         if any(self.varying):
-            return self._fp64
+            return None, None
         try:
             held = any(t.is_floating_point() for t in self.gm.state_dict().values())
             gm = copy.deepcopy(self.gm).double() if held else self.gm
@@ -308,10 +298,9 @@ class Reference:
                 # not line up with eager's.
                 if loss is not None and len(run.leaves) == len(self.gradients or ()):
                     gradients = list(torch.autograd.grad(loss, run.leaves, allow_unused=True))
-            self._fp64 = (outputs, gradients)
+            return outputs, gradients
         except Exception:  # not runnable so: the plain comparison stands
-            pass
-        return self._fp64
+            return None, None
 
 
 def _reaches(out: Any, run: Copies, gm: Any) -> list[frozenset[str]]:
