@@ -288,11 +288,8 @@ def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> lis
     from .._key import applies, identity
 
     files = shipped_for(chain, registry.context)
-    tables = (
-        []
-        if files is None
-        else [(t, at) for t, at in files.every() if t.get("chain") == chain.name]
-    )
+    every = [] if files is None else files.every()
+    tables = [(t, at) for t, at in every if t.get("chain") == chain.name]
     now = identity(chain, registry.backend_info) if tables else ""
     found = []
     for table, at in tables:
