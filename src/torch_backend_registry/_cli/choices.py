@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import glob
 import json
 import os
@@ -154,15 +155,8 @@ def write_choices(path: str, made: list[dict[str, Any]]) -> int:
             old = []
         new = {str(choice["key"]): _table(choice) for choice in made}
         kept = [table for table in old if table.get("key") not in new]
-        every = sorted(
-            [*kept, *new.values()],
-            key=lambda t: (
-                str(t.get("chain")),
-                str(t.get("device")),
-                str(t.get("graph")),
-                str(t.get("key")),
-            ),
-        )
+        order = ("chain", "device", "graph", "key")
+        every = sorted([*kept, *new.values()], key=lambda t: [str(t.get(k)) for k in order])
         text = HEADER + "\n" + tomli_w.dumps({"choice": every})
         write_atomically(path, text.encode("utf-8"), SHARED_FILE_MODE)
     return len(kept)
@@ -224,7 +218,8 @@ def problems(registry: Registry, manifests: Iterable[str], *, with_torch: bool) 
     chains = {
         d.name: d for d in registry.index(with_torch=False).winners() if d.select == "fastest"
     }
-    identities: dict[str, str] = {}
+    # Each chain's identity worked out once, however many choices name it.
+    identity_of = functools.cache(lambda name: identity(chains[name], registry.backend_info))
     for path in paths:
         try:
             every = read_choices(path).every()
@@ -239,15 +234,9 @@ def problems(registry: Registry, manifests: Iterable[str], *, with_torch: bool) 
             if said is not None:
                 found.append(Problem(said, path=path, line=line, key="choice"))
                 continue
-            definition = chains[table["chain"]]
-            if not with_torch:
-                continue
-            now = identities.get(definition.name)
-            if now is None:
-                now = identities[definition.name] = identity(definition, registry.backend_info)
-            if table.get("identity") != now:
+            if with_torch and table.get("identity") != identity_of(table["chain"]):
                 said = (
-                    f"chain {definition.name!r} or a backend it runs changed since this choice"
+                    f"chain {table['chain']!r} or a backend it runs changed since this choice"
                     " was tuned: it applies to no graph; run 'torch-backends tune -- COMMAND'"
                     " again"
                 )
@@ -299,11 +288,8 @@ def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> lis
     from .._key import applies, identity
 
     files = shipped_for(chain, registry.context)
-    tables = (
-        []
-        if files is None
-        else [(t, at) for t, at in files.every() if t.get("chain") == chain.name]
-    )
+    every = [] if files is None else files.every()
+    tables = [(t, at) for t, at in every if t.get("chain") == chain.name]
     now = identity(chain, registry.backend_info) if tables else ""
     found = []
     for table, at in tables:

@@ -215,14 +215,13 @@ def _fields(registry: Registry, d: BackendDefinition) -> list[tuple[str, object]
     if d.select == "fastest":
         said = f"fastest (a member at least {d.min_speedup:g}x faster than the first is chosen)"
         fields.append(("select", said))
-    if d.tags:
-        fields.append(("tags", ", ".join(d.tags)))
-    if d.aliases:
-        fields.append(("aliases", ", ".join(d.aliases)))
-    if d.description:
-        fields.append(("description", d.description))
-    if d.options:
-        fields.append(("options", ", ".join(f"{k} = {v!r}" for k, v in d.options.items())))
+    written = [
+        ("tags", ", ".join(d.tags)),
+        ("aliases", ", ".join(d.aliases)),
+        ("description", d.description),
+        ("options", ", ".join(f"{k} = {v!r}" for k, v in d.options.items())),
+    ]
+    fields += [(key, value) for key, value in written if value]  # what is not written, unsaid
     if d.requires:
         missing = missing_requirements(d)
         found = (f"{r} ({'missing' if r in missing else 'found'})" for r in d.requires)
