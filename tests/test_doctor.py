@@ -291,13 +291,24 @@ def test_a_model_that_cannot_run_is_the_users_error_not_the_backends(
         "def not_a_pair():\n"
         "    return torch.nn.Linear(2, 3)\n"
         "def no_parameters():\n"
-        "    return torch.nn.ReLU(), (torch.randn(4, 4),)\n",
+        "    return torch.nn.ReLU(), (torch.randn(4, 4),)\n"
+        "class Raises(torch.autograd.Function):\n"
+        "    forward = staticmethod(lambda ctx, x: x * 2)\n"
+        "    def backward(ctx, grad):\n"
+        "        raise RuntimeError('no way back')\n"
+        "class NoBackward(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        return Raises.apply(super().forward(x))\n"
+        "def no_backward():\n"
+        "    return NoBackward(2, 3), (torch.ones(1, 2),)\n",
     )
     # Run eagerly before any backend is imported: no backend is blamed for the model.
     with pytest.raises(ModelError, match="cannot be run: RuntimeError: mat1 and mat2"):
         tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:broken")
     with pytest.raises(ModelError, match="not_a_pair"):
         tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:not_a_pair")
+    with pytest.raises(ModelError, match="cannot be run: .*no way back"):
+        tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:no_backward")
     with pytest.raises(ModelError, match="--device 'sideways'"):
         tbr.doctor(["fine"], registry=project, device="sideways")
     # Nothing to differentiate: the most it can say is that the forward pass is right.

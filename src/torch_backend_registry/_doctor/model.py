@@ -73,8 +73,8 @@ class Model:
         self.inputs = [*params, *args, *kwargs.values()]
         self.called = self._calling(self.module)
         self.reference = Reference(self.called, self.inputs, level, RTOL, ATOL)
-        if self.reference.said.startswith("not verified"):  # its backward failed, say
-            raise ModelError(f"{what} cannot be run: {self.reference.said}")
+        if self.reference.unverified is not None:  # its backward failed, say
+            raise ModelError(f"{what} cannot be run: {self.reference.unverified}")
 
     def compiled(self, backend: str) -> Any:
         """The model compiled as a user compiles it, ``torch.compile(model)``, called as
