@@ -1105,7 +1105,8 @@ def test_check_says_what_it_cannot_find_and_what_the_user_likely_meant(
     (tmp_path / "pyproject.toml").unlink()
     write(
         "backends.toml",
-        'default = "inductr"\npython-path = ["srcc"]\n[backends.fast]\ntarget = "m:f"\n',
+        'default = "inductr"\npython-path = ["srcc", "./srcc", "lib"]\n'
+        '[backends.fast]\ntarget = "m:f"\n',
     )
     done = run("check", "--no-torch", cwd=tmp_path, check=1)
     assert done.stdout.splitlines() == [
@@ -1113,6 +1114,8 @@ def test_check_says_what_it_cannot_find_and_what_the_user_likely_meant(
         " name a backend that exists here",
         f"backends.toml:2: warning: python-path: python-path folder 'srcc' does not exist"
         f" ({tmp_path / 'srcc'}); a target in it would not be found",
+        f"backends.toml:2: warning: python-path: python-path folder 'lib' does not exist"
+        f" ({tmp_path / 'lib'}); a target in it would not be found",
     ]
 
 

@@ -307,7 +307,7 @@ def test_a_model_that_cannot_run_is_the_users_error_not_the_backends(
         tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:broken")
     with pytest.raises(ModelError, match="not_a_pair"):
         tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:not_a_pair")
-    with pytest.raises(ModelError, match="cannot be run: .*no way back"):
+    with pytest.raises(ModelError, match=r"cannot be run: .*no way back"):
         tbr.doctor(["fine"], registry=project, model="tbr_doctor_models:no_backward")
     with pytest.raises(ModelError, match="--device 'sideways'"):
         tbr.doctor(["fine"], registry=project, device="sideways")

@@ -279,10 +279,12 @@ def test_check_and_explain_know_the_file(tuned: tuple[Path, str], tmp_path: Path
     # Times that are no numbers, a key twice: errors, and explain still says the rest.
     duplicated = text.replace("[choice.seconds]\n", '[choice.seconds]\nnoise = "fast"\n') + (
         "\n" + entry.replace('member = "fast"', 'member = "slow"')
-    )
+        + "\n" + entry.replace('member = "fast"', 'member = "fast"\nskipped = 1', 1)
+    )  # fmt: skip
     (here / "backends.choices").write_text(duplicated)
     lines = torch_backends("check", cwd=here, check=1).stdout.splitlines()
     assert any("seconds and spread as tables of numbers" in line for line in lines), lines
+    assert any("a choice needs skipped as a table, as tune writes it" in line for line in lines)
     assert any(
         "the same key as the choice at line 6, which is the one used" in line for line in lines
     )

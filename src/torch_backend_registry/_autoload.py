@@ -212,9 +212,9 @@ def _save_compile_cache_at_exit() -> None:
     it ends into the folder tune gives it (tune ships them beside the choices)."""
     import atexit
 
-    from ._environment import TUNING_VAR
+    from ._environment import COMPILE_CACHE_FOLDER, TUNING_VAR
 
-    folder = os.path.join(os.environ.get(TUNING_VAR) or "", "compile-cache")
+    folder = os.path.join(os.environ.get(TUNING_VAR) or "", COMPILE_CACHE_FOLDER)
     if not os.environ.get(TUNING_VAR) or not os.path.isdir(folder):
         return
 

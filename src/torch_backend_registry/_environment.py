@@ -23,6 +23,9 @@ COMPILE_CACHE_VAR = "TORCH_BACKENDS_COMPILE_CACHE"
 #: Set by ``torch-backends tune`` for the command it runs: the folder each process hands
 #: the choices it made to.
 TUNING_VAR = "TORCH_BACKENDS_TUNING"
+#: The folder in that one where each process leaves PyTorch's compile caches, where tune
+#: made it (``--compile-cache``).
+COMPILE_CACHE_FOLDER = "compile-cache"
 
 
 def switched_on(value: str | None) -> bool:

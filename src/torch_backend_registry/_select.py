@@ -125,6 +125,7 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
             _publish(tell, rank_key, member)
             why = "it runs on every rank together: none times it" if together else "shipped only"
             return run.use(member, compiled, f", the chain's first that verifies ({why})")
+        _publish(tell, rank_key, "")  # a rank deciding otherwise waits for none
         raise run.failed()
     if store is not None and tell is None:
         return _as_rank_zero_chose(run, store, rank_key, environ)

@@ -212,7 +212,7 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
     said: list[Problem] = []
     # Each manifest's folders judged once: its backends share its python-path.
     for path, d in {d.source.path: d for d in checked if d.source.path is not None}.items():
-        for written, folder in zip(d.written_path, d.python_path, strict=False):
+        for written, folder in zip(d.written_path, d.python_path, strict=True):
             if not os.path.isdir(folder):
                 what = "is not a folder" if os.path.lexists(folder) else "does not exist"
                 message = f"python-path folder {written!r} {what} ({folder})"

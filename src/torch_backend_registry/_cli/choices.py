@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 from .._definition import Problem
-from .._environment import SELECT_VAR, TUNING_VAR
+from .._environment import COMPILE_CACHE_FOLDER, SELECT_VAR, TUNING_VAR
 from .._errors import BackendRegistryError, closest
 from .._sources.choices import CHOICES_FILE, read_choices, shipped_for
 from .common import EXIT_OK, PROG, CommandError, UsageError, error, relative
@@ -34,8 +34,6 @@ HEADER = """\
 # choices of the same key and keeps the others (those of other kinds of machine). Commit it
 # beside the manifest, or bake it into an image; `torch-backends check` reads it.
 """
-#: Where the command's processes leave PyTorch's compile caches, in the folder tune gives them.
-COMPILE_CACHE_FOLDER = "compile-cache"
 #: What ``--compile-cache`` may not name: the files of the project (by name, wherever).
 OWN_FILES = frozenset({CHOICES_FILE, "backends.lock", "backends.toml", "pyproject.toml"})
 
@@ -260,11 +258,8 @@ def _malformed(
         for key in ("seconds", "spread")
     )
     if needed or not numbers or not isinstance(table.get("skipped", {}), dict):
-        what = (
-            f"{', '.join(needed)} (each a string)"
-            if needed
-            else "seconds and spread as tables of numbers"
-        )
+        what = "skipped as a table" if numbers else "seconds and spread as tables of numbers"
+        what = f"{', '.join(needed)} (each a string)" if needed else what
         return f"a choice needs {what}, as tune writes it; tune again rather than edit it"
     chain, member = table["chain"], table["member"]
     if chain not in chains:

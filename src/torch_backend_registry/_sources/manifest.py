@@ -198,11 +198,13 @@ class _Validation(NamedTuple):
         # Relative to the real file: a link to a manifest must not make its code
         # come from the folder the link is in.
         base = os.path.dirname(os.path.realpath(self.path))
-        written_path = tuple(manifest.python_path)
-        folders = (os.path.normpath(os.path.join(base, p)) for p in written_path)
+        # Each folder once, with how it was first written (check names a folder so).
+        written: dict[str, str] = {}
+        for folder in manifest.python_path:
+            written.setdefault(os.path.normpath(os.path.join(base, folder)), folder)
+        python_path, written_path = tuple(written), tuple(written.values())
         cache = manifest.compile_cache
         compile_cache = None if cache is None else os.path.normpath(os.path.join(base, cache))
-        python_path = tuple(dict.fromkeys(folders))
         # The manifest's own folder is searched last, whatever python-path says: a module
         # beside the manifest is found from any working folder, as a script's is.
         search_path = (*(f for f in python_path if f != base), base)
