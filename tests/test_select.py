@@ -744,6 +744,11 @@ def test_a_choice_too_close_to_call_keeps_the_first_and_says_so() -> None:
         ["a", "noisy", "steady"], {"a": [1.0] * 9, "noisy": second, "steady": steady}, 1.1
     )
     assert (member, how) == ("steady", "the fastest, 1.90x over 'a'")
+    # 1.2x faster by medians, each timing within 8% of its own: min-speedup (1.1) is met,
+    # and the spreads do not meet: chosen.
+    wobbly = [1.0, 0.92, 1.08, 0.96, 1.04, 0.94, 1.06, 0.98, 1.02]
+    member, _speedup, how = choose(["a", "b"], {"a": wobbly, "b": [s / 1.2 for s in wobbly]}, 1.1)
+    assert (member, how) == ("b", "the fastest, 1.20x over 'a'")
     # Apart beyond their spread, the faster is chosen.
     member, speedup, how = choose(["a", "b"], {"a": first, "b": [s / 3 for s in first]}, 1.1)
     assert member == "b"

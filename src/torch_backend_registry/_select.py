@@ -187,9 +187,9 @@ def choose(
 ) -> tuple[str, float, str]:
     """The member chosen of ``order`` (the chain's members that verified, in its order), its
     speed-up over the first, and how it was chosen, in words: the fastest by median of those
-    at least ``min_speedup`` times faster than the first beyond the spread of their samples
-    (the first's lower quartile over their upper one), else the first (``untimed``: why
-    nothing was timed)."""
+    at least ``min_speedup`` times faster than the first by medians and beyond the spread of
+    their samples (the first's lower quartile above their upper one), else the first
+    (``untimed``: why nothing was timed)."""
     first = order[0]
     timed = [member for member in order if member in samples]
     if first not in samples or len(timed) < 2:
@@ -199,7 +199,8 @@ def choose(
     sure = [
         member
         for member in timed[1:]
-        if low >= min_speedup * statistics.quantiles(samples[member], n=4)[2]
+        if medians[first] >= min_speedup * medians[member]
+        and low >= statistics.quantiles(samples[member], n=4)[2]
     ]
     if sure:
         best = min(sure, key=medians.__getitem__)
