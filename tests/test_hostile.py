@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from torch_backend_registry import (
@@ -385,6 +385,7 @@ _DOCUMENTS = st.booleans().flatmap(lambda sound: _SOUND if sound else _ANYTHING)
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(text=_DOCUMENTS, newline=st.sampled_from(["\n", "\r\n"]))
+@example(text='[backends."\\n".backends]', newline="\n")  # a key of the whole manifest
 def test_any_document_loads_or_gives_manifest_errors_only(
     tmp_path: Path, text: str, newline: str
 ) -> None:

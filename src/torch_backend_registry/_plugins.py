@@ -14,6 +14,7 @@ from dataclasses import replace
 from ._definition import BackendDefinition, Discovery, Problem
 from ._definition import distribution_key as _dist_key
 from ._errors import closest
+from ._keys import toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def resolve_picks(index: Index, definitions: Sequence[BackendDefinition]) -> Non
             index.conflicts[key] = Problem(
                 f"entry point {key!r} is declared by {declared}: {_owner(points[0])} is used, the"
                 ' first on sys.path, then by name; say which with `distribution = "..."` in a'
-                f" [backends.{key}] table of a manifest",
+                f" [{toml_key(('backends', key))}] table of a manifest",
                 severity="warning",
             )
     index.problems.extend(index.conflicts.values())

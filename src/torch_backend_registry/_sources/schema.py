@@ -16,6 +16,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from .._errors import closest
+from .._keys import toml_key
 
 SCHEMA_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*$"
@@ -305,10 +306,11 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         key = str(loc[-1])
         known = _fields(loc)
         if len(loc) == 3 and loc[0] == "backends" and key in _fields(()):
+            table = toml_key(("backends", str(loc[1])))
             return (
                 f"{key!r} is a key of the whole manifest, not of a backend: move it above the"
-                f" first [backends.NAME] table (written below [backends.{loc[1]}], it is read"
-                " as that backend's)"
+                f" first [backends.NAME] table (written below [{table}], it is read as that"
+                " backend's)"
             )
         close = closest(key, known)
         hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
