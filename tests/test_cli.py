@@ -1119,6 +1119,18 @@ def test_check_says_what_it_cannot_find_and_what_the_user_likely_meant(
     ]
 
 
+def test_check_warns_of_a_compile_cache_that_is_no_file(tmp_path: Path, write: WriteFn) -> None:
+    write("backends.toml", 'compile-cache = "build/compile.bin"\n[backends.fast]\ntarget = "m:f"\n')
+    said = run("check", "--no-torch", cwd=tmp_path).stdout
+    assert said.splitlines() == [
+        "backends.toml:1: warning: compile-cache: compile-cache"
+        f" {tmp_path / 'build' / 'compile.bin'} is no file: no compile cache is loaded;"
+        " make it with 'torch-backends tune --compile-cache PATH -- COMMAND'"
+    ]
+    write("build/compile.bin", "")
+    assert run("check", "--no-torch", cwd=tmp_path).stdout == ""
+
+
 def test_lock_pins_no_broken_manifest_and_sees_a_hand_edited_lock(
     tmp_path: Path, write: WriteFn
 ) -> None:

@@ -205,13 +205,22 @@ def _nothing_to_select(checked: Sequence[BackendDefinition]) -> list[Problem]:
 
 def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
     """A python-path folder that is none (likely a typo) or that the trust rule refuses
-    serves no code: a warning, once a file."""
+    serves no code, and a compile cache that is no file loads nothing: a warning, once a
+    file."""
     from .._keys import table_prefix, toml_key
     from .._sources.files import refused_folders
 
     said: list[Problem] = []
     # Each manifest's folders judged once: its backends share its python-path.
     for path, d in {d.source.path: d for d in checked if d.source.path is not None}.items():
+        if d.compile_cache is not None and not os.path.isfile(d.compile_cache):
+            message = (
+                f"compile-cache {d.compile_cache} is no file: no compile cache is loaded; make"
+                " it with 'torch-backends tune --compile-cache PATH -- COMMAND'"
+            )
+            key = toml_key((*table_prefix(path), "compile-cache"))
+            line = d.line_of("compile-cache")
+            said.append(Problem(message, path=path, line=line, key=key, severity="warning"))
         for written, folder in zip(d.written_path, d.python_path, strict=True):
             if not os.path.isdir(folder):
                 what = "is not a folder" if os.path.lexists(folder) else "does not exist"

@@ -264,10 +264,12 @@ class _Validation(NamedTuple):
     def _key_lines(self, table: tuple[str, ...], raw: dict[str, Any]) -> dict[str, int]:
         """The line of each key of a backend's table, and of each key one level inside it
         (an option, a device type), by the key as TOML writes it relative to the table."""
-        # And the manifest's python-path, which each of its backends searches (no key of a
-        # backend's table has that name).
-        line = self.lines.line_at((*self.prefix, "python-path"))
-        lines = {} if line is None else {"python-path": line}
+        # And the manifest's python-path, which each of its backends searches, and its
+        # compile cache (no key of a backend's table has those names).
+        lines = {}
+        for key in ("python-path", "compile-cache"):
+            if (line := self.lines.line_at((*self.prefix, key))) is not None:
+                lines[key] = line
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()
             for parts in [(key,), *((key, inner) for inner in inside)]:
