@@ -63,16 +63,15 @@ class ChoicesFile:
             if line is not None and line[1] == key:
                 break
             at = -1 if (ends := text.find("\n", at)) < 0 else text.find(key, ends)
-        start = at
-        while start >= 0:
-            begins = text.rfind("\n", 0, start) + 1
-            if start != at and _HEADER.match(text, begins):
-                break
-            start = text.rfind("[[", 0, begins)
-        if start < 0:
+        if at < 0:
             return None
+        start = text.rfind("\n", 0, at) + 1  # the key's line, then each line above with a [[
+        while not _HEADER.match(text, start):
+            if (bracket := text.rfind("[[", 0, start)) < 0:
+                return None
+            start = text.rfind("\n", 0, bracket) + 1
         end = _HEADER.search(text, at)
-        start, end_at = begins, len(text) if end is None else end.start()
+        end_at = len(text) if end is None else end.start()
         try:
             tables = tomli.loads(self.text[start:end_at]).get("choice")
         except (tomli.TOMLDecodeError, ValueError, RecursionError):
