@@ -128,19 +128,18 @@ class Run:
         if chain.definition.select == "fastest" and torch.is_grad_enabled():
             self.level = "backward"
 
+    def say(self, message: str, severity: Severity | None = None) -> None:
+        """Log ``message`` of this compile, after the chain's name and the graph in words:
+        with no ``severity``, as information; else at its level, after its name."""
+        level = logging.INFO if severity is None else LOG_LEVELS[severity]
+        prefix = "" if severity is None else f"{severity}: "
+        logger.log(level, "backend %r: %s: %s%s", self.name, self.words, prefix, message)
+
     def skip(self, member: str, reason: str, severity: Severity) -> None:
         self.failures.append((member, reason))
         # A compiler's own message may run to pages: the log line keeps its head and end.
         said = reason if len(reason) <= 600 else f"{reason[:400]} ... {reason[-150:]}"
-        logger.log(
-            LOG_LEVELS[severity],
-            "backend %r: %s: %s: skipping %r: %s",
-            self.name,
-            self.words,
-            severity,
-            member,
-            said,
-        )
+        self.say(f"skipping {member!r}: {said}", severity)
 
     def candidates(self, members: Sequence[str] | None = None) -> Iterator[tuple[str, Any]]:
         """Each of ``members`` (default: the chain's) that compiles and verifies, compiled."""
@@ -207,12 +206,8 @@ class Run:
             return
         numbers = ("inputs " if len(written) > 1 else "input ") + ", ".join(map(str, written))
         if self.inputs.put_back(written, clean):
-            logger.info(
-                "backend %r: %s: compiling %r ran the graph and wrote into %s: put back as it came",
-                self.name,
-                self.words,
-                member,
-                numbers,
+            self.say(
+                f"compiling {member!r} ran the graph and wrote into {numbers}: put back as it came"
             )
             return
         self.last = True
@@ -221,21 +216,16 @@ class Run:
             " back, so no later member is tried on the changed values"
         )
         if failure is None:
-            logger.warning("backend %r: %s: warning: %r: %s", self.name, self.words, member, said)
+            self.say(f"{member!r}: {said}", "warning")
             return
         self.skip(member, f"{failure[0]}; {said}", failure[1])
-        raise BackendChainError(self.name, self.failures)
+        raise self.failed()
 
     def use(self, member: str, compiled: Any, how: str = "") -> Any:
         """``compiled``, ``member``'s, as what the graph runs with (``how`` it was chosen)."""
         verified, complete = self.verified.get(member, ("", True))
-        said = how + verified
-        if complete:
-            logger.info("backend %r: %s: compiled with %r%s", self.name, self.words, member, said)
-        else:  # less than asked is worth a warning
-            logger.warning(
-                "backend %r: %s: warning: compiled with %r%s", self.name, self.words, member, said
-            )
+        # Less than asked is worth a warning.
+        self.say(f"compiled with {member!r}{how}{verified}", None if complete else "warning")
         self.chain.used = member
         self.chain.graphs.append((self.words, member))
         return compiled

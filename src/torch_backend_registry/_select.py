@@ -109,11 +109,11 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
         # A chain never runs a member it does not list.
         tried = [chosen] if chosen in chain.members else []
         if not tried:
-            logger.warning(
-                "backend %r: %s: warning: the choice shipped at %s names %r, which the chain"
-                " does not list: not used",
-                run.name, run.words, where, chosen,
-            )  # fmt: skip
+            run.say(
+                f"the choice shipped at {where} names {chosen!r}, which the chain does not list:"
+                " not used",
+                "warning",
+            )
         for member, compiled in run.candidates(tried):
             _publish(tell, rank_key, member)
             return run.use(member, compiled, f", as shipped ({where})")
@@ -164,9 +164,7 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
         "spread": {m: spread(s) for m, s in samples.items()},
         "skipped": dict(run.failures),
     }
-    logger.info(
-        "backend %r: %s: %s; chose %r (%s)", run.name, run.words, timings(choice), member, how
-    )
+    run.say(f"{timings(choice)}; chose {member!r} ({how})")
     if not unknown:
         chain.context.cache.put(KIND, found, choice)
     _publish(store, rank_key, member)
@@ -352,12 +350,10 @@ def _warn_nearest(run: Run, shipped: Any, decided: Mapping[str, Any]) -> None:
         if nearest is None
         else f"the nearest shipped choice differs: {'; '.join(nearest)}"
     )
-    logger.warning(
-        "backend %r: %s: warning: no shipped choice applies (%s); TORCH_BACKENDS_SELECT=shipped"
-        " times nothing: it compiles with the chain's first member that verifies",
-        run.name,
-        run.words,
-        why,
+    run.say(
+        f"no shipped choice applies ({why}); TORCH_BACKENDS_SELECT=shipped times nothing: it"
+        " compiles with the chain's first member that verifies",
+        "warning",
     )
 
 
@@ -399,13 +395,7 @@ def _as_rank_zero_chose(run: Run, store: Any, name: str, environ: Mapping[str, s
 
 
 def _rank_warns(run: Run, what: str) -> None:
-    logger.warning(
-        "backend %r: %s: warning: rank %d %s; ranks may run different members",
-        run.name,
-        run.words,
-        _store.rank(),
-        what,
-    )
+    run.say(f"rank {_store.rank()} {what}; ranks may run different members", "warning")
 
 
 def _limit(value: str | None) -> timedelta:
