@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -39,30 +40,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger("torch_backend_registry")
 
 
+@dataclasses.dataclass(eq=False)
 class _Composite:
     """A backend that compiles with other backends, which the registry hands over how to look
     up (``lookup``), what it knows of (``info``), and what it reads with (``context``: its
     environment, and the cache a chain's choices are remembered in)."""
 
-    def __init__(
-        self,
-        definition: BackendDefinition,
-        *,
-        lookup: Callable[[str], Callable[..., Any]],
-        info: Callable[[str], BackendInfo],
-        context: Context,
-    ) -> None:
-        self.definition = definition
-        #: How a member is looked up, and what the registry knows of one.
-        self.lookup = lookup
-        self.info = info
-        self.context = context
-        self.__name__ = self.__qualname__ = definition.name
-        #: The member the last compile used.
-        self.used: str | None = None
-        #: Each graph this backend compiled in this process, in order: the graph in words,
-        #: and the member it runs with.
-        self.graphs: list[tuple[str, str]] = []
+    definition: BackendDefinition
+    _: dataclasses.KW_ONLY
+    #: How a member is looked up, and what the registry knows of one.
+    lookup: Callable[[str], Callable[..., Any]]
+    info: Callable[[str], BackendInfo]
+    context: Context
+    #: The member the last compile used.
+    used: str | None = dataclasses.field(default=None, init=False)
+    #: Each graph this backend compiled in this process, in order: the graph in words,
+    #: and the member it runs with.
+    graphs: list[tuple[str, str]] = dataclasses.field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.__name__ = self.__qualname__ = self.definition.name
 
 
 class ChainBackend(_Composite):
@@ -165,6 +162,8 @@ class Run:
         compile_fn = member_compiler(self.name, definition, compiler, self.kwargs)
         if self.reference is None and self.level is not None:
             self.reference = Reference(self.gm, self.example_inputs, self.level, *self.tolerances)
+        import torch._dynamo.exc as dynamo
+
         guards = Guards()
         failure: tuple[str, Severity] | None = None
         try:
@@ -172,7 +171,10 @@ class Run:
             # fails leaves the next, and dynamo, the graph and inputs as they came.
             with compiling(self.level):
                 compiled = compile_fn(own_copy(self.gm), list(self.example_inputs))
-        except passed_through():
+        # Let through, not a member failing: the signals dynamo itself lets through a
+        # compiler call to act on, a restart of its analysis (``TensorifyScalarRestartAnalysis``
+        # under ``dynamic=True``) and a frame to skip; and a caller's arguments a member refuses.
+        except (dynamo.RestartAnalysis, dynamo.SkipFrame, RefusedArguments):
             raise
         except Exception as exc:
             # A table's member not installed here is the note it is wherever it is named.
@@ -184,8 +186,7 @@ class Run:
         if failure is not None:
             return self.skip(member, *failure)
         if not callable(compiled):  # dynamo could not run it: "did not return callable"
-            kind = type(compiled).__name__
-            said = f"compiling gave {kind}, not a function to run the graph"
+            said = f"compiling gave {type(compiled).__name__}, not a function to run the graph"
             return self.skip(member, said, "warning")
         if self.reference is not None:
             why = self.reference.check(compiled)
@@ -371,16 +372,6 @@ def member_compiler(
     if isinstance(declared, Mapping) and isinstance(options.get("options"), Mapping):
         options["options"] = {**declared, **options["options"]}
     return functools.partial(compiler, **options) if options else compiler
-
-
-def passed_through() -> tuple[type[BaseException], ...]:
-    """What a chain lets through a member's compile rather than skip the member for: the
-    signals dynamo itself lets through a compiler call to act on, a restart of its analysis
-    (``TensorifyScalarRestartAnalysis`` under ``dynamic=True``) and a frame to skip; and a
-    caller's arguments a member refuses. Any other exception is a member failing."""
-    import torch._dynamo.exc as exc
-
-    return exc.RestartAnalysis, exc.SkipFrame, RefusedArguments
 
 
 def device_type(gm: Any, example_inputs: Any) -> str:

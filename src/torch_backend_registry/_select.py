@@ -15,6 +15,7 @@ rank to wait on another.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -61,18 +62,9 @@ MACHINE = ("threads", "torch", "device", "identity")
 _COMPILES: Counter[str] = Counter()
 #: What ``TORCH_BACKENDS_SELECT`` may say: unset, decide afresh, take shipped choices only.
 MODES = ("", "fresh", "shipped")
-#: What was said once a process (a bad time limit, a value no process writes alike).
-_SAID: set[str] = set()
 
 
-class FastestChain(ChainBackend):
-    """A chain with ``select = "fastest"``: see the module's docstring."""
-
-    def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        return fastest(self, gm, example_inputs, kwargs)
-
-
-def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[str, Any]) -> Any:
+def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
     """What ``chain`` compiles ``gm`` to: the compiled graph of the member chosen for it."""
     run = Run(chain, gm, example_inputs, kwargs)
     environ = chain.context.environ
@@ -177,6 +169,12 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, kwargs: Mapping[s
     return run.use(member, compiled, f", {how}")
 
 
+class FastestChain(ChainBackend):
+    """A chain with ``select = "fastest"``: see the module's docstring."""
+
+    __call__ = fastest
+
+
 def choose(
     order: list[str],
     samples: Mapping[str, list[float]],
@@ -200,12 +198,11 @@ def choose(
         if medians[first] >= min_speedup * medians[member]
         and low >= statistics.quantiles(samples[member], n=4)[2]
     ]
-    if sure:
-        best = min(sure, key=medians.__getitem__)
-        speedup = medians[first] / medians[best]
-        return best, speedup, f"the fastest, {speedup:.2f}x over {first!r}"
-    best = min(timed, key=medians.__getitem__)
+    # The fastest of those sure to be faster, else of all: how close it comes, in words.
+    best = min(sure or timed, key=medians.__getitem__)
     speedup = medians[first] / medians[best] if medians[best] > 0 else 1.0
+    if sure:
+        return best, speedup, f"the fastest, {speedup:.2f}x over {first!r}"
     if best == first or speedup < min_speedup:
         return first, 1.0, f"the chain's first that verified: none is {min_speedup:g}x faster"
     return (
@@ -419,10 +416,9 @@ def _limit(value: str | None) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+@functools.cache  # said once a process (a bad time limit, a value no process writes alike)
 def _once(message: str) -> None:
-    if message not in _SAID:
-        _SAID.add(message)
-        logger.warning("warning: %s", message)
+    logger.warning("warning: %s", message)
 
 
 def _record(environ: Mapping[str, str], choice: Mapping[str, Any]) -> None:
