@@ -118,8 +118,7 @@ def members(chain: BackendDefinition, info: Callable[[str], BackendInfo]) -> dic
             continue
         facts = own_facts(definition, None)
         if definition.target is not None and definition.source.kind in ("env", "project"):
-            module = definition.target.partition(":")[0]
-            facts["code"] = code_digest(module, definition.search_path)
+            facts["code"] = code_digest(definition.target.partition(":")[0], definition.search_path)
         said[member] = facts
         todo.extend(definition.members)
     return said

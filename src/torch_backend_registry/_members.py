@@ -29,15 +29,12 @@ def unknown_members(index: Index) -> dict[str, Problem]:
     for definition in index.winners():
         members = dict.fromkeys(definition.members)  # each once
         unknown = [m for m in members if index.get(m) is None and not index.could_be_pytorch(m)]
-        if not unknown:
-            cpu = _no_cpu(definition)
-            if cpu is not None:
-                problems[definition.name] = cpu
-            continue
         what = f"{_what(definition)} {definition.name!r}"
         typos = {m: close for m in unknown if (close := typo_of(m, index.known))}
         dead = len(unknown) == len(members)
-        if dead or typos:
+        if not unknown:
+            problem = _no_cpu(definition)
+        elif dead or typos:
             # A typo is the error; the other missing members stay what they are: skipped.
             wrong = list(typos) or unknown
             meant = ", ".join(f"{m!r} -> {close!r}" for m, close in typos.items())
@@ -64,17 +61,16 @@ def unknown_members(index: Index) -> dict[str, Problem]:
                 severity="note",
                 member=unknown[0],
             )
-        problems[definition.name] = problem
+        if problem is not None:
+            problems[definition.name] = problem
     return problems
 
 
 def _no_cpu(definition: BackendDefinition) -> Problem | None:
     """A note for a ``by-device`` table that gives the CPU nothing: fine on a machine whose
     graphs are all on an accelerator, a failure for any graph on the CPU."""
-    if definition.by_device is None:
-        return None
-    devices = [device for device, _name in definition.by_device]
-    if "cpu" in devices or "other" in devices:
+    devices = [device for device, _name in definition.by_device or ()]
+    if definition.by_device is None or "cpu" in devices or "other" in devices:
         return None
     return chain_error(
         definition,

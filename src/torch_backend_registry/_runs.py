@@ -46,8 +46,7 @@ def copies(inputs: list[Any], grad: bool) -> Copies:
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     flat, spec = tree_flatten(inputs)
-    tensors = {i: x.detach() for i, x in enumerate(flat) if tensor(x)}
-    copied = copy.deepcopy(tensors)
+    copied = copy.deepcopy({i: x.detach() for i, x in enumerate(flat) if tensor(x)})
     passed, leaves, owners = list(flat), [], []
     roots: dict[tuple[int, Any], Any] = {}
     for i, y in copied.items():

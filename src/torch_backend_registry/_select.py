@@ -112,8 +112,7 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) ->
     if mode == "shipped" or together:
         if at is None and mode == "shipped":
             _warn_nearest(run, shipped, decided)
-        others = [member for member in chain.members if member not in tried]
-        for member, compiled in run.candidates(others):
+        for member, compiled in run.candidates([m for m in chain.members if m not in tried]):
             _publish(tell, rank_key, member)
             why = "it runs on every rank together: none times it" if together else "shipped only"
             return run.use(member, compiled, f", the chain's first that verifies ({why})")
@@ -381,8 +380,7 @@ def _as_rank_zero_chose(run: Run, store: Any, name: str, environ: Mapping[str, s
         for member, compiled in run.candidates(listed):
             return run.use(member, compiled, ", rank 0's choice")
         why = "its chain does not list it" if not listed else "it cannot be used here"
-        others = [member for member in run.chain.members if member != chosen]
-        for member, compiled in run.candidates(others):
+        for member, compiled in run.candidates([m for m in run.chain.members if m != chosen]):
             _rank_warns(run, f"cannot run rank 0's choice {chosen!r} ({why}): it runs {member!r}")
             return run.use(member, compiled, ", not rank 0's choice")
         raise run.failed()

@@ -69,7 +69,7 @@ class Reference:
         self, gm: Any, example_inputs: Sequence[Any], level: str, rtol: float, atol: float
     ) -> None:
         import torch
-        from torch.utils._pytree import tree_flatten, tree_unflatten
+        from torch.utils._pytree import tree_map
 
         self.gm = gm
         self.asked = level
@@ -93,11 +93,10 @@ class Reference:
         try:
             # Lists, tuples and dicts opened: compiled autograd hands its graph one list of
             # tensors.
-            flat_inputs, spec = tree_flatten(list(example_inputs))
-            if any(map(fake, flat_inputs)):
+            if any(map(fake, flat(list(example_inputs)))):
                 raise ValueError("fake inputs have no values to run on")
             # Under dynamic=True, sizes come as symbols: each is run at the value it stands for.
-            self.inputs: list[Any] = tree_unflatten([concrete(x) for x in flat_inputs], spec)
+            self.inputs: list[Any] = tree_map(concrete, list(example_inputs))
         except ValueError as exc:
             self.unverified = str(exc)
             return
@@ -282,13 +281,11 @@ class Reference:
         try:
             held = any(t.is_floating_point() for t in self.gm.state_dict().values())
             gm = copy.deepcopy(self.gm).double() if held else self.gm
-            inputs = [_double(x) for x in self.inputs]
-            autocast = torch.autocast("cpu", enabled=False)
-            with generators(), autocast, contextlib.ExitStack() as stack:
-                for kind in ("cuda", "xpu"):
+            with generators(), contextlib.ExitStack() as stack:
+                for kind in ("cpu", "cuda", "xpu"):
                     if getattr(getattr(torch, kind, None), "is_available", lambda: False)():
                         stack.enter_context(torch.autocast(kind, enabled=False))
-                run = copies(inputs, self.training)
+                run = copies([_double(x) for x in self.inputs], self.training)
                 with restored(gm):
                     out = gm(*run.inputs)
                 outputs = [o.detach() if tensor(o) else None for o in leaves(out)]
