@@ -388,8 +388,7 @@ def device_type(gm: Any, example_inputs: Any) -> str:
 
 
 def _made_devices(gm: Any) -> Iterator[str]:
-    graph = getattr(gm, "graph", None)
-    for node in getattr(graph, "nodes", ()):
+    for node in getattr(getattr(gm, "graph", None), "nodes", ()):
         # dynamo records each value a node gives (a fake tensor) in its meta.
         meta = getattr(node, "meta", {})
         for value in leaves(meta.get("example_value", meta.get("val"))):

@@ -208,15 +208,13 @@ def words(gm: Any, example_inputs: Sequence[Any]) -> str:
     values = recorded(gm, example_inputs)
     shapes = [tuple(v.shape) for v in values if isinstance(v, torch.Tensor)]
     symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
-    dynamic = any(isinstance(v, symbolic) for v in values) or any(
-        isinstance(size, torch.SymInt) for shape in shapes for size in shape
-    )
+    sizes = [size for shape in shapes for size in shape]
+    dynamic = any(isinstance(v, symbolic) for v in [*values, *sizes])
     more = ", ..." if len(shapes) > 3 else ""
     mode = "training" if torch.is_grad_enabled() else "inference"
-    sizes = "dynamic shapes" if dynamic else "static shapes"
     return (
         f"graph of {operations} operations on {', '.join(map(str, shapes[:3]))}{more}"
-        f" ({mode}, {sizes})"
+        f" ({mode}, {'dynamic' if dynamic else 'static'} shapes)"
     )
 
 

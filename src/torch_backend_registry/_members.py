@@ -169,8 +169,7 @@ def chain_error(
     at the device that names ``member`` where one does."""
     parts = [_what(definition)]
     if member is not None and definition.by_device is not None:
-        devices = [device for device, name in definition.by_device if name == member]
-        parts.extend(devices[:1])
+        parts += [device for device, name in definition.by_device if name == member][:1]
     return definition.located(message, *parts, severity=severity)
 
 

@@ -233,7 +233,9 @@ def timed(
 
     reference = run.reference
     assert reference is not None
-    backward = reference.backward_runs
+    # A training step runs a backward pass: the graph is compiled with gradients on, and an
+    # output requires grad.
+    backward = reference.training and any(reference.requires_grad)
     copied = copies(reference.inputs, backward)
     grads = copied.leaves + [p for p in getattr(run.gm, "parameters", list)() if p.requires_grad]
     synchronize = getattr(getattr(torch, run.device, None), "synchronize", None)

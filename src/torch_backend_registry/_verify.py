@@ -135,12 +135,6 @@ class Reference:
             if n in written or not same(x, originals[n])
         }
 
-    @property
-    def backward_runs(self) -> bool:
-        """Whether a training step runs a backward pass through the graph: it is compiled
-        with gradients on, and an output requires grad."""
-        return self.unverified is None and self.training and any(self.requires_grad)
-
     def check(self, compiled: Callable[..., Any]) -> str | None:
         """Why ``compiled`` does not compute what the graph does; ``None`` where it does (and
         :attr:`said` says how far that was checked)."""
