@@ -40,9 +40,8 @@ class Inputs:
         found.update(
             n for n in clean if n in self.versions and not same(self.versions[n][0], clean[n])
         )
-        self.versions.update(
-            (n, (self.versions[n][0], self.versions[n][0]._version)) for n in found
-        )
+        for n in found:
+            self.versions[n] = (self.versions[n][0], self.versions[n][0]._version)
         return sorted(found)
 
     def put_back(self, numbers: list[int], clean: dict[int, Any]) -> bool:

@@ -56,8 +56,7 @@ def copies(inputs: list[Any], grad: bool) -> Copies:
             through = roots.get(key)
             if through is None:
                 size = storage.nbytes() // y.element_size()
-                whole = y.new_empty(0).set_(storage, 0, (size,), (1,))
-                leaf = whole.detach().requires_grad_(True)
+                leaf = y.new_empty(0).set_(storage, 0, (size,), (1,)).detach().requires_grad_(True)
                 leaves.append(leaf)
                 owners.append(i)
                 through = roots[key] = leaf.clone()

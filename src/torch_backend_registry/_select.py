@@ -399,21 +399,18 @@ def _limit(value: str | None) -> timedelta:
     """``TORCH_BACKENDS_SELECT_TIMEOUT`` as a time limit: a positive number of seconds (past
     what the store can count, its longest); anything else is said once, and the default
     used."""
-    from datetime import timedelta
-
-    seconds = SELECT_TIMEOUT
     if value is not None and value.strip():
         try:
             number = float(value)
             if not 0 < number < float("inf"):
                 raise ValueError(value)
-            seconds = min(number, _store.LONGEST_DAYS * 86400.0)
+            return _store.time_limit(min(number, _store.LONGEST_DAYS * 86400.0))
         except ValueError:
             _once(
                 f"{SELECT_TIMEOUT_VAR}={value!r} is not a positive number of seconds: a rank"
                 f" waits the default {SELECT_TIMEOUT:g} s for rank 0's choice"
             )
-    return timedelta(seconds=seconds)
+    return _store.time_limit(SELECT_TIMEOUT)
 
 
 @functools.cache  # said once a process (a bad time limit, a value no process writes alike)

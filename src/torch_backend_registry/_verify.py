@@ -298,9 +298,8 @@ def _reaches(out: Any, run: Copies, gm: Any) -> list[frozenset[str]]:
     """For each tensor output, the inputs and parameters of the graph its gradient reaches:
     a walk of the autograd graph from it to the leaves it accumulates into."""
     named = {id(leaf): f"input {n}" for leaf, n in zip(run.leaves, run.owners, strict=True)}
-    parameters = getattr(gm, "named_parameters", None)
-    if parameters is not None:
-        named.update((id(p), f"parameter {name!r}") for name, p in parameters())
+    for name, p in getattr(gm, "named_parameters", list)():  # none where it is no module
+        named[id(p)] = f"parameter {name!r}"
     found = []
     for output in (o for o in leaves(out) if tensor(o)):
         reached: set[str] = set()
