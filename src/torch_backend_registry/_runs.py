@@ -101,8 +101,7 @@ def restored(gm: Any) -> Iterator[None]:
     statistics, say) as it was, after the block."""
     import torch
 
-    state_dict = getattr(gm, "state_dict", None)
-    state = {} if state_dict is None else state_dict(keep_vars=True)
+    state = gm.state_dict(keep_vars=True) if hasattr(gm, "state_dict") else {}
     kept = {name: t.detach().clone() for name, t in state.items()}
     try:
         yield
