@@ -17,14 +17,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import logging
 import os
 import statistics
 import time
 from collections import Counter
 
 from . import _store
-from ._chain import ChainBackend, Run
+from ._chain import ChainBackend, Run, logger
 from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR, TUNING_VAR
 from ._key import DECIDING, differences, facts, identity, in_words, key, members
 from ._runs import copies, generators, leaves, restored, said
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
 
     from ._definition import BackendDefinition, BackendInfo
     from ._sources.cache import Cache
-
-logger = logging.getLogger("torch_backend_registry")
 
 #: The cache's kind of entry that holds the choices.
 KIND = "choices"
