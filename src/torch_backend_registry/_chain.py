@@ -7,9 +7,10 @@ import dataclasses
 import functools
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-from ._definition import ATOL, RTOL
+from ._definition import ATOL, RTOL, BackendDefinition, BackendInfo
 from ._environment import COMPILE_CACHE_VAR
 from ._errors import (
     BackendChainError,
@@ -24,6 +25,7 @@ from ._key import words
 from ._loader import call_options
 from ._members import typo_of
 from ._runs import leaves
+from ._sources import Context
 from ._sources.files import read_bytes
 from ._sources.finding import missing_requirements
 from ._sources.pytorch import inductor
@@ -31,11 +33,7 @@ from ._verify import Reference, compiling
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
-    from typing import Any
-
-    from ._definition import BackendDefinition, BackendInfo, Severity
-    from ._sources import Context
+    from ._definition import Severity
 
 logger = logging.getLogger("torch_backend_registry")
 

@@ -11,13 +11,10 @@ no worse than eager passes, and a wrong one does not.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Collection
+from typing import Any
 
 from ._runs import tensor
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Collection
-    from typing import Any
 
 #: The least absolute tolerance: torch.testing's for float32. Below it lies rounding noise,
 #: as in a gradient that is zero but for it (a bias before a batch norm).

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import copy
 import logging
+from typing import Any
 
 from ._compare import same
 from ._runs import fake, flat
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 logger = logging.getLogger("torch_backend_registry")
 

@@ -18,18 +18,13 @@ import functools
 import hashlib
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from ._definition import canonical
+from ._definition import BackendDefinition, BackendInfo, canonical
 from ._identity import own_facts, portable
 from ._sources.finding import find
 from ._sources.pytorch import torch_version
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
-    from typing import Any
-
-    from ._definition import BackendDefinition, BackendInfo
 
 #: The facts a key is made of, in the order ``backends.choices`` states them.
 DECIDING = (

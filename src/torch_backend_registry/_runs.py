@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import NamedTuple
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-    from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 
 class Copies(NamedTuple):

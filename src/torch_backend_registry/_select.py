@@ -21,22 +21,18 @@ import os
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
 
 from . import _store
 from ._chain import ChainBackend, Run, logger
+from ._definition import BackendDefinition, BackendInfo
 from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR, TUNING_VAR
 from ._key import DECIDING, differences, facts, identity, in_words, key, members
 from ._runs import copies, generators, leaves, restored, said
+from ._sources.cache import Cache
 from ._sources.choices import shipped_for
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-    from datetime import timedelta
-    from typing import Any
-
-    from ._definition import BackendDefinition, BackendInfo
-    from ._sources.cache import Cache
 
 #: The cache's kind of entry that holds the choices.
 KIND = "choices"

@@ -23,17 +23,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from ._compare import differ, layouts, same, varying
 from ._forksafe import ForkSafeLock
-from ._runs import concrete, copies, fake, flat, generators, leaves, restored, said, tensor
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
-    from typing import Any
-
-    from ._runs import Copies
+from ._runs import Copies, concrete, copies, fake, flat, generators, leaves, restored, said, tensor
 
 #: Compiling for a backward check changes a setting of the whole process: one at a time.
 _SERIAL = ForkSafeLock()
