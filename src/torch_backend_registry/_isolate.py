@@ -22,23 +22,21 @@ class Inputs:
     model). Fake and inference tensors are left out (they cannot be written here)."""
 
     def __init__(self, example_inputs: Any) -> None:
-        self.versions = {
-            number: (x, x._version)
+        self.tensors = {
+            number: x
             for number, x in enumerate(flat(example_inputs))
             # An inference tensor has no version counter; dynamo compiles outside that mode.
             if not fake(x) and not x.is_inference()
         }
+        self.versions = {number: x._version for number, x in self.tensors.items()}
 
     def written(self, clean: dict[int, Any]) -> list[int]:
         """The inputs written since last asked (by the member compiled last), by number: those
         whose version counter moved, and of those ``clean`` holds as they were, those whose
         values differ (an in-place kernel may write without counting)."""
-        found = {n for n, (x, version) in self.versions.items() if x._version != version}
-        found.update(
-            n for n in clean if n in self.versions and not same(self.versions[n][0], clean[n])
-        )
-        for n in found:
-            self.versions[n] = (self.versions[n][0], self.versions[n][0]._version)
+        found = {n for n, x in self.tensors.items() if x._version != self.versions[n]}
+        found.update(n for n in clean if n in self.tensors and not same(self.tensors[n], clean[n]))
+        self.versions.update((n, self.tensors[n]._version) for n in found)
         return sorted(found)
 
     def put_back(self, numbers: list[int], clean: dict[int, Any]) -> bool:
@@ -50,7 +48,7 @@ class Inputs:
             return False
         with torch.no_grad():
             for number in numbers:
-                self.versions[number][0].copy_(clean[number])
+                self.tensors[number].copy_(clean[number])
         self.written({})  # the copy is a write too: counted from here
         return True
 
