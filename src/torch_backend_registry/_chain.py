@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -378,7 +377,7 @@ def device_type(gm: Any, example_inputs: Any) -> str:
     graph with none of those either, that of the tensors it makes; else the CPU. A tensor
     the graph makes on the side (``device="meta"``) never outvotes its inputs."""
     inputs = [x.device.type for x in example_inputs if hasattr(x, "device") and hasattr(x, "dtype")]
-    held = itertools.chain(gm.parameters(), gm.buffers()) if hasattr(gm, "parameters") else ()
+    held = [*gm.parameters(), *gm.buffers()] if hasattr(gm, "parameters") else []
     for found in (inputs, [t.device.type for t in held], list(_made_devices(gm))):
         if found:
             return next((t for t in found if t != "cpu"), "cpu")
