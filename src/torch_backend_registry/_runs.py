@@ -84,10 +84,9 @@ def generators() -> Iterator[None]:
         for kind in ("cuda", "xpu", "mps"):
             module = getattr(torch, kind, None)
             started = getattr(module, "is_initialized", getattr(module, "is_available", None))
-            if started is None or not started():
-                continue
-            count = getattr(module, "device_count", lambda: 1)()
-            stack.enter_context(torch.random.fork_rng(devices=range(count), device_type=kind))
+            if started is not None and started():
+                count = getattr(module, "device_count", lambda: 1)()
+                stack.enter_context(torch.random.fork_rng(devices=range(count), device_type=kind))
         yield
 
 
