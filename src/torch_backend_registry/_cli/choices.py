@@ -290,12 +290,11 @@ def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> lis
     for table, at in tables:
         differ = None if no_torch else applies(table, now)
         where, _, line = at.rpartition(":")
-        applies_here = None if differ is None else not differ
         found.append(
             {
                 **table,
                 "at": f"{relative(where)}:{line}",
-                "applies": applies_here,
+                "applies": None if differ is None else not differ,
                 "differs": differ or [],
             }
         )

@@ -19,7 +19,6 @@ from .common import (
     print_rows,
     registry_for,
     status_line,
-    waiting,
 )
 
 
@@ -38,7 +37,7 @@ def run_doctor(args: Arguments) -> int:
         raise UsageError(f"--{exc}") from None
     registry = registry_for()
     try:
-        with waiting("importing PyTorch", not dynamo_imported()), _progress() as on_progress:
+        with status_line("importing PyTorch", not dynamo_imported()), _progress() as on_progress:
             names = args.names or (registry.list_backends(()) if args.all else None)
             verdicts = run(registry, names, options, on_progress)
     except ModelError as exc:  # found before any backend is blamed
