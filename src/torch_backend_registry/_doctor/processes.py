@@ -64,11 +64,10 @@ _STARTING = threading.Lock()
 def start_server() -> None:
     """Start the forkserver, where it is not running: it imports PyTorch from now on."""
     _CONTEXT.set_forkserver_preload(PRELOAD)
-    warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), _QUIET]))
     server = {
         "PYTHONPATH": os.pathsep.join(import_path()),
         "PYTHONSAFEPATH": "1",
-        "PYTHONWARNINGS": warnings,
+        "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), _QUIET])),
         "TORCH_BACKENDS_AUTOLOAD": "0",
     }
     with _STARTING:  # the variables are the process's: set for the moment it starts
