@@ -86,19 +86,17 @@ def run_tune(args: Arguments) -> int:
         beside: dict[str, list[dict[str, Any]]] = {}
         for choice in made.values():
             manifest = str(choice.pop("manifest", None) or os.path.abspath("backends.toml"))
-            beside.setdefault(os.path.join(os.path.dirname(manifest), CHOICES_FILE), []).append(
-                choice
-            )
+            written = os.path.join(os.path.dirname(manifest), CHOICES_FILE)
+            beside.setdefault(written, []).append(choice)
         kept = {path: write_choices(path, choices) for path, choices in beside.items()}
     from .._select import timings
 
+    devices: dict[str, list[str]] = {}
     for choice in made.values():
         print(
             f"chain {choice['chain']!r}: {choice['graph']}: {timings(choice)}; chose"
             f" {choice['member']!r} ({choice['how']})"
         )
-    devices: dict[str, list[str]] = {}
-    for choice in made.values():
         devices.setdefault(str(choice.get("device")), []).append(str(choice["member"]))
     for device, members in devices.items():
         counted = ", ".join(f"{m} {members.count(m)}" for m in dict.fromkeys(members))
