@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from .._doctor.options import PROJECT, ModelError, Options
 from .._doctor.processes import Progress
-from .._doctor.verdicts import Verdict, level_name
+from .._doctor.verdicts import LEVELS, Verdict
 from .._registry import Registry
 from .common import (
     EXIT_OK,
@@ -74,7 +74,7 @@ def _progress(say: Callable[[str], None]) -> Progress:
                 finished.add(name)
             else:
                 running[name] = (level, seconds)
-            what = ", ".join(f"{n} {level_name(v)} {s:.0f}s" for n, (v, s) in running.items())
+            what = ", ".join(f"{n} {LEVELS[v]} {s:.0f}s" for n, (v, s) in running.items())
             say(f"{len(finished)} done; probing {what}")
 
     return update
