@@ -247,13 +247,10 @@ def _malformed(
     needed = [
         key for key in ("chain", "member", "graph", "key") if not isinstance(table.get(key), str)
     ]
-    numbers = all(
-        isinstance(table.get(key, {}), dict)
-        and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool)
-            for v in table.get(key, {}).values()
-        )
-        for key in ("seconds", "spread")
+    timed = [table.get(key, {}) for key in ("seconds", "spread")]
+    # TOML's numbers, as read, are ints and floats themselves; true and false are bools.
+    numbers = all(isinstance(v, dict) for v in timed) and all(
+        type(n) in (int, float) for v in timed for n in v.values()
     )
     if needed or not numbers or not isinstance(table.get("skipped", {}), dict):
         what = "skipped as a table" if numbers else "seconds and spread as tables of numbers"
