@@ -12,21 +12,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+from argparse import Namespace as Arguments
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from .._definition import Problem
+from .._definition import BackendDefinition, Problem
 from .._environment import COMPILE_CACHE_FOLDER, SELECT_VAR, TUNING_VAR
 from .._errors import BackendRegistryError, closest
+from .._registry import Registry
 from .._sources.choices import CHOICES_FILE, read_choices, shipped_for
 from .common import EXIT_OK, PROG, CommandError, UsageError, error, relative
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from collections.abc import Iterable, Mapping
-    from typing import Any
-
-    from .._definition import BackendDefinition
-    from .._registry import Registry
 
 HEADER = """\
 # Written by `torch-backends tune`: the member each select = "fastest" chain runs for each
