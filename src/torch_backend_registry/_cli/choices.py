@@ -19,8 +19,11 @@ from typing import Any
 from .._definition import BackendDefinition, Problem
 from .._environment import COMPILE_CACHE_FOLDER, SELECT_VAR, TUNING_VAR
 from .._errors import BackendRegistryError, closest
+from .._key import applies, identity
 from .._registry import Registry
+from .._sources.cache import write_atomically
 from .._sources.choices import CHOICES_FILE, read_choices, shipped_for
+from .._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE
 from .common import EXIT_OK, PROG, CommandError, UsageError, error, relative
 
 HEADER = """\
@@ -134,9 +137,6 @@ def write_choices(path: str, made: list[dict[str, Any]]) -> int:
     on the folder, where the system has it): two at once lose none of each other's."""
     import tomli_w
 
-    from .._sources.cache import write_atomically
-    from .._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE
-
     with _locked(os.path.dirname(path) or os.curdir):
         try:
             old = [table for table, _line in read_choices(path).every()]
@@ -181,8 +181,6 @@ def _save_compile_cache(folder: str, path: str) -> None:
     process that saved the most (PyTorch merges none: a process that loaded some saves
     nothing again), which under torchrun is rank 0's, the one that compiled every member.
     Where none saved any, a warning: nothing was compiled that PyTorch caches."""
-    from .._sources.cache import write_atomically
-
     saved = glob.glob(os.path.join(folder, COMPILE_CACHE_FOLDER, "*.bin"))
     if not saved:
         print(
@@ -201,9 +199,6 @@ def problems(registry: Registry, manifests: Iterable[str], *, with_torch: bool) 
     selects no fastest), naming a member its chain does not list, or whose key another choice
     has, is an error at its line; one whose chain changed since it was tuned (known
     ``with_torch`` only: PyTorch's members are part of a chain), a warning naming ``tune``."""
-    from .._key import identity
-    from .._sources.files import NO_SUCH_FILE
-
     found: list[Problem] = []
     paths = dict.fromkeys(os.path.join(os.path.dirname(m), CHOICES_FILE) for m in manifests)
     chains = {
@@ -270,8 +265,6 @@ def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> lis
     """The choices shipped for ``chain``, each with where it is (``at``) and whether it applies
     here (``applies``; ``None`` where that cannot be known without PyTorch), and if not, why
     (``differs``)."""
-    from .._key import applies, identity
-
     files = shipped_for(chain, registry.context)
     every = [] if files is None else files.every()
     tables = [(t, at) for t, at in every if t.get("chain") == chain.name]
