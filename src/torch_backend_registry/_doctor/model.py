@@ -78,8 +78,7 @@ class Model:
         return self._calling(torch.compile(self.module, backend=backend))
 
     def _calling(self, model: Any) -> Any:
-        named = dict(getattr(model, "named_parameters", dict)())
-        by_id = {id(p): name for name, p in named.items()}
+        by_id = {id(p): name for name, p in getattr(model, "named_parameters", dict)()}
         return _Called(model, [by_id[id(p)] for p in self._params], *self._shape)
 
 
