@@ -335,8 +335,7 @@ class _Imports:
         except BackendRegistryError as exc:  # a load error's message, without where it is
             message = getattr(exc, "message", str(exc))
         else:
-            why = cannot_compile(fn)
-            if why is None:
+            if (why := cannot_compile(fn)) is None:
                 return None
             message = f"backend {d.name!r} (target {d.target!r}) {why}"
         return Problem(message) if d.source.path is None else d.located(message, "target")

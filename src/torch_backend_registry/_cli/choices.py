@@ -65,8 +65,7 @@ def run_tune(args: Arguments) -> int:
         records = [_loaded(path) for path in sorted(glob.glob(os.path.join(folder, "*.json")))]
         # The choice of a graph decided twice (two processes), once: the last.
         made = {c["key"]: c for c in records if c is not None and isinstance(c.get("key"), str)}
-        unshippable = [c for c in records if c is not None and "unshippable" in c]
-        if unshippable:
+        if unshippable := [c for c in records if c is not None and "unshippable" in c]:
             print(
                 f"{PROG}: warning: {len(unshippable)} graph(s) decided but not shipped:"
                 " torch.compile was given values no other process writes alike (the"
@@ -251,8 +250,7 @@ def _malformed(
         meant = closest(chain, chains)
         guess = f"; did you mean {meant[0]!r}?" if meant else ""
         return f'chain {chain!r} is no select = "fastest" chain declared here{guess}'
-    listed = chains[chain].members
-    if member not in listed:
+    if member not in (listed := chains[chain].members):
         meant = closest(member, listed)
         guess = f"; did you mean {meant[0]!r}?" if meant else f" (it lists {', '.join(listed)})"
         return f"member {member!r} is not in chain {chain!r}{guess}"
