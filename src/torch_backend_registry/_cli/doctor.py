@@ -61,8 +61,8 @@ def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
 
 
 def _progress(say: Callable[[str], None]) -> Progress:
-    """What says, on the status line ``say`` writes, how many probes are done, and each
-    probe running (its level and time)."""
+    """The run's progress, said with ``say`` (a status line's): how many probes are done,
+    and each probe running (its level and time)."""
     lock = threading.Lock()
     running: dict[str, tuple[int, float]] = {}
     finished: set[str] = set()
