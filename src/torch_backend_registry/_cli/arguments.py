@@ -58,8 +58,7 @@ def _complete_names(prefix: str, **kwargs: Any) -> list[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         definitions = registry_for(no_torch=True).definitions(())
-    names = {name for d in definitions for name in (d.name, *d.aliases)}
-    return sorted(n for n in names if n.startswith(prefix))
+    return sorted({n for d in definitions for n in (d.name, *d.aliases) if n.startswith(prefix)})
 
 
 def _switch(parser: argparse.ArgumentParser, flag: str, help: str, **kwargs: Any) -> None:

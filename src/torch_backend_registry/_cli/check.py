@@ -25,7 +25,7 @@ from .common import (
     printable,
     registry_for,
     relative,
-    waiting,
+    status_line,
     working_folder,
 )
 
@@ -51,7 +51,7 @@ def run_check(args: Arguments) -> int:
         # are read too: chains name them, and PyTorch's names cannot be redefined. Absolute,
         # as --json gives every path; the lines printed show them relative to here.
         registry = registry_for(args.no_torch, [os.path.abspath(f) for f in args.files])
-        with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
+        with status_line("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
             problems = registry.problems()
         return _report(registry, problems, args)
 
@@ -120,7 +120,6 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     problems = [*problems, *_misplaced(registry.context.cwd, read)]
     problems += choices_problems(registry, read, with_torch=not args.no_torch)
     matched = _drift(registry, problems) if args.locked else None
-    index = registry.index()
     # The manifests' backends; entry points and PyTorch's only resolve chain members.
     every = registry.definitions((), with_torch=False, broken=True)
     checked = [d for d in every if d.source.kind in ("env", "project")]
@@ -133,6 +132,7 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     # members it can use (for a table, none for the CPU), one that loops, and with --import
     # a target whose requirements are missing. A note says why, where no error does.
     unavailable: list[Problem] = []
+    index = registry.index()
     said = {**index.unknown_members(), **index.chain_problems()}
     for d in list(usable):
         if (d.members or args.import_targets) and (why := registry.why_unavailable(d)) is not None:
@@ -207,20 +207,17 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
     """A python-path folder that is none (likely a typo) or that the trust rule refuses
     serves no code, and a compile cache that is no file loads nothing: a warning, once a
     file."""
-    from .._keys import table_prefix, toml_key
     from .._sources.files import refused_folders
 
     said: list[Problem] = []
     # Each manifest's folders judged once: its backends share its python-path.
-    for path, d in {d.source.path: d for d in checked if d.source.path is not None}.items():
+    for d in {d.source.path: d for d in checked if d.source.path is not None}.values():
         if d.compile_cache is not None and not os.path.isfile(d.compile_cache):
             message = (
                 f"compile-cache {d.compile_cache} is no file: no compile cache is loaded; make"
                 " it with 'torch-backends tune --compile-cache PATH -- COMMAND'"
             )
-            key = toml_key((*table_prefix(path), "compile-cache"))
-            line = d.line_of("compile-cache")
-            said.append(Problem(message, path=path, line=line, key=key, severity="warning"))
+            said.append(_manifest_warning(d, message, "compile-cache"))
         for written, folder in zip(d.written_path, d.python_path, strict=True):
             if not os.path.isdir(folder):
                 what = "is not a folder" if os.path.lexists(folder) else "does not exist"
@@ -229,16 +226,18 @@ def _folder_problems(checked: Sequence[BackendDefinition]) -> list[Problem]:
                 message = refused[folder]
             else:
                 continue
-            said.append(
-                Problem(
-                    f"{message}; a target in it would not be found",
-                    path=path,
-                    line=d.line_of("python-path"),
-                    key=toml_key((*table_prefix(path), "python-path")),
-                    severity="warning",
-                )
-            )
+            message += "; a target in it would not be found"
+            said.append(_manifest_warning(d, message, "python-path"))
     return said
+
+
+def _manifest_warning(d: BackendDefinition, message: str, key: str) -> Problem:
+    """A warning at ``key`` of the manifest that declares ``d``, outside any backend's table."""
+    from .._keys import table_prefix, toml_key
+
+    path = d.source.path or ""
+    where = toml_key((*table_prefix(path), key))
+    return Problem(message, path=path, line=d.line_of(key), key=where, severity="warning")
 
 
 class _Imports:
@@ -314,10 +313,9 @@ class _Imports:
         judged = {m: self._judge(m) for m in definition.members}
 
         def runs(member: str) -> bool:
-            resolved = self.index.get(member)
-            if resolved is None:  # unknown here, unless one of PyTorch's that was not read
+            if self.index.get(member) is None:  # unknown, unless one of PyTorch's not read
                 return self.index.could_be_pytorch(member)
-            return self.registry.why_unavailable(resolved) is None and judged[member] is None
+            return judged[member] is None  # one unavailable here is judged so: a note
 
         table = dict(definition.by_device or ())
         run = [table.get("cpu") or table.get("other") or ""] if table else definition.members
@@ -337,8 +335,7 @@ class _Imports:
         except BackendRegistryError as exc:  # a load error's message, without where it is
             message = getattr(exc, "message", str(exc))
         else:
-            why = cannot_compile(fn)
-            if why is None:
+            if (why := cannot_compile(fn)) is None:
                 return None
             message = f"backend {d.name!r} (target {d.target!r}) {why}"
         return Problem(message) if d.source.path is None else d.located(message, "target")

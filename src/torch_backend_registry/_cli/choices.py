@@ -12,21 +12,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+from argparse import Namespace as Arguments
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from .._definition import Problem
+from .._definition import BackendDefinition, Problem
 from .._environment import COMPILE_CACHE_FOLDER, SELECT_VAR, TUNING_VAR
 from .._errors import BackendRegistryError, closest
+from .._key import applies, identity
+from .._registry import Registry
+from .._sources.cache import write_atomically
 from .._sources.choices import CHOICES_FILE, read_choices, shipped_for
+from .._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE
 from .common import EXIT_OK, PROG, CommandError, UsageError, error, relative
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from argparse import Namespace as Arguments
-    from collections.abc import Iterable, Mapping
-    from typing import Any
-
-    from .._definition import BackendDefinition
-    from .._registry import Registry
 
 HEADER = """\
 # Written by `torch-backends tune`: the member each select = "fastest" chain runs for each
@@ -67,8 +65,7 @@ def run_tune(args: Arguments) -> int:
         records = [_loaded(path) for path in sorted(glob.glob(os.path.join(folder, "*.json")))]
         # The choice of a graph decided twice (two processes), once: the last.
         made = {c["key"]: c for c in records if c is not None and isinstance(c.get("key"), str)}
-        unshippable = [c for c in records if c is not None and "unshippable" in c]
-        if unshippable:
+        if unshippable := [c for c in records if c is not None and "unshippable" in c]:
             print(
                 f"{PROG}: warning: {len(unshippable)} graph(s) decided but not shipped:"
                 " torch.compile was given values no other process writes alike (the"
@@ -86,19 +83,17 @@ def run_tune(args: Arguments) -> int:
         beside: dict[str, list[dict[str, Any]]] = {}
         for choice in made.values():
             manifest = str(choice.pop("manifest", None) or os.path.abspath("backends.toml"))
-            beside.setdefault(os.path.join(os.path.dirname(manifest), CHOICES_FILE), []).append(
-                choice
-            )
+            written = os.path.join(os.path.dirname(manifest), CHOICES_FILE)
+            beside.setdefault(written, []).append(choice)
         kept = {path: write_choices(path, choices) for path, choices in beside.items()}
     from .._select import timings
 
+    devices: dict[str, list[str]] = {}
     for choice in made.values():
         print(
             f"chain {choice['chain']!r}: {choice['graph']}: {timings(choice)}; chose"
             f" {choice['member']!r} ({choice['how']})"
         )
-    devices: dict[str, list[str]] = {}
-    for choice in made.values():
         devices.setdefault(str(choice.get("device")), []).append(str(choice["member"]))
     for device, members in devices.items():
         counted = ", ".join(f"{m} {members.count(m)}" for m in dict.fromkeys(members))
@@ -140,9 +135,6 @@ def write_choices(path: str, made: list[dict[str, Any]]) -> int:
     refused, not replaced (its choices would be lost). One tune at a time writes (``flock``
     on the folder, where the system has it): two at once lose none of each other's."""
     import tomli_w
-
-    from .._sources.cache import write_atomically
-    from .._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE
 
     with _locked(os.path.dirname(path) or os.curdir):
         try:
@@ -188,8 +180,6 @@ def _save_compile_cache(folder: str, path: str) -> None:
     process that saved the most (PyTorch merges none: a process that loaded some saves
     nothing again), which under torchrun is rank 0's, the one that compiled every member.
     Where none saved any, a warning: nothing was compiled that PyTorch caches."""
-    from .._sources.cache import write_atomically
-
     saved = glob.glob(os.path.join(folder, COMPILE_CACHE_FOLDER, "*.bin"))
     if not saved:
         print(
@@ -208,9 +198,6 @@ def problems(registry: Registry, manifests: Iterable[str], *, with_torch: bool) 
     selects no fastest), naming a member its chain does not list, or whose key another choice
     has, is an error at its line; one whose chain changed since it was tuned (known
     ``with_torch`` only: PyTorch's members are part of a chain), a warning naming ``tune``."""
-    from .._key import identity
-    from .._sources.files import NO_SUCH_FILE
-
     found: list[Problem] = []
     paths = dict.fromkeys(os.path.join(os.path.dirname(m), CHOICES_FILE) for m in manifests)
     chains = {
@@ -249,13 +236,10 @@ def _malformed(
     needed = [
         key for key in ("chain", "member", "graph", "key") if not isinstance(table.get(key), str)
     ]
-    numbers = all(
-        isinstance(table.get(key, {}), dict)
-        and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool)
-            for v in table.get(key, {}).values()
-        )
-        for key in ("seconds", "spread")
+    timed = [table.get(key, {}) for key in ("seconds", "spread")]
+    # TOML's numbers, as read, are ints and floats themselves; true and false are bools.
+    numbers = all(isinstance(v, dict) for v in timed) and all(
+        type(n) in (int, float) for v in timed for n in v.values()
     )
     if needed or not numbers or not isinstance(table.get("skipped", {}), dict):
         what = "skipped as a table" if numbers else "seconds and spread as tables of numbers"
@@ -266,8 +250,7 @@ def _malformed(
         meant = closest(chain, chains)
         guess = f"; did you mean {meant[0]!r}?" if meant else ""
         return f'chain {chain!r} is no select = "fastest" chain declared here{guess}'
-    listed = chains[chain].members
-    if member not in listed:
+    if member not in (listed := chains[chain].members):
         meant = closest(member, listed)
         guess = f"; did you mean {meant[0]!r}?" if meant else f" (it lists {', '.join(listed)})"
         return f"member {member!r} is not in chain {chain!r}{guess}"
@@ -280,8 +263,6 @@ def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> lis
     """The choices shipped for ``chain``, each with where it is (``at``) and whether it applies
     here (``applies``; ``None`` where that cannot be known without PyTorch), and if not, why
     (``differs``)."""
-    from .._key import applies, identity
-
     files = shipped_for(chain, registry.context)
     every = [] if files is None else files.every()
     tables = [(t, at) for t, at in every if t.get("chain") == chain.name]
@@ -290,12 +271,11 @@ def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> lis
     for table, at in tables:
         differ = None if no_torch else applies(table, now)
         where, _, line = at.rpartition(":")
-        applies_here = None if differ is None else not differ
         found.append(
             {
                 **table,
                 "at": f"{relative(where)}:{line}",
-                "applies": applies_here,
+                "applies": None if differ is None else not differ,
                 "differs": differ or [],
             }
         )

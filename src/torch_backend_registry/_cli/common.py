@@ -68,9 +68,10 @@ def _json_default(value: object) -> object:
 
 
 @contextlib.contextmanager
-def status_line(shown: bool = True) -> Iterator[Callable[[str], None]]:
+def status_line(doing: str = "", shown: bool = True) -> Iterator[Callable[[str], None]]:
     """A line on a terminal's stderr (``shown``, and not piped) while it is entered: each
-    call of what it yields says it anew, cut to the terminal's width; erased at the end."""
+    call of what it yields says it anew, cut to the terminal's width; erased at the end.
+    ``doing``: what it says first, while something slow runs ("importing PyTorch...")."""
     shown = shown and sys.stderr.isatty()
 
     def say(text: str) -> None:
@@ -79,18 +80,12 @@ def status_line(shown: bool = True) -> Iterator[Callable[[str], None]]:
             print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
 
     try:
+        if doing:
+            say(f"{doing}...")
         yield say
     finally:
         if shown:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def waiting(message: str, slow: bool) -> Iterator[None]:
-    """A line on a terminal's stderr while something slow runs, erased when it is done."""
-    with status_line(slow) as say:
-        say(f"{message}...")
-        yield
 
 
 def print_rows(

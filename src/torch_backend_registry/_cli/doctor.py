@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from argparse import Namespace as Arguments
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from .._doctor.options import PROJECT, ModelError, Options
 from .._doctor.processes import Progress
-from .._doctor.verdicts import Verdict, level_name
+from .._doctor.verdicts import LEVELS, Verdict
 from .._registry import Registry
 from .common import (
     EXIT_OK,
@@ -19,7 +18,6 @@ from .common import (
     print_rows,
     registry_for,
     status_line,
-    waiting,
 )
 
 
@@ -38,9 +36,9 @@ def run_doctor(args: Arguments) -> int:
         raise UsageError(f"--{exc}") from None
     registry = registry_for()
     try:
-        with waiting("importing PyTorch", not dynamo_imported()), _progress() as on_progress:
+        with status_line("importing PyTorch", not dynamo_imported()), status_line() as say:
             names = args.names or (registry.list_backends(()) if args.all else None)
-            verdicts = run(registry, names, options, on_progress)
+            verdicts = run(registry, names, options, _progress(say))
     except ModelError as exc:  # found before any backend is blamed
         raise UsageError(str(exc)) from None
     if args.json:
@@ -62,26 +60,24 @@ def _fails(registry: Registry, verdict: Verdict, named: set[str]) -> bool:
     return registry.backend_info(verdict.name).source.kind in PROJECT
 
 
-@contextlib.contextmanager
-def _progress() -> Iterator[Progress]:
-    """One line on the terminal's stderr while it is entered: how many are done, and each
-    probe running (its level and time)."""
+def _progress(say: Callable[[str], None]) -> Progress:
+    """The run's progress, said with ``say`` (a status line's): how many probes are done,
+    and each probe running (its level and time)."""
     lock = threading.Lock()
     running: dict[str, tuple[int, float]] = {}
     finished: set[str] = set()
-    with status_line() as say:
 
-        def update(name: str, level: int, seconds: float, done: bool) -> None:
-            with lock:
-                if done:
-                    running.pop(name, None)
-                    finished.add(name)
-                else:
-                    running[name] = (level, seconds)
-                what = ", ".join(f"{n} {level_name(v)} {s:.0f}s" for n, (v, s) in running.items())
-                say(f"{len(finished)} done; probing {what}")
+    def update(name: str, level: int, seconds: float, done: bool) -> None:
+        with lock:
+            if done:
+                running.pop(name, None)
+                finished.add(name)
+            else:
+                running[name] = (level, seconds)
+            what = ", ".join(f"{n} {LEVELS[v]} {s:.0f}s" for n, (v, s) in running.items())
+            say(f"{len(finished)} done; probing {what}")
 
-        yield update
+    return update
 
 
 def _print_verdicts(verdicts: Sequence[Verdict]) -> None:

@@ -14,7 +14,7 @@ from .common import (
     no_manifest,
     registry_for,
     relative,
-    waiting,
+    status_line,
     working_folder,
 )
 
@@ -26,7 +26,7 @@ def run_lock(args: Arguments) -> int:
         raise CommandError(NO_MANIFEST)
     registry = registry_for(args.no_torch)
     scope = "all" if args.all else "project"
-    with waiting("loading PyTorch's backends", not args.no_torch):
+    with status_line("loading PyTorch's backends", not args.no_torch):
         # A lock of what is broken pins it broken.
         if errors := [p for p in registry.problems() if p.severity == "error"]:
             raise CommandError(

@@ -20,7 +20,7 @@ from .common import (
     printable,
     registry_for,
     relative,
-    waiting,
+    status_line,
     working_folder,
 )
 
@@ -30,7 +30,7 @@ def run_list(args: Arguments) -> int:
     wanted, unwanted = set(args.tag), set(args.exclude_tag)
     if both := sorted(wanted & unwanted):
         raise UsageError(f"--tag and --exclude-tag both name {', '.join(map(repr, both))}")
-    with waiting("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
+    with status_line("loading PyTorch's backends (--no-torch skips them)", not args.no_torch):
         every = registry.definitions(())
     known = {tag for d in every for tag in d.tags}
     if unwanted - known:  # nothing to leave out: likely a typo, and the listing is still right

@@ -31,10 +31,8 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
     except (Exception, SystemExit) as exc:  # sys.exit("no weights") is the model's too
         raise ModelError(f"--model {spec!r} cannot be built: {one_line(exc)}") from exc
     if not isinstance(made, (tuple, list)) or len(made) not in (2, 3) or not callable(made[0]):
-        got = type(made).__name__
-        raise ModelError(
-            f"--model {spec!r}: the factory returned {got}; it must return {FACTORY_SHAPE}"
-        )
+        got = f"the factory returned {type(made).__name__}"
+        raise ModelError(f"--model {spec!r}: {got}; it must return {FACTORY_SHAPE}")
     model, args, *rest = made
     kwargs = rest[0] if rest else {}
     if isinstance(args, dict) and not rest:
@@ -42,10 +40,8 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
     elif not isinstance(args, (tuple, list)):
         args = (args,)
     if not isinstance(kwargs, dict):
-        got = type(kwargs).__name__
-        raise ModelError(
-            f"--model {spec!r}: its keyword inputs are {got}; it must return {FACTORY_SHAPE}"
-        )
+        got = f"its keyword inputs are {type(kwargs).__name__}"
+        raise ModelError(f"--model {spec!r}: {got}; it must return {FACTORY_SHAPE}")
     return model, tuple(args), dict(kwargs)
 
 
@@ -82,8 +78,7 @@ class Model:
         return self._calling(torch.compile(self.module, backend=backend))
 
     def _calling(self, model: Any) -> Any:
-        named = dict(getattr(model, "named_parameters", dict)())
-        by_id = {id(p): name for name, p in named.items()}
+        by_id = {id(p): name for name, p in getattr(model, "named_parameters", dict)()}
         return _Called(model, [by_id[id(p)] for p in self._params], *self._shape)
 
 

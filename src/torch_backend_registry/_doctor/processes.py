@@ -25,7 +25,7 @@ from typing import Any
 
 from . import probe
 from .options import ModelError
-from .verdicts import FAILURES, Verdict, level_name
+from .verdicts import FAILURES, LEVELS, Verdict
 
 Progress = Callable[[str, int, float, bool], None]
 
@@ -64,11 +64,10 @@ _STARTING = threading.Lock()
 def start_server() -> None:
     """Start the forkserver, where it is not running: it imports PyTorch from now on."""
     _CONTEXT.set_forkserver_preload(PRELOAD)
-    warnings = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), _QUIET]))
     server = {
         "PYTHONPATH": os.pathsep.join(import_path()),
         "PYTHONSAFEPATH": "1",
-        "PYTHONWARNINGS": warnings,
+        "PYTHONWARNINGS": ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), _QUIET])),
         "TORCH_BACKENDS_AUTOLOAD": "0",
     }
     with _STARTING:  # the variables are the process's: set for the moment it starts
@@ -145,7 +144,7 @@ def run_probe(config: dict[str, Any], progress: Progress, stop: Any, name: str) 
             )
         raise ModelError(f"{model} ended its probe before any backend ran: {crash}")
     if not watched.ended:
-        said = f"no verdict after {waited:g} s at level {level} ({level_name(level)}); killed"
+        said = f"no verdict after {waited:g} s at level {level} ({LEVELS[level]}); killed"
         return Verdict(name, "timeout", level, said, seconds)
     if not report:
         return Verdict(name, "crashed", level, crash, seconds)

@@ -75,8 +75,7 @@ def run(
     # Two at once, or one a core pair.
     jobs = options.jobs or max(2, (os.cpu_count() or 1) // 2)
     stop = threading.Event()
-    said = on_progress or (lambda *_: None)
-    probe = functools.partial(run_probe, config, said, stop)
+    probe = functools.partial(run_probe, config, on_progress or (lambda *_: None), stop)
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(todo)))) as pool:
         try:
             done = list(pool.map(probe, todo))

@@ -19,8 +19,9 @@ STATUSES = (
 #: Statuses that say a backend fails here, whatever the time limit.
 FAILURES = frozenset({"import-error", "compile-error", "wrong-result", "backward-error", "crashed"})
 
-#: The levels a probe goes through, in the order they are reached.
-LEVELS = ("requirements", "import", "forward", "backward")
+#: The levels a probe goes through, in the order they are reached, by number: 0 before the
+#: first.
+LEVELS = ("start", "requirements", "import", "forward", "backward")
 
 
 def one_line(exc: BaseException) -> str:
@@ -40,15 +41,10 @@ def one_line(exc: BaseException) -> str:
     return said if len(said) <= 300 else f"{said[:99]}…{said[-200:]}"
 
 
-def level_name(level: int) -> str:
-    """The name of a level (1-based), or "start" before the first."""
-    return LEVELS[level - 1] if 1 <= level <= len(LEVELS) else "start"
-
-
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """What probing one backend found: ``status`` one of :data:`STATUSES`, ``level`` the last
-    of :data:`LEVELS` reached (1-based), ``via`` the backend that reached this one where it
+    of :data:`LEVELS` reached (by its number), ``via`` the backend that reached this one where it
     was probed only as what another runs. Of a chain, how it ran: ``member``, the member it
     compiled with, and its ``select`` and ``verify``."""
 
@@ -68,7 +64,7 @@ class Verdict:
 
     @property
     def level_name(self) -> str:
-        return level_name(self.level)
+        return LEVELS[self.level]
 
     def as_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "level_name": self.level_name}

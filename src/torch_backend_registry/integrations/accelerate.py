@@ -27,10 +27,7 @@ from accelerate.utils.dataclasses import DynamoBackend, TorchDynamoPlugin
 
 from .. import _api
 from .._errors import UnknownBackendError
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from .._registry import Registry
+from .._registry import Registry
 
 __all__ = ["UnknownDynamoBackendError", "dynamo_plugin"]
 
