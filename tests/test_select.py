@@ -730,7 +730,7 @@ def test_inductor_is_not_refused_for_a_cache_it_lays_out_otherwise(
 
 
 def test_a_choice_too_close_to_call_keeps_the_first_and_says_so() -> None:
-    from torch_backend_registry._select import choose
+    from torch_backend_registry._timing import choose
 
     # By medians the second is 1.3x faster; their samples overlap: noise, not a speed-up.
     first = [1.0, 1.4, 0.6, 1.3, 0.7, 1.2, 0.8, 1.0, 1.1]

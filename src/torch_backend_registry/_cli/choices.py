@@ -86,7 +86,7 @@ def run_tune(args: Arguments) -> int:
             written = os.path.join(os.path.dirname(manifest), CHOICES_FILE)
             beside.setdefault(written, []).append(choice)
         kept = {path: write_choices(path, choices) for path, choices in beside.items()}
-    from .._select import timings
+    from .._timing import timings
 
     devices: dict[str, list[str]] = {}
     for choice in made.values():
@@ -285,7 +285,8 @@ def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> lis
 def lines(remembered: list[dict[str, Any]], shipped: list[dict[str, Any]]) -> list[str]:
     """``explain``'s lines of a chain's choices: each graph's member, how and when it was
     chosen, and each member's time and spread or why it was not timed."""
-    from .._select import said_of, timings
+    from .._select import said_of
+    from .._timing import timings
 
     out = []
     for choice in remembered:
