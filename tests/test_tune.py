@@ -417,9 +417,10 @@ def test_the_compile_cache_ships_beside_the_choices(tmp_path: Path) -> None:
     warm = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-b")}
     ran = python(there, **warm)
     assert json.loads(ran.stdout).get("fxgraph_cache_hit", 0) >= 1, ran.stderr[-2000:]
-    # Another machine's file, or a torn one: a warning, and the compile goes on.
+    # Another machine's file, or a torn one: a warning, and the compile goes on (found in
+    # the inductor cache folder that compiled it, so as not to compile it a third time).
     (there / "build" / "compile.bin").write_bytes(b"not PyTorch's")
-    torn = python(there, **warm)
+    torn = python(there, **own)
     assert "PyTorch's compile caches not loaded" in torn.stderr
 
 
