@@ -226,14 +226,10 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
-def stamp(path: str) -> tuple[int, ...]:
-    """What tells that a file or folder changed, for a key: its size, time and inode (which a
-    replacement changes); nothing where it cannot be examined."""
-    return stamps([path])[0]
-
-
 def stamps(paths: Iterable[str]) -> list[tuple[int, ...]]:
-    """The :func:`stamp` of each of ``paths``, in one call (a key of many files)."""
+    """What tells that each of ``paths`` (a file or folder) changed, for a key, in one call:
+    its size, time and inode (which a replacement changes); nothing where it cannot be
+    examined."""
     found: list[tuple[int, ...]] = []
     for path in paths:
         try:

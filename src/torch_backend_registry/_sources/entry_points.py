@@ -8,7 +8,7 @@ import os
 import sys
 
 from .._definition import BackendDefinition, Discovery, Problem, Source, distribution_key
-from .cache import stamp, stamps
+from .cache import stamps
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 
 def entry_point_stamps() -> list[object]:
     """What decides the entry points: each sys.path entry and the distributions in it, with
-    the stamps of each one's metadata files."""
+    the stamps of the folder and of each one's metadata files."""
     stamps_of: list[object] = []
     for entry in sys.path:
         folder = entry or os.curdir
@@ -38,11 +38,8 @@ def entry_point_stamps() -> list[object]:
             names = []
         # The folder's own time changes when anything is added, renamed or removed in it; a
         # metadata file's, when it is edited in place.
-        files = stamps([os.path.join(folder, n, m) for n in names for m in _METADATA])
-        found = [
-            [n, *files[i * len(_METADATA) : (i + 1) * len(_METADATA)]] for i, n in enumerate(names)
-        ]
-        stamps_of.append([entry, stamp(folder), found])
+        files = [os.path.join(folder, n, m) for n in names for m in _METADATA]
+        stamps_of.append([entry, names, stamps([folder, *files])])
     return stamps_of
 
 
