@@ -14,6 +14,7 @@ import re
 
 from .._errors import BackendRegistryError, warn
 from . import project_manifest
+from .cache import stamps
 from .files import parse_toml, read_text
 
 TYPE_CHECKING = False
@@ -41,11 +42,6 @@ class ChoicesFile:
 
     def __init__(self, path: str, text: str) -> None:
         self.path, self.text = path, text
-
-    @functools.cached_property
-    def starts(self) -> list[int]:
-        """Where each choice starts in the text."""
-        return [match.start() for match in _HEADER.finditer(self.text)]
 
     def find(self, key: str) -> tuple[dict[str, Any], int] | None:
         """The choice of ``key`` and the line it starts on, parsed alone; ``None`` where there
@@ -82,17 +78,16 @@ class ChoicesFile:
             return None
         return tables[0], self.text.count("\n", 0, start) + 1
 
+    @functools.cached_property
     def every(self) -> list[tuple[dict[str, Any], int]]:
         """Every choice, with the line it starts on; a :class:`ManifestError` at its line
         where the file is no TOML."""
-        return self._every
-
-    @functools.cached_property
-    def _every(self) -> list[tuple[dict[str, Any], int]]:
         data, _lines = parse_toml(self.path, self.text, MAX_KEY_PARTS)
         tables = data.get("choice")
         lines, line, last = [], 1, 0
-        for start in self.starts:  # counted from one start to the next: linear in the text
+        # Where each choice starts, its line counted from one start to the next: linear in
+        # the text.
+        for start in (match.start() for match in _HEADER.finditer(self.text)):
             line += self.text.count("\n", last, start)
             lines.append(line)
             last = start
@@ -121,7 +116,7 @@ class Shipped:
         found = []
         for file in self.files:
             try:
-                found += [(table, f"{file.path}:{line}") for table, line in file.every()]
+                found += [(table, f"{file.path}:{line}") for table, line in file.every]
             except BackendRegistryError:
                 continue  # check says why
         return found
@@ -140,15 +135,12 @@ def shipped_for(chain: BackendDefinition, context: Context | None) -> Shipped | 
 def choices_file(path: str) -> ChoicesFile | None:
     """``path`` read as a choices file (``None``: there is none); one that must not or cannot
     be used is said as a warning, once a version of it."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return _read(path, info.st_mtime_ns, info.st_size, info.st_ino)
+    (stamp,) = stamps([path])
+    return _read(path, stamp) if stamp else None
 
 
-@functools.lru_cache(maxsize=64)  # read once a version of the file (its time, size, inode)
-def _read(path: str, _mtime: int, _size: int, _inode: int) -> ChoicesFile | None:
+@functools.lru_cache(maxsize=64)  # read once a version of the file (its size, time, inode)
+def _read(path: str, _stamp: tuple[int, ...]) -> ChoicesFile | None:
     try:
         return read_choices(path)
     except BackendRegistryError as exc:
