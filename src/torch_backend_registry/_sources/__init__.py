@@ -158,19 +158,16 @@ def project_manifest(cwd: str) -> str | None:
 def _declares_table(pyproject: str) -> bool:
     """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``, read
     as manifests are (size limit, no waiting on a FIFO). One that the trust rule refuses or
-    that cannot be read is taken to where it may hold the table: reading it as the manifest
-    then says why it is not used. Another tool's is passed by."""
-    try:
-        text = read_text(pyproject)
-    except (Untrusted, ManifestError):
-        return may_hold(pyproject, PYPROJECT_TABLE[1].encode())
-    # A cheap text test first: most pyproject.toml files have no such table.
-    if PYPROJECT_TABLE[1] not in text:
+    that cannot be read or parsed is taken to where it may hold the table: reading it as the
+    manifest then says why it is not used (a parse error with its line). Another tool's is
+    passed by."""
+    # A cheap test of its bytes first: most pyproject.toml files have no such table.
+    if not may_hold(pyproject, PYPROJECT_TABLE[1].encode()):
         return False
     try:
-        data, _lines = parse_toml(pyproject, text, within=PYPROJECT_TABLE)
-    except ManifestError:
-        return True  # reading it as the manifest reports the error with its line
+        data, _lines = parse_toml(pyproject, read_text(pyproject), within=PYPROJECT_TABLE)
+    except (Untrusted, ManifestError):
+        return True
     return table_at(data, PYPROJECT_TABLE) is not None
 
 
