@@ -6,6 +6,7 @@ nothing inside a value is taken for a key or a header; its cost is linear in the
 
 from __future__ import annotations
 
+import math
 import re
 
 from .._keys import BARE_KEY_CHARS, toml_key
@@ -46,10 +47,7 @@ Path = tuple[str, ...]
 def physical_lines(text: str) -> list[str]:
     """The lines of ``text`` as TOML counts them: ended by LF only (``str.splitlines()``
     also splits at ``\\f``, U+2028 and others, which TOML allows in comments and strings)."""
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
+    return text.removesuffix("\n").split("\n") if text else []
 
 
 class KeyLines:
@@ -107,7 +105,7 @@ class TooManyKeys(Exception):
         self.line = line
 
 
-def key_lines(text: str, budget: int | None = None) -> KeyLines:
+def key_lines(text: str, budget: float = math.inf) -> KeyLines:
     """The line of each table header and key path of a TOML text; with ``budget``,
     :class:`TooManyKeys` once they hold more parts than that (``a.b.c = 1`` holds three):
     each part may make a table, and a parser's cost is in its tables, not in the bytes."""
@@ -115,10 +113,9 @@ def key_lines(text: str, budget: int | None = None) -> KeyLines:
     spent = 0
     table_node = KeyLines.ROOT
     for number, under, parts in scan(physical_lines(text)):
-        if budget is not None:
-            spent += len(parts)
-            if spent > budget:
-                raise TooManyKeys(number)
+        spent += len(parts)
+        if spent > budget:
+            raise TooManyKeys(number)
         if under:  # a key of the last header (scan's table): it starts at that header's node
             lines.add(parts, number, table_node)
         else:  # a header, or a key before any header
