@@ -72,11 +72,10 @@ class ChoicesFile:
             tables = tomli.loads(self.text[start:end_at]).get("choice")
         except (tomli.TOMLDecodeError, ValueError, RecursionError):
             return None
-        if not (isinstance(tables, list) and len(tables) == 1 and isinstance(tables[0], dict)):
-            return None
-        if tables[0].get("key") != key:  # a key line inside a string, or out of its table
-            return None
-        return tables[0], self.text.count("\n", 0, start) + 1
+        match tables:  # not where the key line stands inside a string, or out of its table
+            case [dict() as choice] if choice.get("key") == key:
+                return choice, self.text.count("\n", 0, start) + 1
+        return None
 
     @functools.cached_property
     def every(self) -> list[tuple[dict[str, Any], int]]:
