@@ -204,8 +204,7 @@ class BackendEntry(BaseModel):
         verifies = verifying or self.select == "fastest"
         for key in ("rtol", "atol"):
             if not verifies and getattr(self, key) is not None:
-                said = f"'{key}' goes with 'verify = \"forward\"' or \"backward\""
-                raise MisplacedKey(key, said)
+                raise MisplacedKey(key, f"'{key}' goes with 'verify = \"forward\"' or \"backward\"")
         return self
 
 
