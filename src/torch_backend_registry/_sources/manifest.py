@@ -67,9 +67,7 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     if table is None:  # a pyproject.toml's: a backends.toml is the table
         return None
     load_schema()
-    found = Discovery()
-    _Validation(found, path, kind, prefix, lines).run(table)
-    return found
+    return _Validation(Discovery(), path, kind, prefix, lines).run(table)
 
 
 def _lost(problem: Problem, consequence: str) -> Discovery:
@@ -122,14 +120,14 @@ class _Validation(NamedTuple):
         self.found.problems.append(problem)
         return problem
 
-    def run(self, table: object) -> None:
+    def run(self, table: object) -> Discovery:
         from pydantic import ValidationError
 
         from .schema import SCHEMA_VERSION, Manifest, describe, error_loc
 
         if not isinstance(table, dict):
             self.problem((), "expected a table")
-            return
+            return self.found
         version = table.get("schema-version", SCHEMA_VERSION)
         if type(version) is int and version > SCHEMA_VERSION:  # true is 1 to Python
             self.problem(
@@ -138,21 +136,23 @@ class _Validation(NamedTuple):
                 f" ({SCHEMA_VERSION}); upgrade torch-backend-registry or write"
                 f" schema-version = {SCHEMA_VERSION}",
             )
-            return
+            return self.found
         data = dict(table)
-        raw_backends = table.get("backends")
+        # A [backends] that is no table is validated as written, and has no backend.
+        raw_backends = data.get("backends")
+        if not isinstance(raw_backends, dict):
+            raw_backends = {}
         #: Each broken backend's first problem, by its name.
         broken: dict[str, Problem] = {}
-        if isinstance(raw_backends, dict):
-            # Only options take any value: every other key's type stops a deep value at its
-            # first level. A backend whose options nest too deeply is not validated.
-            data["backends"] = backends = dict(raw_backends)
-            said = f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
-            for name, entry in raw_backends.items():
-                deep = _too_deep(entry.get("options") if isinstance(entry, dict) else None)
-                if deep is not None:
-                    broken[name] = self.problem(("backends", name, "options", *deep), said)
-                    del backends[name]
+        # Only options take any value: every other key's type stops a deep value at its
+        # first level. A backend whose options nest too deeply is not validated.
+        said = f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
+        for name, entry in raw_backends.items():
+            deep = _too_deep(entry.get("options") if isinstance(entry, dict) else None)
+            if deep is not None:
+                broken[name] = self.problem(("backends", name, "options", *deep), said)
+        if raw_backends:
+            data["backends"] = {n: b for n, b in raw_backends.items() if n not in broken}
         try:
             manifest = Manifest.model_validate(data)
         except ValidationError as exc:
@@ -170,12 +170,11 @@ class _Validation(NamedTuple):
             # What is valid: the document without its wrong keys, and its tables but the broken.
             wrong = {item["loc"][0] for item in items if item["loc"]}
             valid = {k: v for k, v in data.items() if k not in wrong}
-            if isinstance(raw_backends, dict):
-                valid["backends"] = {n: b for n, b in backends.items() if n not in broken}
+            valid["backends"] = {n: b for n, b in raw_backends.items() if n not in broken}
             manifest = Manifest.model_validate(valid)
         self._header(manifest)
-        if isinstance(raw_backends, dict):
-            self._backends(raw_backends, broken, manifest)
+        self._backends(raw_backends, broken, manifest)
+        return self.found
 
     def _header(self, header: Manifest) -> None:
         for field in ("allow", "deny"):
