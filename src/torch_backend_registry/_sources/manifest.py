@@ -267,7 +267,7 @@ class _Validation(NamedTuple):
         # compile cache (no key of a backend's table has those names).
         lines = {}
         for key in ("python-path", "compile-cache"):
-            if (line := self.lines.line_at((*self.prefix, key))) is not None:
+            if (line := self.lines.line_of((*self.prefix, key), exact=True)) is not None:
                 lines[key] = line
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()

@@ -67,30 +67,22 @@ class KeyLines:
     def __init__(self) -> None:
         self._edges: dict[tuple[int, str], tuple[int, int]] = {}
 
-    def add(self, path: Path, line: int, below: int = ROOT) -> int:
-        node = below
+    def add(self, path: Path, line: int, node: int = ROOT) -> int:
+        """Define ``path`` below ``node`` (unless it was), at ``line``; the node it ends at."""
         for part in path:
             node = self._edges.setdefault((node, part), (len(self._edges) + 1, line))[0]
         return node
 
-    def line_of(self, path: Path) -> int | None:
-        """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
-        return self._walk(path)[0]
-
-    def line_at(self, path: Path) -> int | None:
-        """The line of ``path`` itself; ``None`` where it is not defined."""
-        line, whole = self._walk(path)
-        return line if whole else None
-
-    def _walk(self, path: Path) -> tuple[int | None, bool]:
-        """The line of the longest defined prefix of ``path``, and whether that is all of it."""
+    def line_of(self, path: Path, *, exact: bool = False) -> int | None:
+        """The line of ``path``, or of its longest prefix that is defined (with ``exact``,
+        of ``path`` itself); ``None`` if none is."""
         node, line = self.ROOT, None
         for part in path:
             found = self._edges.get((node, part))
             if found is None:
-                return line, False
+                return None if exact else line
             node, line = found
-        return line, line is not None
+        return line
 
     def values(self) -> Iterator[int]:
         """Every recorded line (each path once)."""
