@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib  # the code's digest is in the key of every entry, made or not
 import os
 import sys
 from types import MappingProxyType
@@ -161,8 +162,6 @@ class Cache:
         return True
 
     def _entry(self, kind: str, key: object) -> tuple[str, str]:
-        import hashlib
-
         assert self.folder is not None
         key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
         name = hashlib.sha256(key_text).hexdigest()
@@ -210,7 +209,6 @@ def code_key() -> str:
     """A digest of the code that reads manifests: this package's, byte by byte, pydantic's,
     tomli's and Python's; an upgrade or an edit of any of them starts afresh."""
     import glob
-    import hashlib
     import importlib.util
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

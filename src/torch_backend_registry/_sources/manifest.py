@@ -16,7 +16,7 @@ from .._definition import (
     Problem,
     Source,
 )
-from .._errors import ManifestError, closest
+from .._errors import ManifestError, closest, warn
 from .._keys import table_prefix, toml_key
 from .cache import NO_CACHE
 from .files import Untrusted, nested, parse_toml, read_text, table_at
@@ -85,8 +85,6 @@ def load_schema() -> None:
     except ImportError:
         raise  # pydantic itself is missing: no switch helps
     except Exception as exc:
-        from .._errors import warn
-
         warn(
             "pydantic's plugin scan failed on an installed distribution"
             f" ({type(exc).__name__}: {exc}); manifests are validated without pydantic plugins"
