@@ -154,15 +154,13 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
         if depth or string:  # inside a value that spans lines
             depth, string = _feed(line, 0, depth, string)
             continue
+        # (No key starts with a "[": a line that does and is no header is neither.)
         if plain := _PLAIN_KEY_LINE.match(line):
             yield number, table, (plain.group(1),)
-            continue
-        if line.lstrip(" \t")[:1] == "[":
-            if header := _HEADER_RE.match(line):
-                table = _split_key(header.group(1))
-                yield number, (), table
-            continue
-        if key := _KEY_RE.match(line):
+        elif header := _HEADER_RE.match(line):
+            table = _split_key(header.group(1))
+            yield number, (), table
+        elif key := _KEY_RE.match(line):
             yield number, table, _split_key(key.group(1))
             # Most values fit on their line; only these need the careful scan.
             if _MULTILINE_HINT.search(line, key.end()) and not _SIMPLE_ARRAY.match(line, key.end()):
