@@ -124,10 +124,8 @@ def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
 
 
 def _name_and_version(dist: Distribution | None) -> tuple[str | None, str | None]:
-    if dist is None:
-        return None, None
-    try:
-        metadata = dist.metadata  # read and parsed at each access: once here
-        return metadata["Name"], metadata["Version"]
-    except Exception:  # unreadable METADATA: the entry point itself may still be fine
-        return None, None
+    if dist is not None:
+        with contextlib.suppress(Exception):  # unreadable METADATA: the entry point may be fine
+            metadata = dist.metadata  # read and parsed at each access: once here
+            return metadata["Name"], metadata["Version"]
+    return None, None

@@ -181,13 +181,11 @@ def _feed(line: str, i: int, depth: int, string: str) -> tuple[int, str]:
     left open after it."""
     while i < len(line):
         if string:
-            end = _STRING_END[string].match(line, i)
-            if end is None:
+            if (end := _STRING_END[string].match(line, i)) is None:
                 break
             i, string = end.end(), ""
             continue
-        token = _TOKEN.search(line, i)
-        if token is None:
+        if (token := _TOKEN.search(line, i)) is None:
             break
         text = token.group()
         i = token.end()
