@@ -310,7 +310,6 @@ def torch_definitions(entry_points: Collection[str]) -> Discovery:
         module = getattr(fn, "__module__", None)
         # A plugin's own registration is of its distribution: the plugin policy holds for it.
         top = module.split(".")[0] if isinstance(module, str) and not own(fn) else ""
-        distribution = next(iter(owners.get(top, ())), None)
         # For a wrapper object, what it wraps.
         target = target_of(fn) or target_of(
             getattr(fn, "func", None) or getattr(fn, "kwargs", {}).get("fw_compiler")
@@ -318,7 +317,7 @@ def torch_definitions(entry_points: Collection[str]) -> Discovery:
         found.definitions.append(
             BackendDefinition(
                 name,
-                Source("torch", module=module, distribution=distribution),
+                Source("torch", module=module, distribution=next(iter(owners.get(top, ())), None)),
                 target=target,
                 tags=tags_of(name, fn),
                 description=description,
