@@ -110,8 +110,7 @@ def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
         name, _version = _name_and_version(dist)
         if name is not None:
             # As entry_points() does: the first distribution of a name on sys.path wins.
-            key = distribution_key(name)
-            if key in seen:
+            if (key := distribution_key(name)) in seen:
                 continue
             seen.add(key)
         try:
