@@ -109,8 +109,8 @@ def env_source(ctx: Context) -> Discovery:
     files = env_paths(ctx, found.problems) if ctx.files is None else ctx.files
     # The environment's plugin policy outranks every manifest's.
     for kind, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
-        names = [n.strip() for n in ctx.environ.get(var, "").split(",") if n.strip()]
-        if names:  # empty, or commas alone: unset
+        # Empty, or commas alone: unset.
+        if names := [n.strip() for n in ctx.environ.get(var, "").split(",") if n.strip()]:
             found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
         if (result := read_manifest(path, "env", ctx.cache)) is not None:

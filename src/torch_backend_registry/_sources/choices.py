@@ -55,8 +55,7 @@ class ChoicesFile:
         # at once, whatever a hostile file repeats on it.
         text, at = self.text, self.text.find(key)
         while at >= 0:
-            line = _KEY.match(text, text.rfind("\n", 0, at) + 1)
-            if line is not None and line[1] == key:
+            if (line := _KEY.match(text, text.rfind("\n", 0, at) + 1)) and line[1] == key:
                 break
             at = -1 if (ends := text.find("\n", at)) < 0 else text.find(key, ends)
         if at < 0:
@@ -105,8 +104,7 @@ class Shipped:
     def find(self, key: str) -> tuple[dict[str, Any], str] | None:
         """The choice of ``key``, and where it is (``PATH:LINE``)."""
         for file in self.files:
-            found = file.find(key)
-            if found is not None:
+            if (found := file.find(key)) is not None:
                 return found[0], f"{file.path}:{found[1]}"
         return None
 
