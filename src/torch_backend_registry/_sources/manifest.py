@@ -109,12 +109,15 @@ class _Validation(NamedTuple):
     prefix: tuple[str, ...]
     lines: KeyLines
 
+    def at(self, *keys: str) -> tuple[int | None, str]:
+        """Where the key ``keys`` of the document is: its line, and the key as written."""
+        keys = (*self.prefix, *keys)
+        return self.lines.line_of(keys), toml_key(keys)
+
     def problem(self, loc: tuple[str | int, ...], message: str, **facts: Any) -> Problem:
         """A problem at the key ``loc`` of the document (array indexes left out), reported."""
-        keys = self.prefix + tuple(str(part) for part in loc if not isinstance(part, int))
-        problem = Problem(
-            message, path=self.path, line=self.lines.line_of(keys), key=toml_key(keys), **facts
-        )
+        line, key = self.at(*(str(part) for part in loc if not isinstance(part, int)))
+        problem = Problem(message, path=self.path, line=line, key=key, **facts)
         self.found.problems.append(problem)
         return problem
 
@@ -178,14 +181,11 @@ class _Validation(NamedTuple):
         for field in ("allow", "deny"):
             names = getattr(header.plugins, field, None)
             if names is not None and (names or field == "allow"):
-                key = (*self.prefix, "plugins", field)
-                line = self.lines.line_of(key)
-                self.found.rules.append(PluginRule.of(field, names, toml_key(key), self.path, line))
+                line, key = self.at("plugins", field)
+                self.found.rules.append(PluginRule.of(field, names, key, self.path, line))
         if header.default is not None:
-            key = (*self.prefix, "default")
-            self.found.default = DefaultDeclaration(
-                header.default, self.path, self.lines.line_of(key), toml_key(key)
-            )
+            line, key = self.at("default")
+            self.found.default = DefaultDeclaration(header.default, self.path, line, key)
 
     def _backends(
         self, raw_backends: dict[str, Any], broken: dict[str, Problem], manifest: Manifest
