@@ -67,10 +67,9 @@ def read_entry_points() -> Discovery:
     listed = []
     for ep in _entry_points(found.problems):
         name, version = _name_and_version(ep.dist)
-        try:
+        folder = ""  # a distribution that cannot say where it is: last
+        with contextlib.suppress(Exception):
             folder = _real(str(ep.dist.locate_file(""))) if ep.dist else ""
-        except Exception:  # a distribution that cannot say where it is: last
-            folder = ""
         # Their folder's place on sys.path, then the distribution's name (within one folder,
         # importlib.metadata follows os.listdir).
         order = (places.get(folder, len(places)), distribution_key(name or ""))
@@ -91,10 +90,9 @@ def read_entry_points() -> Discovery:
 
 
 def _real(path: str) -> str:
-    try:
+    with contextlib.suppress(OSError):  # "" or a relative entry, and the working directory is gone
         return os.path.realpath(path or os.curdir)
-    except OSError:  # "" or a relative entry, and the working directory is gone
-        return path
+    return path
 
 
 def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
