@@ -48,9 +48,8 @@ class PythonPathFinder:
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if path is not None:  # submodules: found through their package
-            return None
-        return _found_in(_FOLDERS.get() + self.loaded, fullname)
+        # Top-level modules only: a submodule is found through its package.
+        return _found_in(_FOLDERS.get() + self.loaded, fullname) if path is None else None
 
 
 def _found_in(folders: Iterable[str], name: str) -> ModuleSpec | None:
