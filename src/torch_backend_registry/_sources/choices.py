@@ -8,6 +8,7 @@ that cannot be used is a warning, never an error.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -67,13 +68,11 @@ class ChoicesFile:
             start = text.rfind("\n", 0, bracket) + 1
         end = _HEADER.search(text, at)
         end_at = len(text) if end is None else end.start()
-        try:
-            tables = tomli.loads(self.text[start:end_at]).get("choice")
-        except (tomli.TOMLDecodeError, ValueError, RecursionError):
-            return None
-        match tables:  # not where the key line stands inside a string, or out of its table
-            case [dict() as choice] if choice.get("key") == key:
-                return choice, self.text.count("\n", 0, start) + 1
+        with contextlib.suppress(tomli.TOMLDecodeError, ValueError, RecursionError):
+            # Not where the key line stands inside a string, or out of its table.
+            match tomli.loads(self.text[start:end_at]).get("choice"):
+                case [dict() as choice] if choice.get("key") == key:
+                    return choice, self.text.count("\n", 0, start) + 1
         return None
 
     @functools.cached_property
