@@ -45,10 +45,9 @@ def cache_folder(environ: Mapping[str, str]) -> str | None:
         return None
     import platformdirs
 
-    try:
+    path = ""  # where there is no absolute HOME, nor a password entry
+    with contextlib.suppress(RuntimeError):
         path = platformdirs.user_cache_dir("torch-backend-registry", appauthor=False)
-    except RuntimeError:  # no absolute HOME, no password entry
-        return None
     # Resolved once: a link re-pointed later must not move the cache under a running process.
     return os.path.realpath(path) if os.path.isabs(path) else None
 

@@ -111,10 +111,8 @@ class Shipped:
         """Every choice that can be read, and where it is."""
         found = []
         for file in self.files:
-            try:
+            with contextlib.suppress(BackendRegistryError):  # check says why
                 found += [(table, f"{file.path}:{line}") for table, line in file.every]
-            except BackendRegistryError:
-                continue  # check says why
         return found
 
 

@@ -25,7 +25,8 @@ def entry_point_stamps() -> list[object]:
     stamps_of: list[object] = []
     for entry in sys.path:
         folder = entry or os.curdir
-        try:
+        names: list[str] = []  # a zip file (its own stamp says it changed), or nothing
+        with contextlib.suppress(OSError):
             names = sorted(
                 name
                 for name in os.listdir(folder)
@@ -34,8 +35,6 @@ def entry_point_stamps() -> list[object]:
                 if name.lower().endswith((".dist-info", ".egg-info", ".egg", ".egg-link"))
                 or name == "EGG-INFO"
             )
-        except OSError:  # a zip file (its own stamp says it changed), or nothing
-            names = []
         # The folder's own time changes when anything is added, renamed or removed in it; a
         # metadata file's, when it is edited in place.
         files = [os.path.join(folder, n, m) for n in names for m in _METADATA]
