@@ -140,20 +140,19 @@ class Cache:
         if folder in self.judged:
             return True
         parent = os.path.dirname(self.folder)
-        try:
-            if make:
-                # Nothing is made in a folder the trust rule refuses (another user's, as under
-                # sudo with that user's HOME): it would be ours there, and keep theirs off.
-                existing = parent
-                while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
-                    existing = os.path.dirname(existing)
-                if untrusted_folder(existing) is not None:
-                    return False
-                # ~/.cache as it is; ours private (makedirs gives its mode to the last alone).
+        if make:
+            # Nothing is made in a folder the trust rule refuses (another user's, as under
+            # sudo with that user's HOME): it would be ours there, and keep theirs off.
+            existing = parent
+            while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+                existing = os.path.dirname(existing)
+            if untrusted_folder(existing) is not None:
+                return False
+            # ~/.cache as it is; ours private (makedirs gives its mode to the last alone). A
+            # folder not made is one the judging below cannot examine, and so refuses.
+            with contextlib.suppress(OSError):
                 os.makedirs(self.folder, 0o700, exist_ok=True)
                 os.makedirs(folder, 0o700, exist_ok=True)
-        except OSError:
-            return False
         judging = ((parent, False), (self.folder, True), (folder, True))
         if any(f not in self.judged and untrusted_folder(f, private=p) for f, p in judging):
             return False
