@@ -78,8 +78,7 @@ class KeyLines:
         of ``path`` itself); ``None`` if none is."""
         node, line = self.ROOT, None
         for part in path:
-            found = self._edges.get((node, part))
-            if found is None:
+            if (found := self._edges.get((node, part))) is None:
                 return None if exact else line
             node, line = found
         return line
