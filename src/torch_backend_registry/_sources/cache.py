@@ -226,15 +226,14 @@ def stamps(paths: Iterable[str]) -> list[tuple[int, ...]]:
     """What tells that each of ``paths`` (a file or folder) changed, for a key, in one call:
     its size, time and inode (which a replacement changes); nothing where it cannot be
     examined."""
-    found: list[tuple[int, ...]] = []
-    for path in paths:
-        try:
-            info = os.stat(path)
-        except OSError:
-            found.append(())
-            continue
-        found.append((info.st_size, info.st_mtime_ns, info.st_ino))
-    return found
+    return [_stamp(path) for path in paths]
+
+
+def _stamp(path: str) -> tuple[int, ...]:
+    with contextlib.suppress(OSError):
+        info = os.stat(path)
+        return info.st_size, info.st_mtime_ns, info.st_ino
+    return ()
 
 
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:
