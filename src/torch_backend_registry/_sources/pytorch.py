@@ -167,8 +167,7 @@ def torch_available() -> bool:
 @functools.cache  # one process runs one PyTorch
 def torch_version() -> str | None:
     """The installed PyTorch's version, as ``torch.__version__`` gives it, not importing it."""
-    version = getattr(sys.modules.get("torch"), "__version__", None)
-    if isinstance(version, str):
+    if isinstance(version := getattr(sys.modules.get("torch"), "__version__", None), str):
         return version
     import re
 
