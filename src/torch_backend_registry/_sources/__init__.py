@@ -57,7 +57,9 @@ class Context(NamedTuple):
 def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
     """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first; what went wrong
     goes to ``problems``."""
-    files: list[str] = []
+    # One file named twice (an entry and its folder, a link to it) is one manifest, read
+    # where it is first named: it neither shadows nor doubles itself.
+    files: dict[str, str] = {}
     for entry in filter(str.strip, ctx.environ.get(ENV_VAR, "").split(os.pathsep)):
         path = os.path.join(ctx.cwd or "", os.path.expanduser(entry))
         if not os.path.isabs(path):
@@ -68,7 +70,7 @@ def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
             path = entry
         elif not os.path.isdir(path):
             if os.path.lexists(path):
-                files.append(path)
+                files.setdefault(os.path.realpath(path), path)
                 continue
             said = (
                 f"{NO_SUCH_FILE} or folder (named by {ENV_VAR}={entry!r}); remove the"
@@ -87,7 +89,8 @@ def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
                 # Every *.toml file in it, a dangling link or a FIFO too (said when read,
                 # never passed over); a folder inside is no manifest, as in a conf.d.
                 inside = [p for p in (os.path.join(path, n) for n in names) if not os.path.isdir(p)]
-                files.extend(inside)
+                for file in inside:
+                    files.setdefault(os.path.realpath(file), file)
                 if inside:
                     continue
                 # Explicit configuration that reads nothing is said, not passed over.
@@ -95,12 +98,7 @@ def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
                 problems.append(Problem(said, path=path, severity="warning"))
                 continue
         problems.append(Problem(said, path=path))
-    # One file named twice (an entry and its folder, a link to it) is one manifest, read
-    # where it is first named: it neither shadows nor doubles itself.
-    first: dict[str, str] = {}
-    for file in files:
-        first.setdefault(os.path.realpath(file), file)
-    return list(first.values())
+    return list(files.values())
 
 
 def env_source(ctx: Context) -> Discovery:
