@@ -116,10 +116,8 @@ def key_lines(text: str, budget: float = math.inf) -> KeyLines:
 
 def key_at(lines: list[str], line: int) -> str | None:
     """The key (or table) written on ``line`` of ``lines``, dotted and quoted as TOML writes it."""
-    for number, table, parts in scan(lines[:line]):
-        if number == line:
-            return toml_key(table + parts)
-    return None
+    found = (toml_key(table + parts) for n, table, parts in scan(lines[:line]) if n == line)
+    return next(found, None)
 
 
 def _split_key(dotted: str) -> Path:
