@@ -139,8 +139,8 @@ def _twins(definitions: Iterable[BackendDefinition]) -> Iterator[Problem]:
 
 def project_manifest(cwd: str) -> str | None:
     """The nearest ``backends.toml``, else ``pyproject.toml`` with our table, from ``cwd`` up."""
-    directory = os.path.abspath(cwd)
-    while True:
+    directory, below = os.path.abspath(cwd), None
+    while directory != below:  # up to the root, which is its own parent
         backends, pyproject = (os.path.join(directory, name) for name in PROJECT_FILES)
         # Not isfile(): a backends.toml that is a directory or unreadable is
         # meant as the manifest, and reading it says what is wrong.
@@ -149,8 +149,7 @@ def project_manifest(cwd: str) -> str | None:
         if os.path.lexists(pyproject) and _declares_table(pyproject):
             return pyproject
         directory, below = os.path.dirname(directory), directory
-        if directory == below:
-            return None
+    return None
 
 
 def _declares_table(pyproject: str) -> bool:
