@@ -451,15 +451,15 @@ def test_quotes_inside_strings_do_not_hide_later_tables() -> None:
         "[backends.a]\noptions = { q = \"'''\" }\nnote = '\"\"\"'\n[backends.b]\ntarget = 'm:f'\n"
     )
     lines = key_lines(text)
-    assert lines.line_at(("backends", "b")) == 4
-    assert lines.line_at(("backends", "b", "target")) == 5
+    assert lines.line_of(("backends", "b"), exact=True) == 4
+    assert lines.line_of(("backends", "b", "target"), exact=True) == 5
 
 
 def test_multiline_strings_are_skipped() -> None:
     text = 'description = """\n[backends.fake]\n"""\n[backends.real]\n'
     lines = key_lines(text)
-    assert lines.line_at(("backends", "fake")) is None
-    assert lines.line_at(("backends", "real")) == 4
+    assert lines.line_of(("backends", "fake"), exact=True) is None
+    assert lines.line_of(("backends", "real"), exact=True) == 4
 
 
 def test_unicode_line_separators_inside_strings_do_not_shift_lines(write: WriteFn) -> None:

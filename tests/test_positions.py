@@ -88,16 +88,16 @@ def test_every_shape_gives_the_right_lines(
     tomli.loads(text)  # each case is valid TOML: the parser and the scan must agree
     lines = key_lines(text)
     for path, line in found.items():
-        assert lines.line_at(path) == line, path
+        assert lines.line_of(path, exact=True) == line, path
     for path in absent:
-        assert lines.line_at(path) is None
+        assert lines.line_of(path, exact=True) is None
 
 
 def test_a_prefix_has_the_line_of_its_first_definition() -> None:
     lines = key_lines("[a.b.c]\nx = 1\n[a.d]\ny = 2\n")
-    assert lines.line_at(("a",)) == 1
-    assert lines.line_at(("a", "b")) == 1
-    assert lines.line_at(("a", "d")) == 3
+    assert lines.line_of(("a",), exact=True) == 1
+    assert lines.line_of(("a", "b"), exact=True) == 1
+    assert lines.line_of(("a", "d"), exact=True) == 3
     assert lines.line_of(("a", "d", "y", "deeper")) == 4  # the longest known prefix
     assert lines.line_of(("z",)) is None
 
@@ -121,8 +121,8 @@ def test_key_like_lines_inside_a_multiline_string_are_not_keys() -> None:
     body = "\n".join(f"k{i}.a.b.c = 1" for i in range(2000))
     text = f'd = """\n{body}\n"""\nafter = 1\n'
     lines = key_lines(text)
-    assert lines.line_at(("k0",)) is None
-    assert lines.line_at(("after",)) == 2003
+    assert lines.line_of(("k0",), exact=True) is None
+    assert lines.line_of(("after",), exact=True) == 2003
 
 
 def test_key_at_names_the_key_written_on_a_line() -> None:
@@ -179,7 +179,7 @@ def test_the_scan_agrees_with_the_parser_on_valid_documents(pieces: list[str]) -
     lines = key_lines(text)
     # Every top-level key the parser found has a line, and only real lines.
     for key in data:
-        assert lines.line_at((key,)) is not None, (key, text)
+        assert lines.line_of((key,), exact=True) is not None, (key, text)
     assert all(1 <= line <= len(pieces) for line in lines.values())
 
 

@@ -138,7 +138,7 @@ def write_choices(path: str, made: list[dict[str, Any]]) -> int:
 
     with _locked(os.path.dirname(path) or os.curdir):
         try:
-            old = [table for table, _line in read_choices(path).every()]
+            old = [table for table, _line in read_choices(path).every]
         except BackendRegistryError as exc:
             if getattr(exc, "message", None) != NO_SUCH_FILE:
                 raise CommandError(f"{exc}; fix it or move it away, then tune again") from None
@@ -207,7 +207,7 @@ def problems(registry: Registry, manifests: Iterable[str], *, with_torch: bool) 
     identity_of = functools.cache(lambda name: identity(chains[name], registry.backend_info))
     for path in paths:
         try:
-            every = read_choices(path).every()
+            every = read_choices(path).every
         except BackendRegistryError as exc:
             if getattr(exc, "message", None) != NO_SUCH_FILE:
                 problem = getattr(exc, "problem", None)

@@ -57,7 +57,9 @@ class Context(NamedTuple):
 def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
     """The manifest files named by ``TORCH_BACKENDS_PATH``, highest first; what went wrong
     goes to ``problems``."""
-    files: list[str] = []
+    # One file named twice (an entry and its folder, a link to it) is one manifest, read
+    # where it is first named: it neither shadows nor doubles itself.
+    files: dict[str, str] = {}
     for entry in filter(str.strip, ctx.environ.get(ENV_VAR, "").split(os.pathsep)):
         path = os.path.join(ctx.cwd or "", os.path.expanduser(entry))
         if not os.path.isabs(path):
@@ -68,7 +70,7 @@ def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
             path = entry
         elif not os.path.isdir(path):
             if os.path.lexists(path):
-                files.append(path)
+                files.setdefault(os.path.realpath(path), path)
                 continue
             said = (
                 f"{NO_SUCH_FILE} or folder (named by {ENV_VAR}={entry!r}); remove the"
@@ -87,7 +89,8 @@ def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
                 # Every *.toml file in it, a dangling link or a FIFO too (said when read,
                 # never passed over); a folder inside is no manifest, as in a conf.d.
                 inside = [p for p in (os.path.join(path, n) for n in names) if not os.path.isdir(p)]
-                files.extend(inside)
+                for file in inside:
+                    files.setdefault(os.path.realpath(file), file)
                 if inside:
                     continue
                 # Explicit configuration that reads nothing is said, not passed over.
@@ -95,12 +98,7 @@ def env_paths(ctx: Context, problems: list[Problem]) -> list[str]:
                 problems.append(Problem(said, path=path, severity="warning"))
                 continue
         problems.append(Problem(said, path=path))
-    # One file named twice (an entry and its folder, a link to it) is one manifest, read
-    # where it is first named: it neither shadows nor doubles itself.
-    first: dict[str, str] = {}
-    for file in files:
-        first.setdefault(os.path.realpath(file), file)
-    return list(first.values())
+    return list(files.values())
 
 
 def env_source(ctx: Context) -> Discovery:
@@ -109,8 +107,8 @@ def env_source(ctx: Context) -> Discovery:
     files = env_paths(ctx, found.problems) if ctx.files is None else ctx.files
     # The environment's plugin policy outranks every manifest's.
     for kind, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
-        names = [n.strip() for n in ctx.environ.get(var, "").split(",") if n.strip()]
-        if names:  # empty, or commas alone: unset
+        # Empty, or commas alone: unset.
+        if names := [n.strip() for n in ctx.environ.get(var, "").split(",") if n.strip()]:
             found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
     for path in files:
         if (result := read_manifest(path, "env", ctx.cache)) is not None:
@@ -141,8 +139,8 @@ def _twins(definitions: Iterable[BackendDefinition]) -> Iterator[Problem]:
 
 def project_manifest(cwd: str) -> str | None:
     """The nearest ``backends.toml``, else ``pyproject.toml`` with our table, from ``cwd`` up."""
-    directory = os.path.abspath(cwd)
-    while True:
+    directory, below = os.path.abspath(cwd), None
+    while directory != below:  # up to the root, which is its own parent
         backends, pyproject = (os.path.join(directory, name) for name in PROJECT_FILES)
         # Not isfile(): a backends.toml that is a directory or unreadable is
         # meant as the manifest, and reading it says what is wrong.
@@ -151,26 +149,22 @@ def project_manifest(cwd: str) -> str | None:
         if os.path.lexists(pyproject) and _declares_table(pyproject):
             return pyproject
         directory, below = os.path.dirname(directory), directory
-        if directory == below:
-            return None
+    return None
 
 
 def _declares_table(pyproject: str) -> bool:
     """Whether a ``pyproject.toml`` met on the way up holds ``[tool.torch-backends]``, read
     as manifests are (size limit, no waiting on a FIFO). One that the trust rule refuses or
-    that cannot be read is taken to where it may hold the table: reading it as the manifest
-    then says why it is not used. Another tool's is passed by."""
-    try:
-        text = read_text(pyproject)
-    except (Untrusted, ManifestError):
-        return may_hold(pyproject, PYPROJECT_TABLE[1].encode())
-    # A cheap text test first: most pyproject.toml files have no such table.
-    if PYPROJECT_TABLE[1] not in text:
+    that cannot be read or parsed is taken to where it may hold the table: reading it as the
+    manifest then says why it is not used (a parse error with its line). Another tool's is
+    passed by."""
+    # A cheap test of its bytes first: most pyproject.toml files have no such table.
+    if not may_hold(pyproject, PYPROJECT_TABLE[1].encode()):
         return False
     try:
-        data, _lines = parse_toml(pyproject, text, within=PYPROJECT_TABLE)
-    except ManifestError:
-        return True  # reading it as the manifest reports the error with its line
+        data, _lines = parse_toml(pyproject, read_text(pyproject), within=PYPROJECT_TABLE)
+    except (Untrusted, ManifestError):
+        return True
     return table_at(data, PYPROJECT_TABLE) is not None
 
 

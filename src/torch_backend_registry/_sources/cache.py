@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib  # the code's digest is in the key of every entry, made or not
 import os
 import sys
 from types import MappingProxyType
@@ -44,10 +45,9 @@ def cache_folder(environ: Mapping[str, str]) -> str | None:
         return None
     import platformdirs
 
-    try:
+    path = ""  # where there is no absolute HOME, nor a password entry
+    with contextlib.suppress(RuntimeError):
         path = platformdirs.user_cache_dir("torch-backend-registry", appauthor=False)
-    except RuntimeError:  # no absolute HOME, no password entry
-        return None
     # Resolved once: a link re-pointed later must not move the cache under a running process.
     return os.path.realpath(path) if os.path.isabs(path) else None
 
@@ -140,20 +140,19 @@ class Cache:
         if folder in self.judged:
             return True
         parent = os.path.dirname(self.folder)
-        try:
-            if make:
-                # Nothing is made in a folder the trust rule refuses (another user's, as under
-                # sudo with that user's HOME): it would be ours there, and keep theirs off.
-                existing = parent
-                while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
-                    existing = os.path.dirname(existing)
-                if untrusted_folder(existing) is not None:
-                    return False
-                # ~/.cache as it is; ours private (makedirs gives its mode to the last alone).
+        if make:
+            # Nothing is made in a folder the trust rule refuses (another user's, as under
+            # sudo with that user's HOME): it would be ours there, and keep theirs off.
+            existing = parent
+            while not os.path.lexists(existing) and os.path.dirname(existing) != existing:
+                existing = os.path.dirname(existing)
+            if untrusted_folder(existing) is not None:
+                return False
+            # ~/.cache as it is; ours private (makedirs gives its mode to the last alone). A
+            # folder not made is one the judging below cannot examine, and so refuses.
+            with contextlib.suppress(OSError):
                 os.makedirs(self.folder, 0o700, exist_ok=True)
                 os.makedirs(folder, 0o700, exist_ok=True)
-        except OSError:
-            return False
         judging = ((parent, False), (self.folder, True), (folder, True))
         if any(f not in self.judged and untrusted_folder(f, private=p) for f, p in judging):
             return False
@@ -161,8 +160,6 @@ class Cache:
         return True
 
     def _entry(self, kind: str, key: object) -> tuple[str, str]:
-        import hashlib
-
         assert self.folder is not None
         key_text = canonical([LAYOUT, kind, key]).encode("utf-8", "surrogatepass")
         name = hashlib.sha256(key_text).hexdigest()
@@ -210,7 +207,6 @@ def code_key() -> str:
     """A digest of the code that reads manifests: this package's, byte by byte, pydantic's,
     tomli's and Python's; an upgrade or an edit of any of them starts afresh."""
     import glob
-    import hashlib
     import importlib.util
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -226,23 +222,18 @@ def code_key() -> str:
     return digest.hexdigest()
 
 
-def stamp(path: str) -> tuple[int, ...]:
-    """What tells that a file or folder changed, for a key: its size, time and inode (which a
-    replacement changes); nothing where it cannot be examined."""
-    return stamps([path])[0]
-
-
 def stamps(paths: Iterable[str]) -> list[tuple[int, ...]]:
-    """The :func:`stamp` of each of ``paths``, in one call (a key of many files)."""
-    found: list[tuple[int, ...]] = []
-    for path in paths:
-        try:
-            info = os.stat(path)
-        except OSError:
-            found.append(())
-            continue
-        found.append((info.st_size, info.st_mtime_ns, info.st_ino))
-    return found
+    """What tells that each of ``paths`` (a file or folder) changed, for a key, in one call:
+    its size, time and inode (which a replacement changes); nothing where it cannot be
+    examined."""
+    return [_stamp(path) for path in paths]
+
+
+def _stamp(path: str) -> tuple[int, ...]:
+    with contextlib.suppress(OSError):
+        info = os.stat(path)
+        return info.st_size, info.st_mtime_ns, info.st_ino
+    return ()
 
 
 def _readonly(table: dict[str, Any]) -> Mapping[str, Any]:

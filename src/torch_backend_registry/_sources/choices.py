@@ -8,12 +8,14 @@ that cannot be used is a warning, never an error.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 
 from .._errors import BackendRegistryError, warn
 from . import project_manifest
+from .cache import stamps
 from .files import parse_toml, read_text
 
 TYPE_CHECKING = False
@@ -42,11 +44,6 @@ class ChoicesFile:
     def __init__(self, path: str, text: str) -> None:
         self.path, self.text = path, text
 
-    @functools.cached_property
-    def starts(self) -> list[int]:
-        """Where each choice starts in the text."""
-        return [match.start() for match in _HEADER.finditer(self.text)]
-
     def find(self, key: str) -> tuple[dict[str, Any], int] | None:
         """The choice of ``key`` and the line it starts on, parsed alone; ``None`` where there
         is none (or it cannot be read, or the table the key line stands in is not that
@@ -59,8 +56,7 @@ class ChoicesFile:
         # at once, whatever a hostile file repeats on it.
         text, at = self.text, self.text.find(key)
         while at >= 0:
-            line = _KEY.match(text, text.rfind("\n", 0, at) + 1)
-            if line is not None and line[1] == key:
+            if (line := _KEY.match(text, text.rfind("\n", 0, at) + 1)) and line[1] == key:
                 break
             at = -1 if (ends := text.find("\n", at)) < 0 else text.find(key, ends)
         if at < 0:
@@ -72,27 +68,23 @@ class ChoicesFile:
             start = text.rfind("\n", 0, bracket) + 1
         end = _HEADER.search(text, at)
         end_at = len(text) if end is None else end.start()
-        try:
-            tables = tomli.loads(self.text[start:end_at]).get("choice")
-        except (tomli.TOMLDecodeError, ValueError, RecursionError):
-            return None
-        if not (isinstance(tables, list) and len(tables) == 1 and isinstance(tables[0], dict)):
-            return None
-        if tables[0].get("key") != key:  # a key line inside a string, or out of its table
-            return None
-        return tables[0], self.text.count("\n", 0, start) + 1
+        with contextlib.suppress(tomli.TOMLDecodeError, ValueError, RecursionError):
+            # Not where the key line stands inside a string, or out of its table.
+            match tomli.loads(self.text[start:end_at]).get("choice"):
+                case [dict() as choice] if choice.get("key") == key:
+                    return choice, self.text.count("\n", 0, start) + 1
+        return None
 
+    @functools.cached_property
     def every(self) -> list[tuple[dict[str, Any], int]]:
         """Every choice, with the line it starts on; a :class:`ManifestError` at its line
         where the file is no TOML."""
-        return self._every
-
-    @functools.cached_property
-    def _every(self) -> list[tuple[dict[str, Any], int]]:
         data, _lines = parse_toml(self.path, self.text, MAX_KEY_PARTS)
         tables = data.get("choice")
         lines, line, last = [], 1, 0
-        for start in self.starts:  # counted from one start to the next: linear in the text
+        # Where each choice starts, its line counted from one start to the next: linear in
+        # the text.
+        for start in (match.start() for match in _HEADER.finditer(self.text)):
             line += self.text.count("\n", last, start)
             lines.append(line)
             last = start
@@ -111,8 +103,7 @@ class Shipped:
     def find(self, key: str) -> tuple[dict[str, Any], str] | None:
         """The choice of ``key``, and where it is (``PATH:LINE``)."""
         for file in self.files:
-            found = file.find(key)
-            if found is not None:
+            if (found := file.find(key)) is not None:
                 return found[0], f"{file.path}:{found[1]}"
         return None
 
@@ -120,17 +111,15 @@ class Shipped:
         """Every choice that can be read, and where it is."""
         found = []
         for file in self.files:
-            try:
-                found += [(table, f"{file.path}:{line}") for table, line in file.every()]
-            except BackendRegistryError:
-                continue  # check says why
+            with contextlib.suppress(BackendRegistryError):  # check says why
+                found += [(table, f"{file.path}:{line}") for table, line in file.every]
         return found
 
 
-def shipped_for(chain: BackendDefinition, context: Context | None) -> Shipped | None:
+def shipped_for(chain: BackendDefinition, context: Context) -> Shipped | None:
     """The choices files of ``chain`` that can be read here (``None``: none)."""
     folders = [] if chain.source.path is None else [os.path.dirname(chain.source.path)]
-    manifest = None if context is None or context.cwd is None else project_manifest(context.cwd)
+    manifest = None if context.cwd is None else project_manifest(context.cwd)
     folders += [os.path.dirname(manifest)] if manifest else []
     paths = dict.fromkeys(os.path.realpath(os.path.join(f, CHOICES_FILE)) for f in folders)
     files = [file for file in map(choices_file, paths) if file is not None]
@@ -140,15 +129,12 @@ def shipped_for(chain: BackendDefinition, context: Context | None) -> Shipped | 
 def choices_file(path: str) -> ChoicesFile | None:
     """``path`` read as a choices file (``None``: there is none); one that must not or cannot
     be used is said as a warning, once a version of it."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return _read(path, info.st_mtime_ns, info.st_size, info.st_ino)
+    (stamp,) = stamps([path])
+    return _read(path, stamp) if stamp else None
 
 
-@functools.lru_cache(maxsize=64)  # read once a version of the file (its time, size, inode)
-def _read(path: str, _mtime: int, _size: int, _inode: int) -> ChoicesFile | None:
+@functools.lru_cache(maxsize=64)  # read once a version of the file (its size, time, inode)
+def _read(path: str, _stamp: tuple[int, ...]) -> ChoicesFile | None:
     try:
         return read_choices(path)
     except BackendRegistryError as exc:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from .._definition import BackendDefinition, Discovery, Problem, Source, distribution_key
-from .cache import stamp, stamps
+from .cache import stamps
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -21,11 +21,12 @@ ENTRY_POINT_GROUP = "torch_dynamo_backends"
 
 def entry_point_stamps() -> list[object]:
     """What decides the entry points: each sys.path entry and the distributions in it, with
-    the stamps of each one's metadata files."""
+    the stamps of the folder and of each one's metadata files."""
     stamps_of: list[object] = []
     for entry in sys.path:
         folder = entry or os.curdir
-        try:
+        names: list[str] = []  # a zip file (its own stamp says it changed), or nothing
+        with contextlib.suppress(OSError):
             names = sorted(
                 name
                 for name in os.listdir(folder)
@@ -34,15 +35,10 @@ def entry_point_stamps() -> list[object]:
                 if name.lower().endswith((".dist-info", ".egg-info", ".egg", ".egg-link"))
                 or name == "EGG-INFO"
             )
-        except OSError:  # a zip file (its own stamp says it changed), or nothing
-            names = []
         # The folder's own time changes when anything is added, renamed or removed in it; a
         # metadata file's, when it is edited in place.
-        files = stamps([os.path.join(folder, n, m) for n in names for m in _METADATA])
-        found = [
-            [n, *files[i * len(_METADATA) : (i + 1) * len(_METADATA)]] for i, n in enumerate(names)
-        ]
-        stamps_of.append([entry, stamp(folder), found])
+        files = [os.path.join(folder, n, m) for n in names for m in _METADATA]
+        stamps_of.append([entry, names, stamps([folder, *files])])
     return stamps_of
 
 
@@ -70,10 +66,9 @@ def read_entry_points() -> Discovery:
     listed = []
     for ep in _entry_points(found.problems):
         name, version = _name_and_version(ep.dist)
-        try:
+        folder = ""  # a distribution that cannot say where it is: last
+        with contextlib.suppress(Exception):
             folder = _real(str(ep.dist.locate_file(""))) if ep.dist else ""
-        except Exception:  # a distribution that cannot say where it is: last
-            folder = ""
         # Their folder's place on sys.path, then the distribution's name (within one folder,
         # importlib.metadata follows os.listdir).
         order = (places.get(folder, len(places)), distribution_key(name or ""))
@@ -94,10 +89,9 @@ def read_entry_points() -> Discovery:
 
 
 def _real(path: str) -> str:
-    try:
+    with contextlib.suppress(OSError):  # "" or a relative entry, and the working directory is gone
         return os.path.realpath(path or os.curdir)
-    except OSError:  # "" or a relative entry, and the working directory is gone
-        return path
+    return path
 
 
 def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
@@ -113,8 +107,7 @@ def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
         name, _version = _name_and_version(dist)
         if name is not None:
             # As entry_points() does: the first distribution of a name on sys.path wins.
-            key = distribution_key(name)
-            if key in seen:
+            if (key := distribution_key(name)) in seen:
                 continue
             seen.add(key)
         try:
@@ -127,10 +120,8 @@ def _entry_points(problems: list[Problem]) -> Iterable[EntryPoint]:
 
 
 def _name_and_version(dist: Distribution | None) -> tuple[str | None, str | None]:
-    if dist is None:
-        return None, None
-    try:
-        metadata = dist.metadata  # read and parsed at each access: once here
-        return metadata["Name"], metadata["Version"]
-    except Exception:  # unreadable METADATA: the entry point itself may still be fine
-        return None, None
+    if dist is not None:
+        with contextlib.suppress(Exception):  # unreadable METADATA: the entry point may be fine
+            metadata = dist.metadata  # read and parsed at each access: once here
+            return metadata["Name"], metadata["Version"]
+    return None, None

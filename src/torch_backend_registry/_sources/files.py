@@ -159,10 +159,8 @@ def read_bytes(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> byt
         if not stat.S_ISREG(info.st_mode):
             raise ManifestError("is not a regular file; name a .toml file", path=path)
         reason = untrusted(info)
-        if reason is None:
-            folder = untrusted_folder(os.path.dirname(os.path.realpath(path)))
-            if folder is not None:
-                reason = "the folder holding it " + folder.removeprefix("it ")
+        if reason is None and (folder := untrusted_folder(os.path.dirname(os.path.realpath(path)))):
+            reason = "the folder holding it " + folder.removeprefix("it ")
         if reason is not None:
             raise Untrusted(untrusted_message(what, reason), path=path)
         # In pieces (a read of the whole limit would ask for all that memory at once), up to

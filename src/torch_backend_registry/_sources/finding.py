@@ -42,16 +42,14 @@ class PythonPathFinder:
     """Finds top-level modules in the current lookup's python-path folders, then in those of
     every target loaded so far."""
 
-    def __init__(self) -> None:
-        #: Folders of loaded targets, in the order they were first needed.
-        self.loaded: tuple[str, ...] = ()
+    #: Folders of loaded targets, in the order they were first needed (a new tuple each time).
+    loaded: tuple[str, ...] = ()
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if path is not None:  # submodules: found through their package
-            return None
-        return _found_in(_FOLDERS.get() + self.loaded, fullname)
+        # Top-level modules only: a submodule is found through its package.
+        return _found_in(_FOLDERS.get() + self.loaded, fullname) if path is None else None
 
 
 def _found_in(folders: Iterable[str], name: str) -> ModuleSpec | None:
@@ -168,11 +166,10 @@ def locate(definition: BackendDefinition, module: str | None = None) -> Located:
     refused = refused_folders(definition.search_path)
     folders = tuple(f for f in definition.search_path if f not in refused)
     missing = [m for m in definition.requires if find(m, folders) is None]
-    if module is None:
-        return Located(missing, refused, folders, None)
     # Beside the manifest is where a script or a working folder puts a module first on the
     # path: one process would import one file, another the other.
-    return Located(missing, refused, folders, shadowed(module, definition.search_path[-1:]))
+    beside = None if module is None else shadowed(module, definition.search_path[-1:])
+    return Located(missing, refused, folders, beside)
 
 
 def keep(folders: Sequence[str]) -> None:

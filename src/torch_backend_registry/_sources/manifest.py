@@ -16,7 +16,7 @@ from .._definition import (
     Problem,
     Source,
 )
-from .._errors import ManifestError, closest
+from .._errors import ManifestError, closest, warn
 from .._keys import table_prefix, toml_key
 from .cache import NO_CACHE
 from .files import Untrusted, nested, parse_toml, read_text, table_at
@@ -67,9 +67,7 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     if table is None:  # a pyproject.toml's: a backends.toml is the table
         return None
     load_schema()
-    found = Discovery()
-    _Validation(found, path, kind, prefix, lines).run(table)
-    return found
+    return _Validation(Discovery(), path, kind, prefix, lines).run(table)
 
 
 def _lost(problem: Problem, consequence: str) -> Discovery:
@@ -87,8 +85,6 @@ def load_schema() -> None:
     except ImportError:
         raise  # pydantic itself is missing: no switch helps
     except Exception as exc:
-        from .._errors import warn
-
         warn(
             "pydantic's plugin scan failed on an installed distribution"
             f" ({type(exc).__name__}: {exc}); manifests are validated without pydantic plugins"
@@ -113,23 +109,26 @@ class _Validation(NamedTuple):
     prefix: tuple[str, ...]
     lines: KeyLines
 
+    def at(self, *keys: str) -> tuple[int | None, str]:
+        """Where the key ``keys`` of the document is: its line, and the key as written."""
+        keys = (*self.prefix, *keys)
+        return self.lines.line_of(keys), toml_key(keys)
+
     def problem(self, loc: tuple[str | int, ...], message: str, **facts: Any) -> Problem:
         """A problem at the key ``loc`` of the document (array indexes left out), reported."""
-        keys = self.prefix + tuple(str(part) for part in loc if not isinstance(part, int))
-        problem = Problem(
-            message, path=self.path, line=self.lines.line_of(keys), key=toml_key(keys), **facts
-        )
+        line, key = self.at(*(str(part) for part in loc if not isinstance(part, int)))
+        problem = Problem(message, path=self.path, line=line, key=key, **facts)
         self.found.problems.append(problem)
         return problem
 
-    def run(self, table: object) -> None:
+    def run(self, table: object) -> Discovery:
         from pydantic import ValidationError
 
         from .schema import SCHEMA_VERSION, Manifest, describe, error_loc
 
         if not isinstance(table, dict):
             self.problem((), "expected a table")
-            return
+            return self.found
         version = table.get("schema-version", SCHEMA_VERSION)
         if type(version) is int and version > SCHEMA_VERSION:  # true is 1 to Python
             self.problem(
@@ -138,21 +137,23 @@ class _Validation(NamedTuple):
                 f" ({SCHEMA_VERSION}); upgrade torch-backend-registry or write"
                 f" schema-version = {SCHEMA_VERSION}",
             )
-            return
+            return self.found
         data = dict(table)
-        raw_backends = table.get("backends")
+        # A [backends] that is no table is validated as written, and has no backend.
+        raw_backends = data.get("backends")
+        if not isinstance(raw_backends, dict):
+            raw_backends = {}
         #: Each broken backend's first problem, by its name.
         broken: dict[str, Problem] = {}
-        if isinstance(raw_backends, dict):
-            # Only options take any value: every other key's type stops a deep value at its
-            # first level. A backend whose options nest too deeply is not validated.
-            data["backends"] = backends = dict(raw_backends)
-            said = f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
-            for name, entry in raw_backends.items():
-                deep = _too_deep(entry.get("options") if isinstance(entry, dict) else None)
-                if deep is not None:
-                    broken[name] = self.problem(("backends", name, "options", *deep), said)
-                    del backends[name]
+        # Only options take any value: every other key's type stops a deep value at its
+        # first level. A backend whose options nest too deeply is not validated.
+        said = f"values nest more than {MAX_VALUE_DEPTH} levels deep; flatten this value"
+        for name, entry in raw_backends.items():
+            deep = _too_deep(entry.get("options") if isinstance(entry, dict) else None)
+            if deep is not None:
+                broken[name] = self.problem(("backends", name, "options", *deep), said)
+        if raw_backends:
+            data["backends"] = {n: b for n, b in raw_backends.items() if n not in broken}
         try:
             manifest = Manifest.model_validate(data)
         except ValidationError as exc:
@@ -170,25 +171,21 @@ class _Validation(NamedTuple):
             # What is valid: the document without its wrong keys, and its tables but the broken.
             wrong = {item["loc"][0] for item in items if item["loc"]}
             valid = {k: v for k, v in data.items() if k not in wrong}
-            if isinstance(raw_backends, dict):
-                valid["backends"] = {n: b for n, b in backends.items() if n not in broken}
+            valid["backends"] = {n: b for n, b in raw_backends.items() if n not in broken}
             manifest = Manifest.model_validate(valid)
         self._header(manifest)
-        if isinstance(raw_backends, dict):
-            self._backends(raw_backends, broken, manifest)
+        self._backends(raw_backends, broken, manifest)
+        return self.found
 
     def _header(self, header: Manifest) -> None:
         for field in ("allow", "deny"):
             names = getattr(header.plugins, field, None)
             if names is not None and (names or field == "allow"):
-                key = (*self.prefix, "plugins", field)
-                line = self.lines.line_of(key)
-                self.found.rules.append(PluginRule.of(field, names, toml_key(key), self.path, line))
+                line, key = self.at("plugins", field)
+                self.found.rules.append(PluginRule.of(field, names, key, self.path, line))
         if header.default is not None:
-            key = (*self.prefix, "default")
-            self.found.default = DefaultDeclaration(
-                header.default, self.path, self.lines.line_of(key), toml_key(key)
-            )
+            line, key = self.at("default")
+            self.found.default = DefaultDeclaration(header.default, self.path, line, key)
 
     def _backends(
         self, raw_backends: dict[str, Any], broken: dict[str, Problem], manifest: Manifest
@@ -268,7 +265,7 @@ class _Validation(NamedTuple):
         # compile cache (no key of a backend's table has those names).
         lines = {}
         for key in ("python-path", "compile-cache"):
-            if (line := self.lines.line_at((*self.prefix, key))) is not None:
+            if (line := self.lines.line_of((*self.prefix, key), exact=True)) is not None:
                 lines[key] = line
         for key, value in raw.items():
             inside = value if isinstance(value, dict) else ()

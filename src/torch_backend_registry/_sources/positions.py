@@ -6,6 +6,7 @@ nothing inside a value is taken for a key or a header; its cost is linear in the
 
 from __future__ import annotations
 
+import math
 import re
 
 from .._keys import BARE_KEY_CHARS, toml_key
@@ -46,10 +47,7 @@ Path = tuple[str, ...]
 def physical_lines(text: str) -> list[str]:
     """The lines of ``text`` as TOML counts them: ended by LF only (``str.splitlines()``
     also splits at ``\\f``, U+2028 and others, which TOML allows in comments and strings)."""
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
+    return text.removesuffix("\n").split("\n") if text else []
 
 
 class KeyLines:
@@ -69,30 +67,21 @@ class KeyLines:
     def __init__(self) -> None:
         self._edges: dict[tuple[int, str], tuple[int, int]] = {}
 
-    def add(self, path: Path, line: int, below: int = ROOT) -> int:
-        node = below
+    def add(self, path: Path, line: int, node: int = ROOT) -> int:
+        """Define ``path`` below ``node`` (unless it was), at ``line``; the node it ends at."""
         for part in path:
             node = self._edges.setdefault((node, part), (len(self._edges) + 1, line))[0]
         return node
 
-    def line_of(self, path: Path) -> int | None:
-        """The line of ``path``, or of its longest prefix that is defined; ``None`` if none is."""
-        return self._walk(path)[0]
-
-    def line_at(self, path: Path) -> int | None:
-        """The line of ``path`` itself; ``None`` where it is not defined."""
-        line, whole = self._walk(path)
-        return line if whole else None
-
-    def _walk(self, path: Path) -> tuple[int | None, bool]:
-        """The line of the longest defined prefix of ``path``, and whether that is all of it."""
+    def line_of(self, path: Path, *, exact: bool = False) -> int | None:
+        """The line of ``path``, or of its longest prefix that is defined (with ``exact``,
+        of ``path`` itself); ``None`` if none is."""
         node, line = self.ROOT, None
         for part in path:
-            found = self._edges.get((node, part))
-            if found is None:
-                return line, False
+            if (found := self._edges.get((node, part))) is None:
+                return None if exact else line
             node, line = found
-        return line, line is not None
+        return line
 
     def values(self) -> Iterator[int]:
         """Every recorded line (each path once)."""
@@ -107,7 +96,7 @@ class TooManyKeys(Exception):
         self.line = line
 
 
-def key_lines(text: str, budget: int | None = None) -> KeyLines:
+def key_lines(text: str, budget: float = math.inf) -> KeyLines:
     """The line of each table header and key path of a TOML text; with ``budget``,
     :class:`TooManyKeys` once they hold more parts than that (``a.b.c = 1`` holds three):
     each part may make a table, and a parser's cost is in its tables, not in the bytes."""
@@ -115,10 +104,9 @@ def key_lines(text: str, budget: int | None = None) -> KeyLines:
     spent = 0
     table_node = KeyLines.ROOT
     for number, under, parts in scan(physical_lines(text)):
-        if budget is not None:
-            spent += len(parts)
-            if spent > budget:
-                raise TooManyKeys(number)
+        spent += len(parts)
+        if spent > budget:
+            raise TooManyKeys(number)
         if under:  # a key of the last header (scan's table): it starts at that header's node
             lines.add(parts, number, table_node)
         else:  # a header, or a key before any header
@@ -128,10 +116,8 @@ def key_lines(text: str, budget: int | None = None) -> KeyLines:
 
 def key_at(lines: list[str], line: int) -> str | None:
     """The key (or table) written on ``line`` of ``lines``, dotted and quoted as TOML writes it."""
-    for number, table, parts in scan(lines[:line]):
-        if number == line:
-            return toml_key(table + parts)
-    return None
+    found = (toml_key(table + parts) for n, table, parts in scan(lines[:line]) if n == line)
+    return next(found, None)
 
 
 def _split_key(dotted: str) -> Path:
@@ -165,15 +151,13 @@ def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:
         if depth or string:  # inside a value that spans lines
             depth, string = _feed(line, 0, depth, string)
             continue
+        # (No key starts with a "[": a line that does and is no header is neither.)
         if plain := _PLAIN_KEY_LINE.match(line):
             yield number, table, (plain.group(1),)
-            continue
-        if line.lstrip(" \t")[:1] == "[":
-            if header := _HEADER_RE.match(line):
-                table = _split_key(header.group(1))
-                yield number, (), table
-            continue
-        if key := _KEY_RE.match(line):
+        elif header := _HEADER_RE.match(line):
+            table = _split_key(header.group(1))
+            yield number, (), table
+        elif key := _KEY_RE.match(line):
             yield number, table, _split_key(key.group(1))
             # Most values fit on their line; only these need the careful scan.
             if _MULTILINE_HINT.search(line, key.end()) and not _SIMPLE_ARRAY.match(line, key.end()):
@@ -194,13 +178,11 @@ def _feed(line: str, i: int, depth: int, string: str) -> tuple[int, str]:
     left open after it."""
     while i < len(line):
         if string:
-            end = _STRING_END[string].match(line, i)
-            if end is None:
+            if (end := _STRING_END[string].match(line, i)) is None:
                 break
             i, string = end.end(), ""
             continue
-        token = _TOKEN.search(line, i)
-        if token is None:
+        if (token := _TOKEN.search(line, i)) is None:
             break
         text = token.group()
         i = token.end()

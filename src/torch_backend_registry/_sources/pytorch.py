@@ -14,8 +14,7 @@ import sys
 from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock, importing_at_fork
-from .cache import NO_CACHE
-from .cache import stamps as stamps_of
+from .cache import NO_CACHE, stamps
 from .finding import find
 
 TYPE_CHECKING = False
@@ -66,19 +65,19 @@ def pytorch_names(cache: Cache = NO_CACHE) -> frozenset[str]:
     remembered in ``cache`` and for the rest of the process while the files stay as read."""
     global _last
     files = _registering_files()
-    stamps = [(path, *found) for path, found in zip(files, stamps_of(files), strict=True)]
+    read = [files, stamps(files)]
     last = _last
-    if last is None or last[0] != stamps:
+    if last is None or last[0] != read:
         # The reading is this package's code: another version of it reads anew.
-        names = cache.remembered("pytorch-names", [torch_version(), stamps], lambda: _read(files))
+        names = cache.remembered("pytorch-names", [torch_version(), read], lambda: _read(files))
         # None read: no torch here, or a layout this reading does not know.
-        last = _last = (stamps, names or TORCH_2_13_NAMES)
+        last = _last = (read, names or TORCH_2_13_NAMES)
     return last[1]
 
 
 #: The last reading of PyTorch's files, with their stamps: one, whatever the number of
 #: refreshes and the caches they bring (an upgrade of PyTorch in place replaces it).
-_last: tuple[list[tuple[object, ...]], frozenset[str]] | None = None
+_last: tuple[list[object], frozenset[str]] | None = None
 
 
 def _read(files: list[str]) -> frozenset[str]:
@@ -168,8 +167,7 @@ def torch_available() -> bool:
 @functools.cache  # one process runs one PyTorch
 def torch_version() -> str | None:
     """The installed PyTorch's version, as ``torch.__version__`` gives it, not importing it."""
-    version = getattr(sys.modules.get("torch"), "__version__", None)
-    if isinstance(version, str):
+    if isinstance(version := getattr(sys.modules.get("torch"), "__version__", None), str):
         return version
     import re
 
@@ -310,7 +308,6 @@ def torch_definitions(entry_points: Collection[str]) -> Discovery:
         module = getattr(fn, "__module__", None)
         # A plugin's own registration is of its distribution: the plugin policy holds for it.
         top = module.split(".")[0] if isinstance(module, str) and not own(fn) else ""
-        distribution = next(iter(owners.get(top, ())), None)
         # For a wrapper object, what it wraps.
         target = target_of(fn) or target_of(
             getattr(fn, "func", None) or getattr(fn, "kwargs", {}).get("fw_compiler")
@@ -318,7 +315,7 @@ def torch_definitions(entry_points: Collection[str]) -> Discovery:
         found.definitions.append(
             BackendDefinition(
                 name,
-                Source("torch", module=module, distribution=distribution),
+                Source("torch", module=module, distribution=next(iter(owners.get(top, ())), None)),
                 target=target,
                 tags=tags_of(name, fn),
                 description=description,

@@ -201,11 +201,9 @@ class BackendEntry(BaseModel):
             raise MisplacedKey("verify", said + ' (it is "forward" then) or set "backward"')
         if self.min_speedup is not None and self.select != "fastest":
             raise MisplacedKey("min-speedup", "'min-speedup' goes with select = \"fastest\"")
-        verifies = verifying or self.select == "fastest"
-        for key in ("rtol", "atol"):
-            if not verifies and getattr(self, key) is not None:
-                said = f"'{key}' goes with 'verify = \"forward\"' or \"backward\""
-                raise MisplacedKey(key, said)
+        for key in ("rtol", "atol"):  # what verifies: a verify level, or select = "fastest"
+            if not (verifying or selecting) and getattr(self, key) is not None:
+                raise MisplacedKey(key, f"'{key}' goes with 'verify = \"forward\"' or \"backward\"")
         return self
 
 
