@@ -221,8 +221,7 @@ def _save_compile_cache_at_exit() -> None:
     def save() -> None:
         import torch.compiler
 
-        saved = torch.compiler.save_cache_artifacts()
-        if saved is not None:
+        if (saved := torch.compiler.save_cache_artifacts()) is not None:
             with open(os.path.join(folder, f"{os.getpid()}.bin"), "wb") as out:
                 out.write(saved[0])
 

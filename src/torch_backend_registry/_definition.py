@@ -202,8 +202,7 @@ class BackendDefinition:
         from ._keys import toml_key
 
         for depth in range(len(parts), 0, -1):
-            line = self.lines.get(toml_key(parts[:depth]))
-            if line is not None:
+            if (line := self.lines.get(toml_key(parts[:depth]))) is not None:
                 return line
         return self.source.line
 

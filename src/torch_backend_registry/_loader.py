@@ -219,8 +219,7 @@ def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]
         passed.update(options)
     elif options is not None:
         passed["options"] = options
-    refused = refusal(accepted, passed, target_of(fn) or f"backend {name!r}", manifest=False)
-    if refused is not None:
+    if refused := refusal(accepted, passed, target_of(fn) or f"backend {name!r}", manifest=False):
         raise TypeError(refused[1])
     return passed
 

@@ -130,11 +130,10 @@ def lock_command(registry: Registry, path: str) -> str:
     """The command that writes the lock at ``path`` for ``registry``, as typed here."""
     if path == lock_path(registry):
         return "torch-backends lock"
-    try:  # a path below this folder, as it was given
-        shown = shown_path(path, os.getcwd())
-    except OSError:  # the working folder was removed
-        shown = path
-    return f"torch-backends lock --output {shlex.quote(shown)}"
+    # A path below this folder, as it was given (as it is, where the folder was removed).
+    with contextlib.suppress(OSError):
+        path = shown_path(path, os.getcwd())
+    return f"torch-backends lock --output {shlex.quote(path)}"
 
 
 def read_lock(

@@ -52,8 +52,6 @@ class Index:
         self.excluded: dict[str, list[tuple[BackendDefinition, str]]] = {}
         #: Entry points admitted by an allow list over a lower deny, by name: which rule decided.
         self.admitted: dict[str, str] = {}
-        # Derived once, on first need: the index never changes after merge().
-        self._chain_problems: dict[str, Problem] | None = None
 
     def resolve(self, key: str) -> BackendDefinition:
         """The definition ``key`` resolves to; :class:`UnknownBackendError` for no such name
@@ -132,11 +130,11 @@ class Index:
         return excluded[0][1] if excluded else None
 
     unknown_members = unknown_members
+    # Derived once, on first need: the index never changes after merge().
+    _chain_problems = functools.cached_property(chain_problems)
 
     def chain_problems(self) -> dict[str, Problem]:
         """Each chain that names itself or nests too deeply, by name: it cannot be used."""
-        if self._chain_problems is None:
-            self._chain_problems = chain_problems(self)
         return self._chain_problems
 
     def default_problem(self) -> Problem | None:
@@ -185,8 +183,7 @@ def merge(
             if name in reserved:
                 index.problems.append(_pytorch_owns(definition))
                 continue
-            clashing = [a for a in definition.aliases if a in reserved]
-            if clashing:
+            if clashing := [a for a in definition.aliases if a in reserved]:
                 index.problems.append(_pytorch_owns(definition, clashing))
         by_key.setdefault(name, []).append(definition)
         if definition.enabled:
@@ -210,8 +207,7 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
         if top.source.path is None:
             continue
         if top.name != key:
-            lower = next((d for d in found[1:] if d.name == key), None)
-            if lower is not None:
+            if (lower := next((d for d in found[1:] if d.name == key), None)) is not None:
                 aliases.append(
                     top.located(
                         f"alias {key!r} of {top.name!r} hides backend {key!r} of"

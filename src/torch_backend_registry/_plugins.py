@@ -67,8 +67,7 @@ def excluded(
         return None
     if deciding.kind == "deny":
         return f"distribution {name!r} is denied by {deciding.where}"
-    lower = [rule.where for rule in rules if rule.kind == "deny" and key in rule.names]
-    if lower:
+    if lower := [rule.where for rule in rules if rule.kind == "deny" and key in rule.names]:
         index.admitted[definition.name] = (
             f"distribution {name!r} is allowed by {deciding.where}, over the deny of"
             f" {', '.join(lower)}"
@@ -107,8 +106,7 @@ def _picked(
     excluded: list[tuple[BackendDefinition, str]],
 ) -> BackendDefinition:
     wanted = _dist_key(pick.distribution or "")
-    match = next((p for p in points if _dist_of(p) == wanted), None)
-    if match is not None:
+    if (match := next((p for p in points if _dist_of(p) == wanted), None)) is not None:
         found = match.source
         source = replace(pick.source, distribution=found.distribution, version=found.version)
         return replace(pick, source=source, target=match.target)
@@ -122,8 +120,7 @@ def _picked(
             f" {pick.name!r} (declared by: {declared})"
         )
         owners = [p.source.distribution or "" for p in points]
-        close = closest(pick.distribution or "", owners)
-        if close:
+        if close := closest(pick.distribution or "", owners):
             why += f"; did you mean {close[0]!r}?"
     problem = pick.located(why, "distribution")
     return BackendDefinition(

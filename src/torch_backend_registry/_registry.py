@@ -48,8 +48,7 @@ class Registry:
         files: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         kinds = SOURCE_KINDS if sources is None else tuple(sources)
-        unknown = [kind for kind in kinds if kind not in SOURCE_KINDS]
-        if unknown:
+        if unknown := [kind for kind in kinds if kind not in SOURCE_KINDS]:
             raise ValueError(
                 f"unknown source kind {unknown[0]!r}; expected some of {', '.join(SOURCE_KINDS)}"
             )

@@ -112,8 +112,7 @@ class Snapshot:
         from ._loader import check_requirements
         from ._select import FastestChain
 
-        problem = index.chain_problems().get(definition.name)
-        if problem is not None:
+        if (problem := index.chain_problems().get(definition.name)) is not None:
             raise ManifestError.of(problem)
         check_requirements(definition, missing_requirements(definition))
         composite: type[ChainBackend | DeviceBackend] = ChainBackend
@@ -135,15 +134,14 @@ class Snapshot:
         return [fn for fn in known if fn is not None]
 
     def found(self, kind: SourceKind) -> Discovery:
-        found = self.read.get(kind)
-        if found is None:
+        if kind not in self.read:
             # Read with no lock held (reading PyTorch's imports torch: seconds, which must
-            # not stall another thread's lookup); two threads reading at once keep the first.
+            # not stall another thread's lookup); two threads reading at once keep the first,
+            # in one step: no lock needed.
             # Collection stays on while torch is imported: it makes cycles of its own.
             with contextlib.nullcontext() if kind == "torch" else _no_cycle_collection():
-                read = READERS[kind](self.context)
-            found = self.read.setdefault(kind, read)  # one step: no lock needed
-        return found
+                self.read.setdefault(kind, READERS[kind](self.context))
+        return self.read[kind]
 
     @functools.cached_property
     def entry_point_names(self) -> frozenset[str]:
@@ -184,8 +182,7 @@ class Snapshot:
     def pytorch_names(self) -> frozenset[str]:
         """The names of PyTorch's own backends: those known without importing torch, and
         those in its registry now, where that is loaded."""
-        live = self._registered() or {}
-        own = {name for name, fn in live.items() if pytorch.own(fn)}
+        own = {name for name, fn in (self._registered() or {}).items() if pytorch.own(fn)}
         return pytorch.pytorch_names(self.context.cache) | own
 
     def _registered(self) -> dict[str, Any] | None:
@@ -205,8 +202,7 @@ class Snapshot:
         if definition in self._available:
             return self._available[definition]
         reason: str | None = None
-        missing = missing_requirements(definition)
-        if missing:
+        if missing := missing_requirements(definition):
             reason = "missing " + ", ".join(missing)
         elif definition.source.kind == "torch":
             reason = pytorch.missing_device(definition.name)
@@ -221,8 +217,7 @@ class Snapshot:
         when a graph is on it). A chain that names itself, through others or not, has its
         problem, and so does one of the chains of any such loop: asked for its members, no
         chain is asked for again inside."""
-        problem = self.index().chain_problems().get(definition.name)
-        if problem is not None:
+        if (problem := self.index().chain_problems().get(definition.name)) is not None:
             return problem.message
         if definition.by_device is not None:
             table = dict(definition.by_device)
@@ -233,8 +228,7 @@ class Snapshot:
             return None if why is None else f"for the CPU, {why}"
         reasons = []
         for member in definition.members:
-            why = self._why_member(member)
-            if why is None:
+            if (why := self._why_member(member)) is None:
                 return None
             reasons.append(why)
         return "no member can be used (" + "; ".join(reasons) + ")"

@@ -256,23 +256,21 @@ def _needs_stand_in(candidates: list[BackendDefinition]) -> bool:
 
 def _apply_default(registry: Registry, *, early: bool = False) -> None:
     """Make a manifest's ``default`` what torch.compile uses when given no backend."""
-    default = registry.index(with_torch=False).default
-    if default is None:
+    index = registry.index(with_torch=False)
+    if (default := index.default) is None:
         return
     where = f"{default.path}:{default.line}"
-    # Early (autoload), PyTorch's own backends are not registered yet: one of their names is
-    # taken as they will be, as the registry knows them without reading PyTorch's registry.
-    own = early and registry.index(with_torch=False).could_be_pytorch(default.name)
     try:
-        if not own:
+        # Early (autoload), PyTorch's own backends are not registered yet: one of their names
+        # is taken as they will be, as the registry knows them without reading PyTorch's.
+        if not (early and index.could_be_pytorch(default.name)):
             registry.backend_info(default.name)
     except BackendRegistryError as exc:
         warn(f"{where}: {default.key}: not applied: {exc}")
         return
     import torch.compiler
 
-    setter = getattr(torch.compiler, "set_default_backend", None)
-    if setter is None:
+    if (setter := getattr(torch.compiler, "set_default_backend", None)) is None:
         warn(
             f"{where}: default backend {default.name!r} not applied: this PyTorch has no"
             " torch.compiler.set_default_backend (added in a later release)"
