@@ -14,9 +14,8 @@ import pickle
 import socket
 import zlib
 from collections import Counter
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from . import _store
 from ._environment import CLUSTER_TIMEOUT
@@ -65,21 +64,20 @@ def verify_consistent(
         ) from exc
 
 
-@dataclass(frozen=True)
-class _Check:
-    """This rank's part in the ``count``-th check of ``members``, whose keys on ``store``
+class _Check(NamedTuple):
+    """This rank's part in the ``nth`` check of ``members``, whose keys on ``store``
     start with ``ranks``."""
 
     store: Any
     ranks: str
-    count: int
+    nth: int
     members: list[int]
     me: int
     limit: timedelta
 
     @property
     def call(self) -> str:
-        return f"{self.ranks}/{self.count}"
+        return f"{self.ranks}/{self.nth}"
 
     def run(self, facts: dict[str, Any]) -> str:
         """The fingerprint where every rank agrees, else the same error on each."""
@@ -104,10 +102,10 @@ class _Check:
         if self.me in missing:
             # Counted past the checks the others gave up on without this rank, so that its
             # next call pairs with their next: one it skipped costs one failed check, not all.
-            later = self.count
+            later = self.nth
             while self.store.check([f"{self.ranks}/{later + 1}/verdict"]):
                 later += 1
-            self.store.add(f"{self.ranks}/calls/{self.me}", later - self.count)
+            self.store.add(f"{self.ranks}/calls/{self.me}", later - self.nth)
             raise InconsistentRegistryError(
                 f"rank {self.me}: verify_consistent() found the other ranks of {self.members}"
                 " no longer waiting: this rank called it after their"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -246,8 +247,7 @@ class BackendInfo:
         return getattr(self.definition, name)
 
 
-@dataclass(frozen=True, slots=True)
-class DefaultDeclaration:
+class DefaultDeclaration(NamedTuple):
     """A manifest's ``default = "NAME"``, with where it is written."""
 
     name: str
@@ -264,8 +264,7 @@ def distribution_key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-@dataclass(frozen=True, slots=True)
-class PluginRule:
+class PluginRule(NamedTuple):
     """An ``allow`` or ``deny`` list of distributions (normalised: :func:`distribution_key`),
     with where: a manifest's line and key, or (``path`` ``None``) the environment variable."""
 

@@ -166,8 +166,6 @@ def merge(
     for discovery in discoveries:
         found.add(discovery)
     index = Index(found, pytorch, torch_read)
-    by_key = index.by_key
-    reserved = index.pytorch  # see the module's rules: PyTorch's registry refuses them
     for definition in found.definitions:
         kind = definition.source.kind
         name = definition.name
@@ -179,17 +177,17 @@ def merge(
             if why is not None:
                 index.excluded.setdefault(name, []).append((definition, why))
                 continue
-        if kind != "torch":
-            if name in reserved:
+        if kind != "torch":  # see the module's rules: PyTorch's registry refuses its names
+            if name in index.pytorch:
                 index.problems.append(_pytorch_owns(definition))
                 continue
-            if clashing := [a for a in definition.aliases if a in reserved]:
+            if clashing := [a for a in definition.aliases if a in index.pytorch]:
                 index.problems.append(_pytorch_owns(definition, clashing))
-        by_key.setdefault(name, []).append(definition)
+        index.by_key.setdefault(name, []).append(definition)
         if definition.enabled:
             for alias in definition.aliases:
-                if alias not in reserved or kind == "torch":
-                    by_key.setdefault(alias, []).append(definition)
+                if alias not in index.pytorch or kind == "torch":
+                    index.by_key.setdefault(alias, []).append(definition)
     resolve_picks(index, found.definitions)
     if plugins_read and found.rules:
         index.problems.extend(rules_naming_nothing(found))

@@ -89,12 +89,10 @@ class Registry:
     def _current(self, live: bool = False) -> Snapshot:
         """The snapshot, taken on first need; ``live``: PyTorch's registry read again where
         it changed."""
-        snapshot = self._snapshot
-        if snapshot is None:
-            with self._lock:
-                snapshot = self._snapshot
-                if snapshot is None:
-                    snapshot = self._snapshot = self._taken()
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = self._taken()
+            snapshot = self._snapshot
         if live and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
@@ -108,10 +106,9 @@ class Registry:
         from ._sources import Context
         from ._sources.cache import Cache, cache_folder
 
-        try:
-            here: str | None = os.path.abspath(self._cwd or os.getcwd())
-        except OSError:  # the working directory was removed under the process
-            here = None
+        here: str | None = None
+        with contextlib.suppress(OSError):  # the working directory was removed under the process
+            here = os.path.abspath(self._cwd or os.getcwd())
         environ = dict(os.environ if self._environ is None else self._environ)
         runtime = tuple(self._runtime.values())
         cache = Cache(cache_folder(environ))
