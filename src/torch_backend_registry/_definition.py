@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -247,7 +246,8 @@ class BackendInfo:
         return getattr(self.definition, name)
 
 
-class DefaultDeclaration(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class DefaultDeclaration:
     """A manifest's ``default = "NAME"``, with where it is written."""
 
     name: str
@@ -264,7 +264,8 @@ def distribution_key(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-class PluginRule(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class PluginRule:
     """An ``allow`` or ``deny`` list of distributions (normalised: :func:`distribution_key`),
     with where: a manifest's line and key, or (``path`` ``None``) the environment variable."""
 
