@@ -106,8 +106,7 @@ class _AfterImport:
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         # Once a module: and the finders asked below must not come back here for it.
-        then = self.waiting.pop(fullname, None)
-        if then is None:
+        if (then := self.waiting.pop(fullname, None)) is None:
             return None
         if not self.waiting and self in sys.meta_path:
             sys.meta_path.remove(self)

@@ -153,8 +153,7 @@ class _Check(NamedTuple):
         for other, rank in first.items():
             if other in known:
                 continue
-            data = _store.receive(self.store, f"{self.call}/{other}", self.limit)
-            if data is None:
+            if (data := _store.receive(self.store, f"{self.call}/{other}", self.limit)) is None:
                 self._leave(len(self.members) - 1)
                 raise InconsistentRegistryError(
                     f"ranks {[rank]} ended during verify_consistent(): their backends, which"

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Iterable, Sequence
 
-from ._definition import Problem, location
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable, Sequence
-
-    from ._definition import Source
+from ._definition import Problem, Source, location
 
 
 class BackendRegistryError(Exception):

@@ -13,18 +13,13 @@ import inspect
 import os
 import pkgutil
 import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from ._definition import target_of
+from ._definition import BackendDefinition, target_of
 from ._errors import BackendLoadError, ManifestError, closest, warn
 from ._sources.finding import keep, locate, searching
 from ._sources.pytorch import inductor, torch_version
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
-    from typing import Any
-
-    from ._definition import BackendDefinition
 
 
 def check_requirements(definition: BackendDefinition, missing: Sequence[str]) -> None:
@@ -96,8 +91,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
 def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
     """Why ``fn`` cannot be called as ``fn(graph_module, example_inputs, **given)``, as
     torch.compile calls a backend (``None``: it can, or its signature cannot be read)."""
-    read = _parameters(fn)
-    if read is None:
+    if (read := _parameters(fn)) is None:
         return None
     parameters, positional = read
     if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters):
@@ -188,8 +182,7 @@ def accepted_options(fn: Any) -> list[str] | None:
             from torch._inductor.compile_fx import compile_fx
 
             fn = compile_fx
-        read = _parameters(fn)
-        if read is None:
+        if (read := _parameters(fn)) is None:
             return None
         parameters, positional = read
         taken = {p.name for p in positional[:2]}  # the graph module and its example inputs

@@ -24,15 +24,12 @@ The rules, in one place:
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection, Sequence
 
 from ._definition import BackendDefinition, BackendInfo, Discovery, Problem
 from ._errors import ManifestError, UnknownBackendError, closest
 from ._members import chain_problems, unknown_members
 from ._plugins import excluded, resolve_picks, rules_naming_nothing
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Collection, Sequence
 
 
 class Index:

@@ -62,8 +62,7 @@ def excluded(
     allow = next((rule for rule in rules if rule.kind == "allow"), None)
     if allow is not None and key not in allow.names:
         return f"distribution {name!r} is not allowed by {allow.where}"
-    deciding = next((rule for rule in rules if key in rule.names), None)
-    if deciding is None:
+    if (deciding := next((rule for rule in rules if key in rule.names), None)) is None:
         return None
     if deciding.kind == "deny":
         return f"distribution {name!r} is denied by {deciding.where}"

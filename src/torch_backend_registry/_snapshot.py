@@ -152,8 +152,7 @@ class Snapshot:
     def index(self, with_torch: bool = True) -> Index:
         """The merge of every source read (PyTorch's too with ``with_torch``)."""
         with_torch = with_torch and "torch" in self.kinds
-        index = self._indexes.get(with_torch)
-        if index is not None:
+        if (index := self._indexes.get(with_torch)) is not None:
             return index
         if with_torch and not pytorch.registry_readable():
             # Asked from inside PyTorch's own import of its registry (autoload installs
@@ -191,8 +190,7 @@ class Snapshot:
 
     def torch_changed(self) -> bool:
         """Whether PyTorch's registry now holds other names than this snapshot read."""
-        found = self.read.get("torch")
-        if found is None:
+        if (found := self.read.get("torch")) is None:
             return False
         live = self._registered()
         return live is not None and live.keys() != {d.name for d in found.definitions}
@@ -221,8 +219,7 @@ class Snapshot:
             return problem.message
         if definition.by_device is not None:
             table = dict(definition.by_device)
-            member = table.get("cpu", table.get("other"))
-            if member is None:
+            if (member := table.get("cpu", table.get("other"))) is None:
                 return f"it gives the CPU no backend (by-device has {', '.join(table)})"
             why = self._why_member(member)
             return None if why is None else f"for the CPU, {why}"

@@ -10,12 +10,9 @@ not load it has no ranks.
 from __future__ import annotations
 
 import sys
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from datetime import timedelta
-    from typing import Any
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
 
 #: The longest time limit, in days: torch.distributed counts it in nanoseconds in 64 bits,
 #: and past some 290 years it wraps around, to a limit already run out.

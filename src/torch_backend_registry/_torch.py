@@ -73,8 +73,8 @@ class _LazyBackend:
 
         name = self.__name__
         fn = self.registry.lookup_backend(name)
-        why = cannot_compile(fn, kwargs)
-        if why is not None:  # said plainly, not as the TypeError calling it would raise
+        # Said plainly, not as the TypeError calling it would raise.
+        if (why := cannot_compile(fn, kwargs)) is not None:
             raise TypeError(f"backend {name!r} {why}")
         definition = self.registry.backend_info(name).definition
         return member_compiler(name, definition, fn, kwargs)(gm, example_inputs)
@@ -114,8 +114,7 @@ def _install_names(registry: Registry) -> None:
     with _INSTALL_LOCK:
         _remove_stale(registry, set(names))
         for name in names:
-            proxy = _INSTALLED.get(name)
-            if proxy is not None:
+            if (proxy := _INSTALLED.get(name)) is not None:
                 proxy.registry = registry
                 continue
             proxy = _LazyBackend(registry, name)
