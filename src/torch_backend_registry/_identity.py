@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from typing import Any
 
-from ._definition import canonical
+from ._definition import BackendDefinition, canonical
+from ._merge import Index
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-    from ._definition import BackendDefinition
-    from ._merge import Index
-
-    Facts = dict[str, Any]
+Facts = dict[str, Any]
 
 
 def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts:

@@ -118,8 +118,7 @@ def _picked(
             f"no installed distribution {pick.distribution!r} declares the entry point"
             f" {pick.name!r} (declared by: {declared})"
         )
-        owners = [p.source.distribution or "" for p in points]
-        if close := closest(pick.distribution or "", owners):
+        if close := closest(pick.distribution or "", [p.source.distribution or "" for p in points]):
             why += f"; did you mean {close[0]!r}?"
     problem = pick.located(why, "distribution")
     return BackendDefinition(

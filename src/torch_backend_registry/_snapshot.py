@@ -10,7 +10,6 @@ what was read.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import gc
@@ -24,7 +23,7 @@ from ._sources.finding import missing_requirements
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo, Discovery, SourceKind
@@ -135,12 +134,21 @@ class Snapshot:
 
     def found(self, kind: SourceKind) -> Discovery:
         if kind not in self.read:
-            # Read with no lock held (reading PyTorch's imports torch: seconds, which must
-            # not stall another thread's lookup); two threads reading at once keep the first,
-            # in one step: no lock needed.
-            # Collection stays on while torch is imported: it makes cycles of its own.
-            with contextlib.nullcontext() if kind == "torch" else _no_cycle_collection():
+            # No cyclic garbage collection while manifests are read: thousands of definitions
+            # are a million new tuples, none in a cycle, which the collector would walk again
+            # and again (a tenth of a first listing of 10,000 backends). It stays on while
+            # torch is imported, which makes cycles of its own, and off where it was off.
+            paused = kind != "torch" and gc.isenabled()
+            if paused:
+                gc.disable()
+            try:
+                # Read with no lock held (reading PyTorch's imports torch: seconds, which must
+                # not stall another thread's lookup); two threads reading at once keep the
+                # first, in one step: no lock needed.
                 self.read.setdefault(kind, READERS[kind](self.context))
+            finally:
+                if paused:
+                    gc.enable()
         return self.read[kind]
 
     @functools.cached_property
@@ -243,18 +251,3 @@ class Snapshot:
             return f"{member}: {str(exc).split('. ', 1)[0]}"
         why = self.why_unavailable(resolved)
         return None if why is None else f"{member}: {why}"
-
-
-@contextlib.contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """No cyclic garbage collection while manifests are read: thousands of definitions are
-    a million new tuples, none in a cycle, which the collector would walk again and again
-    (a tenth of a first listing of 10,000 backends). Collection resumes after, unless it
-    was off before."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()

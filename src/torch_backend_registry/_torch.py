@@ -15,9 +15,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from typing import Any
 
+from ._definition import BackendDefinition
 from ._errors import BackendRegistryError, warn
 from ._forksafe import ForkSafeLock
+from ._registry import Registry
 from ._sources.pytorch import (
     DISPLACED,
     REGISTRY_MODULE,
@@ -28,13 +31,6 @@ from ._sources.pytorch import (
     tags_of,
     torch_available,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-    from ._definition import BackendDefinition
-    from ._registry import Registry
 
 # torch's registry is process-wide, so what this bridge put there is too. Lock
 # order: this lock, then a registry's (never the other way round).
