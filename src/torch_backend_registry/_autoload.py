@@ -57,8 +57,7 @@ def state(environ: Mapping[str, str] = os.environ) -> str:
     if not enabled(environ):
         return f"off: only processes that call install() ({AUTOLOAD_VAR}=1 would make it every one)"
     # PyTorch's own switch for its torch.backends group: only "1" (or unset) loads it.
-    pytorchs = environ.get(PYTORCH_VAR, "1")
-    if pytorchs != "1":
+    if (pytorchs := environ.get(PYTORCH_VAR, "1")) != "1":
         return (
             f"off: {PYTORCH_VAR}={pytorchs} stops PyTorch from loading any torch.backends"
             f" entry point, this package's too, whatever {AUTOLOAD_VAR} says"

@@ -80,8 +80,8 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         raise _error(definition, said) from TypeError(f"{kind} object is not callable")
     keep(located.folders)
     if definition.options:
-        wrong = refusal(accepted_options(obj), definition.options, target, manifest=True)
-        if wrong is not None:  # said where it is written: at its key, in the manifest
+        # Said where it is written: at its key, in the manifest.
+        if wrong := refusal(accepted_options(obj), definition.options, target, manifest=True):
             key, message = wrong
             raise ManifestError.of(definition.located(message, "options", key))
         return functools.update_wrapper(functools.partial(obj, **definition.options), obj)
@@ -175,9 +175,9 @@ def accepted_options(fn: Any) -> list[str] | None:
     signature that cannot be read)."""
     accepted: list[str] = []
     seen: set[int] = set()
-    while id(fn) not in seen:
+    while fn is not None and id(fn) not in seen:
         seen.add(id(fn))
-        if fn is not None and fn is inductor():
+        if fn is inductor():
             # PyTorch's inductor takes **kwargs and passes them to compile_fx when it compiles.
             from torch._inductor.compile_fx import compile_fx
 
@@ -196,8 +196,6 @@ def accepted_options(fn: Any) -> list[str] | None:
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             return accepted
         fn = getattr(fn, "__wrapped__", None)  # its **kwargs go on to what it wraps
-        if fn is None:
-            return None
     return None
 
 

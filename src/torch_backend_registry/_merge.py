@@ -58,8 +58,7 @@ class Index:
             raise ManifestError.of(definition.problem)
         if definition is not None and definition.enabled:
             return definition
-        left_out = self.left_out(key)
-        if left_out is not None:  # declared: no other name is what was meant
+        if (left_out := self.left_out(key)) is not None:  # declared: no other name was meant
             raise UnknownBackendError(key, note=left_out, left_out=True)
         errors = sum(p.severity == "error" for p in self.problems)
         # The name may live in a manifest that could not be read.

@@ -266,11 +266,10 @@ class Registry:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
         index = self.index(with_torch=with_torch)
-        chains = index.chain_problems()
-        unknown = index.unknown_members()
+        # Both tables hold chains only, by name; a chain's own problem before its members'.
+        chains = {**index.unknown_members(), **index.chain_problems()}
         problems = [*index.problems, index.default_problem()]
-        # Both tables hold chains only, by name.
-        problems += [chains.get(d.name) or unknown.get(d.name) for d in index.winners()]
+        problems += [chains.get(d.name) for d in index.winners()]
         # What merging found a definition cannot be (a pick of no installed distribution):
         # the lookup raises it; check says it.
         listed = set(problems)
