@@ -109,8 +109,7 @@ class _AfterImport:
             return None
         if not self.waiting and self in sys.meta_path:
             sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
+        if (spec := importlib.util.find_spec(fullname)) is not None and spec.loader is not None:
             spec.loader = _Then(spec.loader, then)  # type: ignore[assignment]
         return spec
 
@@ -179,8 +178,8 @@ def _install_or_defer() -> None:
         return None
 
     def check(args: object) -> None:
-        exc = failure()
-        if exc is not None:  # the same error each time, without the last raise's frames
+        # The same error each time, without the last raise's frames.
+        if (exc := failure()) is not None:
             raise exc.with_traceback(None)
 
     _at_every_compile(check)

@@ -43,8 +43,7 @@ def verify_consistent(
         raise ValueError(
             f"rank {me} is not in the group of ranks {members}: it has no rank to compare with"
         )
-    store = _store.default_store()
-    if store is None:  # one rank: none to differ from
+    if (store := _store.default_store()) is None:  # one rank: none to differ from
         _store.time_limit(timeout)
         return fingerprint(registry)
     # Named by the ranks' list's hash: a key sent with every request stays short.

@@ -32,9 +32,8 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         "chain": list(definition.chain or ()),
         "by-device": by_device(definition),
         "verify": list(definition.verify or ()),
-        "select": [definition.select, definition.min_speedup]
-        if definition.select != "first"
-        else None,
+        # Only where it is not the default (a false value is left out below).
+        "select": definition.select != "first" and [definition.select, definition.min_speedup],
         "options": _plain(definition.options),
         "requires": sorted(set(definition.requires)),
         # As written: an absolute folder is the same folder from every checkout, and a

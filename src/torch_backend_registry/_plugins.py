@@ -78,8 +78,7 @@ def resolve_picks(index: Index, definitions: Sequence[BackendDefinition]) -> Non
     """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts."""
     names = {d.name for d in definitions if d.distribution or d.source.kind == "entry-point"}
     for key in sorted(names):
-        candidates = index.by_key.get(key)
-        if not candidates or candidates[0].name != key:
+        if not (candidates := index.by_key.get(key)) or candidates[0].name != key:
             continue
         top = candidates[0]
         points = [d for d in candidates if d.source.kind == "entry-point" and d.name == key]

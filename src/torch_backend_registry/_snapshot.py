@@ -17,6 +17,7 @@ from dataclasses import field
 
 from ._errors import BackendRegistryError, ManifestError, UnknownBackendError, warn_problem
 from ._forksafe import ForkSafeLock
+from ._loader import check_requirements, load_target
 from ._sources import READERS, Context, pytorch
 from ._sources.entry_points import read_entry_points
 from ._sources.finding import missing_requirements
@@ -77,8 +78,7 @@ class Snapshot:
         """Whether resolving ``name`` reads PyTorch's registry (importing torch): a name
         another source defines needs nothing of it (the lowest source), unless what it
         ``shadows`` is asked for where torch.compile's registry is loaded."""
-        defined = name in self.index(with_torch=False).by_key
-        return not defined or (shadows and pytorch.dynamo_imported())
+        return name not in self.index(False).by_key or (shadows and pytorch.dynamo_imported())
 
     def info(self, name: str) -> BackendInfo:
         """See the registry's ``backend_info``."""
@@ -95,8 +95,6 @@ class Snapshot:
         if definition.compiler_fn is not None:
             fn = definition.compiler_fn
         elif definition.target is not None:
-            from ._loader import load_target
-
             fn = load_target(definition)
         else:  # a chain, or a table by device
             fn = self._composite(definition, index)
@@ -108,7 +106,6 @@ class Snapshot:
     def _composite(self, definition: BackendDefinition, index: Index) -> CompilerFn:
         """What compiles with the members ``definition`` names."""
         from ._chain import ChainBackend, DeviceBackend
-        from ._loader import check_requirements
         from ._select import FastestChain
 
         if (problem := index.chain_problems().get(definition.name)) is not None:

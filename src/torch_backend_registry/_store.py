@@ -50,8 +50,6 @@ def rank() -> int:
 def time_limit(timeout: float | timedelta) -> timedelta:
     """``timeout`` (seconds or a :class:`~datetime.timedelta`) as a time limit the store takes,
     or :class:`ValueError` (:class:`TypeError`) saying what it must be."""
-    from datetime import timedelta
-
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
         raise TypeError(
             f"timeout must be seconds or a datetime.timedelta, got {type(timeout).__name__}"

@@ -114,10 +114,9 @@ def _install_names(registry: Registry) -> None:
                 proxy.registry = registry
                 continue
             proxy = _LazyBackend(registry, name)
-            try:
+            tags: tuple[str, ...] = ()  # refused by the registry (disabled): by torch.compile too
+            with contextlib.suppress(BackendRegistryError):
                 tags = registry.backend_info(name).tags
-            except BackendRegistryError:
-                tags = ()  # refused by the registry (disabled): refused by torch.compile too
             listed = getattr(sys.modules[REGISTRY_MODULE], "_BACKENDS", None)
             if isinstance(listed, dict) and listed.get(name) is not None:
                 # An entry point PyTorch lists, which registering overwrites with None.
