@@ -170,11 +170,10 @@ def portable(value: Any, unknown: list[str] | None = None, depth: int = 0) -> An
     if inspect.ismethod(value):
         return {"method": more(value.__func__), "of": more(value.__self__)}
     if inspect.isfunction(value):
-        cells = [cell.cell_contents for cell in value.__closure__ or ()]
         return {
             "function": _name(value),
             "code": _code(value.__code__),
-            "closure": more(cells),
+            "closure": more([cell.cell_contents for cell in value.__closure__ or ()]),
             "defaults": more([value.__defaults__, value.__kwdefaults__]),
         }
     if isinstance(value, type) or inspect.isroutine(value):

@@ -220,12 +220,11 @@ def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
     importlib.invalidate_caches()
     roots = tuple(os.path.join(folder, "") for folder in folders)
     for name in set(sys.modules) - before:
-        module = sys.modules.get(name)
-        origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
+        origin = getattr(getattr(sys.modules.get(name), "__spec__", None), "origin", None) or ""
+        # The target's module, one inside it, a package above it, or one of its folders'.
         if (
-            name == module_name
-            or name.startswith(module_name + ".")
-            or module_name.startswith(name + ".")
+            f"{name}.".startswith(f"{module_name}.")
+            or module_name.startswith(f"{name}.")
             or (roots and origin.startswith(roots))
         ):
             sys.modules.pop(name, None)
