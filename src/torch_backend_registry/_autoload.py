@@ -24,17 +24,15 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
 
 # Loaded with every ``import torch`` here, set or not: so that a process forked from now on
-# knows what was being imported at the fork (an import no thread of it finishes).
+# knows what was being imported at the fork (an import no thread of it finishes). Torch has
+# loaded the modules above by then.
 from . import _forksafe  # noqa: F401
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
-    from importlib.machinery import ModuleSpec
-    from types import ModuleType
-    from typing import Any
 
 #: The environment variable that turns autoload on (a switch: see ``_environment``).
 AUTOLOAD_VAR = "TORCH_BACKENDS_AUTOLOAD"

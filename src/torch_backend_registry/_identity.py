@@ -191,8 +191,8 @@ def portable(value: Any, unknown: list[str] | None = None, depth: int = 0) -> An
         return {type(value).__name__: repr(value)}
     if type(value).__module__ == "numpy" and hasattr(value, "item"):  # a NumPy scalar
         return more(value.item())
-    uuid = getattr(value, "uuid", None)  # inductor's custom passes say what they are so
-    if callable(uuid):
+    # Inductor's custom passes say what they are so.
+    if callable(uuid := getattr(value, "uuid", None)):
         return {"object": _name(type(value)), "uuid": more(uuid())}
     if dataclasses.is_dataclass(value):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}

@@ -106,10 +106,9 @@ def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
         ]
         if not missing:
             return None
-        names = ", ".join(map(repr, missing))
         return (
-            f"needs {names}, which torch.compile does not give and no option sets; set it"
-            f" in the manifest: options = {{ {missing[0]} = ... }}"
+            f"needs {', '.join(map(repr, missing))}, which torch.compile does not give and no"
+            f" option sets; set it in the manifest: options = {{ {missing[0]} = ... }}"
         )
     said = (
         f"takes {len(positional) or 'no'} positional argument{'s' * (len(positional) != 1)},"

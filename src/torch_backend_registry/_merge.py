@@ -239,10 +239,9 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
         )
     where = "" if source.path is not None else f"{source.describe()}: "
     if aliases:
-        names = ", ".join(map(repr, aliases))
         message = (
-            f"{where}alias {names} of {definition.name!r} names one of PyTorch's own"
-            " backends, which torch.compile keeps using; it is left out: remove it"
+            f"{where}alias {', '.join(map(repr, aliases))} of {definition.name!r} names one of"
+            " PyTorch's own backends, which torch.compile keeps using; it is left out: remove it"
         )
         return definition.located(message, "aliases")
     if not definition.enabled:
