@@ -168,8 +168,8 @@ class Snapshot:
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         own = self.pytorch_names()  # after reading PyTorch's registry, where that is asked
         with self._lock:
-            index = self._indexes.get(with_torch)
-            if index is None:  # else another thread merged while this one waited
+            # Else another thread merged while this one waited.
+            if (index := self._indexes.get(with_torch)) is None:
                 index = self._indexes[with_torch] = merge(
                     discoveries,
                     own,
