@@ -211,8 +211,7 @@ class BackendDefinition:
         key as its file writes it (``backends.fast.target``, or under ``tool.torch-backends``
         in pyproject.toml)."""
         path = self.source.path
-        prefix = table_prefix(path) if path is not None else ()
-        key = toml_key((*prefix, "backends", self.name, *parts))
+        key = toml_key((*table_prefix(path), "backends", self.name, *parts))
         return Problem(message, path=path, line=self.line_of(*parts), key=key, severity=severity)
 
     @property
