@@ -182,9 +182,9 @@ def mismatch(
     """The same error on every rank: the ranks outside the majority (in a tie, outside the
     group of the lowest rank, said so), and where they differ, once a name; the first ten
     ranks said, the differences of each fingerprint found once."""
-    counted = Counter(hashes).most_common()  # in a tie, the group of the lowest rank first
-    majority, count = counted[0]
-    tie = len(counted) > 1 and counted[1][1] == count
+    # In a tie, the group of the lowest rank first.
+    (majority, count), *others = Counter(hashes).most_common()
+    tie = bool(others) and others[0][1] == count
     reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
     found = {hashes[i]: changes(reference, everyone[i][1], by_name=True) for i in odd}
