@@ -141,10 +141,7 @@ def refusal(
     refuses them: with the parameter each was likely meant for, else what ``target`` takes
     (for a ``manifest`` option of a compiler taking one ``options`` table, how to write it
     there); ``None`` where every key is accepted."""
-    if accepted is None:
-        return None
-    keys = [key for key in keys if key not in accepted]
-    if not keys:
+    if accepted is None or not (keys := [key for key in keys if key not in accepted]):
         return None
     quoted = [repr(key) for key in keys]
     names = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if quoted[1:] else quoted)
@@ -239,11 +236,11 @@ def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
 def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) -> str:
     """Where the target's own module (not one it imports) is missing: the closest module
     at the same level (``mycompilers`` beside the manifest for ``mycompiler``)."""
-    missing = getattr(exc, "name", None)
-    if not isinstance(exc, ModuleNotFoundError) or not isinstance(missing, str):
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    # Another error, or a module the target imports (the target's module is not below it):
+    # installing that module is the fix.
+    if not isinstance(missing, str) or not f"{module_name}.".startswith(f"{missing}."):
         return ""
-    if missing != module_name and not module_name.startswith(missing + "."):
-        return ""  # a module the target imports: installing it is the fix
     parent, _, leaf = missing.rpartition(".")
     if parent:
         places = list(getattr(sys.modules.get(parent), "__path__", None) or [])
