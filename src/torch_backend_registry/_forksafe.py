@@ -18,8 +18,7 @@ class ForkSafeLock(_thread.RLock):  # type: ignore[misc]  # final to typeshed, n
     released with no call into Python.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self) -> None:  # the lock itself is made by RLock's __new__
         _LOCKS.add(self)
 
     def renew(self) -> None:
