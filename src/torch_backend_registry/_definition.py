@@ -307,5 +307,4 @@ class Discovery:
         self.definitions.extend(other.definitions)
         self.problems.extend(other.problems)
         self.rules.extend(other.rules)
-        if self.default is None:
-            self.default = other.default
+        self.default = self.default or other.default  # the first by precedence

@@ -168,11 +168,9 @@ def merge(
         # An entry point, or a plugin's own registration in PyTorch's registry: without
         # allow and deny lists, every one counts.
         plugin = kind == "entry-point" or (kind == "torch" and definition.source.distribution)
-        if plugin and found.rules:
-            why = excluded(definition, found.rules, index)
-            if why is not None:
-                index.excluded.setdefault(name, []).append((definition, why))
-                continue
+        if plugin and found.rules and (why := excluded(definition, found.rules, index)):
+            index.excluded.setdefault(name, []).append((definition, why))
+            continue
         if kind != "torch":  # see the module's rules: PyTorch's registry refuses its names
             if name in index.pytorch:
                 index.problems.append(_pytorch_owns(definition))

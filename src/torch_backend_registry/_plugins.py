@@ -85,9 +85,8 @@ def resolve_picks(index: Index, definitions: Sequence[BackendDefinition]) -> Non
         if top.distribution is not None and top.usable:
             candidates[0] = _picked(top, points, index.excluded.get(key, []))
             continue
-        if top.source.kind != "entry-point" or len(points) < 2:
-            continue  # one entry point of a name is no conflict
-        if len({_dist_of(p) for p in points}) > 1:
+        # Entry points of one distribution (or one entry point) are no conflict.
+        if top.source.kind == "entry-point" and len({_dist_of(p) for p in points}) > 1:
             declared = " and ".join(_owner(p) for p in points)
             index.conflicts[key] = Problem(
                 f"entry point {key!r} is declared by {declared}: {_owner(points[0])} is used, the"
@@ -108,9 +107,8 @@ def _picked(
         found = match.source
         source = replace(pick.source, distribution=found.distribution, version=found.version)
         return replace(pick, source=source, target=match.target)
-    why = next((why for p, why in excluded if _dist_of(p) == wanted), None)
-    if why is not None:
-        why = f"the entry point {pick.name!r} it picks is left out: {why}"
+    if (left := next((why for p, why in excluded if _dist_of(p) == wanted), None)) is not None:
+        why = f"the entry point {pick.name!r} it picks is left out: {left}"
     else:
         declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
         why = (
