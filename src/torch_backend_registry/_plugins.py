@@ -85,8 +85,9 @@ def resolve_picks(index: Index, definitions: Sequence[BackendDefinition]) -> Non
         if top.distribution is not None and top.usable:
             candidates[0] = _picked(top, points, index.excluded.get(key, []))
             continue
-        # Entry points of one distribution (or one entry point) are no conflict.
-        if top.source.kind == "entry-point" and len({_dist_of(p) for p in points}) > 1:
+        if top.source.kind != "entry-point" or len(points) < 2:
+            continue  # one entry point of a name is no conflict
+        if len({_dist_of(p) for p in points}) > 1:
             declared = " and ".join(_owner(p) for p in points)
             index.conflicts[key] = Problem(
                 f"entry point {key!r} is declared by {declared}: {_owner(points[0])} is used, the"
