@@ -146,12 +146,11 @@ class _Check(NamedTuple):
         hashes = [said[rank][0] for rank in self.members]
         # Each fingerprint's first rank: of a rank and the ranks after it, the first is kept.
         first = dict(zip(reversed(hashes), reversed(self.members), strict=True))
-        if first[full] == self.me:
+        # This rank's own fingerprint's facts are known here: only the others' are read below.
+        if first.pop(full) == self.me:
             _store.publish(self.store, f"{self.call}/{full}", zlib.compress(pickle.dumps(facts)))
         known = {full: facts}
         for other, rank in first.items():
-            if other in known:
-                continue
             if (data := _store.receive(self.store, f"{self.call}/{other}", self.limit)) is None:
                 self._leave(len(self.members) - 1)
                 raise InconsistentRegistryError(
