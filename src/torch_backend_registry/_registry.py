@@ -118,8 +118,7 @@ class Registry:
     def _changed(self, registered: bool) -> None:
         """Forget what the runtime registrations decided (or everything); tell the listeners."""
         with self._lock:
-            snapshot = self._snapshot
-            if registered and snapshot is not None:
+            if registered and (snapshot := self._snapshot) is not None:
                 self._snapshot = snapshot.derive(runtime=tuple(self._runtime.values()))
             else:
                 self._snapshot = None
