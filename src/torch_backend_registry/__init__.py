@@ -64,8 +64,7 @@ def __getattr__(name: str) -> Any:
         from importlib.metadata import version
 
         return version("torch-backend-registry")
-    home = _HOMES.get(name)
-    if home is None:
+    if (home := _HOMES.get(name)) is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib import import_module
 

@@ -91,8 +91,7 @@ def manifests_read(registry: Registry) -> list[str]:
         return list(context.files)
     found = env_paths(context, [])
     project = None if context.cwd is None else project_manifest(context.cwd)
-    real = {os.path.realpath(path) for path in found}
-    if project is None or os.path.realpath(project) in real:
+    if project is None or os.path.realpath(project) in {os.path.realpath(p) for p in found}:
         return found  # the project's manifest named on TORCH_BACKENDS_PATH too is one file
     return [*found, project]
 

@@ -24,17 +24,15 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping, Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any
 
 # Loaded with every ``import torch`` here, set or not: so that a process forked from now on
-# knows what was being imported at the fork (an import no thread of it finishes).
+# knows what was being imported at the fork (an import no thread of it finishes). Torch has
+# loaded the modules above by then.
 from . import _forksafe  # noqa: F401
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
-    from importlib.machinery import ModuleSpec
-    from types import ModuleType
-    from typing import Any
 
 #: The environment variable that turns autoload on (a switch: see ``_environment``).
 AUTOLOAD_VAR = "TORCH_BACKENDS_AUTOLOAD"
@@ -57,8 +55,7 @@ def state(environ: Mapping[str, str] = os.environ) -> str:
     if not enabled(environ):
         return f"off: only processes that call install() ({AUTOLOAD_VAR}=1 would make it every one)"
     # PyTorch's own switch for its torch.backends group: only "1" (or unset) loads it.
-    pytorchs = environ.get(PYTORCH_VAR, "1")
-    if pytorchs != "1":
+    if (pytorchs := environ.get(PYTORCH_VAR, "1")) != "1":
         return (
             f"off: {PYTORCH_VAR}={pytorchs} stops PyTorch from loading any torch.backends"
             f" entry point, this package's too, whatever {AUTOLOAD_VAR} says"
@@ -106,13 +103,11 @@ class _AfterImport:
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         # Once a module: and the finders asked below must not come back here for it.
-        then = self.waiting.pop(fullname, None)
-        if then is None:
+        if (then := self.waiting.pop(fullname, None)) is None:
             return None
         if not self.waiting and self in sys.meta_path:
             sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
+        if (spec := importlib.util.find_spec(fullname)) is not None and spec.loader is not None:
             spec.loader = _Then(spec.loader, then)  # type: ignore[assignment]
         return spec
 
@@ -181,8 +176,8 @@ def _install_or_defer() -> None:
         return None
 
     def check(args: object) -> None:
-        exc = failure()
-        if exc is not None:  # the same error each time, without the last raise's frames
+        # The same error each time, without the last raise's frames.
+        if (exc := failure()) is not None:
             raise exc.with_traceback(None)
 
     _at_every_compile(check)
@@ -221,8 +216,7 @@ def _save_compile_cache_at_exit() -> None:
     def save() -> None:
         import torch.compiler
 
-        saved = torch.compiler.save_cache_artifacts()
-        if saved is not None:
+        if (saved := torch.compiler.save_cache_artifacts()) is not None:
             with open(os.path.join(folder, f"{os.getpid()}.bin"), "wb") as out:
                 out.write(saved[0])
 

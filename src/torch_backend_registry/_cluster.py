@@ -14,9 +14,8 @@ import pickle
 import socket
 import zlib
 from collections import Counter
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from . import _store
 from ._environment import CLUSTER_TIMEOUT
@@ -44,8 +43,7 @@ def verify_consistent(
         raise ValueError(
             f"rank {me} is not in the group of ranks {members}: it has no rank to compare with"
         )
-    store = _store.default_store()
-    if store is None:  # one rank: none to differ from
+    if (store := _store.default_store()) is None:  # one rank: none to differ from
         _store.time_limit(timeout)
         return fingerprint(registry)
     # Named by the ranks' list's hash: a key sent with every request stays short.
@@ -65,21 +63,20 @@ def verify_consistent(
         ) from exc
 
 
-@dataclass(frozen=True)
-class _Check:
-    """This rank's part in the ``count``-th check of ``members``, whose keys on ``store``
+class _Check(NamedTuple):
+    """This rank's part in the ``nth`` check of ``members``, whose keys on ``store``
     start with ``ranks``."""
 
     store: Any
     ranks: str
-    count: int
+    nth: int
     members: list[int]
     me: int
     limit: timedelta
 
     @property
     def call(self) -> str:
-        return f"{self.ranks}/{self.count}"
+        return f"{self.ranks}/{self.nth}"
 
     def run(self, facts: dict[str, Any]) -> str:
         """The fingerprint where every rank agrees, else the same error on each."""
@@ -104,10 +101,10 @@ class _Check:
         if self.me in missing:
             # Counted past the checks the others gave up on without this rank, so that its
             # next call pairs with their next: one it skipped costs one failed check, not all.
-            later = self.count
+            later = self.nth
             while self.store.check([f"{self.ranks}/{later + 1}/verdict"]):
                 later += 1
-            self.store.add(f"{self.ranks}/calls/{self.me}", later - self.count)
+            self.store.add(f"{self.ranks}/calls/{self.me}", later - self.nth)
             raise InconsistentRegistryError(
                 f"rank {self.me}: verify_consistent() found the other ranks of {self.members}"
                 " no longer waiting: this rank called it after their"
@@ -149,14 +146,12 @@ class _Check:
         hashes = [said[rank][0] for rank in self.members]
         # Each fingerprint's first rank: of a rank and the ranks after it, the first is kept.
         first = dict(zip(reversed(hashes), reversed(self.members), strict=True))
-        if first[full] == self.me:
+        # This rank's own fingerprint's facts are known here: only the others' are read below.
+        if first.pop(full) == self.me:
             _store.publish(self.store, f"{self.call}/{full}", zlib.compress(pickle.dumps(facts)))
         known = {full: facts}
         for other, rank in first.items():
-            if other in known:
-                continue
-            data = _store.receive(self.store, f"{self.call}/{other}", self.limit)
-            if data is None:
+            if (data := _store.receive(self.store, f"{self.call}/{other}", self.limit)) is None:
                 self._leave(len(self.members) - 1)
                 raise InconsistentRegistryError(
                     f"ranks {[rank]} ended during verify_consistent(): their backends, which"
@@ -186,9 +181,9 @@ def mismatch(
     """The same error on every rank: the ranks outside the majority (in a tie, outside the
     group of the lowest rank, said so), and where they differ, once a name; the first ten
     ranks said, the differences of each fingerprint found once."""
-    counted = Counter(hashes).most_common()  # in a tie, the group of the lowest rank first
-    majority, count = counted[0]
-    tie = len(counted) > 1 and counted[1][1] == count
+    # In a tie, the group of the lowest rank first.
+    (majority, count), *others = Counter(hashes).most_common()
+    tie = bool(others) and others[0][1] == count
     reference = everyone[hashes.index(majority)][1]
     odd = [i for i, h in enumerate(hashes) if h != majority]
     found = {hashes[i]: changes(reference, everyone[i][1], by_name=True) for i in odd}

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ._keys import table_prefix, toml_key
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
@@ -199,11 +201,8 @@ class BackendDefinition:
     def line_of(self, *parts: str) -> int | None:
         """The line ``parts`` (a key of this backend's table, and one inside it) are written
         on: the key's own, else the nearest written key above it, else the table header's."""
-        from ._keys import toml_key
-
         for depth in range(len(parts), 0, -1):
-            line = self.lines.get(toml_key(parts[:depth]))
-            if line is not None:
+            if (line := self.lines.get(toml_key(parts[:depth]))) is not None:
                 return line
         return self.source.line
 
@@ -211,11 +210,8 @@ class BackendDefinition:
         """A problem of this backend, at the line and key of ``parts`` (none: its table), the
         key as its file writes it (``backends.fast.target``, or under ``tool.torch-backends``
         in pyproject.toml)."""
-        from ._keys import table_prefix, toml_key
-
         path = self.source.path
-        prefix = table_prefix(path) if path is not None else ()
-        key = toml_key((*prefix, "backends", self.name, *parts))
+        key = toml_key((*table_prefix(path), "backends", self.name, *parts))
         return Problem(message, path=path, line=self.line_of(*parts), key=key, severity=severity)
 
     @property
@@ -311,5 +307,4 @@ class Discovery:
         self.definitions.extend(other.definitions)
         self.problems.extend(other.problems)
         self.rules.extend(other.rules)
-        if self.default is None:
-            self.default = other.default
+        self.default = self.default or other.default  # the first by precedence

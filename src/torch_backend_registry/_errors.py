@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Iterable, Sequence
 
-from ._definition import Problem, location
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Collection, Iterable, Sequence
-
-    from ._definition import Source
+from ._definition import Problem, Source, location
 
 
 class BackendRegistryError(Exception):
@@ -190,8 +185,7 @@ def closest(word: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) 
     imported once a message needs it: a listing with no problem never does)."""
     import difflib
 
-    # Compared without case, as a reader does: 'INSPECT' meant 'inspect'.
-    by_lower: dict[str, str] = {}
-    for choice in choices:
-        by_lower.setdefault(choice.lower(), choice)
+    # Compared without case, as a reader does: 'INSPECT' meant 'inspect'. Of two spellings of
+    # one name the first is kept (a dict keeps the last one given: the choices go backwards).
+    by_lower = {choice.lower(): choice for choice in reversed([*choices])}
     return [by_lower[m] for m in difflib.get_close_matches(word.lower(), by_lower, n, cutoff)]

@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from typing import Any
 
-from ._definition import canonical
+from ._definition import BackendDefinition, canonical
+from ._merge import Index
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-    from ._definition import BackendDefinition
-    from ._merge import Index
-
-    Facts = dict[str, Any]
+Facts = dict[str, Any]
 
 
 def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts:
@@ -37,9 +32,8 @@ def own_facts(definition: BackendDefinition, torch_version: str | None) -> Facts
         "chain": list(definition.chain or ()),
         "by-device": by_device(definition),
         "verify": list(definition.verify or ()),
-        "select": [definition.select, definition.min_speedup]
-        if definition.select != "first"
-        else None,
+        # Only where it is not the default (a false value is left out below).
+        "select": definition.select != "first" and [definition.select, definition.min_speedup],
         "options": _plain(definition.options),
         "requires": sorted(set(definition.requires)),
         # As written: an absolute folder is the same folder from every checkout, and a
@@ -176,11 +170,10 @@ def portable(value: Any, unknown: list[str] | None = None, depth: int = 0) -> An
     if inspect.ismethod(value):
         return {"method": more(value.__func__), "of": more(value.__self__)}
     if inspect.isfunction(value):
-        cells = [cell.cell_contents for cell in value.__closure__ or ()]
         return {
             "function": _name(value),
             "code": _code(value.__code__),
-            "closure": more(cells),
+            "closure": more([cell.cell_contents for cell in value.__closure__ or ()]),
             "defaults": more([value.__defaults__, value.__kwdefaults__]),
         }
     if isinstance(value, type) or inspect.isroutine(value):
@@ -198,8 +191,8 @@ def portable(value: Any, unknown: list[str] | None = None, depth: int = 0) -> An
         return {type(value).__name__: repr(value)}
     if type(value).__module__ == "numpy" and hasattr(value, "item"):  # a NumPy scalar
         return more(value.item())
-    uuid = getattr(value, "uuid", None)  # inductor's custom passes say what they are so
-    if callable(uuid):
+    # Inductor's custom passes say what they are so.
+    if callable(uuid := getattr(value, "uuid", None)):
         return {"object": _name(type(value)), "uuid": more(uuid())}
     if dataclasses.is_dataclass(value):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}

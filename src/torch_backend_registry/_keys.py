@@ -8,8 +8,9 @@ import os
 PYPROJECT_TABLE = ("tool", "torch-backends")
 
 
-def table_prefix(path: str) -> tuple[str, ...]:
-    return PYPROJECT_TABLE if os.path.basename(path) == "pyproject.toml" else ()
+def table_prefix(path: str | None) -> tuple[str, ...]:
+    """The table a manifest's keys stand in (none for a file's own, or for no file)."""
+    return PYPROJECT_TABLE if path and os.path.basename(path) == "pyproject.toml" else ()
 
 
 #: The characters of a bare key part, as TOML defines them.

@@ -13,18 +13,13 @@ import inspect
 import os
 import pkgutil
 import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from ._definition import target_of
+from ._definition import BackendDefinition, target_of
 from ._errors import BackendLoadError, ManifestError, closest, warn
 from ._sources.finding import keep, locate, searching
 from ._sources.pytorch import inductor, torch_version
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping, Sequence
-    from typing import Any
-
-    from ._definition import BackendDefinition
 
 
 def check_requirements(definition: BackendDefinition, missing: Sequence[str]) -> None:
@@ -85,8 +80,8 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
         raise _error(definition, said) from TypeError(f"{kind} object is not callable")
     keep(located.folders)
     if definition.options:
-        wrong = refusal(accepted_options(obj), definition.options, target, manifest=True)
-        if wrong is not None:  # said where it is written: at its key, in the manifest
+        # Said where it is written: at its key, in the manifest.
+        if wrong := refusal(accepted_options(obj), definition.options, target, manifest=True):
             key, message = wrong
             raise ManifestError.of(definition.located(message, "options", key))
         return functools.update_wrapper(functools.partial(obj, **definition.options), obj)
@@ -96,8 +91,7 @@ def load_target(definition: BackendDefinition) -> Callable[..., Any]:
 def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
     """Why ``fn`` cannot be called as ``fn(graph_module, example_inputs, **given)``, as
     torch.compile calls a backend (``None``: it can, or its signature cannot be read)."""
-    read = _parameters(fn)
-    if read is None:
+    if (read := _parameters(fn)) is None:
         return None
     parameters, positional = read
     if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters):
@@ -112,10 +106,9 @@ def cannot_compile(fn: Any, given: Iterable[str] = ()) -> str | None:
         ]
         if not missing:
             return None
-        names = ", ".join(map(repr, missing))
         return (
-            f"needs {names}, which torch.compile does not give and no option sets; set it"
-            f" in the manifest: options = {{ {missing[0]} = ... }}"
+            f"needs {', '.join(map(repr, missing))}, which torch.compile does not give and no"
+            f" option sets; set it in the manifest: options = {{ {missing[0]} = ... }}"
         )
     said = (
         f"takes {len(positional) or 'no'} positional argument{'s' * (len(positional) != 1)},"
@@ -148,10 +141,7 @@ def refusal(
     refuses them: with the parameter each was likely meant for, else what ``target`` takes
     (for a ``manifest`` option of a compiler taking one ``options`` table, how to write it
     there); ``None`` where every key is accepted."""
-    if accepted is None:
-        return None
-    keys = [key for key in keys if key not in accepted]
-    if not keys:
+    if accepted is None or not (keys := [key for key in keys if key not in accepted]):
         return None
     quoted = [repr(key) for key in keys]
     names = " and ".join([", ".join(quoted[:-1]), quoted[-1]] if quoted[1:] else quoted)
@@ -181,15 +171,14 @@ def accepted_options(fn: Any) -> list[str] | None:
     signature that cannot be read)."""
     accepted: list[str] = []
     seen: set[int] = set()
-    while id(fn) not in seen:
+    while fn is not None and id(fn) not in seen:
         seen.add(id(fn))
-        if fn is not None and fn is inductor():
+        if fn is inductor():
             # PyTorch's inductor takes **kwargs and passes them to compile_fx when it compiles.
             from torch._inductor.compile_fx import compile_fx
 
             fn = compile_fx
-        read = _parameters(fn)
-        if read is None:
+        if (read := _parameters(fn)) is None:
             return None
         parameters, positional = read
         taken = {p.name for p in positional[:2]}  # the graph module and its example inputs
@@ -203,8 +192,6 @@ def accepted_options(fn: Any) -> list[str] | None:
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
             return accepted
         fn = getattr(fn, "__wrapped__", None)  # its **kwargs go on to what it wraps
-        if fn is None:
-            return None
     return None
 
 
@@ -219,8 +206,7 @@ def call_options(fn: Any, name: str, given: Mapping[str, Any]) -> dict[str, Any]
         passed.update(options)
     elif options is not None:
         passed["options"] = options
-    refused = refusal(accepted, passed, target_of(fn) or f"backend {name!r}", manifest=False)
-    if refused is not None:
+    if refused := refusal(accepted, passed, target_of(fn) or f"backend {name!r}", manifest=False):
         raise TypeError(refused[1])
     return passed
 
@@ -230,12 +216,11 @@ def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
     importlib.invalidate_caches()
     roots = tuple(os.path.join(folder, "") for folder in folders)
     for name in set(sys.modules) - before:
-        module = sys.modules.get(name)
-        origin = getattr(getattr(module, "__spec__", None), "origin", None) or ""
+        origin = getattr(getattr(sys.modules.get(name), "__spec__", None), "origin", None) or ""
+        # The target's module, one inside it, a package above it, or one of its folders'.
         if (
-            name == module_name
-            or name.startswith(module_name + ".")
-            or module_name.startswith(name + ".")
+            f"{name}.".startswith(f"{module_name}.")
+            or module_name.startswith(f"{name}.")
             or (roots and origin.startswith(roots))
         ):
             sys.modules.pop(name, None)
@@ -251,11 +236,11 @@ def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
 def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) -> str:
     """Where the target's own module (not one it imports) is missing: the closest module
     at the same level (``mycompilers`` beside the manifest for ``mycompiler``)."""
-    missing = getattr(exc, "name", None)
-    if not isinstance(exc, ModuleNotFoundError) or not isinstance(missing, str):
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    # Another error, or a module the target imports (the target's module is not below it):
+    # installing that module is the fix.
+    if not isinstance(missing, str) or not f"{module_name}.".startswith(f"{missing}."):
         return ""
-    if missing != module_name and not module_name.startswith(missing + "."):
-        return ""  # a module the target imports: installing it is the fix
     parent, _, leaf = missing.rpartition(".")
     if parent:
         places = list(getattr(sys.modules.get(parent), "__path__", None) or [])

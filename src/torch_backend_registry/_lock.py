@@ -19,6 +19,7 @@ from ._definition import canonical, shown_path
 from ._environment import switched_on
 from ._errors import LockDriftError, LockFileError, ManifestError
 from ._registry import Registry
+from ._sources import project_manifest, pytorch
 from ._sources.cache import write_atomically
 from ._sources.files import NO_SUCH_FILE, SHARED_FILE_MODE, Untrusted, parse_toml, read_text
 
@@ -61,17 +62,14 @@ def lock_facts(registry: Registry, scope: str = "project") -> Facts:
     every name they reach; ``"all"``, every listed name (PyTorch's own where ``registry``
     reads them)."""
     from ._identity import project_facts
-    from ._sources.pytorch import torch_version
 
     if scope == "all":
         return {"scope": scope, **registry.facts()}
-    return {"scope": scope, **project_facts(registry.index(), torch_version())}
+    return {"scope": scope, **project_facts(registry.index(), pytorch.torch_version())}
 
 
 def lock_path(registry: Registry) -> str:
     """``backends.lock`` beside the project manifest (else in the working folder)."""
-    from ._sources import project_manifest
-
     folder = registry.context.cwd or os.getcwd()
     manifest = project_manifest(folder)
     return os.path.join(os.path.dirname(manifest) if manifest else folder, LOCK_FILE)
@@ -130,11 +128,10 @@ def lock_command(registry: Registry, path: str) -> str:
     """The command that writes the lock at ``path`` for ``registry``, as typed here."""
     if path == lock_path(registry):
         return "torch-backends lock"
-    try:  # a path below this folder, as it was given
-        shown = shown_path(path, os.getcwd())
-    except OSError:  # the working folder was removed
-        shown = path
-    return f"torch-backends lock --output {shlex.quote(shown)}"
+    # A path below this folder, as it was given (as it is, where the folder was removed).
+    with contextlib.suppress(OSError):
+        path = shown_path(path, os.getcwd())
+    return f"torch-backends lock --output {shlex.quote(path)}"
 
 
 def read_lock(

@@ -24,15 +24,12 @@ The rules, in one place:
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection, Sequence
 
 from ._definition import BackendDefinition, BackendInfo, Discovery, Problem
 from ._errors import ManifestError, UnknownBackendError, closest
 from ._members import chain_problems, unknown_members
 from ._plugins import excluded, resolve_picks, rules_naming_nothing
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Collection, Sequence
 
 
 class Index:
@@ -52,8 +49,6 @@ class Index:
         self.excluded: dict[str, list[tuple[BackendDefinition, str]]] = {}
         #: Entry points admitted by an allow list over a lower deny, by name: which rule decided.
         self.admitted: dict[str, str] = {}
-        # Derived once, on first need: the index never changes after merge().
-        self._chain_problems: dict[str, Problem] | None = None
 
     def resolve(self, key: str) -> BackendDefinition:
         """The definition ``key`` resolves to; :class:`UnknownBackendError` for no such name
@@ -63,8 +58,7 @@ class Index:
             raise ManifestError.of(definition.problem)
         if definition is not None and definition.enabled:
             return definition
-        left_out = self.left_out(key)
-        if left_out is not None:  # declared: no other name is what was meant
+        if (left_out := self.left_out(key)) is not None:  # declared: no other name was meant
             raise UnknownBackendError(key, note=left_out, left_out=True)
         errors = sum(p.severity == "error" for p in self.problems)
         # The name may live in a manifest that could not be read.
@@ -132,11 +126,11 @@ class Index:
         return excluded[0][1] if excluded else None
 
     unknown_members = unknown_members
+    # Derived once, on first need: the index never changes after merge().
+    _chain_problems = functools.cached_property(chain_problems)
 
     def chain_problems(self) -> dict[str, Problem]:
         """Each chain that names itself or nests too deeply, by name: it cannot be used."""
-        if self._chain_problems is None:
-            self._chain_problems = chain_problems(self)
         return self._chain_problems
 
     def default_problem(self) -> Problem | None:
@@ -168,31 +162,26 @@ def merge(
     for discovery in discoveries:
         found.add(discovery)
     index = Index(found, pytorch, torch_read)
-    by_key = index.by_key
-    reserved = index.pytorch  # see the module's rules: PyTorch's registry refuses them
     for definition in found.definitions:
         kind = definition.source.kind
         name = definition.name
         # An entry point, or a plugin's own registration in PyTorch's registry: without
         # allow and deny lists, every one counts.
         plugin = kind == "entry-point" or (kind == "torch" and definition.source.distribution)
-        if plugin and found.rules:
-            why = excluded(definition, found.rules, index)
-            if why is not None:
-                index.excluded.setdefault(name, []).append((definition, why))
-                continue
-        if kind != "torch":
-            if name in reserved:
+        if plugin and found.rules and (why := excluded(definition, found.rules, index)):
+            index.excluded.setdefault(name, []).append((definition, why))
+            continue
+        if kind != "torch":  # see the module's rules: PyTorch's registry refuses its names
+            if name in index.pytorch:
                 index.problems.append(_pytorch_owns(definition))
                 continue
-            clashing = [a for a in definition.aliases if a in reserved]
-            if clashing:
+            if clashing := [a for a in definition.aliases if a in index.pytorch]:
                 index.problems.append(_pytorch_owns(definition, clashing))
-        by_key.setdefault(name, []).append(definition)
+        index.by_key.setdefault(name, []).append(definition)
         if definition.enabled:
             for alias in definition.aliases:
-                if alias not in reserved or kind == "torch":
-                    by_key.setdefault(alias, []).append(definition)
+                if alias not in index.pytorch or kind == "torch":
+                    index.by_key.setdefault(alias, []).append(definition)
     resolve_picks(index, found.definitions)
     if plugins_read and found.rules:
         index.problems.extend(rules_naming_nothing(found))
@@ -210,8 +199,7 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
         if top.source.path is None:
             continue
         if top.name != key:
-            lower = next((d for d in found[1:] if d.name == key), None)
-            if lower is not None:
+            if (lower := next((d for d in found[1:] if d.name == key), None)) is not None:
                 aliases.append(
                     top.located(
                         f"alias {key!r} of {top.name!r} hides backend {key!r} of"
@@ -249,10 +237,9 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
         )
     where = "" if source.path is not None else f"{source.describe()}: "
     if aliases:
-        names = ", ".join(map(repr, aliases))
         message = (
-            f"{where}alias {names} of {definition.name!r} names one of PyTorch's own"
-            " backends, which torch.compile keeps using; it is left out: remove it"
+            f"{where}alias {', '.join(map(repr, aliases))} of {definition.name!r} names one of"
+            " PyTorch's own backends, which torch.compile keeps using; it is left out: remove it"
         )
         return definition.located(message, "aliases")
     if not definition.enabled:

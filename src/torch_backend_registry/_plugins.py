@@ -62,13 +62,11 @@ def excluded(
     allow = next((rule for rule in rules if rule.kind == "allow"), None)
     if allow is not None and key not in allow.names:
         return f"distribution {name!r} is not allowed by {allow.where}"
-    deciding = next((rule for rule in rules if key in rule.names), None)
-    if deciding is None:
+    if (deciding := next((rule for rule in rules if key in rule.names), None)) is None:
         return None
     if deciding.kind == "deny":
         return f"distribution {name!r} is denied by {deciding.where}"
-    lower = [rule.where for rule in rules if rule.kind == "deny" and key in rule.names]
-    if lower:
+    if lower := [rule.where for rule in rules if rule.kind == "deny" and key in rule.names]:
         index.admitted[definition.name] = (
             f"distribution {name!r} is allowed by {deciding.where}, over the deny of"
             f" {', '.join(lower)}"
@@ -80,8 +78,7 @@ def resolve_picks(index: Index, definitions: Sequence[BackendDefinition]) -> Non
     """Give each ``distribution = "..."`` pick its entry point; report unpicked conflicts."""
     names = {d.name for d in definitions if d.distribution or d.source.kind == "entry-point"}
     for key in sorted(names):
-        candidates = index.by_key.get(key)
-        if not candidates or candidates[0].name != key:
+        if not (candidates := index.by_key.get(key)) or candidates[0].name != key:
             continue
         top = candidates[0]
         points = [d for d in candidates if d.source.kind == "entry-point" and d.name == key]
@@ -107,23 +104,19 @@ def _picked(
     excluded: list[tuple[BackendDefinition, str]],
 ) -> BackendDefinition:
     wanted = _dist_key(pick.distribution or "")
-    match = next((p for p in points if _dist_of(p) == wanted), None)
-    if match is not None:
+    if (match := next((p for p in points if _dist_of(p) == wanted), None)) is not None:
         found = match.source
         source = replace(pick.source, distribution=found.distribution, version=found.version)
         return replace(pick, source=source, target=match.target)
-    why = next((why for p, why in excluded if _dist_of(p) == wanted), None)
-    if why is not None:
-        why = f"the entry point {pick.name!r} it picks is left out: {why}"
+    if (left := next((why for p, why in excluded if _dist_of(p) == wanted), None)) is not None:
+        why = f"the entry point {pick.name!r} it picks is left out: {left}"
     else:
         declared = ", ".join(_owner(p) for p in points) or "no installed distribution"
         why = (
             f"no installed distribution {pick.distribution!r} declares the entry point"
             f" {pick.name!r} (declared by: {declared})"
         )
-        owners = [p.source.distribution or "" for p in points]
-        close = closest(pick.distribution or "", owners)
-        if close:
+        if close := closest(pick.distribution or "", [p.source.distribution or "" for p in points]):
             why += f"; did you mean {close[0]!r}?"
     problem = pick.located(why, "distribution")
     return BackendDefinition(

@@ -48,8 +48,7 @@ class Registry:
         files: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         kinds = SOURCE_KINDS if sources is None else tuple(sources)
-        unknown = [kind for kind in kinds if kind not in SOURCE_KINDS]
-        if unknown:
+        if unknown := [kind for kind in kinds if kind not in SOURCE_KINDS]:
             raise ValueError(
                 f"unknown source kind {unknown[0]!r}; expected some of {', '.join(SOURCE_KINDS)}"
             )
@@ -90,12 +89,10 @@ class Registry:
     def _current(self, live: bool = False) -> Snapshot:
         """The snapshot, taken on first need; ``live``: PyTorch's registry read again where
         it changed."""
-        snapshot = self._snapshot
-        if snapshot is None:
-            with self._lock:
-                snapshot = self._snapshot
-                if snapshot is None:
-                    snapshot = self._snapshot = self._taken()
+        with self._lock:
+            if self._snapshot is None:
+                self._snapshot = self._taken()
+            snapshot = self._snapshot
         if live and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
@@ -109,10 +106,9 @@ class Registry:
         from ._sources import Context
         from ._sources.cache import Cache, cache_folder
 
-        try:
-            here: str | None = os.path.abspath(self._cwd or os.getcwd())
-        except OSError:  # the working directory was removed under the process
-            here = None
+        here: str | None = None
+        with contextlib.suppress(OSError):  # the working directory was removed under the process
+            here = os.path.abspath(self._cwd or os.getcwd())
         environ = dict(os.environ if self._environ is None else self._environ)
         runtime = tuple(self._runtime.values())
         cache = Cache(cache_folder(environ))
@@ -122,8 +118,7 @@ class Registry:
     def _changed(self, registered: bool) -> None:
         """Forget what the runtime registrations decided (or everything); tell the listeners."""
         with self._lock:
-            snapshot = self._snapshot
-            if registered and snapshot is not None:
+            if registered and (snapshot := self._snapshot) is not None:
                 self._snapshot = snapshot.derive(runtime=tuple(self._runtime.values()))
             else:
                 self._snapshot = None
@@ -270,11 +265,10 @@ class Registry:
         """Every problem of the discovered manifests: bad entries, chains, the default (a
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
         index = self.index(with_torch=with_torch)
-        chains = index.chain_problems()
-        unknown = index.unknown_members()
+        # Both tables hold chains only, by name; a chain's own problem before its members'.
+        chains = {**index.unknown_members(), **index.chain_problems()}
         problems = [*index.problems, index.default_problem()]
-        # Both tables hold chains only, by name.
-        problems += [chains.get(d.name) or unknown.get(d.name) for d in index.winners()]
+        problems += [chains.get(d.name) for d in index.winners()]
         # What merging found a definition cannot be (a pick of no installed distribution):
         # the lookup raises it; check says it.
         listed = set(problems)

@@ -10,7 +10,6 @@ what was read.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import gc
@@ -18,13 +17,14 @@ from dataclasses import field
 
 from ._errors import BackendRegistryError, ManifestError, UnknownBackendError, warn_problem
 from ._forksafe import ForkSafeLock
+from ._loader import check_requirements, load_target
 from ._sources import READERS, Context, pytorch
 from ._sources.entry_points import read_entry_points
 from ._sources.finding import missing_requirements
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from ._definition import BackendDefinition, BackendInfo, Discovery, SourceKind
@@ -78,8 +78,7 @@ class Snapshot:
         """Whether resolving ``name`` reads PyTorch's registry (importing torch): a name
         another source defines needs nothing of it (the lowest source), unless what it
         ``shadows`` is asked for where torch.compile's registry is loaded."""
-        defined = name in self.index(with_torch=False).by_key
-        return not defined or (shadows and pytorch.dynamo_imported())
+        return name not in self.index(False).by_key or (shadows and pytorch.dynamo_imported())
 
     def info(self, name: str) -> BackendInfo:
         """See the registry's ``backend_info``."""
@@ -96,8 +95,6 @@ class Snapshot:
         if definition.compiler_fn is not None:
             fn = definition.compiler_fn
         elif definition.target is not None:
-            from ._loader import load_target
-
             fn = load_target(definition)
         else:  # a chain, or a table by device
             fn = self._composite(definition, index)
@@ -109,11 +106,9 @@ class Snapshot:
     def _composite(self, definition: BackendDefinition, index: Index) -> CompilerFn:
         """What compiles with the members ``definition`` names."""
         from ._chain import ChainBackend, DeviceBackend
-        from ._loader import check_requirements
         from ._select import FastestChain
 
-        problem = index.chain_problems().get(definition.name)
-        if problem is not None:
+        if (problem := index.chain_problems().get(definition.name)) is not None:
             raise ManifestError.of(problem)
         check_requirements(definition, missing_requirements(definition))
         composite: type[ChainBackend | DeviceBackend] = ChainBackend
@@ -135,15 +130,23 @@ class Snapshot:
         return [fn for fn in known if fn is not None]
 
     def found(self, kind: SourceKind) -> Discovery:
-        found = self.read.get(kind)
-        if found is None:
-            # Read with no lock held (reading PyTorch's imports torch: seconds, which must
-            # not stall another thread's lookup); two threads reading at once keep the first.
-            # Collection stays on while torch is imported: it makes cycles of its own.
-            with contextlib.nullcontext() if kind == "torch" else _no_cycle_collection():
-                read = READERS[kind](self.context)
-            found = self.read.setdefault(kind, read)  # one step: no lock needed
-        return found
+        if kind not in self.read:
+            # No cyclic garbage collection while manifests are read: thousands of definitions
+            # are a million new tuples, none in a cycle, which the collector would walk again
+            # and again (a tenth of a first listing of 10,000 backends). It stays on while
+            # torch is imported, which makes cycles of its own, and off where it was off.
+            paused = kind != "torch" and gc.isenabled()
+            if paused:
+                gc.disable()
+            try:
+                # Read with no lock held (reading PyTorch's imports torch: seconds, which must
+                # not stall another thread's lookup); two threads reading at once keep the
+                # first, in one step: no lock needed.
+                self.read.setdefault(kind, READERS[kind](self.context))
+            finally:
+                if paused:
+                    gc.enable()
+        return self.read[kind]
 
     @functools.cached_property
     def entry_point_names(self) -> frozenset[str]:
@@ -154,8 +157,7 @@ class Snapshot:
     def index(self, with_torch: bool = True) -> Index:
         """The merge of every source read (PyTorch's too with ``with_torch``)."""
         with_torch = with_torch and "torch" in self.kinds
-        index = self._indexes.get(with_torch)
-        if index is not None:
+        if (index := self._indexes.get(with_torch)) is not None:
             return index
         if with_torch and not pytorch.registry_readable():
             # Asked from inside PyTorch's own import of its registry (autoload installs
@@ -166,8 +168,8 @@ class Snapshot:
         discoveries = [self.found(k) for k in self.kinds if with_torch or k != "torch"]
         own = self.pytorch_names()  # after reading PyTorch's registry, where that is asked
         with self._lock:
-            index = self._indexes.get(with_torch)
-            if index is None:  # else another thread merged while this one waited
+            # Else another thread merged while this one waited.
+            if (index := self._indexes.get(with_torch)) is None:
                 index = self._indexes[with_torch] = merge(
                     discoveries,
                     own,
@@ -184,8 +186,7 @@ class Snapshot:
     def pytorch_names(self) -> frozenset[str]:
         """The names of PyTorch's own backends: those known without importing torch, and
         those in its registry now, where that is loaded."""
-        live = self._registered() or {}
-        own = {name for name, fn in live.items() if pytorch.own(fn)}
+        own = {name for name, fn in (self._registered() or {}).items() if pytorch.own(fn)}
         return pytorch.pytorch_names(self.context.cache) | own
 
     def _registered(self) -> dict[str, Any] | None:
@@ -194,8 +195,7 @@ class Snapshot:
 
     def torch_changed(self) -> bool:
         """Whether PyTorch's registry now holds other names than this snapshot read."""
-        found = self.read.get("torch")
-        if found is None:
+        if (found := self.read.get("torch")) is None:
             return False
         live = self._registered()
         return live is not None and live.keys() != {d.name for d in found.definitions}
@@ -205,8 +205,7 @@ class Snapshot:
         if definition in self._available:
             return self._available[definition]
         reason: str | None = None
-        missing = missing_requirements(definition)
-        if missing:
+        if missing := missing_requirements(definition):
             reason = "missing " + ", ".join(missing)
         elif definition.source.kind == "torch":
             reason = pytorch.missing_device(definition.name)
@@ -221,20 +220,17 @@ class Snapshot:
         when a graph is on it). A chain that names itself, through others or not, has its
         problem, and so does one of the chains of any such loop: asked for its members, no
         chain is asked for again inside."""
-        problem = self.index().chain_problems().get(definition.name)
-        if problem is not None:
+        if (problem := self.index().chain_problems().get(definition.name)) is not None:
             return problem.message
         if definition.by_device is not None:
             table = dict(definition.by_device)
-            member = table.get("cpu", table.get("other"))
-            if member is None:
+            if (member := table.get("cpu", table.get("other"))) is None:
                 return f"it gives the CPU no backend (by-device has {', '.join(table)})"
             why = self._why_member(member)
             return None if why is None else f"for the CPU, {why}"
         reasons = []
         for member in definition.members:
-            why = self._why_member(member)
-            if why is None:
+            if (why := self._why_member(member)) is None:
                 return None
             reasons.append(why)
         return "no member can be used (" + "; ".join(reasons) + ")"
@@ -252,18 +248,3 @@ class Snapshot:
             return f"{member}: {str(exc).split('. ', 1)[0]}"
         why = self.why_unavailable(resolved)
         return None if why is None else f"{member}: {why}"
-
-
-@contextlib.contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """No cyclic garbage collection while manifests are read: thousands of definitions are
-    a million new tuples, none in a cycle, which the collector would walk again and again
-    (a tenth of a first listing of 10,000 backends). Collection resumes after, unless it
-    was off before."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()

@@ -10,12 +10,9 @@ not load it has no ranks.
 from __future__ import annotations
 
 import sys
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from datetime import timedelta
-    from typing import Any
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
 
 #: The longest time limit, in days: torch.distributed counts it in nanoseconds in 64 bits,
 #: and past some 290 years it wraps around, to a limit already run out.
@@ -53,8 +50,6 @@ def rank() -> int:
 def time_limit(timeout: float | timedelta) -> timedelta:
     """``timeout`` (seconds or a :class:`~datetime.timedelta`) as a time limit the store takes,
     or :class:`ValueError` (:class:`TypeError`) saying what it must be."""
-    from datetime import timedelta
-
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
         raise TypeError(
             f"timeout must be seconds or a datetime.timedelta, got {type(timeout).__name__}"
@@ -99,5 +94,4 @@ def receive(store: Any, key: str, limit: timedelta) -> bytes | None:
     the time ran out). A store that is gone raises as the store does."""
     if not wait(store, [key], limit):
         return None
-    count = int(store.get(key))
-    return b"".join(store.multi_get([f"{key}/{number}" for number in range(count)]))
+    return b"".join(store.multi_get([f"{key}/{number}" for number in range(int(store.get(key)))]))

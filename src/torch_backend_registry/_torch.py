@@ -15,9 +15,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+from typing import Any
 
+from ._definition import BackendDefinition
 from ._errors import BackendRegistryError, warn
 from ._forksafe import ForkSafeLock
+from ._registry import Registry
 from ._sources.pytorch import (
     DISPLACED,
     REGISTRY_MODULE,
@@ -28,13 +31,6 @@ from ._sources.pytorch import (
     tags_of,
     torch_available,
 )
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-    from ._definition import BackendDefinition
-    from ._registry import Registry
 
 # torch's registry is process-wide, so what this bridge put there is too. Lock
 # order: this lock, then a registry's (never the other way round).
@@ -73,8 +69,8 @@ class _LazyBackend:
 
         name = self.__name__
         fn = self.registry.lookup_backend(name)
-        why = cannot_compile(fn, kwargs)
-        if why is not None:  # said plainly, not as the TypeError calling it would raise
+        # Said plainly, not as the TypeError calling it would raise.
+        if (why := cannot_compile(fn, kwargs)) is not None:
             raise TypeError(f"backend {name!r} {why}")
         definition = self.registry.backend_info(name).definition
         return member_compiler(name, definition, fn, kwargs)(gm, example_inputs)
@@ -114,15 +110,13 @@ def _install_names(registry: Registry) -> None:
     with _INSTALL_LOCK:
         _remove_stale(registry, set(names))
         for name in names:
-            proxy = _INSTALLED.get(name)
-            if proxy is not None:
+            if (proxy := _INSTALLED.get(name)) is not None:
                 proxy.registry = registry
                 continue
             proxy = _LazyBackend(registry, name)
-            try:
+            tags: tuple[str, ...] = ()  # refused by the registry (disabled): by torch.compile too
+            with contextlib.suppress(BackendRegistryError):
                 tags = registry.backend_info(name).tags
-            except BackendRegistryError:
-                tags = ()  # refused by the registry (disabled): refused by torch.compile too
             listed = getattr(sys.modules[REGISTRY_MODULE], "_BACKENDS", None)
             if isinstance(listed, dict) and listed.get(name) is not None:
                 # An entry point PyTorch lists, which registering overwrites with None.
@@ -256,23 +250,21 @@ def _needs_stand_in(candidates: list[BackendDefinition]) -> bool:
 
 def _apply_default(registry: Registry, *, early: bool = False) -> None:
     """Make a manifest's ``default`` what torch.compile uses when given no backend."""
-    default = registry.index(with_torch=False).default
-    if default is None:
+    index = registry.index(with_torch=False)
+    if (default := index.default) is None:
         return
     where = f"{default.path}:{default.line}"
-    # Early (autoload), PyTorch's own backends are not registered yet: one of their names is
-    # taken as they will be, as the registry knows them without reading PyTorch's registry.
-    own = early and registry.index(with_torch=False).could_be_pytorch(default.name)
     try:
-        if not own:
+        # Early (autoload), PyTorch's own backends are not registered yet: one of their names
+        # is taken as they will be, as the registry knows them without reading PyTorch's.
+        if not (early and index.could_be_pytorch(default.name)):
             registry.backend_info(default.name)
     except BackendRegistryError as exc:
         warn(f"{where}: {default.key}: not applied: {exc}")
         return
     import torch.compiler
 
-    setter = getattr(torch.compiler, "set_default_backend", None)
-    if setter is None:
+    if (setter := getattr(torch.compiler, "set_default_backend", None)) is None:
         warn(
             f"{where}: default backend {default.name!r} not applied: this PyTorch has no"
             " torch.compiler.set_default_backend (added in a later release)"
