@@ -7,7 +7,7 @@ import os
 
 from ._environment import CLUSTER_TIMEOUT, DOCTOR_TIMEOUT, VERIFY_VAR, switched_on
 from ._errors import warn
-from ._registry import DEFAULT_EXCLUDE_TAGS, Registry
+from ._registry import Registry
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,16 +39,12 @@ lookup_backend = default_registry.lookup_backend
 is_registered_backend = default_registry.is_registered_backend
 backend_info = default_registry.backend_info
 refresh = default_registry.refresh
+list_backends = default_registry.list_backends
 #: A decorator used bare or called, as PyTorch's; returns the function.
 register_backend = default_registry.register_backend
 # As PyTorch spells them.
 register_debug_backend: Tagged = functools.partial(register_backend, tags=("debug",))
 register_experimental_backend: Tagged = functools.partial(register_backend, tags=("experimental",))
-
-
-def list_backends(exclude_tags: Sequence[str] | None = DEFAULT_EXCLUDE_TAGS) -> list[str]:
-    """Sorted backend names without those tagged ``exclude_tags``; imports no backend code."""
-    return default_registry.list_backends(exclude_tags)
 
 
 def install(
