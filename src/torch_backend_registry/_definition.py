@@ -10,7 +10,7 @@ from ._keys import table_prefix, toml_key
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any, Literal, TypeAlias
 
     #: Where a definition comes from; SOURCE_KINDS orders them by precedence.
@@ -272,16 +272,9 @@ class PluginRule:
     path: str | None = None
     line: int | None = None
 
-    @classmethod
-    def of(
-        cls,
-        kind: Literal["allow", "deny"],
-        names: Iterable[str],
-        key: str,
-        path: str | None = None,
-        line: int | None = None,
-    ) -> PluginRule:
-        return cls(kind, frozenset(map(distribution_key, names)), key, path, line)
+    def __post_init__(self) -> None:
+        # Normalised as made, whoever makes it (frozen: set through object's own setter).
+        object.__setattr__(self, "names", frozenset(map(distribution_key, self.names)))
 
     @property
     def where(self) -> str:

@@ -109,7 +109,7 @@ def env_source(ctx: Context) -> Discovery:
     for kind, var in (("allow", ALLOW_VAR), ("deny", DENY_VAR)):
         # Empty, or commas alone: unset.
         if names := [n.strip() for n in ctx.environ.get(var, "").split(",") if n.strip()]:
-            found.rules.append(PluginRule.of(kind, names, var))  # type: ignore[arg-type]
+            found.rules.append(PluginRule(kind, frozenset(names), var))  # type: ignore[arg-type]
     for path in files:
         if (result := read_manifest(path, "env", ctx.cache)) is not None:
             found.add(result)

@@ -182,7 +182,7 @@ class _Validation(NamedTuple):
             names = getattr(header.plugins, field, None)
             if names is not None and (names or field == "allow"):
                 line, key = self.at("plugins", field)
-                self.found.rules.append(PluginRule.of(field, names, key, self.path, line))
+                self.found.rules.append(PluginRule(field, frozenset(names), key, self.path, line))
         if header.default is not None:
             line, key = self.at("default")
             self.found.default = DefaultDeclaration(header.default, self.path, line, key)
