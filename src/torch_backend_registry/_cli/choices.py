@@ -199,13 +199,12 @@ def problems(registry: Registry, manifests: Iterable[str], *, with_torch: bool) 
     has, is an error at its line; one whose chain changed since it was tuned (known
     ``with_torch`` only: PyTorch's members are part of a chain), a warning naming ``tune``."""
     found: list[Problem] = []
-    paths = dict.fromkeys(os.path.join(os.path.dirname(m), CHOICES_FILE) for m in manifests)
     chains = {
         d.name: d for d in registry.index(with_torch=False).winners() if d.select == "fastest"
     }
     # Each chain's identity worked out once, however many choices name it.
     identity_of = functools.cache(lambda name: identity(chains[name], registry.backend_info))
-    for path in paths:
+    for path in dict.fromkeys(os.path.join(os.path.dirname(m), CHOICES_FILE) for m in manifests):
         try:
             every = read_choices(path).every
         except BackendRegistryError as exc:

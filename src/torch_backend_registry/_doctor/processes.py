@@ -157,7 +157,7 @@ class _Watched:
     :data:`TAIL` bytes), read as it comes; ``ended`` once its process has."""
 
     def __init__(self, reports: Any, output: Any) -> None:
-        self.reports, self.output = reports, output
+        self.output = output
         self.open: list[Any] = [reports, output]
         self.level, self.tail, self.ended, self.started = 0, bytearray(), False, False
         self.report: dict[str, Any] = {}
@@ -239,11 +239,10 @@ def _diagnosed(verdict: Verdict, printed: bytes | bytearray) -> Verdict:
             after_warning = True
         elif not (after_warning and line[:1].isspace()):
             after_warning = False
-            if line.strip() and line.strip() not in verdict.reason:
-                kept.append(line.strip())
-    # A compiler's diagnostic ("source.mlir:2:3: error: unhandled torch type") comes
-    # before the source line it is about and a caret under it: its own line says why.
-    kept = [line for line in kept if not set(line) <= set("^~ ")]
+            # A compiler's diagnostic ("source.mlir:2:3: error: unhandled torch type") comes
+            # before the source line it is about and a caret under it: its own line says why.
+            if not set(text := line.strip()) <= set("^~ ") and text not in verdict.reason:
+                kept.append(text)
     chosen = ([line for line in kept if _ERROR.search(line)] or kept)[-3:]
     said = " | ".join(line if len(line) <= 98 else line[:97] + "…" for line in chosen)
     if not said:
