@@ -135,8 +135,7 @@ class Index:
 
     def default_problem(self) -> Problem | None:
         """Why the manifest ``default`` cannot be used, where it names no backend."""
-        default = self.default
-        if default is None or self.could_be_pytorch(default.name):
+        if (default := self.default) is None or self.could_be_pytorch(default.name):
             return None
         try:
             self.resolve(default.name)
