@@ -74,11 +74,10 @@ class Index:
         alias: the lower definitions of the alias's own name, which it hides)."""
         definition = self.resolve(key)
         name = definition.name
-        shadowed = tuple(d for d in self.by_key[name] if d.name == name and d is not definition)
-        if key == name:
-            return BackendInfo(definition, shadowed, None)
-        hidden = tuple(d for d in self.by_key.get(key, ()) if d.name == key)
-        return BackendInfo(definition, shadowed + hidden, key)
+        shadowed = [d for d in self.by_key[name] if d.name == name and d is not definition]
+        if key != name:  # an alias: the definitions of its own name it hides follow
+            shadowed += [d for d in self.by_key.get(key, ()) if d.name == key]
+        return BackendInfo(definition, tuple(shadowed), None if key == name else key)
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
