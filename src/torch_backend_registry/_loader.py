@@ -274,8 +274,7 @@ def _why(exc: BaseException) -> str:
     said = f"{type(exc).__name__}: {exc}"
     if "undefined symbol" not in str(exc):
         return said
-    version = torch_version()
-    here = f" ({version})" if version else ""
+    here = f" ({version})" if (version := torch_version()) else ""
     return (
         f"{said}; it was built for another PyTorch than the one installed here{here}:"
         " install the build of it made for this one"

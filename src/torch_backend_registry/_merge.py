@@ -235,11 +235,11 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
         )
     where = "" if source.path is not None else f"{source.describe()}: "
     if aliases:
-        message = (
+        return definition.located(
             f"{where}alias {', '.join(map(repr, aliases))} of {definition.name!r} names one of"
-            " PyTorch's own backends, which torch.compile keeps using; it is left out: remove it"
+            " PyTorch's own backends, which torch.compile keeps using; it is left out: remove it",
+            "aliases",
         )
-        return definition.located(message, "aliases")
     if not definition.enabled:
         said = " and cannot be disabled: torch.compile keeps using it; remove this entry"
     else:
