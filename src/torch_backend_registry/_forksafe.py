@@ -21,8 +21,9 @@ class ForkSafeLock(_thread.RLock):  # type: ignore[misc]  # final to typeshed, n
     def __init__(self) -> None:  # the lock itself is made by RLock's __new__
         _LOCKS.add(self)
 
-    #: Makes the lock free (in a forked child, where no other thread is): the C lock's own.
-    renew = _thread.RLock._at_fork_reinit  # type: ignore[attr-defined]
+    def renew(self) -> None:
+        """Make the lock free (in a forked child, where no other thread is)."""
+        self._at_fork_reinit()  # type: ignore[attr-defined]
 
 
 #: Every lock alive, to be replaced in a forked child.
