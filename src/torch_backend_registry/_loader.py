@@ -181,12 +181,11 @@ def accepted_options(fn: Any) -> list[str] | None:
         if (read := _parameters(fn)) is None:
             return None
         parameters, positional = read
-        taken = {p.name for p in positional[:2]}  # the graph module and its example inputs
         accepted.extend(
             p.name
             for p in parameters
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            and p.name not in taken
+            and p not in positional[:2]  # the graph module and its example inputs
             and p.name not in accepted
         )
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
