@@ -158,11 +158,10 @@ def _install_or_defer() -> None:
     from ._lock import lock_from_environment
     from ._torch import install
 
-    registry = default_registry
     # Early: the modules importing torch._dynamo (torch._inductor, say) are not whole yet.
-    install(registry, early=True)
-    lock = lock_from_environment(registry)
-    verify = verify_asked(registry)
+    install(default_registry, early=True)
+    lock = lock_from_environment(default_registry)
+    verify = verify_asked(default_registry)
     if lock is None and not verify:
         return
 
@@ -170,7 +169,7 @@ def _install_or_defer() -> None:
     def failure() -> BackendRegistryError | None:
         try:
             unready = "was not initialised by the first torch.compile: the ranks were not compared"
-            check_before_install(registry, lock, verify, unready, from_environment=True)
+            check_before_install(default_registry, lock, verify, unready, from_environment=True)
         except BackendRegistryError as exc:
             return exc
         return None

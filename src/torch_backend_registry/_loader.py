@@ -181,12 +181,11 @@ def accepted_options(fn: Any) -> list[str] | None:
         if (read := _parameters(fn)) is None:
             return None
         parameters, positional = read
-        taken = {p.name for p in positional[:2]}  # the graph module and its example inputs
         accepted.extend(
             p.name
             for p in parameters
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-            and p.name not in taken
+            and p not in positional[:2]  # the graph module and its example inputs
             and p.name not in accepted
         )
         if not any(p.kind is p.VAR_KEYWORD for p in parameters):
@@ -274,8 +273,7 @@ def _why(exc: BaseException) -> str:
     said = f"{type(exc).__name__}: {exc}"
     if "undefined symbol" not in str(exc):
         return said
-    version = torch_version()
-    here = f" ({version})" if version else ""
+    here = f" ({version})" if (version := torch_version()) else ""
     return (
         f"{said}; it was built for another PyTorch than the one installed here{here}:"
         " install the build of it made for this one"

@@ -116,11 +116,9 @@ def _is_lock_or_absent(path: str) -> bool:
         # None, or a folder (writing says what is wrong); never a device, a FIFO or a
         # dangling link, which a rename would replace (as root, /dev/null itself).
         return not os.path.lexists(path) or os.path.isdir(path)
-    try:
-        with open(path, "rb") as stream:
-            start = stream.read(len(first) + 3)
-    except OSError:  # unreadable: writing says what is wrong
-        return True
+    start = b""  # unreadable, taken as empty: writing says what is wrong
+    with contextlib.suppress(OSError), open(path, "rb") as stream:
+        start = stream.read(len(first) + 3)
     return not start or start.removeprefix(b"\xef\xbb\xbf").startswith(first)
 
 

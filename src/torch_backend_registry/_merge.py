@@ -74,11 +74,10 @@ class Index:
         alias: the lower definitions of the alias's own name, which it hides)."""
         definition = self.resolve(key)
         name = definition.name
-        shadowed = tuple(d for d in self.by_key[name] if d.name == name and d is not definition)
-        if key == name:
-            return BackendInfo(definition, shadowed, None)
-        hidden = tuple(d for d in self.by_key.get(key, ()) if d.name == key)
-        return BackendInfo(definition, shadowed + hidden, key)
+        shadowed = [d for d in self.by_key[name] if d.name == name and d is not definition]
+        if key != name:  # an alias: the definitions of its own name it hides follow
+            shadowed += [d for d in self.by_key.get(key, ()) if d.name == key]
+        return BackendInfo(definition, tuple(shadowed), None if key == name else key)
 
     def _follow(self, key: str) -> BackendDefinition | None:
         """The definition ``key`` names, following aliases; ``None`` for no such name."""
@@ -135,8 +134,7 @@ class Index:
 
     def default_problem(self) -> Problem | None:
         """Why the manifest ``default`` cannot be used, where it names no backend."""
-        default = self.default
-        if default is None or self.could_be_pytorch(default.name):
+        if (default := self.default) is None or self.could_be_pytorch(default.name):
             return None
         try:
             self.resolve(default.name)
@@ -237,11 +235,11 @@ def _pytorch_owns(definition: BackendDefinition, aliases: Sequence[str] = ()) ->
         )
     where = "" if source.path is not None else f"{source.describe()}: "
     if aliases:
-        message = (
+        return definition.located(
             f"{where}alias {', '.join(map(repr, aliases))} of {definition.name!r} names one of"
-            " PyTorch's own backends, which torch.compile keeps using; it is left out: remove it"
+            " PyTorch's own backends, which torch.compile keeps using; it is left out: remove it",
+            "aliases",
         )
-        return definition.located(message, "aliases")
     if not definition.enabled:
         said = " and cannot be disabled: torch.compile keeps using it; remove this entry"
     else:

@@ -9,6 +9,7 @@ unless a manifest picks one with ``distribution = "..."``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 
 from ._definition import BackendDefinition, Discovery, Problem
@@ -127,11 +128,9 @@ def _picked(
 def _installed(name: str) -> bool:
     from importlib.metadata import PackageNotFoundError, distribution
 
-    try:
-        distribution(name)
-    except (PackageNotFoundError, ValueError):
-        return False
-    return True
+    with contextlib.suppress(PackageNotFoundError, ValueError):
+        return distribution(name) is not None
+    return False
 
 
 def _dist_of(point: BackendDefinition) -> str:

@@ -249,8 +249,7 @@ class Registry:
         known = self._current(live=True).callables()
         if any(fn is compiler_fn for fn in known):
             return True
-        compiler_name = getattr(compiler_fn, "compiler_name", None)
-        if isinstance(compiler_name, str):
+        if isinstance(compiler_name := getattr(compiler_fn, "compiler_name", None), str):
             with contextlib.suppress(BackendRegistryError):
                 self.backend_info(compiler_name)
                 return True
