@@ -189,3 +189,12 @@ def closest(word: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) 
     # one name the first is kept (a dict keeps the last one given: the choices go backwards).
     by_lower = {choice.lower(): choice for choice in reversed([*choices])}
     return [by_lower[m] for m in difflib.get_close_matches(word.lower(), by_lower, n, cutoff)]
+
+
+def did_you_mean(
+    word: str, choices: Iterable[str], otherwise: str = "", *, before: str = "", cutoff: float = 0.6
+) -> str:
+    """``before`` and "did you mean 'NAME'?" for the name of ``choices`` nearest ``word``
+    (:func:`closest`), else ``otherwise``."""
+    close = closest(word, choices, cutoff=cutoff)
+    return f"{before}did you mean {close[0]!r}?" if close else otherwise

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._definition import BackendDefinition, target_of
-from ._errors import BackendLoadError, ManifestError, closest, warn
+from ._errors import BackendLoadError, ManifestError, closest, did_you_mean, warn
 from ._sources.finding import keep, locate, searching
 from ._sources.pytorch import inductor, torch_version
 
@@ -228,8 +228,7 @@ def _forget(before: set[str], module_name: str, folders: Sequence[str]) -> None:
 def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
     public = [c for c in candidates if not c.startswith("_") or name.startswith("_")]
     # A typo's letter or two, not a likeness: 'our_compile' is no misspelling of 'sre_compile'.
-    close = closest(name, public, cutoff=0.85)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return did_you_mean(name, public, before="; ", cutoff=0.85)
 
 
 def _close_module(exc: BaseException, module_name: str, folders: Sequence[str]) -> str:

@@ -27,7 +27,7 @@ import functools
 from collections.abc import Collection, Sequence
 
 from ._definition import BackendDefinition, BackendInfo, Discovery, Problem
-from ._errors import ManifestError, UnknownBackendError, closest
+from ._errors import ManifestError, UnknownBackendError, closest, did_you_mean
 from ._members import chain_problems, unknown_members
 from ._plugins import excluded, resolve_picks, rules_naming_nothing
 
@@ -209,8 +209,7 @@ def _hiding(index: Index, plugins_read: bool) -> list[Problem]:
                 )
         # An entry point the policy left out is hidden, and so may be one not read.
         elif plugins_read and not top.enabled and len(found) == 1 and key not in index.excluded:
-            close = closest(key, index.known, cutoff=0.75)
-            hint = f"did you mean {close[0]!r}?" if close else "remove the entry"
+            hint = did_you_mean(key, index.known, "remove the entry", cutoff=0.75)
             disabled.append(
                 top.located(
                     f"{key!r} is disabled, but no lower source defines it: nothing is hidden;"

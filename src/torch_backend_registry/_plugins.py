@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ._definition import BackendDefinition, Discovery, Problem
 from ._definition import distribution_key as _dist_key
-from ._errors import closest
+from ._errors import did_you_mean
 from ._keys import toml_key
 
 TYPE_CHECKING = False
@@ -34,8 +34,7 @@ def rules_naming_nothing(found: Discovery) -> list[Problem]:
         for name in sorted(rule.names - set(declaring)):
             if _installed(name):  # one whose package registers itself when imported
                 continue
-            close = closest(name, declaring)
-            hint = f"did you mean {close[0]!r}?" if close else "check the name"
+            hint = did_you_mean(name, declaring, "check the name")
             if rule.kind == "allow" and declaring and not rule.names & set(declaring):
                 hint += (
                     " (as written, it admits no installed plugin: every entry point is left out)"
@@ -117,8 +116,8 @@ def _picked(
             f"no installed distribution {pick.distribution!r} declares the entry point"
             f" {pick.name!r} (declared by: {declared})"
         )
-        if close := closest(pick.distribution or "", [p.source.distribution or "" for p in points]):
-            why += f"; did you mean {close[0]!r}?"
+        distributions = [p.source.distribution or "" for p in points]
+        why += did_you_mean(pick.distribution or "", distributions, before="; ")
     problem = pick.located(why, "distribution")
     return BackendDefinition(
         pick.name, pick.source, distribution=pick.distribution, problem=problem, lines=pick.lines

@@ -18,7 +18,7 @@ from typing import Any
 
 from .._definition import BackendDefinition, Problem
 from .._environment import COMPILE_CACHE_FOLDER, SELECT_VAR, TUNING_VAR
-from .._errors import BackendRegistryError, closest
+from .._errors import BackendRegistryError, did_you_mean
 from .._key import applies, identity
 from .._registry import Registry
 from .._sources.cache import write_atomically
@@ -246,12 +246,10 @@ def _malformed(
         return f"a choice needs {what}, as tune writes it; tune again rather than edit it"
     chain, member = table["chain"], table["member"]
     if chain not in chains:
-        meant = closest(chain, chains)
-        guess = f"; did you mean {meant[0]!r}?" if meant else ""
+        guess = did_you_mean(chain, chains, before="; ")
         return f'chain {chain!r} is no select = "fastest" chain declared here{guess}'
     if member not in (listed := chains[chain].members):
-        meant = closest(member, listed)
-        guess = f"; did you mean {meant[0]!r}?" if meant else f" (it lists {', '.join(listed)})"
+        guess = did_you_mean(member, listed, f" (it lists {', '.join(listed)})", before="; ")
         return f"member {member!r} is not in chain {chain!r}{guess}"
     if first != line:
         return f"the same key as the choice at line {first}, which is the one used"

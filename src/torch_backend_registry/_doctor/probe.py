@@ -23,7 +23,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .._errors import closest
+from .._errors import did_you_mean
 from .._registry import Registry
 from .._torch import install
 from .options import ModelError
@@ -147,8 +147,7 @@ def _device(spec: str) -> Any:
     except (RuntimeError, ValueError) as exc:
         from .._sources.schema import DEVICE_TYPES
 
-        close = closest(spec.split(":")[0], DEVICE_TYPES)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(spec.split(":")[0], DEVICE_TYPES, before="; ")
         raise ModelError(f"--device {spec!r}: {one_line(exc)}{hint}") from exc
     accelerator = getattr(torch, device.type, None)
     if device.type != "cpu" and not getattr(accelerator, "is_available", lambda: False)():
