@@ -117,10 +117,10 @@ def test_chain_checks_are_linear_when_members_repeat() -> None:
     levels = 40
     chains = [backend(f"c{i}", chain=(f"c{i + 1}", f"c{i + 1}")) for i in range(levels)]
     index = merge([found("project", *chains, backend(f"c{levels}"))])
-    assert index.chain_problems() == {}
+    assert index.chain_problems == {}
     assert index.unknown_members() == {}
     looped = [*chains, backend(f"c{levels}", chain=("c0", "c0"))]  # and back to the start
-    problems = merge([found("project", *looped)]).chain_problems()
+    problems = merge([found("project", *looped)]).chain_problems
     assert sorted(problems) == sorted(f"c{i}" for i in range(levels + 1))
     assert "names itself (c0 -> c1 -> " in problems["c0"].message
 
@@ -129,7 +129,7 @@ def test_a_chain_deeper_than_the_limit_is_a_manifest_error_not_a_recursion_error
     depth = 3000
     chains = [backend(f"c{i}", chain=(f"c{i + 1}",)) for i in range(depth)]
     index = merge([found("project", *chains, backend(f"c{depth}"))])
-    problems = index.chain_problems()
+    problems = index.chain_problems
     assert f"nests {depth} chains deep, more than {MAX_CHAIN_DEPTH}" in problems["c0"].message
     assert problems["c0"].key == "backends.c0.chain"
     # Chains within the limit are fine.
@@ -149,7 +149,7 @@ def test_a_loop_is_reported_on_every_chain_in_it() -> None:
             )
         ]
     )
-    problems = index.chain_problems()
+    problems = index.chain_problems
     assert set(problems) == {"a", "b", "c"}
     assert "names itself (b -> c -> a -> b)" in problems["b"].message
 

@@ -126,11 +126,8 @@ class Index:
 
     unknown_members = unknown_members
     # Derived once, on first need: the index never changes after merge().
-    _chain_problems = functools.cached_property(chain_problems)
-
-    def chain_problems(self) -> dict[str, Problem]:
-        """Each chain that names itself or nests too deeply, by name: it cannot be used."""
-        return self._chain_problems
+    #: Each chain that names itself or nests too deeply, by name: it cannot be used.
+    chain_problems = functools.cached_property(chain_problems)
 
     def default_problem(self) -> Problem | None:
         """Why the manifest ``default`` cannot be used, where it names no backend."""

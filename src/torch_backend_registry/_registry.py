@@ -265,7 +265,7 @@ class Registry:
         ``"note"`` is no fault: a chain member not installed here, which the chain skips)."""
         index = self.index(with_torch=with_torch)
         # Both tables hold chains only, by name; a chain's own problem before its members'.
-        chains = {**index.unknown_members(), **index.chain_problems()}
+        chains = {**index.unknown_members(), **index.chain_problems}
         problems = [*index.problems, index.default_problem()]
         problems += [chains.get(d.name) for d in index.winners()]
         # What merging found a definition cannot be (a pick of no installed distribution):

@@ -108,7 +108,7 @@ class Snapshot:
         from ._chain import ChainBackend, DeviceBackend
         from ._select import FastestChain
 
-        if (problem := index.chain_problems().get(definition.name)) is not None:
+        if (problem := index.chain_problems.get(definition.name)) is not None:
             raise ManifestError.of(problem)
         check_requirements(definition, missing_requirements(definition))
         composite: type[ChainBackend | DeviceBackend] = ChainBackend
@@ -220,7 +220,7 @@ class Snapshot:
         when a graph is on it). A chain that names itself, through others or not, has its
         problem, and so does one of the chains of any such loop: asked for its members, no
         chain is asked for again inside."""
-        if (problem := self.index().chain_problems().get(definition.name)) is not None:
+        if (problem := self.index().chain_problems.get(definition.name)) is not None:
             return problem.message
         if definition.by_device is not None:
             table = dict(definition.by_device)

@@ -133,7 +133,7 @@ def _report(registry: Registry, problems: list[Problem], args: Arguments) -> int
     # a target whose requirements are missing. A note says why, where no error does.
     unavailable: list[Problem] = []
     index = registry.index()
-    said = {**index.unknown_members(), **index.chain_problems()}
+    said = {**index.unknown_members(), **index.chain_problems}
     for d in list(usable):
         if (d.members or args.import_targets) and (why := registry.why_unavailable(d)) is not None:
             usable.remove(d)

@@ -79,7 +79,7 @@ def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, A
         info = registry.backend_info(name)
         definition = info.definition
         # A chain that names itself cannot be loaded as written: not "unavailable here".
-        if loop := registry.index(with_torch=False).chain_problems().get(definition.name):
+        if loop := registry.index(with_torch=False).chain_problems.get(definition.name):
             return verdict("import-error", 2, loop.message)
         why = registry.why_unavailable(info)
     except Exception as exc:  # the manifest holds it, but not as something usable
