@@ -32,7 +32,7 @@ from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR, TUNING
 from ._key import DECIDING, differences, facts, identity, in_words, key, members
 from ._runs import said
 from ._sources.cache import Cache
-from ._sources.choices import shipped_for
+from ._sources.choices import Shipped, shipped_for
 from ._timing import choose, spread, timed, timings
 
 #: The cache's kind of entry that holds the choices.
@@ -74,8 +74,8 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) ->
     # Rank 0 tells the others what it runs, however it came to it (a rank whose machine
     # differs may find no shipped choice of its own, and waits for it).
     tell = store if store is not None and _store.rank() == 0 else None
-    shipped = None if mode == "fresh" else shipped_for(chain.definition, chain.context)
-    at = shipped.find(found) if shipped is not None else None
+    shipped = Shipped([]) if mode == "fresh" else shipped_for(chain.definition, chain.context)
+    at = shipped.find(found)
     tried: list[str] = []
     if at is not None:
         table, where = at
@@ -184,12 +184,10 @@ def remembered(
     return sorted(found, key=lambda entry: -float(entry.get("when", 0)))
 
 
-def _warn_nearest(run: Run, shipped: Any, decided: Mapping[str, Any]) -> None:
+def _warn_nearest(run: Run, shipped: Shipped, decided: Mapping[str, Any]) -> None:
     """``TORCH_BACKENDS_SELECT=shipped`` and no choice applies: one warning, naming what differs
     from the nearest choice shipped for this chain (or that none was)."""
-    tables = (
-        [] if shipped is None else [t for t, _ in shipped.every() if t.get("chain") == run.name]
-    )
+    tables = [t for t, _ in shipped.every() if t.get("chain") == run.name]
     nearest = min((differences(decided, t) for t in tables), key=len, default=None)
     why = (
         f"none was shipped for chain {run.name!r}"
@@ -248,16 +246,14 @@ def _limit(value: str | None) -> timedelta:
     what the store can count, its longest); anything else is said once, and the default
     used."""
     if value is not None and value.strip():
-        try:
+        with contextlib.suppress(ValueError):  # no number
             number = float(value)
-            if not 0 < number < float("inf"):
-                raise ValueError(value)
-            return _store.time_limit(min(number, _store.LONGEST_DAYS * 86400.0))
-        except ValueError:
-            _once(
-                f"{SELECT_TIMEOUT_VAR}={value!r} is not a positive number of seconds: a rank"
-                f" waits the default {SELECT_TIMEOUT:g} s for rank 0's choice"
-            )
+            if 0 < number < float("inf"):
+                return _store.time_limit(min(number, _store.LONGEST_DAYS * 86400.0))
+        _once(
+            f"{SELECT_TIMEOUT_VAR}={value!r} is not a positive number of seconds: a rank"
+            f" waits the default {SELECT_TIMEOUT:g} s for rank 0's choice"
+        )
     return _store.time_limit(SELECT_TIMEOUT)
 
 

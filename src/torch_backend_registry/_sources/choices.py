@@ -116,14 +116,14 @@ class Shipped:
         return found
 
 
-def shipped_for(chain: BackendDefinition, context: Context) -> Shipped | None:
-    """The choices files of ``chain`` that can be read here (``None``: none)."""
+def shipped_for(chain: BackendDefinition, context: Context) -> Shipped:
+    """The choices files of ``chain`` that can be read here (perhaps none)."""
     folders = [] if chain.source.path is None else [os.path.dirname(chain.source.path)]
     manifest = None if context.cwd is None else project_manifest(context.cwd)
     folders += [os.path.dirname(manifest)] if manifest else []
     paths = dict.fromkeys(os.path.realpath(os.path.join(f, CHOICES_FILE)) for f in folders)
     files = [file for file in map(choices_file, paths) if file is not None]
-    return Shipped(files) if files else None
+    return Shipped(files)
 
 
 def choices_file(path: str) -> ChoicesFile | None:
