@@ -186,8 +186,7 @@ class Run:
             said = f"compiling gave {type(compiled).__name__}, not a function to run the graph"
             return self.skip(member, said, "warning")
         if self.reference is not None:
-            why = self.reference.check(compiled)
-            if why is not None:
+            if (why := self.reference.check(compiled)) is not None:
                 return self.skip(member, f"verifying it failed: {why}", "warning")
             said = f", {self.reference.said}" if self.reference.said else ""
             self.verified[member] = (said, self.reference.complete)

@@ -51,8 +51,7 @@ def differ(
             if expected != got and number not in loose:
                 return f"{what} {number} is {got!r}, eager gives {expected!r}"
             continue
-        why = _values(expected, got, rtol, atol)
-        if why is None:
+        if (why := _values(expected, got, rtol, atol)) is None:
             continue
         kind, eagers = (got.shape, got.dtype), (expected.shape, expected.dtype)
         if number in loose:

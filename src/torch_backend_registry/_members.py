@@ -142,8 +142,7 @@ def chain_problems(index: Index) -> dict[str, Problem]:
 def typo_of(name: str, known: Sequence[str]) -> str | None:
     """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
     added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
-    close = closest(name, known, cutoff=0.8)
-    if close:
+    if close := closest(name, known, cutoff=0.8):
         return close[0]
     return next((k for k in known if len(name) >= 3 and _one_edit(name, k)), None)
 
