@@ -12,18 +12,13 @@ import contextlib
 import functools
 import os
 import re
+from typing import Any
 
+from .._definition import BackendDefinition
 from .._errors import BackendRegistryError, warn
-from . import project_manifest
+from . import Context, project_manifest
 from .cache import stamps
 from .files import parse_toml, read_text
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-    from .._definition import BackendDefinition
-    from . import Context
 
 #: The file ``tune`` writes beside the manifest that declares a chain.
 CHOICES_FILE = "backends.choices"

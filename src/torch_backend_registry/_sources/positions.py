@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 
 from .._keys import BARE_KEY_CHARS, toml_key
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 #: A bare key part, as TOML defines it.
 BARE_KEY = re.compile(f"[{re.escape(''.join(sorted(BARE_KEY_CHARS)))}]+")
