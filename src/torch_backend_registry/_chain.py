@@ -112,6 +112,9 @@ class Run:
         self.device = device_type(gm, example_inputs)
         #: The graph in a few words, for the log.
         self.words = words(gm, example_inputs)
+        #: Who hears the member the graph runs with (``""``: none compiled): where the graph's
+        #: choice is shared, the other ranks, which rank 0 tells.
+        self.tell: Callable[[str], object] = lambda member: None
         #: Whether a member wrote into the graph's inputs beyond putting back: no later one is
         #: tried on the changed values.
         self.last = False
@@ -225,6 +228,7 @@ class Run:
         self.say(f"compiled with {member!r}{how}{verified}", None if complete else "warning")
         self.chain.used = member
         self.chain.graphs.append((self.words, member))
+        self.tell(member)
         return compiled
 
     def failed(self) -> BackendChainError:

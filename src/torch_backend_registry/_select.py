@@ -74,6 +74,8 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) ->
     # Rank 0 tells the others what it runs, however it came to it (a rank whose machine
     # differs may find no shipped choice of its own, and waits for it).
     tell = store if store is not None and _store.rank() == 0 else None
+    if tell is not None:
+        run.tell = functools.partial(tell.set, rank_key)
     shipped = Shipped([]) if mode == "fresh" else shipped_for(chain.definition, chain.context)
     at = shipped.find(found)
     tried: list[str] = []
@@ -89,27 +91,24 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) ->
                 "warning",
             )
         for member, compiled in run.candidates(tried):
-            _publish(tell, rank_key, member)
             return run.use(member, compiled, f", as shipped ({where})")
     if mode == "shipped" or together:
         if at is None and mode == "shipped":
             _warn_nearest(run, shipped, decided)
         for member, compiled in run.candidates([m for m in chain.members if m not in tried]):
-            _publish(tell, rank_key, member)
             why = "it runs on every rank together: none times it" if together else "shipped only"
             return run.use(member, compiled, f", the chain's first that verifies ({why})")
-        _publish(tell, rank_key, "")  # a rank deciding otherwise waits for none
+        run.tell("")  # a rank deciding otherwise waits for none
         raise run.failed()
     if store is not None and tell is None:
         return _as_rank_zero_chose(run, store, rank_key, environ)
     remembered = None if mode == "fresh" or unknown else chain.context.cache.get(KIND, found)
     if isinstance(remembered, dict) and remembered.get("member") in chain.members:
         for member, compiled in run.candidates([remembered["member"]]):
-            _publish(store, rank_key, member)
             return run.use(member, compiled, f", as remembered ({said_of(remembered)})")
     passed = dict(run.candidates())
     if not passed:
-        _publish(store, rank_key, "")
+        run.tell("")
         raise run.failed()
     timeable = run.reference is not None and run.reference.unverified is None
     samples, raised = timed(run, passed) if len(passed) > 1 and timeable else ({}, {})
@@ -140,7 +139,6 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) ->
     run.say(f"{timings(choice)}; chose {member!r} ({how})")
     if not unknown:
         chain.context.cache.put(KIND, found, choice)
-    _publish(store, rank_key, member)
     # Shipped, a choice keyed by what no process writes alike would be found by processes
     # given something else: tune hears only that it was made.
     made = {"unshippable": run.words} if unknown else choice
@@ -202,12 +200,6 @@ def _warn_nearest(run: Run, shipped: Shipped, decided: Mapping[str, Any]) -> Non
 
 
 # ------------------------------------------------------------------ every rank one choice
-
-
-def _publish(store: Any, name: str, member: str) -> None:
-    """Tell the other ranks rank 0's choice (``""``: no member compiled)."""
-    if store is not None:
-        store.set(name, member)
 
 
 def _as_rank_zero_chose(run: Run, store: Any, name: str, environ: Mapping[str, str]) -> Any:
