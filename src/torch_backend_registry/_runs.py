@@ -21,10 +21,6 @@ class Copies(NamedTuple):
     leaves: list[Any]
     owners: list[int]
 
-    def written(self) -> list[int]:
-        """The tensors a run wrote in place since they were made, by their version counters."""
-        return [n for n, x in enumerate(self.tensors) if x._version != self.versions[n]]
-
     def passed(self) -> list[Any]:
         """The inputs to pass to one call: a list among them anew (compiled autograd's graph
         takes its tensors in one list, which a call empties, as a boxed call does)."""

@@ -120,11 +120,10 @@ class Reference:
         # What the graph writes: by the version counter, and by value (an in-place kernel
         # may write without counting: BatchNorm's running statistics).
         originals = flat(self.inputs)
-        written = set(run.written())
         self.clean = {
             n: originals[n].detach().clone()
             for n, x in enumerate(run.tensors)
-            if n in written or not same(x, originals[n])
+            if x._version != run.versions[n] or not same(x, originals[n])
         }
 
     def check(self, compiled: Callable[..., Any]) -> str | None:
