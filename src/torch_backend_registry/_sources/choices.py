@@ -12,7 +12,7 @@ import contextlib
 import functools
 import os
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._definition import BackendDefinition
 from .._errors import BackendRegistryError, warn
@@ -88,12 +88,11 @@ class ChoicesFile:
         return [(t, line) for t, line in zip(tables, lines, strict=False) if isinstance(t, dict)]
 
 
-class Shipped:
+class Shipped(NamedTuple):
     """The choices files a chain's choices may be shipped in, in order: beside the manifest
     that declares it, then beside the project manifest."""
 
-    def __init__(self, files: list[ChoicesFile]) -> None:
-        self.files = files
+    files: list[ChoicesFile]
 
     def find(self, key: str) -> tuple[dict[str, Any], str] | None:
         """The choice of ``key``, and where it is (``PATH:LINE``)."""

@@ -93,9 +93,8 @@ def refused_folders(folders: Iterable[str]) -> dict[str, str]:
     judgment for its lookup, its ``requires``, a ``--model`` beside it and ``check``."""
     refused = {}
     for folder in folders:
-        reason = untrusted_folder(folder)
         # One that cannot be examined (it does not exist) serves nothing either way.
-        if reason is not None and not reason.startswith("it cannot be examined"):
+        if (reason := untrusted_folder(folder)) and not reason.startswith("it cannot be examined"):
             refused[folder] = untrusted_message(f"python-path folder {folder!r}", reason)
     return refused
 
