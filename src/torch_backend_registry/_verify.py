@@ -158,19 +158,18 @@ class Reference:
         except Exception as exc:  # what it gave cannot even be compared with eager's
             return f"comparing it with eager raised {said(exc)}"
         if why is None:
-            self._say(*drew, permuted)
+            self._say(drew, permuted)
         return why
 
-    def _say(
-        self, outputs: set[int], inputs: set[int], gradients: set[int], permuted: list[str]
-    ) -> None:
-        """What :meth:`check` compared of a member that passed: ``outputs``, ``inputs`` and
-        ``gradients`` vary between eager runs and differ from eager's too (the member draws
-        its own random numbers), so only their shapes and types were; ``permuted``: outputs
-        laid out otherwise than eager's, in the same memory."""
+    def _say(self, drew: tuple[set[int], set[int], set[int]], permuted: list[str]) -> None:
+        """What :meth:`check` compared of a member that passed: ``drew``, the outputs, inputs
+        and gradients that vary between eager runs and differ from eager's too (the member
+        draws its own random numbers), so only their shapes and types were; ``permuted``:
+        outputs laid out otherwise than eager's, in the same memory."""
         if self.asked == "none":  # nothing asked: nothing to say of the gradients' reach
             self.said, self.complete = "", True
             return
+        outputs, inputs, gradients = drew
         level = "backward" if self.backward else "forward"
         said = f"{level} verified against eager"
         if len(outputs) == len(self.eager):  # every output: the whole graph
