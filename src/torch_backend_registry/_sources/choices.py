@@ -61,11 +61,10 @@ class ChoicesFile:
             if (bracket := text.rfind("[[", 0, start)) < 0:
                 return None
             start = text.rfind("\n", 0, bracket) + 1
-        end = _HEADER.search(text, at)
-        end_at = len(text) if end is None else end.start()
+        end = _HEADER.search(text, at)  # the next choice's header, if any: the text's end
         with contextlib.suppress(tomli.TOMLDecodeError, ValueError, RecursionError):
             # Not where the key line stands inside a string, or out of its table.
-            match tomli.loads(self.text[start:end_at]).get("choice"):
+            match tomli.loads(text[start : end.start() if end else None]).get("choice"):
                 case [dict() as choice] if choice.get("key") == key:
                     return choice, self.text.count("\n", 0, start) + 1
         return None
