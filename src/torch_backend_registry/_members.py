@@ -91,8 +91,7 @@ def _happens(definition: BackendDefinition, missing: Sequence[str], named: bool 
     if definition.by_device is None:
         them = ", ".join(map(repr, missing)) if named else "it" if len(missing) == 1 else "them"
         return f"it skips {them} when it runs"
-    devices = [device for device, name in definition.by_device if name in missing]
-    return f"on {', '.join(devices)} it fails"
+    return f"on {', '.join(d for d, name in definition.by_device if name in missing)} it fails"
 
 
 def chain_problems(index: Index) -> dict[str, Problem]:

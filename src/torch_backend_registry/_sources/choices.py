@@ -73,8 +73,7 @@ class ChoicesFile:
     def every(self) -> list[tuple[dict[str, Any], int]]:
         """Every choice, with the line it starts on; a :class:`ManifestError` at its line
         where the file is no TOML."""
-        data, _lines = parse_toml(self.path, self.text, MAX_KEY_PARTS)
-        tables = data.get("choice")
+        tables = parse_toml(self.path, self.text, MAX_KEY_PARTS)[0].get("choice")
         lines, line, last = [], 1, 0
         # Where each choice starts, its line counted from one start to the next: linear in
         # the text.
