@@ -143,8 +143,7 @@ class Run:
         for member in self.chain.members if members is None else members:
             if self.last:
                 return
-            compiled = self._compiled(member)
-            if compiled is not None:
+            if (compiled := self._compiled(member)) is not None:
                 yield member, compiled
 
     def _compiled(self, member: str) -> Any:
@@ -392,11 +391,9 @@ def _made_devices(gm: Any) -> Iterator[str]:
         # dynamo records each value a node gives (a fake tensor) in its meta.
         meta = getattr(node, "meta", {})
         for value in leaves(meta.get("example_value", meta.get("val"))):
-            device = getattr(value, "device", None)
-            if device is not None and hasattr(value, "dtype"):
+            if (device := getattr(value, "device", None)) is not None and hasattr(value, "dtype"):
                 yield device.type
-        device = getattr(node, "kwargs", {}).get("device")
-        if device is not None:
+        if (device := getattr(node, "kwargs", {}).get("device")) is not None:
             import torch
 
             with contextlib.suppress(RuntimeError, TypeError, ValueError):

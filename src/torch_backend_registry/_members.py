@@ -113,8 +113,7 @@ def chain_problems(index: Index) -> dict[str, Problem]:
         path = {start: None}
         todo = [iter(inner[start])]
         while todo:
-            member = next(todo[-1], None)
-            if member is None:
+            if (member := next(todo[-1], None)) is None:
                 done, _ = path.popitem()
                 todo.pop()
                 depth[done] = 1 + max((depth.get(m, 0) for m in inner[done]), default=0)

@@ -45,8 +45,7 @@ def copies(inputs: list[Any], grad: bool) -> Copies:
         if grad and flat[i].requires_grad and (y.is_floating_point() or y.is_complex()):
             storage = y.untyped_storage()
             key = (storage.data_ptr(), y.dtype)
-            through = roots.get(key)
-            if through is None:
+            if (through := roots.get(key)) is None:
                 size = storage.nbytes() // y.element_size()
                 leaf = y.new_empty(0).set_(storage, 0, (size,), (1,)).detach().requires_grad_(True)
                 leaves.append(leaf)

@@ -211,8 +211,7 @@ class Reference:
                 )
         mine = _reaches(out, run, self.gm)
         for number, (eager, reached) in enumerate(zip(self.reaches, mine, strict=False)):
-            lost = sorted(eager - reached)
-            if lost:
+            if lost := sorted(eager - reached):
                 more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
                 return (
                     f"the gradient of output {number} does not reach {', '.join(lost[:3])}{more},"
@@ -303,8 +302,8 @@ def _reaches(out: Any, run: Copies, gm: Any) -> list[frozenset[str]]:
             if node is None or node in seen:
                 continue
             seen.add(node)
-            variable = getattr(node, "variable", None)  # an AccumulateGrad: a leaf
-            if variable is not None and id(variable) in named:
+            # An AccumulateGrad: a leaf.
+            if (variable := getattr(node, "variable", None)) is not None and id(variable) in named:
                 reached.add(named[id(variable)])
             todo.extend(following for following, _ in node.next_functions)
         found.append(frozenset(reached))
