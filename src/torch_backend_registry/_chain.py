@@ -78,7 +78,10 @@ class ChainBackend(_Composite):
         return self.definition.members
 
     def __call__(self, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        return Run(self, gm, example_inputs, kwargs).first()
+        run = Run(self, gm, example_inputs, kwargs)
+        for member, compiled in run.candidates():
+            return run.use(member, compiled)
+        raise run.failed()
 
 
 class Run:
@@ -215,13 +218,6 @@ class Run:
             self.say(f"{member!r}: {said}", "warning")
             return
         self.skip(member, f"{failure[0]}; {said}", failure[1])
-        raise self.failed()
-
-    def first(self, how: str = "") -> Any:
-        """The compiled graph of the chain's first member that compiles and verifies, used
-        (``how`` it was chosen); :class:`BackendChainError` where none does."""
-        for member, compiled in self.candidates():
-            return self.use(member, compiled, how)
         raise self.failed()
 
     def use(self, member: str, compiled: Any, how: str = "") -> Any:

@@ -224,7 +224,9 @@ def _as_rank_zero_chose(run: Run, store: Any, name: str, environ: Mapping[str, s
             _rank_warns(run, f"cannot run rank 0's choice {chosen!r} ({why}): it runs {member!r}")
             return run.use(member, compiled, ", not rank 0's choice")
         raise run.failed()
-    return run.first(", the chain's first that verifies")
+    for member, compiled in run.candidates():
+        return run.use(member, compiled, ", the chain's first that verifies")
+    raise run.failed()
 
 
 def _rank_warns(run: Run, what: str) -> None:
