@@ -112,8 +112,7 @@ class Run:
         self.device = device_type(gm, example_inputs)
         #: The graph in a few words, for the log.
         self.words = words(gm, example_inputs)
-        #: Who hears the member the graph runs with (``""``: none compiled): where the graph's
-        #: choice is shared, the other ranks, which rank 0 tells.
+        #: Who hears the member the graph runs with (``""``: none): rank 0's other ranks, if any.
         self.tell: Callable[[str], object] = lambda member: None
         #: Whether a member wrote into the graph's inputs beyond putting back: no later one is
         #: tried on the changed values.

@@ -129,8 +129,7 @@ def _twins(definitions: Iterable[BackendDefinition]) -> Iterator[Problem]:
     (One file defines a name once: TOML allows no table twice, and a file is read once.)"""
     first: dict[str, BackendDefinition] = {}
     for definition in definitions:
-        used = first.setdefault(definition.name, definition)
-        if used is not definition:
+        if (used := first.setdefault(definition.name, definition)) is not definition:
             said = (
                 f"backend {definition.name!r} is also defined by {definition.source.describe()};"
                 f" this definition, from the earlier entry of {ENV_VAR}, is used"
