@@ -112,6 +112,8 @@ class Run:
         self.device = device_type(gm, example_inputs)
         #: The graph in a few words, for the log.
         self.words = words(gm, example_inputs)
+        #: Who hears the member the graph runs with (``""``: none): rank 0's other ranks, if any.
+        self.tell: Callable[[str], object] = lambda member: None
         #: Whether a member wrote into the graph's inputs beyond putting back: no later one is
         #: tried on the changed values.
         self.last = False
@@ -140,8 +142,7 @@ class Run:
         for member in self.chain.members if members is None else members:
             if self.last:
                 return
-            compiled = self._compiled(member)
-            if compiled is not None:
+            if (compiled := self._compiled(member)) is not None:
                 yield member, compiled
 
     def _compiled(self, member: str) -> Any:
@@ -186,8 +187,7 @@ class Run:
             said = f"compiling gave {type(compiled).__name__}, not a function to run the graph"
             return self.skip(member, said, "warning")
         if self.reference is not None:
-            why = self.reference.check(compiled)
-            if why is not None:
+            if (why := self.reference.check(compiled)) is not None:
                 return self.skip(member, f"verifying it failed: {why}", "warning")
             said = f", {self.reference.said}" if self.reference.said else ""
             self.verified[member] = (said, self.reference.complete)
@@ -226,6 +226,7 @@ class Run:
         self.say(f"compiled with {member!r}{how}{verified}", None if complete else "warning")
         self.chain.used = member
         self.chain.graphs.append((self.words, member))
+        self.tell(member)
         return compiled
 
     def failed(self) -> BackendChainError:
@@ -389,11 +390,9 @@ def _made_devices(gm: Any) -> Iterator[str]:
         # dynamo records each value a node gives (a fake tensor) in its meta.
         meta = getattr(node, "meta", {})
         for value in leaves(meta.get("example_value", meta.get("val"))):
-            device = getattr(value, "device", None)
-            if device is not None and hasattr(value, "dtype"):
+            if (device := getattr(value, "device", None)) is not None and hasattr(value, "dtype"):
                 yield device.type
-        device = getattr(node, "kwargs", {}).get("device")
-        if device is not None:
+        if (device := getattr(node, "kwargs", {}).get("device")) is not None:
             import torch
 
             with contextlib.suppress(RuntimeError, TypeError, ValueError):

@@ -51,8 +51,7 @@ def differ(
             if expected != got and number not in loose:
                 return f"{what} {number} is {got!r}, eager gives {expected!r}"
             continue
-        why = _values(expected, got, rtol, atol)
-        if why is None:
+        if (why := _values(expected, got, rtol, atol)) is None:
             continue
         kind, eagers = (got.shape, got.dtype), (expected.shape, expected.dtype)
         if number in loose:
@@ -109,8 +108,7 @@ def _no_worse(fp64: Any, eager: Any, got: Any, atol: float) -> str | None:
     def rmse(value: Any) -> float:
         return float((value.detach().double() - fp64).square().mean().sqrt())
 
-    small_or_16_bit = got.dtype in (torch.float16, torch.bfloat16) or fp64.numel() < 1000
-    multiplier = 3.0 if small_or_16_bit else 2.0
+    multiplier = 3.0 if got.dtype in (torch.float16, torch.bfloat16) or fp64.numel() < 1000 else 2.0
     eagers, mine = rmse(eager), rmse(got)
     if mine <= multiplier * eagers + atol / 10:
         return None

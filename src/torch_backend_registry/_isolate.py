@@ -117,7 +117,6 @@ def own_copy(gm: Any) -> Any:
 
 
 def _carry_over(old: object, new: object) -> None:
-    mine = vars(new)
     for key, value in vars(old).items():
-        if key not in mine:
+        if key not in vars(new):
             setattr(new, key, value)

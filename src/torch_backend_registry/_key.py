@@ -141,14 +141,13 @@ def differences(
         was, now = theirs.get(name), mine.get(name)
         if was == now:
             continue
-        if name == "graph-digest":
-            said.append("another graph (its code, or its inputs' shapes, strides or types)")
-        elif name == "identity":
-            said.append("the chain or a member changed since")
-        elif name == "compile":
-            said.append(f"torch.compile was given {now}, not {was}")
-        else:
-            said.append(f"{name} {_shown(was)} -> {_shown(now)}")
+        # A digest's value says nothing to a reader: what it is of does.
+        words = {
+            "graph-digest": "another graph (its code, or its inputs' shapes, strides or types)",
+            "identity": "the chain or a member changed since",
+            "compile": f"torch.compile was given {now}, not {was}",
+        }
+        said.append(words.get(name, f"{name} {_shown(was)} -> {_shown(now)}"))
     return said
 
 

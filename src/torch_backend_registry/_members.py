@@ -91,8 +91,7 @@ def _happens(definition: BackendDefinition, missing: Sequence[str], named: bool 
     if definition.by_device is None:
         them = ", ".join(map(repr, missing)) if named else "it" if len(missing) == 1 else "them"
         return f"it skips {them} when it runs"
-    devices = [device for device, name in definition.by_device if name in missing]
-    return f"on {', '.join(devices)} it fails"
+    return f"on {', '.join(d for d, name in definition.by_device if name in missing)} it fails"
 
 
 def chain_problems(index: Index) -> dict[str, Problem]:
@@ -114,8 +113,7 @@ def chain_problems(index: Index) -> dict[str, Problem]:
         path = {start: None}
         todo = [iter(inner[start])]
         while todo:
-            member = next(todo[-1], None)
-            if member is None:
+            if (member := next(todo[-1], None)) is None:
                 done, _ = path.popitem()
                 todo.pop()
                 depth[done] = 1 + max((depth.get(m, 0) for m in inner[done]), default=0)
@@ -142,8 +140,7 @@ def chain_problems(index: Index) -> dict[str, Problem]:
 def typo_of(name: str, known: Sequence[str]) -> str | None:
     """The name ``name`` was likely meant to be: one very like it, or one edit away (a letter
     added, dropped, changed, or two swapped: ``fats`` for ``fast``)."""
-    close = closest(name, known, cutoff=0.8)
-    if close:
+    if close := closest(name, known, cutoff=0.8):
         return close[0]
     return next((k for k in known if len(name) >= 3 and _one_edit(name, k)), None)
 

@@ -21,10 +21,6 @@ class Copies(NamedTuple):
     leaves: list[Any]
     owners: list[int]
 
-    def written(self) -> list[int]:
-        """The tensors a run wrote in place since they were made, by their version counters."""
-        return [n for n, x in enumerate(self.tensors) if x._version != self.versions[n]]
-
     def passed(self) -> list[Any]:
         """The inputs to pass to one call: a list among them anew (compiled autograd's graph
         takes its tensors in one list, which a call empties, as a boxed call does)."""
@@ -49,8 +45,7 @@ def copies(inputs: list[Any], grad: bool) -> Copies:
         if grad and flat[i].requires_grad and (y.is_floating_point() or y.is_complex()):
             storage = y.untyped_storage()
             key = (storage.data_ptr(), y.dtype)
-            through = roots.get(key)
-            if through is None:
+            if (through := roots.get(key)) is None:
                 size = storage.nbytes() // y.element_size()
                 leaf = y.new_empty(0).set_(storage, 0, (size,), (1,)).detach().requires_grad_(True)
                 leaves.append(leaf)

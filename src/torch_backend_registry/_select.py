@@ -32,7 +32,7 @@ from ._environment import SELECT_TIMEOUT, SELECT_TIMEOUT_VAR, SELECT_VAR, TUNING
 from ._key import DECIDING, differences, facts, identity, in_words, key, members
 from ._runs import said
 from ._sources.cache import Cache
-from ._sources.choices import shipped_for
+from ._sources.choices import Shipped, shipped_for
 from ._timing import choose, spread, timed, timings
 
 #: The cache's kind of entry that holds the choices.
@@ -74,8 +74,10 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) ->
     # Rank 0 tells the others what it runs, however it came to it (a rank whose machine
     # differs may find no shipped choice of its own, and waits for it).
     tell = store if store is not None and _store.rank() == 0 else None
-    shipped = None if mode == "fresh" else shipped_for(chain.definition, chain.context)
-    at = shipped.find(found) if shipped is not None else None
+    if tell is not None:
+        run.tell = functools.partial(tell.set, rank_key)
+    shipped = Shipped([]) if mode == "fresh" else shipped_for(chain.definition, chain.context)
+    at = shipped.find(found)
     tried: list[str] = []
     if at is not None:
         table, where = at
@@ -89,27 +91,24 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) ->
                 "warning",
             )
         for member, compiled in run.candidates(tried):
-            _publish(tell, rank_key, member)
             return run.use(member, compiled, f", as shipped ({where})")
     if mode == "shipped" or together:
         if at is None and mode == "shipped":
             _warn_nearest(run, shipped, decided)
         for member, compiled in run.candidates([m for m in chain.members if m not in tried]):
-            _publish(tell, rank_key, member)
             why = "it runs on every rank together: none times it" if together else "shipped only"
             return run.use(member, compiled, f", the chain's first that verifies ({why})")
-        _publish(tell, rank_key, "")  # a rank deciding otherwise waits for none
+        run.tell("")  # a rank deciding otherwise waits for none
         raise run.failed()
     if store is not None and tell is None:
         return _as_rank_zero_chose(run, store, rank_key, environ)
     remembered = None if mode == "fresh" or unknown else chain.context.cache.get(KIND, found)
     if isinstance(remembered, dict) and remembered.get("member") in chain.members:
         for member, compiled in run.candidates([remembered["member"]]):
-            _publish(store, rank_key, member)
             return run.use(member, compiled, f", as remembered ({said_of(remembered)})")
     passed = dict(run.candidates())
     if not passed:
-        _publish(store, rank_key, "")
+        run.tell("")
         raise run.failed()
     timeable = run.reference is not None and run.reference.unverified is None
     samples, raised = timed(run, passed) if len(passed) > 1 and timeable else ({}, {})
@@ -140,7 +139,6 @@ def fastest(chain: ChainBackend, gm: Any, example_inputs: Any, **kwargs: Any) ->
     run.say(f"{timings(choice)}; chose {member!r} ({how})")
     if not unknown:
         chain.context.cache.put(KIND, found, choice)
-    _publish(store, rank_key, member)
     # Shipped, a choice keyed by what no process writes alike would be found by processes
     # given something else: tune hears only that it was made.
     made = {"unshippable": run.words} if unknown else choice
@@ -184,12 +182,10 @@ def remembered(
     return sorted(found, key=lambda entry: -float(entry.get("when", 0)))
 
 
-def _warn_nearest(run: Run, shipped: Any, decided: Mapping[str, Any]) -> None:
+def _warn_nearest(run: Run, shipped: Shipped, decided: Mapping[str, Any]) -> None:
     """``TORCH_BACKENDS_SELECT=shipped`` and no choice applies: one warning, naming what differs
     from the nearest choice shipped for this chain (or that none was)."""
-    tables = (
-        [] if shipped is None else [t for t, _ in shipped.every() if t.get("chain") == run.name]
-    )
+    tables = [t for t, _ in shipped.every() if t.get("chain") == run.name]
     nearest = min((differences(decided, t) for t in tables), key=len, default=None)
     why = (
         f"none was shipped for chain {run.name!r}"
@@ -204,12 +200,6 @@ def _warn_nearest(run: Run, shipped: Any, decided: Mapping[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------ every rank one choice
-
-
-def _publish(store: Any, name: str, member: str) -> None:
-    """Tell the other ranks rank 0's choice (``""``: no member compiled)."""
-    if store is not None:
-        store.set(name, member)
 
 
 def _as_rank_zero_chose(run: Run, store: Any, name: str, environ: Mapping[str, str]) -> Any:
@@ -248,16 +238,14 @@ def _limit(value: str | None) -> timedelta:
     what the store can count, its longest); anything else is said once, and the default
     used."""
     if value is not None and value.strip():
-        try:
+        with contextlib.suppress(ValueError):  # no number
             number = float(value)
-            if not 0 < number < float("inf"):
-                raise ValueError(value)
-            return _store.time_limit(min(number, _store.LONGEST_DAYS * 86400.0))
-        except ValueError:
-            _once(
-                f"{SELECT_TIMEOUT_VAR}={value!r} is not a positive number of seconds: a rank"
-                f" waits the default {SELECT_TIMEOUT:g} s for rank 0's choice"
-            )
+            if 0 < number < float("inf"):
+                return _store.time_limit(min(number, _store.LONGEST_DAYS * 86400.0))
+        _once(
+            f"{SELECT_TIMEOUT_VAR}={value!r} is not a positive number of seconds: a rank"
+            f" waits the default {SELECT_TIMEOUT:g} s for rank 0's choice"
+        )
     return _store.time_limit(SELECT_TIMEOUT)
 
 

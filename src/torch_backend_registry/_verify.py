@@ -120,11 +120,10 @@ class Reference:
         # What the graph writes: by the version counter, and by value (an in-place kernel
         # may write without counting: BatchNorm's running statistics).
         originals = flat(self.inputs)
-        written = set(run.written())
         self.clean = {
             n: originals[n].detach().clone()
             for n, x in enumerate(run.tensors)
-            if n in written or not same(x, originals[n])
+            if x._version != run.versions[n] or not same(x, originals[n])
         }
 
     def check(self, compiled: Callable[..., Any]) -> str | None:
@@ -159,19 +158,18 @@ class Reference:
         except Exception as exc:  # what it gave cannot even be compared with eager's
             return f"comparing it with eager raised {said(exc)}"
         if why is None:
-            self._say(*drew, permuted)
+            self._say(drew, permuted)
         return why
 
-    def _say(
-        self, outputs: set[int], inputs: set[int], gradients: set[int], permuted: list[str]
-    ) -> None:
-        """What :meth:`check` compared of a member that passed: ``outputs``, ``inputs`` and
-        ``gradients`` vary between eager runs and differ from eager's too (the member draws
-        its own random numbers), so only their shapes and types were; ``permuted``: outputs
-        laid out otherwise than eager's, in the same memory."""
+    def _say(self, drew: tuple[set[int], set[int], set[int]], permuted: list[str]) -> None:
+        """What :meth:`check` compared of a member that passed: ``drew``, the outputs, inputs
+        and gradients that vary between eager runs and differ from eager's too (the member
+        draws its own random numbers), so only their shapes and types were; ``permuted``:
+        outputs laid out otherwise than eager's, in the same memory."""
         if self.asked == "none":  # nothing asked: nothing to say of the gradients' reach
             self.said, self.complete = "", True
             return
+        outputs, inputs, gradients = drew
         level = "backward" if self.backward else "forward"
         said = f"{level} verified against eager"
         if len(outputs) == len(self.eager):  # every output: the whole graph
@@ -213,8 +211,7 @@ class Reference:
                 )
         mine = _reaches(out, run, self.gm)
         for number, (eager, reached) in enumerate(zip(self.reaches, mine, strict=False)):
-            lost = sorted(eager - reached)
-            if lost:
+            if lost := sorted(eager - reached):
                 more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
                 return (
                     f"the gradient of output {number} does not reach {', '.join(lost[:3])}{more},"
@@ -305,8 +302,8 @@ def _reaches(out: Any, run: Copies, gm: Any) -> list[frozenset[str]]:
             if node is None or node in seen:
                 continue
             seen.add(node)
-            variable = getattr(node, "variable", None)  # an AccumulateGrad: a leaf
-            if variable is not None and id(variable) in named:
+            # An AccumulateGrad: a leaf.
+            if (variable := getattr(node, "variable", None)) is not None and id(variable) in named:
                 reached.add(named[id(variable)])
             todo.extend(following for following, _ in node.next_functions)
         found.append(frozenset(reached))

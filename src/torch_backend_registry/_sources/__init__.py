@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .._definition import SOURCE_KINDS, BackendDefinition, Discovery, PluginRule, Problem
 from .._errors import ManifestError, closest
@@ -128,8 +129,7 @@ def _twins(definitions: Iterable[BackendDefinition]) -> Iterator[Problem]:
     (One file defines a name once: TOML allows no table twice, and a file is read once.)"""
     first: dict[str, BackendDefinition] = {}
     for definition in definitions:
-        used = first.setdefault(definition.name, definition)
-        if used is not definition:
+        if (used := first.setdefault(definition.name, definition)) is not definition:
             said = (
                 f"backend {definition.name!r} is also defined by {definition.source.describe()};"
                 f" this definition, from the earlier entry of {ENV_VAR}, is used"
@@ -161,11 +161,16 @@ def _declares_table(pyproject: str) -> bool:
     # A cheap test of its bytes first: most pyproject.toml files have no such table.
     if not may_hold(pyproject, PYPROJECT_TABLE[1].encode()):
         return False
-    try:
-        data, _lines = parse_toml(pyproject, read_text(pyproject), within=PYPROJECT_TABLE)
-    except (Untrusted, ManifestError):
-        return True
-    return table_at(data, PYPROJECT_TABLE) is not None
+    data = _parsed(pyproject)
+    return data is None or table_at(data, PYPROJECT_TABLE) is not None
+
+
+def _parsed(pyproject: str) -> dict[str, Any] | None:
+    """A ``pyproject.toml`` as manifests are read (the trust rule, the limits, the integers
+    of our table); ``None`` where it must not or cannot be."""
+    with contextlib.suppress(Untrusted, ManifestError):
+        return parse_toml(pyproject, read_text(pyproject), within=PYPROJECT_TABLE)[0]
+    return None
 
 
 def project_source(ctx: Context) -> Discovery:
@@ -193,11 +198,7 @@ def replaced_table(manifest: str) -> Problem | None:
 def near_table(pyproject: str) -> str | None:
     """The ``[tool.X]`` table of a ``pyproject.toml`` that looks like a misspelt
     ``[tool.torch-backends]`` (``torch_backends``, ``torch-backend``), or ``None``."""
-    try:
-        data, _lines = parse_toml(pyproject, read_text(pyproject), within=PYPROJECT_TABLE)
-    except (ManifestError, Untrusted):
-        return None
-    tables = data.get("tool")
+    tables = (_parsed(pyproject) or {}).get("tool")
     close = closest("torch-backends", list(tables) if isinstance(tables, dict) else [], cutoff=0.8)
     return f"[tool.{close[0]}]" if close and close[0] != "torch-backends" else None
 

@@ -19,18 +19,15 @@ import functools
 import hashlib  # the code's digest is in the key of every entry, made or not
 import os
 import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 from .._definition import EMPTY, canonical
 from .._environment import switched_on
 from .files import OPEN_FLAGS, untrusted, untrusted_folder
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Mapping
-    from typing import Any, TypeVar
-
-    T = TypeVar("T")
+T = TypeVar("T")
 
 NO_CACHE_VAR = "TORCH_BACKENDS_NO_CACHE"
 #: The format of entries; another value starts afresh.

@@ -12,18 +12,13 @@ import contextlib
 import functools
 import os
 import re
+from typing import Any, NamedTuple
 
+from .._definition import BackendDefinition
 from .._errors import BackendRegistryError, warn
-from . import project_manifest
+from . import Context, project_manifest
 from .cache import stamps
 from .files import parse_toml, read_text
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-    from .._definition import BackendDefinition
-    from . import Context
 
 #: The file ``tune`` writes beside the manifest that declares a chain.
 CHOICES_FILE = "backends.choices"
@@ -66,11 +61,10 @@ class ChoicesFile:
             if (bracket := text.rfind("[[", 0, start)) < 0:
                 return None
             start = text.rfind("\n", 0, bracket) + 1
-        end = _HEADER.search(text, at)
-        end_at = len(text) if end is None else end.start()
+        end = _HEADER.search(text, at)  # the next choice's header, if any: the text's end
         with contextlib.suppress(tomli.TOMLDecodeError, ValueError, RecursionError):
             # Not where the key line stands inside a string, or out of its table.
-            match tomli.loads(self.text[start:end_at]).get("choice"):
+            match tomli.loads(text[start : end.start() if end else None]).get("choice"):
                 case [dict() as choice] if choice.get("key") == key:
                     return choice, self.text.count("\n", 0, start) + 1
         return None
@@ -79,8 +73,7 @@ class ChoicesFile:
     def every(self) -> list[tuple[dict[str, Any], int]]:
         """Every choice, with the line it starts on; a :class:`ManifestError` at its line
         where the file is no TOML."""
-        data, _lines = parse_toml(self.path, self.text, MAX_KEY_PARTS)
-        tables = data.get("choice")
+        tables = parse_toml(self.path, self.text, MAX_KEY_PARTS)[0].get("choice")
         lines, line, last = [], 1, 0
         # Where each choice starts, its line counted from one start to the next: linear in
         # the text.
@@ -93,12 +86,11 @@ class ChoicesFile:
         return [(t, line) for t, line in zip(tables, lines, strict=False) if isinstance(t, dict)]
 
 
-class Shipped:
+class Shipped(NamedTuple):
     """The choices files a chain's choices may be shipped in, in order: beside the manifest
     that declares it, then beside the project manifest."""
 
-    def __init__(self, files: list[ChoicesFile]) -> None:
-        self.files = files
+    files: list[ChoicesFile]
 
     def find(self, key: str) -> tuple[dict[str, Any], str] | None:
         """The choice of ``key``, and where it is (``PATH:LINE``)."""
@@ -116,14 +108,14 @@ class Shipped:
         return found
 
 
-def shipped_for(chain: BackendDefinition, context: Context) -> Shipped | None:
-    """The choices files of ``chain`` that can be read here (``None``: none)."""
+def shipped_for(chain: BackendDefinition, context: Context) -> Shipped:
+    """The choices files of ``chain`` that can be read here (perhaps none)."""
     folders = [] if chain.source.path is None else [os.path.dirname(chain.source.path)]
     manifest = None if context.cwd is None else project_manifest(context.cwd)
     folders += [os.path.dirname(manifest)] if manifest else []
     paths = dict.fromkeys(os.path.realpath(os.path.join(f, CHOICES_FILE)) for f in folders)
     files = [file for file in map(choices_file, paths) if file is not None]
-    return Shipped(files) if files else None
+    return Shipped(files)
 
 
 def choices_file(path: str) -> ChoicesFile | None:

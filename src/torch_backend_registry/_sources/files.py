@@ -93,9 +93,8 @@ def refused_folders(folders: Iterable[str]) -> dict[str, str]:
     judgment for its lookup, its ``requires``, a ``--model`` beside it and ``check``."""
     refused = {}
     for folder in folders:
-        reason = untrusted_folder(folder)
         # One that cannot be examined (it does not exist) serves nothing either way.
-        if reason is not None and not reason.startswith("it cannot be examined"):
+        if (reason := untrusted_folder(folder)) and not reason.startswith("it cannot be examined"):
             refused[folder] = untrusted_message(f"python-path folder {folder!r}", reason)
     return refused
 
@@ -127,15 +126,15 @@ def read_text(path: str, limit: int = MAX_BYTES, what: str = "manifest") -> str:
         # "utf-8-sig": a byte order mark, as some editors write, is not part of the text.
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        from .positions import key_at, physical_lines
+        from .positions import key_at
 
-        lines = physical_lines(data[: exc.start].decode("utf-8-sig", errors="replace"))
-        line = data[: exc.start].count(b"\n") + 1
+        # Up to the byte that is not UTF-8, the last line the one it is on.
+        lines = data[: exc.start].decode("utf-8-sig", errors="replace").split("\n")
         raise ManifestError(
             f"not valid UTF-8 (byte {data[exc.start]:#04x}); save the file as UTF-8",
             path=path,
-            line=line,
-            key=key_at(lines, line),
+            line=len(lines),
+            key=key_at(lines, len(lines)),
         ) from exc
 
 

@@ -13,19 +13,15 @@ from __future__ import annotations
 import importlib.machinery
 import os
 import sys
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import NamedTuple
 
+from .._definition import BackendDefinition
 from .files import refused_folders
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
-    from importlib.machinery import ModuleSpec
-    from types import ModuleType
-
-    from .._definition import BackendDefinition
 
 #: The python-path folders of the lookup running in this thread (or context).
 _FOLDERS: ContextVar[tuple[str, ...]] = ContextVar("torch_backend_registry_folders", default=())

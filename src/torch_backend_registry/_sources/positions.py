@@ -6,14 +6,12 @@ nothing inside a value is taken for a key or a header; its cost is linear in the
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+from collections.abc import Iterator
 
 from .._keys import BARE_KEY_CHARS, toml_key
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 #: A bare key part, as TOML defines it.
 BARE_KEY = re.compile(f"[{re.escape(''.join(sorted(BARE_KEY_CHARS)))}]+")
@@ -128,17 +126,14 @@ def _split_key(dotted: str) -> Path:
 
 
 def _unquoted(part: str) -> str:
-    if part[0] not in "\"'":
-        return part
-    if part[0] == "'" or "\\" not in part:
-        return part[1:-1]
-    # Escapes are rare in keys; the parser itself reads them exactly as TOML does.
-    import tomli
+    if part[0] == '"' and "\\" in part:
+        # Escapes are rare in keys; the parser itself reads them exactly as TOML does (an
+        # escape it refuses leaves the part as written between its quotes, as below).
+        import tomli
 
-    try:
-        return next(iter(tomli.loads(f"{part} = 0")))
-    except (ValueError, StopIteration):
-        return part[1:-1]
+        with contextlib.suppress(ValueError, StopIteration):
+            return next(iter(tomli.loads(f"{part} = 0")))
+    return part[1:-1] if part[0] in "\"'" else part
 
 
 def scan(lines: list[str]) -> Iterator[tuple[int, Path, Path]]:

@@ -10,20 +10,14 @@ import contextlib
 import functools
 import os
 import sys
+from collections.abc import Collection, Mapping
+from typing import Any
 
 from .._definition import BackendDefinition, Discovery, Source, target_of
 from .._errors import warn
 from .._forksafe import ForkSafeLock, importing_at_fork
-from .cache import NO_CACHE, stamps
+from .cache import NO_CACHE, Cache, stamps
 from .finding import find
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import ast
-    from collections.abc import Collection, Mapping
-    from typing import Any
-
-    from .cache import Cache
 
 #: What PyTorch's own backends need and are, which their functions do not say:
 #: name -> (modules they import when called, description).
