@@ -260,8 +260,7 @@ def shipped(registry: Registry, chain: BackendDefinition, no_torch: bool) -> lis
     """The choices shipped for ``chain``, each with where it is (``at``) and whether it applies
     here (``applies``; ``None`` where that cannot be known without PyTorch), and if not, why
     (``differs``)."""
-    files = shipped_for(chain, registry.context)
-    every = [] if files is None else files.every()
+    every = shipped_for(chain, registry.context).every()
     tables = [(t, at) for t, at in every if t.get("chain") == chain.name]
     now = identity(chain, registry.backend_info) if tables else ""
     found = []

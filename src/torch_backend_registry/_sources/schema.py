@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from .._errors import closest
+from .._errors import did_you_mean
 from .._keys import toml_key
 
 SCHEMA_VERSION = 1
@@ -310,8 +310,7 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
                 f" first [backends.NAME] table (written below [{table}], it is read as that"
                 " backend's)"
             )
-        close = closest(key, known)
-        hint = f"did you mean {close[0]!r}?" if close else "expected one of " + ", ".join(known)
+        hint = did_you_mean(key, known, "expected one of " + ", ".join(known))
         return f"unknown key {key!r}; {hint}"
     if kind == "string_pattern_mismatch":
         pattern = item.get("ctx", {}).get("pattern", "")
@@ -339,9 +338,8 @@ def describe(item: Any, loc: tuple[str | int, ...]) -> str:
         return f"{at}must not be empty"
     if kind == "literal_error":  # verify and select, whose values are words
         expected = re.findall(r"'(\w+)'", item["ctx"]["expected"])
-        close = closest(str(given), expected)
         listed = " or ".join(map(repr, expected))
-        hint = f"did you mean {close[0]!r}?" if close else f"expected {listed}"
+        hint = did_you_mean(str(given), expected, f"expected {listed}")
         return f"{at}invalid value {short(given)}; {hint}"
     return f"{at}{item['msg']}"
 
