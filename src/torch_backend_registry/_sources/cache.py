@@ -133,8 +133,7 @@ class Cache:
         """Whether the cache's folder and that of ``kind`` (made first, with ``make``) are
         this user's own and private, below a trusted folder: nobody else can write there."""
         assert self.folder is not None
-        folder = os.path.join(self.folder, kind)
-        if folder in self.judged:
+        if (folder := os.path.join(self.folder, kind)) in self.judged:
             return True
         parent = os.path.dirname(self.folder)
         if make:

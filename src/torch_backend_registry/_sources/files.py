@@ -239,8 +239,7 @@ def parse_toml(
         said, deep = f"invalid TOML: {exc}; nest less deeply", True
     except ValueError as exc:
         # int() refuses more than sys.get_int_max_str_digits() digits; tomli lets it through.
-        match = re.search(r"[0-9][0-9_]{1000,}", text)
-        if match is None:
+        if (match := re.search(r"[0-9][0-9_]{1000,}", text)) is None:
             raise ManifestError(f"invalid TOML: {exc}", path=path) from None
         line = text.count("\n", 0, match.start()) + 1
         said = "invalid TOML: a number too long to read; write it as a string"

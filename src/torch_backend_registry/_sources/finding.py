@@ -58,8 +58,7 @@ def _found_in(folders: Iterable[str], name: str) -> ModuleSpec | None:
 
 def python_path_finder() -> PythonPathFinder:
     """The finder of python-path folders, last on ``sys.meta_path`` (placed there once)."""
-    found = next((f for f in sys.meta_path if isinstance(f, PythonPathFinder)), None)
-    if found is None:
+    if (found := next((f for f in sys.meta_path if isinstance(f, PythonPathFinder)), None)) is None:
         found = PythonPathFinder()
         sys.meta_path.append(found)
     return found
@@ -85,8 +84,7 @@ def find(module: str, folders: Sequence[str] = (), *, files: bool = False) -> Mo
     it is imported has modules only an import finds)."""
     import importlib.util
 
-    loaded = None if files else sys.modules.get(module)
-    if loaded is not None:
+    if not files and (loaded := sys.modules.get(module)) is not None:
         return getattr(loaded, "__spec__", None) or importlib.machinery.ModuleSpec(module, None)
     parts = module.split(".")
     spec: ModuleSpec | None = None
@@ -120,8 +118,7 @@ def shadowed(module: str, folders: Sequence[str]) -> tuple[str, str] | None:
     ``sys.path`` entries naming one of ``folders`` (a script's folder, ``python -m``'s working
     folder) are left out, so that every process finds the same answer."""
     top = module.split(".")[0]
-    origin = getattr(_found_in(folders, top), "origin", None)
-    if not isinstance(origin, str):
+    if not isinstance(origin := getattr(_found_in(folders, top), "origin", None), str):
         return None
     if top in sys.builtin_module_names:
         return origin, "a module built into Python"

@@ -63,8 +63,8 @@ def _validated(path: str, kind: SourceKind, text: str) -> Discovery | None:
     except ManifestError as exc:
         # Located at the table it broke, but what it costs is the whole file: said so.
         return _lost(exc.problem, "; no backend of this file is used until it parses")
-    table = table_at(data, prefix)
-    if table is None:  # a pyproject.toml's: a backends.toml is the table
+    # None: a pyproject.toml's without our table (a backends.toml is the table).
+    if (table := table_at(data, prefix)) is None:
         return None
     load_schema()
     return _Validation(Discovery(), path, kind, prefix, lines).run(table)
@@ -140,8 +140,7 @@ class _Validation(NamedTuple):
             return self.found
         data = dict(table)
         # A [backends] that is no table is validated as written, and has no backend.
-        raw_backends = data.get("backends")
-        if not isinstance(raw_backends, dict):
+        if not isinstance(raw_backends := data.get("backends"), dict):
             raw_backends = {}
         #: Each broken backend's first problem, by its name.
         broken: dict[str, Problem] = {}

@@ -85,8 +85,7 @@ _PARSING = ForkSafeLock()
 def _registering_files() -> list[str]:
     """The files PyTorch's registry imports to register its own backends, as its
     ``_lazy_import`` does: ``torch/_dynamo/backends/*.py`` and the minifier's backends."""
-    origin = getattr(find("torch"), "origin", None)  # its __init__.py
-    if not isinstance(origin, str):
+    if not isinstance(origin := getattr(find("torch"), "origin", None), str):  # its __init__.py
         return []
     import glob
 
@@ -165,8 +164,7 @@ def torch_version() -> str | None:
         return version
     import re
 
-    origin = getattr(find("torch"), "origin", None)
-    if not isinstance(origin, str):
+    if not isinstance(origin := getattr(find("torch"), "origin", None), str):
         return None
     with contextlib.suppress(OSError):  # else installed as byte code only, or from a zip
         with open(os.path.join(os.path.dirname(origin), "version.py"), encoding="utf-8") as f:
@@ -218,8 +216,7 @@ def loaded_backends(module: Any) -> dict[str, Any] | None:
     ``_COMPILER_FNS`` (``_BACKENDS`` beside it holds entry points), or where there is none
     (torch 2.0 and 2.1, which read no entry points) ``_BACKENDS``, which holds the functions;
     ``None`` in a layout where neither is such a dict."""
-    found = getattr(module, "_COMPILER_FNS", None)
-    if isinstance(found, dict):
+    if isinstance(found := getattr(module, "_COMPILER_FNS", None), dict):
         return found
     found = getattr(module, "_BACKENDS", None)
     if isinstance(found, dict) and all(callable(fn) for fn in found.values()):
@@ -241,8 +238,8 @@ def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
     module: Any = sys.modules.get(REGISTRY_MODULE)
     if module is None or not dynamo_imported():
         return None
-    found = loaded_backends(module)
-    if found is None:  # a layout not known here: ask by name, each alone
+    # None: a layout not known here, asked by name, each alone.
+    if (found := loaded_backends(module)) is None:
         dynamo: Any = sys.modules.get("torch._dynamo")
         found = {}
         with contextlib.suppress(Exception):
@@ -262,8 +259,7 @@ def tags_of(name: str, fn: object) -> tuple[str, ...]:
     """The tags PyTorch's registry holds for backend ``name``: on the function (torch 2.13
     and before, and what this library sets on a registration it keeps aside), else in the
     registry's ``_BACKEND_TAGS`` (torch 2.14)."""
-    tags = getattr(fn, "_tags", None)
-    if tags is None:
+    if (tags := getattr(fn, "_tags", None)) is None:
         table = getattr(sys.modules.get(REGISTRY_MODULE), "_BACKEND_TAGS", None)
         tags = table.get(name, ()) if isinstance(table, dict) else ()
     return tuple(tag for tag in tags if isinstance(tag, str))
