@@ -247,12 +247,11 @@ def registered(entry_points: Collection[str]) -> dict[str, Any] | None:
                 if name not in entry_points:  # looking one up would import its plugin
                     with contextlib.suppress(Exception):
                         found[name] = dynamo.lookup_backend(name)
-    held = {
+    return DISPLACED | {
         name: fn
         for name, fn in found.items()
         if name not in entry_points and getattr(fn, STAND_IN, False) is not True
     }
-    return {**DISPLACED, **held}
 
 
 def tags_of(name: str, fn: object) -> tuple[str, ...]:
