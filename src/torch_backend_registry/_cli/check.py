@@ -262,8 +262,7 @@ class _Imports:
         then = "uses the next member" if d.by_device is None else "fails on that device"
         for member in d.members:
             said = self.found.get(member)
-            resolved = self.index.get(member)
-            own = resolved is not None and resolved.name in self.declared
+            own = (known := self.index.get(member)) is not None and known.name in self.declared
             if said is None or said.severity != "error" or own:
                 continue  # it loads; or is unavailable here (noted); or has its own report
             message = f"{what} member {member!r}: {said.message}"

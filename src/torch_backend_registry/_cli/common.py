@@ -28,8 +28,6 @@ class UsageError(CommandError):
 def printable(text: str) -> str:
     """``text`` with what a terminal would act on escaped: one line, no control sequences (a
     manifest's description or file name may hold an escape sequence or a bidi override)."""
-    if text.isprintable():
-        return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 

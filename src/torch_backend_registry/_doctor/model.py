@@ -46,7 +46,7 @@ def build_model(spec: str | None) -> tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
 class Model:
-    """The model on ``device``, called as a graph is (:attr:`called`): every input
+    """The model on ``device``, called as a graph is (:meth:`_calling`): every input
     positional, its trainable parameters first, so that verification takes their gradients
     as a chain's does of a graph's. Built, and run eagerly to be held to, before any
     backend's code is imported: what a backend does to the process cannot be taken for the
@@ -66,15 +66,14 @@ class Model:
         self._shape = (len(args), list(kwargs))
         self._params = [p for p in getattr(module, "parameters", list)() if p.requires_grad]
         params = [p.detach().requires_grad_(level == "backward") for p in self._params]
-        self.inputs = [*params, *args, *kwargs.values()]
-        self.called = self._calling(self.module)
-        self.reference = Reference(self.called, self.inputs, level, RTOL, ATOL)
+        inputs = [*params, *args, *kwargs.values()]
+        self.reference = Reference(self._calling(self.module), inputs, level, RTOL, ATOL)
         if self.reference.unverified is not None:  # its backward failed, say
             raise ModelError(f"{what} cannot be run: {self.reference.unverified}")
 
     def compiled(self, backend: str) -> Any:
         """The model compiled as a user compiles it, ``torch.compile(model)``, called as
-        :attr:`called` is (the reference it is held to was made so)."""
+        the eager one is (the reference it is held to was made so)."""
         return self._calling(torch.compile(self.module, backend=backend))
 
     def _calling(self, model: Any) -> Any:

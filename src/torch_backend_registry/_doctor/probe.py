@@ -76,12 +76,11 @@ def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, A
     name = config["name"]
     registry = Registry(**config["registry"])
     try:
-        info = registry.backend_info(name)
-        definition = info.definition
+        definition = registry.backend_info(name).definition
         # A chain that names itself cannot be loaded as written: not "unavailable here".
         if loop := registry.index(with_torch=False).chain_problems.get(definition.name):
             return verdict("import-error", 2, loop.message)
-        why = registry.why_unavailable(info)
+        why = registry.why_unavailable(definition)
     except Exception as exc:  # the manifest holds it, but not as something usable
         return verdict("import-error", 2, one_line(exc))
     if definition.chain is not None:  # how the chain runs, whatever it comes to
@@ -93,8 +92,7 @@ def probe(config: dict[str, Any], reached: Callable[[int], None]) -> dict[str, A
 
     from .model import Model
 
-    device = _device(config["device"] or "cpu")
-    if device is None:
+    if (device := _device(config["device"] or "cpu")) is None:
         return verdict("unavailable", 1, f"no {config['device']} device here")
     sys.path.extend(config["model_path"])  # last: as a python-path folder is
     training = config["level"] == "backward"

@@ -176,8 +176,7 @@ class _Watched:
         for end in ready:
             try:
                 if end is self.output:
-                    data = os.read(end.fileno(), 65536)
-                    if not data:
+                    if not (data := os.read(end.fileno(), 65536)):
                         raise EOFError
                     self.tail += data
                     del self.tail[:-TAIL]  # a backend may print without end: its last words
@@ -244,18 +243,16 @@ def _diagnosed(verdict: Verdict, printed: bytes | bytearray) -> Verdict:
             if not set(text := line.strip()) <= set("^~ ") and text not in verdict.reason:
                 kept.append(text)
     chosen = ([line for line in kept if _ERROR.search(line)] or kept)[-3:]
-    said = " | ".join(line if len(line) <= 98 else line[:97] + "…" for line in chosen)
-    if not said:
+    if not (said := " | ".join(line if len(line) <= 98 else line[:97] + "…" for line in chosen)):
         return verdict
     return dataclasses.replace(verdict, reason=f"{verdict.reason}; it printed: {said}")
 
 
 def _crash_reason(code: int | None, printed: bytes | bytearray) -> str:
     if code is not None and code < 0:
-        try:
+        what = f"killed by signal {-code}"
+        with contextlib.suppress(ValueError):  # a number no signal of this system has
             what = f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            what = f"killed by signal {-code}"
     else:
         what = f"exited with status {code} without a verdict"
     words = [line for line in printed.decode("utf-8", "replace").splitlines() if line.strip()]

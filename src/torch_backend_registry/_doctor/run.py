@@ -59,14 +59,13 @@ def run(
     first = {name: next(n for n in defined if defined[n] == d) for name, d in defined.items()}
     first.update((name, name) for name in results)
     todo = [name for name in defined if first[name] == name]
-    context = registry.context
     config = {  # how each probe of this run goes, on a pipe: never a command line
         "path": import_path(),
         "environ": dict(os.environ),
         "registry": {  # what the probe builds the registry again from
-            "cwd": context.cwd,
-            "environ": dict(context.environ),
-            "files": context.files,
+            "cwd": registry.context.cwd,
+            "environ": dict(registry.context.environ),
+            "files": registry.context.files,
             "sources": registry.sources,
         },
         "model_path": _find_model(registry, options.model),
