@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 # Loaded with every ``import torch`` here, set or not: so that a process forked from now on
 # knows what was being imported at the fork (an import no thread of it finishes). Torch has
@@ -112,13 +112,12 @@ class _AfterImport:
         return spec
 
 
-class _Then:
+class _Then(NamedTuple):
     """A loader that runs a module as its own loader does, then ``then``; anything else
     asked of it (``create_module``, its source, its code) is its own loader's answer."""
 
-    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
-        self.loader = loader
-        self.then = then
+    loader: Any
+    then: Callable[[], None]
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)
@@ -138,16 +137,15 @@ def _quietly(what: str, action: Callable[[], None]) -> None:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             action()
+        for warning in said:  # said again outside: the filters of the process decide
+            try:
+                warnings.warn_explicit(
+                    warning.message, warning.category, warning.filename, warning.lineno
+                )
+            except Exception:  # -W error: say it rather than raise into torch's import
+                _say(str(warning.message))
     except Exception as exc:
         _say(f"{AUTOLOAD_VAR}: {what} failed: {type(exc).__name__}: {exc}")
-        return
-    for warning in said:  # said again outside: the filters of the process decide
-        try:
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno
-            )
-        except Exception:  # -W error: say it rather than raise into torch's import
-            _say(str(warning.message))
 
 
 def _install_or_defer() -> None:

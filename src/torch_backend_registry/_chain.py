@@ -294,10 +294,9 @@ def load_compile_cache(chain: _Composite) -> None:
         info = torch.compiler.load_cache_artifacts(read_bytes(path, 2**40, "compile cache"))
         if info is None:
             raise ValueError("PyTorch could not read them (saved by another release?)")
+        logger.info("loaded PyTorch's compile caches from %s (%s)", path, info)
     except Exception as exc:
         warn(f"{path}: PyTorch's compile caches not loaded: {exc}")
-        return
-    logger.info("loaded PyTorch's compile caches from %s (%s)", path, info)
 
 
 #: The logging level of each severity, so that the log says what ``check`` says.

@@ -111,10 +111,9 @@ def members(chain: BackendDefinition, info: Callable[[str], BackendInfo]) -> dic
         except Exception:  # a member not here: it is skipped, said so
             said[member] = "not here"
             continue
-        facts = own_facts(definition, None)
+        said[member] = facts = own_facts(definition, None)
         if definition.target is not None and definition.source.kind in ("env", "project"):
             facts["code"] = code_digest(definition.target.partition(":")[0], definition.search_path)
-        said[member] = facts
         todo.extend(definition.members)
     return said
 

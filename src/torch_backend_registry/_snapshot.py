@@ -211,8 +211,7 @@ class Snapshot:
             reason = pytorch.missing_device(definition.name)
         elif definition.members:
             reason = self._why_chain(definition)
-        self._available[definition] = reason  # the same answer whichever thread found it
-        return reason
+        return self._available.setdefault(definition, reason)  # whichever thread found it first
 
     def _why_chain(self, definition: BackendDefinition) -> str | None:
         """A chain can be used where one member can; a table by device where the backend it

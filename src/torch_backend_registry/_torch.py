@@ -234,8 +234,7 @@ def stand_in_names(registry: Registry) -> list[str]:
     names.extend(name for name in excluded if name not in index.by_key)
     # Where distributions disagree, PyTorch takes os.listdir's order: a stand-in
     # makes torch.compile run the one this registry resolves to.
-    names.extend(index.conflicts)
-    return names
+    return [*names, *index.conflicts]
 
 
 def _needs_stand_in(candidates: list[BackendDefinition]) -> bool:
