@@ -193,8 +193,10 @@ class Registry:
         :class:`UnknownBackendError`, :class:`ManifestError` (the definition is
         broken) or :class:`BackendLoadError` (its import failed; not cached).
         """
-        with contextlib.suppress(KeyError, TypeError, AttributeError):
+        try:
             return self._snapshot.loaded[name_or_fn]  # type: ignore[index, union-attr]
+        except (KeyError, TypeError, AttributeError):
+            pass
         if isinstance(name_or_fn, str):
             return self._current(live=True).load(name_or_fn)
         if callable(name_or_fn):
