@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -140,7 +141,8 @@ def test_tune_writes_each_choice_and_another_checkout_runs_it_timing_nothing(
     here, printed = tuned
     [line, device] = printed.splitlines()
     assert line.startswith("chain 'pick': graph of 3 operations on ")
-    assert "(inference, static shapes): slow 4." in line
+    # Each member's median and spread (slow sleeps 4 ms a call; a busy machine oversleeps).
+    assert re.search(r"\(inference, static shapes\): slow \d[\d.]* ms ±\d+%, fast ", line), line
     assert "; chose 'fast' (the fastest, " in line
     assert device.startswith("tuned for cpu ")
     assert device.endswith(": 1 graph; fast 1")
