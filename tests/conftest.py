@@ -161,6 +161,15 @@ def run_as_nobody(code: str) -> str:
 
     Root reads every file: permission tests need a process that cannot.
     """
+    # The child cannot read what lies below /root (the interpreter's own library, where
+    # pyenv installs it): what reading a manifest imports is imported while it still can.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "m.toml").write_text('[backends.b]\ntarget = "m:f"\n', encoding="utf-8")
+        environ = {"TORCH_BACKENDS_PATH": folder, "TORCH_BACKENDS_NO_CACHE": "1"}
+        Registry(environ=environ, sources=("env",)).list_backends()
+
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
