@@ -17,7 +17,6 @@ from dataclasses import field
 
 from ._errors import BackendRegistryError, ManifestError, UnknownBackendError, warn_problem
 from ._forksafe import ForkSafeLock
-from ._loader import check_requirements, load_target
 from ._sources import READERS, Context, pytorch
 from ._sources.entry_points import read_entry_points
 from ._sources.finding import missing_requirements
@@ -95,6 +94,9 @@ class Snapshot:
         if definition.compiler_fn is not None:
             fn = definition.compiler_fn
         elif definition.target is not None:
+            # Imported where something is loaded: a listing never loads the loader.
+            from ._loader import load_target
+
             fn = load_target(definition)
         else:  # a chain, or a table by device
             fn = self._composite(definition, index)
@@ -106,6 +108,7 @@ class Snapshot:
     def _composite(self, definition: BackendDefinition, index: Index) -> CompilerFn:
         """What compiles with the members ``definition`` names."""
         from ._chain import ChainBackend, DeviceBackend
+        from ._loader import check_requirements
         from ._select import FastestChain
 
         if (problem := index.chain_problems.get(definition.name)) is not None:
