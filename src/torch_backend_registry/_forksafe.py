@@ -2,28 +2,35 @@
 
 from __future__ import annotations
 
-import _thread
 import os
 import sys
+from threading import RLock
 from weakref import WeakSet
 
 
-class ForkSafeLock(_thread.RLock):  # type: ignore[misc]  # final to typeshed, not to Python
-    """A re-entrant lock, made free again in the child after ``os.fork()``.
+class ForkSafeLock:
+    """A re-entrant lock, replaced by a free one in the child after ``os.fork()``.
 
     The child has only the forking thread; if another thread held the lock then
     (say, while discovery imported torch), the child's first lookup would wait on
-    it for ever. ``logging`` protects its locks the same way, with the method
-    ``threading`` makes its own free with. Being the C lock itself, it is taken and
-    released with no call into Python.
+    it for ever. ``logging`` protects its locks the same way.
     """
 
-    def __init__(self) -> None:  # the lock itself is made by RLock's __new__
+    __slots__ = ("__weakref__", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = RLock()
         _LOCKS.add(self)
 
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
     def renew(self) -> None:
-        """Make the lock free (in a forked child, where no other thread is)."""
-        self._at_fork_reinit()  # type: ignore[attr-defined]
+        """Replace the lock by a free one (in a forked child, where no other thread is)."""
+        self._lock = RLock()
 
 
 #: Every lock alive, to be replaced in a forked child.
