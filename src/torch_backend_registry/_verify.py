@@ -73,6 +73,11 @@ class Reference:
         self.training = torch.is_grad_enabled()
         self.backward = level == "backward" and self.training
         self.close = (rtol, atol)
+        #: The outputs (and inputs written in place) that differ from one eager run to the
+        #: next: compared where a member draws the same numbers, else in shapes and types.
+        self.varying: tuple[set[int], set[int]] = (set(), set())
+        #: What the last check said of how far it went, and whether that is all asked.
+        self.said, self.complete = "", False
         self.gradients: tuple[Any, ...] | None = None
         #: The inputs the graph writes in place, by number, as they were before anything
         #: ran: what a member that ran the graph on them while compiling is put back from.
@@ -96,11 +101,9 @@ class Reference:
                 # Run on from where the first run left the generators: does it give other
                 # values then (it draws random numbers)?
                 again, rerun = self._run(gm) if level != "none" else (out, run)
-            #: The outputs (and inputs written in place) that differ from one eager run to the
-            #: next, from the same start: those draw random numbers (or leave memory unset), and
-            #: so do the gradients. Compared where a member draws the same numbers, else in
-            #: shapes and types.
-            self.varying: tuple[set[int], set[int]] = (
+            # Other values from the same start, in what it gives or what it writes in place:
+            # those draw random numbers (or leave memory unset), and so do the gradients.
+            self.varying = (
                 varying(leaves(out), leaves(again)),
                 varying(run.tensors, rerun.tensors),
             )
@@ -129,8 +132,6 @@ class Reference:
     def check(self, compiled: Callable[..., Any]) -> str | None:
         """Why ``compiled`` does not compute what the graph does; ``None`` where it does (and
         :attr:`said` says how far that was checked)."""
-        # Every check that passes says how far it went (said), and whether that is all asked
-        # (complete): they are read of a member that passed only.
         if self.unverified is not None:
             self.said, self.complete = f"not verified: {self.unverified}", False
             return None
@@ -266,8 +267,9 @@ class Reference:
         try:
             held = any(t.is_floating_point() for t in self.gm.state_dict().values())
             gm = copy.deepcopy(self.gm).double() if held else self.gm
-            with generators(), contextlib.ExitStack() as stack:
-                for kind in ("cpu", "cuda", "xpu"):
+            autocast = torch.autocast("cpu", enabled=False)
+            with generators(), autocast, contextlib.ExitStack() as stack:
+                for kind in ("cuda", "xpu"):
                     if getattr(getattr(torch, kind, None), "is_available", lambda: False)():
                         stack.enter_context(torch.autocast(kind, enabled=False))
                 run = copies([_double(x) for x in self.inputs], self.training)
