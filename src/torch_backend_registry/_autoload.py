@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any
 
 # Loaded with every ``import torch`` here, set or not: so that a process forked from now on
 # knows what was being imported at the fork (an import no thread of it finishes). Torch has
@@ -112,12 +112,13 @@ class _AfterImport:
         return spec
 
 
-class _Then(NamedTuple):
+class _Then:
     """A loader that runs a module as its own loader does, then ``then``; anything else
     asked of it (``create_module``, its source, its code) is its own loader's answer."""
 
-    loader: Any
-    then: Callable[[], None]
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+        self.loader = loader
+        self.then = then
 
     def exec_module(self, module: ModuleType) -> None:
         self.loader.exec_module(module)

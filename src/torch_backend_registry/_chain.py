@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("torch_backend_registry")
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, repr=False)  # a backend, not a value: by identity
 class _Composite:
     """A backend that compiles with other backends, which the registry hands over how to look
     up (``lookup``), what it knows of (``info``), and what it reads with (``context``: its

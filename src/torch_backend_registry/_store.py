@@ -94,4 +94,5 @@ def receive(store: Any, key: str, limit: timedelta) -> bytes | None:
     the time ran out). A store that is gone raises as the store does."""
     if not wait(store, [key], limit):
         return None
-    return b"".join(store.multi_get([f"{key}/{number}" for number in range(int(store.get(key)))]))
+    count = int(store.get(key))
+    return b"".join(store.multi_get([f"{key}/{number}" for number in range(count)]))
