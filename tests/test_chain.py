@@ -59,6 +59,13 @@ def wrong(gm, example_inputs):
         return type(out)(o + 1 for o in out) if isinstance(out, (list, tuple)) else out + 1
     return run
 
+def draws_ahead(gm, example_inputs):
+    # Right, but not with eager's random numbers: it draws one of its own first.
+    def run(*args):
+        torch.rand(1)
+        return gm(*args)
+    return run
+
 def inference_only(gm, example_inputs):
     def run(*args):
         with torch.no_grad():
@@ -567,23 +574,23 @@ def test_an_output_laid_out_otherwise_passes_and_one_with_gaps_does_not(
 def test_an_output_that_varies_alone_leaves_the_others_checked(
     write: WriteFn, members: str, logged: list[str]
 ) -> None:
-    # One output drawn at random (or left unset by torch.empty) says nothing of the others:
-    # a member that adds 1 to every output is still caught by the one that does not vary.
+    # One output drawn at random says nothing of the others: a member that adds 1 to every
+    # output is still caught by the one that does not vary, and one whose random numbers are
+    # not eager's passes, that output compared in shapes and types.
     _registry, uid = installed(
         write,
-        '[backends.mixed_UID]\nchain = ["wrong_UID", "aot_eager"]\nverify = "forward"\n'
-        f'[backends.wrong_UID]\ntarget = "{members}:wrong"\n',
+        '[backends.mixed_UID]\nchain = ["wrong_UID", "ahead_UID"]\nverify = "forward"\n'
+        f'[backends.wrong_UID]\ntarget = "{members}:wrong"\n'
+        f'[backends.ahead_UID]\ntarget = "{members}:draws_ahead"\n',
     )
 
     def f(x: Any) -> Any:
-        unset = torch.empty(64, 4)
-        unset[:3] = x * 2
-        return x + 1, unset
+        return x + 1, torch.rand(64, 4)
 
     torch.compile(f, backend=f"mixed{uid}")(torch.randn(3, 4))
     assert any(f"skipping 'wrong{uid}'" in r and "output 0 differs" in r for r in logged)
     assert logged[-1].endswith(
-        "compiled with 'aot_eager', forward verified against eager, but output 1 in shapes and"
+        f"compiled with 'ahead{uid}', forward verified against eager, but output 1 in shapes and"
         " types only (they differ from one eager run to the next: random numbers, or memory"
         " left unset)"
     )
