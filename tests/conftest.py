@@ -25,6 +25,12 @@ from torch_backend_registry._cli import main
 
 NO_TORCH = ("runtime", "env", "project", "entry-point")
 
+# Inductor compiles in the process that asks, not in the pool of workers it starts by
+# default (on 2 cores, a fresh interpreter that imports torch: some 3 s of CPU for each
+# process of the suite that compiles with inductor, more than its small graphs take to
+# compile). What inductor compiles is the same; every process a test starts inherits it.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 
 def _installed_plugins() -> frozenset[str]:
     import importlib.metadata
