@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 
@@ -36,17 +37,39 @@ def python(
 ) -> tuple[int, str, str]:
     """Run ``code`` as ``python -c CODE ARGS`` in ``cwd`` with ``env``; its exit code, stdout
     and stderr. A process not done within ``timeout`` seconds is killed and fails the test."""
+    [done] = side_by_side(code, cwd, [env], args, timeout)
+    return done
+
+
+def side_by_side(
+    code: str,
+    cwd: Path,
+    envs: list[dict[str, str]],
+    args: tuple[str, ...] = (),
+    timeout: float = 120,
+) -> list[tuple[int, str, str]]:
+    """Run ``code`` as :func:`python` does in a process for each environment of ``envs``, all
+    at once (the ranks of a job); what each ended with, in that order. If any is not done
+    within ``timeout`` seconds, every one is killed and the test fails."""
     with tempfile.TemporaryDirectory() as said:
-        out, err = Path(said, "stdout"), Path(said, "stderr")
-        process = CONTEXT.Process(target=_run, args=(code, args, cwd, env, out, err))
-        process.start()
-        process.join(timeout)
-        if process.is_alive():
-            process.kill()
-            process.join()
-            raise AssertionError(f"the process did not end within {timeout} s")
-        assert process.exitcode is not None
-        return process.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace")
+        runs = []
+        for n, env in enumerate(envs):
+            out, err = Path(said, f"stdout{n}"), Path(said, f"stderr{n}")
+            process = CONTEXT.Process(target=_run, args=(code, args, cwd, env, out, err))
+            process.start()
+            runs.append((process, out, err))
+        deadline = time.monotonic() + timeout
+        for process, _out, _err in runs:
+            process.join(max(0.0, deadline - time.monotonic()))
+        if any(process.is_alive() for process, _out, _err in runs):
+            for process, _out, _err in runs:
+                process.kill()
+                process.join()
+            raise AssertionError(f"a process did not end within {timeout} s")
+        return [
+            (process.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace"))
+            for process, out, err in runs
+        ]
 
 
 def _run(

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,7 +23,7 @@ import pytest
 import torch_backend_registry as tbr
 from torch_backend_registry import BackendChainError, Registry
 
-from .conftest import WriteFn, run_forked, torch_backends
+from .conftest import WriteFn, run_forked, run_ranks, torch_backends
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -595,25 +594,15 @@ def test_every_rank_runs_rank_zeros_choice_and_none_waits_for_ever(
         f'[backends.c]\ntarget = "{members.__name__}:fast"\n',
     )
     write("override.toml", '[backends.solo]\nchain = ["c", "a"]\nselect = "fastest"\n')
-    script = write("ranks.py", RANKS)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")},
         "PYTHONPATH": os.pathsep.join(sys.path),
         "TBR_SLOW_ON": "0",
         "TORCH_BACKENDS_SELECT_TIMEOUT": "120",
     }
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
-    done = subprocess.run(
-        [*torchrun, str(script), members.__name__],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    said = done.stdout + done.stderr
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks = run_ranks(RANKS, cwd=tmp_path, env=env, args=(members.__name__,))
+    said = "".join(r.stdout + r.stderr for r in ranks)
+    assert [r.returncode for r in ranks] == [0, 0], said[-6000:]
     zero, one = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     # On rank 0, a is slow: it chose b. Rank 1 runs b too, though a is faster there.
     assert zero["ran"] == one["ran"] == ["by_rank_b"]
@@ -629,14 +618,6 @@ def test_every_rank_runs_rank_zeros_choice_and_none_waits_for_ever(
     # What rank 0 never compiles: rank 1 waits its time limit, warns, and takes the first.
     assert one["alone"] == ["by_rank_a"]
     assert said.count("heard no choice from rank 0") == 1, said[-3000:]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_check_import_refuses_settings_the_devices_backend_cannot_take(
