@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import tomli as tomllib
 
-from .conftest import Done, run_forked, torch_backends
+from .conftest import Done, run_forked, run_ranks, torch_backends
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -93,12 +93,12 @@ def copy_of(tuned: tuple[Path, str], to: Path) -> Path:
     return to
 
 
-def shipped(folder: Path, *args: str, **env: str) -> Done:
-    """A machine that never tuned runs the script (as a process forked from one that imported
+def shipped(folder: Path, *args: str, script: str = SHIPPED, **env: str) -> Done:
+    """A machine that never tuned runs ``script`` (as a process forked from one that imported
     PyTorch: its cache folder empty), the chain's log on stderr."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
     environ.update({"XDG_CACHE_HOME": str(folder / "cache"), **env})
-    done = run_forked(SHIPPED, cwd=folder, env=environ, args=args)
+    done = run_forked(script, cwd=folder, env=environ, args=args)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -117,22 +117,6 @@ def compiled(folder: Path) -> list[str]:
     found = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     path.unlink(missing_ok=True)
     return sorted(found)
-
-
-def python(folder: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """The script run as a machine that never tuned runs it: autoload on, empty caches."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
-    environ.update({"TORCH_BACKENDS_AUTOLOAD": "1", "XDG_CACHE_HOME": str(folder / "cache")})
-    done = subprocess.run(
-        [sys.executable, "train.py", *args],
-        cwd=folder,
-        env={**environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
 def test_tune_writes_each_choice_and_another_checkout_runs_it_timing_nothing(
@@ -182,19 +166,31 @@ def test_a_choice_decided_under_other_threads_does_not_apply_and_says_why(
 def test_tuning_again_replaces_the_same_key_and_keeps_the_others(
     tuned: tuple[Path, str], tmp_path: Path
 ) -> None:
+    # The command tuned hands tune its choice as a select chain's process does (stub.py).
     here = copy_of(tuned, tmp_path / "checkout")
-    torch_backends("tune", "--", sys.executable, "train.py", "3", cwd=here)
+    (here / "stub.py").write_text(STUB)
     first = (here / "backends.choices").read_text()
-    assert first.count("[[choice]]") == 2
-    torch_backends("tune", "--", sys.executable, "train.py", cwd=here)
+    made = tomllib.loads(first)["choice"][0]
+    made["when"] = made["when"].timestamp()  # as the process hands it over
+    other = {**made, "key": "another-graph", "graph": "another graph"}
+    torch_backends("tune", "--", sys.executable, "stub.py", json.dumps(other), cwd=here)
+    both = (here / "backends.choices").read_text()
+    assert both.count("[[choice]]") == 2
+    assert both.startswith(first.split("[[choice]]")[0])
+    # The same graph decided again, other times: its choice replaced in its place.
+    slower = {**made, "seconds": {m: t * 2 for m, t in made["seconds"].items()}}
+    torch_backends("tune", "--", sys.executable, "stub.py", json.dumps(slower), cwd=here)
     again = (here / "backends.choices").read_text()
-    assert again.count("[[choice]]") == 2  # the same graph: its choice replaced
+    assert again.count("[[choice]]") == 2
     # In a stable order: only the facts of the choice tuned again change.
-    changed = [
-        (a, b) for a, b in zip(first.splitlines(), again.splitlines(), strict=True) if a != b
-    ]
+    changed = [(a, b) for a, b in zip(both.splitlines(), again.splitlines(), strict=True) if a != b]
+    assert changed
     assert all(a.split(" = ")[0] == b.split(" = ")[0] for a, b in changed)
     assert not any(a.startswith(("chain", "member", "key", "graph =")) for a, _b in changed)
+    assert {c["key"]: c["seconds"] for c in tomllib.loads(again)["choice"]} == {
+        made["key"]: slower["seconds"],
+        "another-graph": made["seconds"],
+    }
 
 
 def test_a_command_that_fails_or_compiles_no_chain_writes_nothing(tmp_path: Path) -> None:
@@ -417,12 +413,13 @@ def test_the_compile_cache_ships_beside_the_choices(tmp_path: Path) -> None:
         ignore=shutil.ignore_patterns("fxgraph", "aotautograd"),
     )
     warm = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor-b")}
-    ran = python(there, **warm)
+    counted = "import torch_backend_registry as tbr\ntbr.install()\n" + COUNTED
+    ran = shipped(there, script=counted, **warm)
     assert json.loads(ran.stdout).get("fxgraph_cache_hit", 0) >= 1, ran.stderr[-2000:]
     # Another machine's file, or a torn one: a warning, and the compile goes on (found in
     # the inductor cache folder that compiled it, so as not to compile it a third time).
     (there / "build" / "compile.bin").write_bytes(b"not PyTorch's")
-    torn = python(there, **own)
+    torn = shipped(there, script=counted, **own)
     assert "PyTorch's compile caches not loaded" in torn.stderr
 
 
@@ -447,32 +444,31 @@ def test_a_torchrun_job_is_tuned_by_rank_zero_and_shipped_to_every_rank(tmp_path
 
     here = project(tmp_path)
     (here / "ranks.py").write_text(RANKS)
-
-    def torchrun() -> list[str]:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = str(probe.getsockname()[1])
-        return [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", port, "ranks.py",
-        ]  # fmt: skip
-
-    done = torch_backends("tune", "--", *torchrun(), cwd=here)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", port, "ranks.py",
+    ]  # fmt: skip
+    done = torch_backends("tune", "--", *torchrun, cwd=here)
     assert "tuned for cpu " in done.stdout
     assert "1 graph; fast 1" in done.stdout  # rank 0's choice, once: rank 1 decided nothing
     assert compiled(here) == ["fast", "fast", "slow"]  # rank 1 compiled rank 0's choice alone
-    # Shipped: each rank takes it on its own, times nothing and waits on no other.
+    # Shipped: each rank takes it on its own, times nothing and waits on no other (the ranks
+    # of a job as torchrun starts them, forked from a process that imported PyTorch: a
+    # thread each, as torchrun's OMP_NUM_THREADS=1 gives them).
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_BACKENDS_")}
-    ran = subprocess.run(
-        torchrun(),
+    ranks = run_ranks(
+        "import torch, torch_backend_registry as tbr\ntorch.set_num_threads(1)\ntbr.install()\n"
+        + RANKS,
         cwd=here,
-        env={**environ, "TORCH_BACKENDS_AUTOLOAD": "1", "TORCH_BACKENDS_SELECT_TIMEOUT": "60",
+        env={**environ, "TORCH_BACKENDS_SELECT_TIMEOUT": "60",
              "XDG_CACHE_HOME": str(here / "cache")},
-        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert compiled(here) == ["fast", "fast"]
-    said = ran.stdout + ran.stderr
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-3000:] for r in ranks]
+    assert compiled(here) == ["fast", "fast"], [r.stderr[-3000:] for r in ranks]
+    said = "".join(r.stdout + r.stderr for r in ranks)
     # Rank 0 takes the shipped choice and tells rank 1, whose own key found none: no wait.
     assert said.count("as shipped (") == 1
     assert said.count("rank 0's choice") == 1
