@@ -3,9 +3,11 @@ so that a test which needs a process of its own after ``import torch`` does not 
 seconds of CPU for the import each time.
 
 The server imports torch, torch.distributed and torch._dynamo: what a training script has
-imported before it calls this package. So this package is as ``import torch`` leaves it in
-any process: its autoload hook loaded (off: autoload is read at that import, so a test of
-autoload needs a fresh interpreter), nothing discovered. A process starts as ``python -c``
+imported before it calls this package; and inductor's compiler, which a first compile with
+inductor imports (a second of CPU more in each process that compiles with it). So this
+package is as ``import torch`` leaves it in any process: its autoload hook loaded (off:
+autoload is read at that import, so a test of autoload needs a fresh interpreter), nothing
+discovered. A process starts as ``python -c``
 would in its folder: that folder is the working directory, the environment is the one given
 (nothing of the server's), its ``PYTHONPATH`` leads the import path.
 """
@@ -21,7 +23,9 @@ import traceback
 from pathlib import Path
 
 CONTEXT = multiprocessing.get_context("forkserver")
-CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
+CONTEXT.set_forkserver_preload(
+    ["torch", "torch.distributed", "torch._dynamo", "torch._inductor.compile_fx"]
+)
 
 
 def start(folder: Path, env: dict[str, str]) -> None:
