@@ -7,9 +7,9 @@ imported before it calls this package; and inductor's compiler, which a first co
 inductor imports (a second of CPU more in each process that compiles with it). So this
 package is as ``import torch`` leaves it in any process: its autoload hook loaded (off:
 autoload is read at that import, so a test of autoload needs a fresh interpreter), nothing
-discovered. A process starts as ``python -c``
-would in its folder: that folder is the working directory, the environment is the one given
-(nothing of the server's), its ``PYTHONPATH`` leads the import path.
+discovered. A process starts as ``python -c`` would in its folder: that folder is the
+working directory, the environment is the one given (nothing of the server's), its
+``PYTHONPATH`` leads the import path.
 """
 
 from __future__ import annotations
