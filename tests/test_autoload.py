@@ -327,7 +327,7 @@ def test_every_torchrun_rank_compiles_and_the_ranks_are_compared(project: Path) 
         assert "refused: InternalTorchDynamoError: InconsistentRegistryError: ranks [1]" in line
 
 
-def test_dataloader_workers_under_spawn_compile_with_a_declared_backend(project: Path) -> None:
+def test_a_dataloader_worker_under_spawn_compiles_with_a_declared_backend(project: Path) -> None:
     (project / "tbr_autoload_data.py").write_text(
         textwrap.dedent(
             """
@@ -348,14 +348,15 @@ def test_dataloader_workers_under_spawn_compile_with_a_declared_backend(project:
     from tbr_autoload_data import Compiled
     if __name__ == "__main__":
         loader = torch.utils.data.DataLoader(
-            Compiled(), batch_size=2, num_workers=2, multiprocessing_context="spawn"
+            Compiled(), batch_size=2, num_workers=1, multiprocessing_context="spawn"
         )
         print("batches", [batch.tolist() for batch in loader])
     """
     done = run(code, project)
     assert done.returncode == 0, done.stderr
     assert "batches [[[0.0, 0.0], [2.0, 2.0]], [[4.0, 4.0], [6.0, 6.0]]]" in done.stdout
-    assert done.stdout.count("[mine]") >= 2  # compiled in the workers, with the declared one
+    # Compiled in the worker (the main process compiles nothing), with the declared backend.
+    assert "[mine]" in done.stdout
 
 
 def test_a_framework_that_passes_a_configured_name_on(project: Path) -> None:
