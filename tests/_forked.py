@@ -70,10 +70,13 @@ def side_by_side(
                 process.kill()
                 process.join()
             raise AssertionError(f"a process did not end within {timeout} s")
-        return [
-            (process.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace"))
-            for process, out, err in runs
-        ]
+        ended = []
+        for process, out, err in runs:
+            assert process.exitcode is not None
+            ended.append(
+                (process.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace"))
+            )
+        return ended
 
 
 def _run(
