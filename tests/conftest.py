@@ -14,7 +14,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -183,38 +183,45 @@ NOBODY = 65534
 
 
 def run_as_nobody(code: str) -> str:
-    """Run ``code`` in a forked child that gave up root; the ``result`` it leaves, as text.
+    """Run ``code`` in a process of its own that gave up root; the ``result`` it leaves, as
+    text.
 
-    Root reads every file: permission tests need a process that cannot.
+    Root reads every file: permission tests need a process that cannot. The process is
+    forked from the server of ``_forked.py`` (one thread: a fork of this process, which
+    pytest-xdist runs threads in, could deadlock).
     """
-    # The child cannot read what lies below /root (the interpreter's own library, where
-    # pyenv installs it): what reading a manifest imports is imported while it still can.
+    from . import _forked
+
+    reader, writer = _forked.CONTEXT.Pipe(duplex=False)
+    child = _forked.CONTEXT.Process(target=_as_nobody, args=(code, writer))
+    child.start()
+    writer.close()
+    try:
+        result: str = reader.recv()
+    except EOFError:
+        result = f"child failed: it ended with {child.exitcode} and said nothing"
+    child.join()
+    return result
+
+
+def _as_nobody(code: str, said: Any) -> None:
+    # Nobody cannot read what lies below /root (the interpreter's own library, where pyenv
+    # installs it): what reading a manifest imports is imported while root still can.
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "m.toml").write_text('[backends.b]\ntarget = "m:f"\n', encoding="utf-8")
         environ = {"TORCH_BACKENDS_PATH": folder, "TORCH_BACKENDS_NO_CACHE": "1"}
         Registry(environ=environ, sources=("env",)).list_backends()
-
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        try:
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            scope: dict[str, object] = {}
-            try:
-                exec(code, scope)
-                result = str(scope["result"])
-            except BaseException as exc:
-                result = f"child failed: {type(exc).__name__}: {exc}"
-            os.write(write_end, result.encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    os.waitpid(pid, 0)
-    with os.fdopen(read_end, "rb") as pipe:
-        return pipe.read().decode()
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+    scope: dict[str, object] = {}
+    try:
+        exec(code, scope)
+        result = str(scope["result"])
+    except BaseException as exc:
+        result = f"child failed: {type(exc).__name__}: {exc}"
+    said.send(result)
 
 
 @pytest.fixture(autouse=True)
