@@ -32,7 +32,7 @@ from torch_backend_registry import (
 from torch_backend_registry._sources.files import MAX_BYTES
 from torch_backend_registry._sources.manifest import read_manifest
 
-from .conftest import NOBODY, WriteFn, run_as_nobody, run_python, torch_backends
+from .conftest import NOBODY, WriteFn, run_as_nobody, run_forked, run_python, torch_backends
 
 CORPUS = Path(__file__).parent / "corpus"
 ROOT = Path(__file__).resolve().parent.parent
@@ -458,12 +458,13 @@ def test_a_hostile_manifest_can_only_name_a_target_imported_on_that_exact_lookup
     assert "\\x1b[2J names a module" in outputs[2]
     assert not any("\x1b" in out for out in outputs)
     install = "t.install(); " if importlib.util.find_spec("torch") is not None else ""
-    run_python(
+    done = run_forked(
         "import torch_backend_registry as t\n"
         f"t.list_backends(); t.backend_info('hostile'); {install}t.lookup_backend('other')",
         cwd=tmp_path,
         env=env,
     )
+    assert done.returncode == 0, done.stderr
     assert not marker.exists()
     run_python(
         "import torch_backend_registry as t; t.lookup_backend('hostile')", cwd=tmp_path, env=env

@@ -20,7 +20,7 @@ import torch_backend_registry as tbr
 from torch_backend_registry import ManifestError, ManifestWarning, Registry, UnknownBackendError
 from torch_backend_registry._definition import distribution_key
 
-from .conftest import PLUGINS, Done, WriteFn, run_python, torch_backends
+from .conftest import PLUGINS, Done, WriteFn, run_forked, torch_backends
 
 MakeDist = Callable[..., Path]
 
@@ -326,7 +326,9 @@ except Exception as exc:
     print("compile:", type(exc).__name__, "denied by" in str(exc))
 """
     environ = {"PYTHONPATH": str(info.parent), "TBR_MARKER": str(marker)}
-    said = run_python(code, cwd=tmp_path, env=environ).stdout.splitlines()
+    done = run_forked(code, cwd=tmp_path, env=environ)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout.splitlines()
     assert said[0].startswith("lookup: unknown backend 'tbr_self_registered' (distribution")
     assert "denied by" in said[0]
     assert said[1] == "compile: BackendCompilerFailed True"

@@ -130,8 +130,9 @@ def test_a_broken_distribution_breaks_pytorchs_registry_not_ours(
         "    print(t.Registry(sources=('entry-point', 'torch')).list_backends())\n"
         "for w in caught: print(w.message)\n"
     )
-    out = run_python(code, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")}).stdout
-    names, *warnings = out.splitlines()
+    done = run_forked(code, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")})
+    assert done.returncode == 0, done.stderr
+    names, *warnings = done.stdout.splitlines()
     assert "'sound'" in names
     assert any(
         w.startswith("PyTorch's backends are left out: torch._dynamo failed") for w in warnings
