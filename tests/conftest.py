@@ -79,6 +79,16 @@ def run_forked(
     return Done(*_forked.python(code, cwd, {**environ, **(env or {})}, args))
 
 
+def free_port() -> int:
+    """A port of the loopback address no process listens on now (a job's store takes it)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 def run_ranks(
     code: str, cwd: Path, env: dict[str, str], args: tuple[str, ...] = (), world: int = 2
 ) -> list[Done]:
@@ -86,14 +96,9 @@ def run_ranks(
     torchrun starts a job's ranks on one machine: each with its ``RANK`` and the job's
     ``WORLD_SIZE``, ``MASTER_ADDR`` (the loopback address) and ``MASTER_PORT`` in ``env``, so
     that ``init_process_group("gloo")`` meets the others; what each rank ended with."""
-    import socket
-
     from . import _forked
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    job = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    job = {"WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     environ = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
     envs = [{**environ, **env, **job, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)]
     return [Done(*done) for done in _forked.side_by_side(code, cwd, envs, args)]

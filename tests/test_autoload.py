@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import run_forked
+from .conftest import free_port, run_forked
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -275,13 +274,6 @@ def test_a_plugin_policy_under_autoload_keeps_the_lock_matching(
     assert not (project / "sketchy.imported").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 RANK = """
 import os, sys
 if os.environ["RANK"] == "1" and len(sys.argv) > 1:  # this rank reads one manifest more
@@ -310,7 +302,7 @@ def _torchrun(project: Path, *extra: str) -> list[str]:
     )
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
          str(project / "rank.py"), *extra],
         cwd=project, env=environ, capture_output=True, text=True, timeout=PATIENCE,
     )  # fmt: skip

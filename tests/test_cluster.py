@@ -29,7 +29,7 @@ from torch_backend_registry._lock import (
     write_lock,
 )
 
-from .conftest import NO_TORCH, Done, WriteFn, run_forked, torch_backends
+from .conftest import NO_TORCH, Done, WriteFn, free_port, run_forked, torch_backends
 
 
 def differences(locked: dict[str, Any], now: dict[str, Any]) -> list[str]:
@@ -348,13 +348,6 @@ def test_install_refuses_a_registry_that_drifted_from_its_lock(
 # ------------------------------------------------------------------ the cluster check
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def run_ranks(
     tmp_path: Path,
     folders: list[Path],
@@ -372,7 +365,7 @@ def run_ranks(
     world = len(folders)
     base = {k: v for k, v in os.environ.items() if k != "TORCH_BACKENDS_PATH"}
     envs = [{**base, **env} for env in (envs or [{}] * world)]
-    return _ranks.run(tmp_path, folders, steps, envs, _free_port(), without_numpy)
+    return _ranks.run(tmp_path, folders, steps, envs, free_port(), without_numpy)
 
 
 def rank_projects(tmp_path: Path, count: int) -> list[Path]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import tomli as tomllib
 
-from .conftest import Done, run_forked, run_ranks, torch_backends
+from .conftest import Done, free_port, run_forked, run_ranks, torch_backends
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -440,16 +440,11 @@ dist.destroy_process_group()
 
 
 def test_a_torchrun_job_is_tuned_by_rank_zero_and_shipped_to_every_rank(tmp_path: Path) -> None:
-    import socket
-
     here = project(tmp_path)
     (here / "ranks.py").write_text(RANKS)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
     torchrun = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", port, "ranks.py",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "ranks.py",
     ]  # fmt: skip
     done = torch_backends("tune", "--", *torchrun, cwd=here)
     assert "tuned for cpu " in done.stdout
