@@ -13,8 +13,9 @@ import textwrap
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import pytest
 
@@ -209,7 +210,7 @@ def run_as_nobody(code: str) -> str:
     return result
 
 
-def _as_nobody(code: str, said: Any) -> None:
+def _as_nobody(code: str, said: Connection) -> None:
     # Nobody cannot read what lies below /root (the interpreter's own library, where pyenv
     # installs it): what reading a manifest imports is imported while root still can.
     import tempfile
