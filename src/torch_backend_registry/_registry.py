@@ -89,10 +89,12 @@ class Registry:
     def _current(self, live: bool = False) -> Snapshot:
         """The snapshot, taken on first need; ``live``: PyTorch's registry read again where
         it changed."""
-        with self._lock:
-            if self._snapshot is None:
-                self._snapshot = self._taken()
-            snapshot = self._snapshot
+        snapshot = self._snapshot
+        if snapshot is None:  # taken once under the lock; read without it ever after
+            with self._lock:
+                snapshot = self._snapshot
+                if snapshot is None:
+                    snapshot = self._snapshot = self._taken()
         if live and snapshot.torch_changed():
             with self._lock:
                 if self._snapshot is snapshot:
