@@ -40,6 +40,7 @@ def differ(
 
     if len(eager) != len(mine):
         return f"{len(mine)} {what}s where eager gives {len(eager)}"
+    judge: list[Any] | None = None
     for number, (expected, got) in enumerate(zip(eager, mine, strict=True)):
         if expected is None:
             # No value to hold it to: compiled autograd's graph gives None for each gradient
@@ -62,7 +63,7 @@ def differ(
             continue
         floating = expected.is_floating_point() and expected.dtype != torch.float64
         if floating and fp64 is not None and _strided(expected) and kind == eagers:
-            judge = fp64()  # the float64 run, made once, where a value first needs it
+            judge = fp64() if judge is None else judge  # made once, where first needed
             if judge is not None and judge[number] is not None:
                 error = _no_worse(judge[number], expected, got, _absolute(expected, rtol, atol))
                 if error is None:
