@@ -13,7 +13,10 @@ import sys
 from typing import Any
 
 from ._definition import BackendDefinition, canonical
-from ._merge import Index
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # a key is facts of definitions: no dependency on how they were merged
+    from ._merge import Index
 
 Facts = dict[str, Any]
 
