@@ -221,12 +221,13 @@ class Run:
 
     def use(self, member: str, compiled: Any, how: str = "") -> Any:
         """``compiled``, ``member``'s, as what the graph runs with (``how`` it was chosen)."""
+        # The other ranks hear it first: they wait on it, whatever happens here after.
+        self.tell(member)
         verified, complete = self.verified.get(member, ("", True))
         # Less than asked is worth a warning.
         self.say(f"compiled with {member!r}{how}{verified}", None if complete else "warning")
         self.chain.used = member
         self.chain.graphs.append((self.words, member))
-        self.tell(member)
         return compiled
 
     def failed(self) -> BackendChainError:
